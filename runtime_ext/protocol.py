@@ -1,0 +1,143 @@
+"""Request parameters, results and the engine interface shared by every backend.
+
+`SamplingParams` is the one request-parameter dataclass (adapters: `from_sgl` for the SGLang frontend's
+`SglSamplingParams`, `to_srt_json` for the SGLang server's `/generate`).  `GenerateOutput` carries the
+SGLang-shaped `meta_info` plus typed per-token arrays:
+
+    paper                       code (GenerateOutput / meta_info key)
+    log q_τ(y_t | ·)            output_logq        / meta_info["output_token_logprobs"][t][0]
+    log p0(y_t | ·)             output_logp0       / meta_info["output_token_logp0"][t]
+    H(p0(· | y_<t))             output_entropy     / meta_info["output_token_entropy"][t]
+    log p0(x_t | x_<t) (prompt) input_logp0        / meta_info["input_token_logprobs"][i][0]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's parameters (SGLang names; `max_new_tokens=0` is prefill-only scoring)."""
+
+    max_new_tokens: int = 128
+    """Tokens to generate; 0 scores the prompt only."""
+    temperature: float = 1.0
+    """Temperature τ of q_τ; 0 means greedy (argmax)."""
+    top_k: int = -1
+    """Keep the k most likely tokens before sampling; -1 disables (full vocabulary)."""
+    top_p: float = 1.0
+    """Nucleus mass; 1.0 disables."""
+    min_new_tokens: int = 0
+    """EOS and stop strings are ignored before this many tokens."""
+    stop: tuple[str, ...] = ()
+    """Stop strings (the output is cut before the first occurrence, as SGLang does)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra stop token ids (kept in the output, as EOS)."""
+    ignore_eos: bool = False
+    """Generate exactly max_new_tokens, ignoring EOS (the papers' fixed response length n)."""
+    seed: int | None = None
+    """SGLang `sampling_seed`: noise is keyed by (seed, absolute position); None draws a fresh seed."""
+    return_logprob: bool = False
+    """Return per-token log q_τ, log p0 and entropy of p0 (and prompt log p0 from logprob_start_len)."""
+    logprob_start_len: int = -1
+    """First prompt position whose logprob is returned (SGLang shift: entry 0 is None); -1: none."""
+    top_logprobs_num: int = 0
+    """Top-k of the raw distribution p0 per position (logprob, id) returned when > 0."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
+        object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @classmethod
+    def from_sgl(cls, p: Any, seed: int | None = None) -> "SamplingParams":
+        """Adapter from the frontend's `SglSamplingParams` (after `_resolve_sampling_params`)."""
+        for unsupported in ("regex", "json_schema"):
+            if getattr(p, unsupported, None):
+                raise NotImplementedError(f"forerun backends do not support constrained decoding ({unsupported})")
+        if getattr(p, "n", 1) not in (None, 1):
+            raise NotImplementedError("forerun backends support n=1 only; fork the program instead")
+        stop = p.stop if p.stop else ()
+        return cls(
+            max_new_tokens=int(p.max_new_tokens),
+            temperature=float(p.temperature),
+            top_k=int(p.top_k),
+            top_p=float(p.top_p),
+            min_new_tokens=int(p.min_new_tokens or 0),
+            stop=tuple([stop] if isinstance(stop, str) else stop),
+            stop_token_ids=tuple(p.stop_token_ids or ()),
+            ignore_eos=bool(p.ignore_eos),
+            seed=seed,
+            return_logprob=bool(p.return_logprob),
+            logprob_start_len=-1 if p.logprob_start_len is None else int(p.logprob_start_len),
+            top_logprobs_num=int(p.top_logprobs_num or 0),
+        )
+
+    def to_srt_json(self) -> dict[str, Any]:
+        """Adapter to the SGLang server's `/generate` `sampling_params` object."""
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_new_tokens": self.min_new_tokens,
+            "ignore_eos": self.ignore_eos,
+        }
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            out["sampling_seed"] = self.seed
+        return out
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """One finished request: ids, text, SGLang-shaped `meta_info`, typed per-token arrays."""
+
+    input_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    text: str
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    output_logq: tuple[float, ...] | None = None
+    output_logp0: tuple[float, ...] | None = None
+    output_entropy: tuple[float, ...] | None = None
+    input_logp0: tuple[float | None, ...] | None = None
+    input_entropy: tuple[float | None, ...] | None = None
+
+
+class EngineError(RuntimeError):
+    """A request failed in an engine (bad input, NaN logits, abort, unreachable server)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine offers; the token-exact frontend backend sits on top of it."""
+
+    tokenizer: Any
+
+    def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None, priority: int = 0
+    ) -> GenerateOutput:
+        """Run one request to completion (thread-safe; concurrent calls share batched forwards)."""
+        ...
+
+    def generate_batch(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
+        """Run several requests together and return their outputs in order."""
+        ...
+
+    def flush_cache(self) -> None: ...
+
+    def server_info(self) -> dict[str, Any]: ...

@@ -1,0 +1,91 @@
+"""Token-exact text for `@sgl.function` programs.
+
+The SGLang frontend keeps a program's state as text (`s.text_`).  Re-tokenizing text is not exact: a cut
+at token c of a sequence can split a multi-byte character or a BPE merge, so `tokenize(detokenize(x[:c]))`
+is not `x[:c]`.  forerun therefore lets a program write token ids *into* the text stream as a marker that
+the token-exact backends (embedded engine, SGLang server backend) decode back to the exact ids:
+
+    s += token_ids(root[:cut])        # this part of the prompt is exactly these ids
+    s += sampling_seed(1234)          # the following gen draws its noise from this seed
+    s += sgl.gen("suffix", max_tokens=64, return_logprob=True)
+
+Markers use Unicode private-use code points, so they never collide with model text.  Plain text
+around them is tokenized as usual; text a backend generated earlier is remembered with its ids, so
+multi-turn programs and forks stay exact without markers.  `strip_markers` renders marked text for display.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+IDS_BEGIN = "\ue000"
+IDS_END = "\ue001"
+SEED_BEGIN = "\ue002"
+SEED_END = "\ue003"
+
+_MARKER = re.compile(f"{IDS_BEGIN}([0-9,]*){IDS_END}|{SEED_BEGIN}(-?[0-9]+){SEED_END}")
+
+
+def token_ids(ids: Sequence[int]) -> str:
+    """Text that a token-exact backend reads back as exactly `ids`."""
+    ids = [int(i) for i in ids]
+    if any(i < 0 for i in ids):
+        raise ValueError(f"token ids must be non-negative, got {min(ids)}")
+    return f"{IDS_BEGIN}{','.join(map(str, ids))}{IDS_END}"
+
+
+def sampling_seed(seed: int) -> str:
+    """Text that sets the sampling seed of the stream's following `gen` calls (SGLang `sampling_seed`).
+
+    Noise is keyed by (seed, absolute token position), so one seed serves several gens of a stream.
+    """
+    return f"{SEED_BEGIN}{int(seed)}{SEED_END}"
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    text: str
+
+
+@dataclass(frozen=True)
+class IdsSegment:
+    ids: tuple[int, ...]
+
+
+Segment = Union[TextSegment, IdsSegment]
+
+
+def parse_marked_text(text: str) -> tuple[list[Segment], int | None]:
+    """Split marked text into text / id segments; return them and the last sampling seed (or None)."""
+    segments: list[Segment] = []
+    seed: int | None = None
+    pos = 0
+    for m in _MARKER.finditer(text):
+        if m.start() > pos:
+            segments.append(TextSegment(text[pos : m.start()]))
+        if m.group(1) is not None:
+            body = m.group(1)
+            segments.append(IdsSegment(tuple(int(x) for x in body.split(",")) if body else ()))
+        else:
+            seed = int(m.group(2))
+        pos = m.end()
+    if pos < len(text):
+        segments.append(TextSegment(text[pos:]))
+    for seg in segments:
+        if isinstance(seg, TextSegment) and any(ch in seg.text for ch in (IDS_BEGIN, IDS_END, SEED_BEGIN, SEED_END)):
+            raise ValueError("malformed forerun token marker in program text")
+    return segments, seed
+
+
+def strip_markers(text: str, decode=None) -> str:
+    """Marked text for display: id markers are decoded with `decode(ids)` if given, else dropped."""
+
+    def repl(m: re.Match) -> str:
+        if m.group(1) is not None and decode is not None:
+            body = m.group(1)
+            return decode([int(x) for x in body.split(",")] if body else [])
+        return ""
+
+    return _MARKER.sub(repl, text)

@@ -1,0 +1,547 @@
+"""Prefetch-tree selection under a request budget: the predictive traversal rule (PreSTO §3.3, App. C).
+
+Given the transitions of the current block (one request cut per depth) and a predicted branch
+probability per depth, choose at most ``N_pf`` requests (expanded nodes) that maximise the predicted
+number of completed MH transitions (Eq. 17), by the dynamic program of Proposition 2 (Eq. 19).
+The default BFS traversal of §3.2 is here too, for side-by-side comparisons.
+
+Tree conventions (shared with ``programs/prefetch_tree.py``): heap indexing, root 0; node ``i`` has
+acceptance child ``2i+1`` (costs one request, the proposal) and rejection child ``2i+2`` (keeps the
+state of ``i``, no request). Every node at depth ``d`` represents the same MH transition and shares its
+request cut ``request_cuts[d]``. Known cut: κ(root) = T, κ(2i+1) = request_cuts[depth(i)],
+κ(2i+2) = κ(i). Condition 1: ``i`` is expandable iff depth(i) < K' = len(request_cuts) and
+request_cuts[depth(i)] <= κ(i); a candidate is an expandable node whose strict ancestors are all
+expandable.
+
+    paper                       code
+    v0, v, v+, v-               root 0, node i, accept_child(i) = 2i+1, reject_child(i) = 2i+2
+    d(v)                        heap_depth(i)
+    c_i (known cut of v_i)      known_cut(i, request_cuts, horizon)       (κ above)
+    c_j (cut of request at v+)  request_cuts[heap_depth(i)]
+    T                           horizon
+    K'                          len(request_cuts)  (depth cap)
+    I_max                       candidate_nodes(...), is_candidate(...)
+    I (selection)               Allocation.selected
+    N_pf, b                     budget
+    P̂_rej, P̂_acc                p_reject, p_accept
+    ĥ(v+; ε), ĥ(v-; ε)          branch_prob_accept(...), 1 - branch_prob_accept(...)
+    R(v; ε)                     reaching_weight / reaching_weights          (Eq. 11)
+    F_I(v0; ε)                  expected_transitions                        (Eq. 12, Lemma 1)
+    F_I(v; ε) recursive         expected_transitions_recursive              (Eq. 13, Lemma 2)
+    V(v, b; ε)                  optimal_allocation(...).value               (Eq. 18-19, Prop. 2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Allocation",
+    "accept_child",
+    "reject_child",
+    "parent",
+    "heap_depth",
+    "known_cut",
+    "is_expandable",
+    "is_candidate",
+    "candidate_nodes",
+    "branch_prob_accept",
+    "depth_accept_probs",
+    "reaching_weight",
+    "reaching_weights",
+    "expected_transitions",
+    "expected_transitions_recursive",
+    "optimal_allocation",
+    "optimal_allocation_general",
+    "bfs_order_allocation",
+]
+
+# Relative tolerance when comparing predicted transition counts (sums of products of probabilities).
+_VALUE_TOL = 1e-12
+
+AcceptProbByNode = Mapping[int, float] | Callable[[int], float]
+
+
+# --------------------------------------------------------------------------------------------------
+# Heap-indexed tree helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_node(node: int) -> int:
+    if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or node < 0:
+        raise ValueError(f"node must be a non-negative heap index, got {node!r}")
+    return int(node)
+
+
+def accept_child(node: int) -> int:
+    """Acceptance child v+ of node v (heap index 2i+1); expanding v issues its proposal request."""
+    return 2 * _check_node(node) + 1
+
+
+def reject_child(node: int) -> int:
+    """Rejection child v- of node v (heap index 2i+2); it keeps v's state and needs no request."""
+    return 2 * _check_node(node) + 2
+
+
+def parent(node: int) -> int:
+    """Parent of a non-root node."""
+    node = _check_node(node)
+    if node == 0:
+        raise ValueError("the root (node 0) has no parent")
+    return (node - 1) // 2
+
+
+def heap_depth(node: int) -> int:
+    """Depth d(v) of a heap index: floor(log2(i + 1)); the root has depth 0."""
+    return (_check_node(node) + 1).bit_length() - 1
+
+
+def _is_accept_child(node: int) -> bool:
+    return node % 2 == 1
+
+
+def _validate_cuts(request_cuts: Sequence[int], horizon: int) -> tuple[int, ...]:
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise ValueError(f"horizon must be a positive integer (T), got {horizon!r}")
+    cuts: list[int] = []
+    for d, c in enumerate(request_cuts):
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+            raise ValueError(f"request_cuts[{d}] must be an integer cut index, got {c!r}")
+        if not 0 <= c < horizon:
+            raise ValueError(f"request_cuts[{d}] = {c} must lie in [0, horizon - 1] = [0, {horizon - 1}]")
+        cuts.append(int(c))
+    return tuple(cuts)
+
+
+def known_cut(node: int, request_cuts: Sequence[int], horizon: int) -> int:
+    """Known cut κ(v): T at the root, the request cut of the transition that created v for an
+    acceptance child, the parent's κ for a rejection child (the cut c_i of Condition 1)."""
+    node = _check_node(node)
+    cuts = _validate_cuts(request_cuts, horizon)
+    return _known_cut(node, cuts, horizon)
+
+
+def _known_cut(node: int, cuts: Sequence[int], horizon: int) -> int:
+    # Walk up until the first acceptance edge: that edge's transition set the state's cut.
+    while node != 0:
+        if _is_accept_child(node):
+            return cuts[heap_depth(parent(node))]
+        node = parent(node)
+    return horizon
+
+
+def is_expandable(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
+    """Condition 1 at v: d(v) < K' and the request at v+ has cut c_j <= c_i = κ(v)."""
+    node = _check_node(node)
+    cuts = _validate_cuts(request_cuts, horizon)
+    d = heap_depth(node)
+    return d < len(cuts) and cuts[d] <= _known_cut(node, cuts, horizon)
+
+
+def is_candidate(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
+    """v ∈ I_max: v and all of its strict ancestors are expandable (App. C.1)."""
+    node = _check_node(node)
+    cuts = _validate_cuts(request_cuts, horizon)
+    while True:
+        d = heap_depth(node)
+        if not (d < len(cuts) and cuts[d] <= _known_cut(node, cuts, horizon)):
+            return False
+        if node == 0:
+            return True
+        node = parent(node)
+
+
+def candidate_nodes(request_cuts: Sequence[int], horizon: int, max_depth: int | None = None) -> frozenset[int]:
+    """I_max restricted to depth < max_depth (default K'); exponential in depth: small trees only."""
+    cuts = _validate_cuts(request_cuts, horizon)
+    cap = len(cuts) if max_depth is None else min(len(cuts), max_depth)
+    out: set[int] = set()
+    stack = [(0, horizon)]
+    while stack:
+        node, kappa = stack.pop()
+        d = heap_depth(node)
+        if d >= cap or cuts[d] > kappa:
+            continue
+        out.add(node)
+        stack.append((accept_child(node), cuts[d]))
+        stack.append((reject_child(node), kappa))
+    return frozenset(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Branch probabilities, reaching weights, expected transition count
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_prob(name: str, p: float) -> float:
+    p = float(p)
+    if not (0.0 <= p <= 1.0) or math.isnan(p):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+    return p
+
+
+def branch_prob_accept(p_reject: float, p_accept: float) -> float:
+    """Predicted branch probability ĥ(v+; ε) = ½(1 + P̂_acc − P̂_rej) (Eq. 14; midpoint of Lemma 3).
+
+    ``p_reject`` and ``p_accept`` are the predicted probabilities of the ε-certain reject and
+    ε-certain accept classes; the ε-uncertain class gets the rest and counts ½.
+    """
+    p_reject = _check_prob("p_reject", p_reject)
+    p_accept = _check_prob("p_accept", p_accept)
+    if p_reject + p_accept > 1.0 + 1e-9:
+        raise ValueError(f"p_reject + p_accept must be at most 1, got {p_reject} + {p_accept}")
+    return min(1.0, max(0.0, 0.5 * (1.0 + p_accept - p_reject)))
+
+
+def depth_accept_probs(accept_prob: Sequence[float]) -> Callable[[int], float]:
+    """Per-node ĥ(v+) from per-depth values: node i gets ``accept_prob[heap_depth(i)]``."""
+    probs = tuple(_check_prob(f"accept_prob[{d}]", p) for d, p in enumerate(accept_prob))
+
+    def by_node(node: int) -> float:
+        d = heap_depth(node)
+        if d >= len(probs):
+            raise ValueError(f"no accept_prob for node {node} at depth {d} (only {len(probs)} depths given)")
+        return probs[d]
+
+    return by_node
+
+
+def _lookup(accept_prob_by_node: AcceptProbByNode) -> Callable[[int], float]:
+    if callable(accept_prob_by_node):
+        fn = accept_prob_by_node
+    else:
+        table = accept_prob_by_node
+
+        def fn(node: int) -> float:
+            if node not in table:
+                raise ValueError(f"no accept probability given for node {node}")
+            return table[node]
+
+    return lambda node: _check_prob(f"accept probability of node {node}", fn(node))
+
+
+def reaching_weight(node: int, accept_prob_by_node: AcceptProbByNode) -> float:
+    """R(v; ε): product of the branch probabilities on the path from the root to v (Eq. 11)."""
+    node = _check_node(node)
+    h = _lookup(accept_prob_by_node)
+    weight = 1.0
+    while node != 0:
+        up = parent(node)
+        weight *= h(up) if _is_accept_child(node) else 1.0 - h(up)
+        node = up
+    return weight
+
+
+def _reachable_part(selected: Iterable[int]) -> list[int]:
+    """Nodes of ``selected`` whose strict ancestors are all selected (the ones a traversal can reach),
+    in breadth-first (= heap index) order."""
+    chosen = {_check_node(v) for v in selected}
+    reachable: set[int] = set()
+    for v in sorted(chosen):
+        if v == 0 or parent(v) in reachable:
+            reachable.add(v)
+    return sorted(reachable)
+
+
+def reaching_weights(selected: Iterable[int], accept_prob_by_node: AcceptProbByNode) -> dict[int, float]:
+    """R(v; ε) for every node of ``selected`` that a traversal can reach (Eq. 11).
+
+    For an ancestor-closed selection that is every node. A node below an unselected one (as BFS
+    produces below a deferred request) is never visited and is left out.
+    """
+    h = _lookup(accept_prob_by_node)
+    weights: dict[int, float] = {}
+    for v in _reachable_part(selected):
+        if v == 0:
+            weights[v] = 1.0
+        else:
+            up = parent(v)
+            weights[v] = weights[up] * (h(up) if _is_accept_child(v) else 1.0 - h(up))
+    return weights
+
+
+def expected_transitions(selected: Iterable[int], accept_prob_by_node: AcceptProbByNode) -> float:
+    """F_I(v0; ε) = Σ_{v ∈ I} R(v; ε) (Lemma 1, Eq. 12).
+
+    For a set that is not ancestor-closed this is the traversal count of Definition 1: the traversal
+    stops at the first unselected node, so nodes below it contribute nothing.
+    """
+    return float(math.fsum(reaching_weights(selected, accept_prob_by_node).values()))
+
+
+def expected_transitions_recursive(
+    selected: Iterable[int], accept_prob_by_node: AcceptProbByNode, node: int = 0
+) -> float:
+    """F_I(v; ε) by the recursion of Lemma 2 (Eq. 13): 0 for v ∉ I, else
+    1 + ĥ(v+) F_I(v+) + ĥ(v-) F_I(v-)."""
+    chosen = frozenset(_check_node(v) for v in selected)
+    h = _lookup(accept_prob_by_node)
+
+    def f(v: int) -> float:
+        if v not in chosen:
+            return 0.0
+        p = h(v)
+        return 1.0 + p * f(accept_child(v)) + (1.0 - p) * f(reject_child(v))
+
+    return f(_check_node(node))
+
+
+# --------------------------------------------------------------------------------------------------
+# Allocation result
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A set of expanded nodes (one request each) and its predicted expected transition count."""
+
+    selected: frozenset[int]
+    """I: heap indices of the expanded nodes; each issues one request, for the proposal at v+."""
+    value: float
+    """F̂_I(v0; ε): predicted expected number of completed MH transitions (Eq. 12 / Eq. 19)."""
+    unreachable: frozenset[int] = field(default_factory=frozenset)
+    """Selected nodes below an unselected (deferred) node: their requests are issued but the MH walk
+    of this call never reaches them. Always empty for the predictive rule; BFS may produce some."""
+
+    def __post_init__(self) -> None:
+        selected = frozenset(_check_node(v) for v in self.selected)
+        object.__setattr__(self, "selected", selected)
+        unreachable = frozenset(_check_node(v) for v in self.unreachable)
+        if not unreachable <= selected:
+            raise ValueError("unreachable must be a subset of selected")
+        object.__setattr__(self, "unreachable", unreachable)
+        if not (self.value >= 0.0) or math.isinf(self.value):
+            raise ValueError(f"value must be a finite non-negative number, got {self.value!r}")
+
+    @property
+    def requests(self) -> int:
+        """Number of requests issued, |I| (Remark in App. C.2)."""
+        return len(self.selected)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """Selected heap indices in breadth-first order."""
+        return tuple(sorted(self.selected))
+
+
+# --------------------------------------------------------------------------------------------------
+# Proposition 2: the dynamic program (Eq. 19)
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_budget(budget: int) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ValueError(f"budget must be a non-negative integer (N_pf), got {budget!r}")
+    return int(budget)
+
+
+class _TreeView:
+    """What the DP needs to know about a node, addressed by a hashable key that determines the whole
+    subtree below it (so equal keys share one memo entry)."""
+
+    def expandable(self, key: Hashable) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def accept_prob(self, key: Hashable) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def children(self, key: Hashable) -> tuple[Hashable, Hashable]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class _DepthCutView(_TreeView):
+    """Per-depth transitions: the subtree below a node depends only on (depth, κ)."""
+
+    def __init__(self, cuts: tuple[int, ...], probs: tuple[float, ...]) -> None:
+        self.cuts, self.probs = cuts, probs
+
+    def expandable(self, key: tuple[int, int]) -> bool:
+        d, kappa = key
+        return d < len(self.cuts) and self.cuts[d] <= kappa
+
+    def accept_prob(self, key: tuple[int, int]) -> float:
+        return self.probs[key[0]]
+
+    def children(self, key: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        d, kappa = key
+        return (d + 1, self.cuts[d]), (d + 1, kappa)
+
+
+class _CallbackView(_TreeView):
+    """Explicit heap indices with user callbacks (small trees: no sharing between nodes)."""
+
+    def __init__(self, expandable: Callable[[int], bool], accept_prob: Callable[[int], float], max_depth: int | None):
+        self._expandable, self._accept_prob, self.max_depth = expandable, accept_prob, max_depth
+
+    def expandable(self, key: int) -> bool:
+        if self.max_depth is not None and heap_depth(key) >= self.max_depth:
+            return False
+        return bool(self._expandable(key))
+
+    def accept_prob(self, key: int) -> float:
+        return _check_prob(f"accept_prob({key})", self._accept_prob(key))
+
+    def children(self, key: int) -> tuple[int, int]:
+        return accept_child(key), reject_child(key)
+
+
+class _Solver:
+    """V(v, b; ε) for b = 0..budget-depth, memoised per key (Eq. 19), with argmax reconstruction."""
+
+    def __init__(self, view: _TreeView, budget: int) -> None:
+        self.view, self.budget = view, budget
+        self.memo: dict[tuple[Hashable, int], np.ndarray] = {}
+
+    def values(self, key: Hashable, depth: int) -> np.ndarray:
+        """V(key, b) for b = 0..budget - depth (a selection of b nodes below depth d can reach depth
+        d + b - 1 only, so deeper budgets are never needed)."""
+        size = max(0, self.budget - depth) + 1
+        memo_key = (key, depth)
+        cached = self.memo.get(memo_key)
+        if cached is not None:
+            return cached
+        out = np.zeros(size)
+        if size > 1 and self.view.expandable(key):
+            h = self.view.accept_prob(key)
+            acc_key, rej_key = self.view.children(key)
+            acc = h * self.values(acc_key, depth + 1)  # length size - 1: budgets 0..size-2
+            rej = (1.0 - h) * self.values(rej_key, depth + 1)
+            # out[b] = 1 + max_{0<=m<=b-1} acc[m] + rej[b-1-m]  (a (max, +) convolution)
+            for b in range(1, size):
+                out[b] = 1.0 + float(np.max(acc[:b] + rej[b - 1 :: -1][:b]))
+        self.memo[memo_key] = out
+        return out
+
+    def reconstruct(self, key: Hashable, node: int, budget: int, into: set[int]) -> None:
+        """Add to ``into`` a smallest selection below ``node`` that attains V(key, budget)."""
+        depth = heap_depth(node)
+        vals = self.values(key, depth)
+        budget = min(budget, len(vals) - 1)
+        if budget <= 0 or vals[budget] <= 0.0:
+            return
+        budget = _smallest_budget(vals, budget)
+        into.add(node)
+        h = self.view.accept_prob(key)
+        acc_key, rej_key = self.view.children(key)
+        acc = h * self.values(acc_key, depth + 1)
+        rej = (1.0 - h) * self.values(rej_key, depth + 1)
+        target = vals[budget] - 1.0
+        best: tuple[int, int] | None = None
+        for m in range(budget):
+            total = acc[m] + rej[budget - 1 - m]
+            if total >= target - _VALUE_TOL * max(1.0, abs(target)):
+                m_min = _smallest_budget(acc, m)
+                r_min = _smallest_budget(rej, budget - 1 - m)
+                if best is None or m_min + r_min < best[0] + best[1]:
+                    best = (m_min, r_min)
+        assert best is not None  # the maximiser of Eq. 19 always qualifies
+        self.reconstruct(acc_key, accept_child(node), best[0], into)
+        self.reconstruct(rej_key, reject_child(node), best[1], into)
+
+
+def _smallest_budget(vals: np.ndarray, budget: int) -> int:
+    """Smallest b' <= budget with vals[b'] equal (within tolerance) to vals[budget]."""
+    target = vals[budget]
+    tol = _VALUE_TOL * max(1.0, abs(float(target)))
+    for b in range(budget + 1):
+        if vals[b] >= target - tol:
+            return b
+    return budget
+
+
+def optimal_allocation(
+    request_cuts: Sequence[int], horizon: int, accept_prob: Sequence[float], budget: int
+) -> Allocation:
+    """Predictive traversal rule: the selection maximising Eq. 17, by the DP of Proposition 2 (Eq. 19).
+
+    ``request_cuts[d]`` is the cut c_j of the request made when expanding a node at depth d (all
+    nodes at depth d share the transition); ``len(request_cuts)`` is the depth cap K'.
+    ``accept_prob[d]`` is ĥ(v+; ε) (Eq. 14) for a node at depth d; ``budget`` is N_pf.
+
+    Because cuts and ĥ depend only on depth, V depends on a node only through (depth, κ), and κ at
+    depth d is T or one of request_cuts[:d]; memoising over (depth, κ, b) makes the DP
+    O(min(K', N_pf)^2 · N_pf^2) instead of exponential in K'. Among optimal selections the returned
+    one issues the fewest requests (no request is spent where it adds no predicted transition).
+    """
+    cuts = _validate_cuts(request_cuts, horizon)
+    budget = _check_budget(budget)
+    if len(accept_prob) < len(cuts):
+        raise ValueError(
+            f"accept_prob has {len(accept_prob)} entries but request_cuts has {len(cuts)}: one ĥ per depth is needed"
+        )
+    probs = tuple(_check_prob(f"accept_prob[{d}]", p) for d, p in enumerate(accept_prob[: len(cuts)]))
+    solver = _Solver(_DepthCutView(cuts, probs), budget)
+    root = (0, int(horizon))
+    value = float(solver.values(root, 0)[budget])
+    selected: set[int] = set()
+    solver.reconstruct(root, 0, budget, selected)
+    return Allocation(selected=frozenset(selected), value=value)
+
+
+def optimal_allocation_general(
+    is_candidate: Callable[[int], bool],
+    accept_prob: Callable[[int], float],
+    budget: int,
+    max_depth: int | None = None,
+) -> Allocation:
+    """Proposition 2 (Eq. 19) over explicit heap indices, for trees whose inputs vary per node.
+
+    ``is_candidate(i)`` says whether node i may be expanded (Condition 1 and the depth cap; the DP only
+    asks about nodes whose ancestors are expandable, so "expandable" suffices); ``accept_prob(i)`` is
+    ĥ(v+; ε) at node i. ``max_depth`` optionally caps the depth (K'). The work grows like 2^budget:
+    use it for small trees only.
+    """
+    budget = _check_budget(budget)
+    solver = _Solver(_CallbackView(is_candidate, accept_prob, max_depth), budget)
+    value = float(solver.values(0, 0)[budget])
+    selected: set[int] = set()
+    solver.reconstruct(0, 0, budget, selected)
+    return Allocation(selected=frozenset(selected), value=value)
+
+
+# --------------------------------------------------------------------------------------------------
+# The default BFS traversal (§3.2), for comparisons
+# --------------------------------------------------------------------------------------------------
+
+
+def bfs_order_allocation(
+    request_cuts: Sequence[int], horizon: int, accept_prob: Sequence[float] | None, budget: int
+) -> Allocation:
+    """What the default BFS traversal of §3.2 requests: the first N_pf feasible requests in
+    breadth-first order.
+
+    Popping node v at depth d < K': if request_cuts[d] <= κ(v) (Condition 1) the request is added
+    and v+ is enqueued, otherwise the request is deferred; the rejection child v- is enqueued in both
+    cases, as in the paper's implementation, so BFS may spend requests below a deferred node
+    (``Allocation.unreachable``). ``value`` is the predicted expected transition count of the
+    traversal (Definition 1) with ĥ = ``accept_prob[d]``; pass ``accept_prob=None`` to skip it (0).
+    """
+    cuts = _validate_cuts(request_cuts, horizon)
+    budget = _check_budget(budget)
+    selected: list[int] = []
+    queue: deque[tuple[int, int]] = deque([(0, int(horizon))])
+    while queue and len(selected) < budget:
+        node, kappa = queue.popleft()
+        d = heap_depth(node)
+        if d >= len(cuts):
+            continue
+        if cuts[d] <= kappa:
+            selected.append(node)
+            queue.append((accept_child(node), cuts[d]))
+        queue.append((reject_child(node), kappa))
+    reachable = set(_reachable_part(selected))
+    unreachable = frozenset(v for v in selected if v not in reachable)
+    if accept_prob is None:
+        value = 0.0
+    else:
+        if len(accept_prob) < len(cuts):
+            raise ValueError(
+                f"accept_prob has {len(accept_prob)} entries but request_cuts has {len(cuts)}: one ĥ per depth is needed"
+            )
+        value = expected_transitions(selected, depth_accept_probs(accept_prob[: len(cuts)]))
+    return Allocation(selected=frozenset(selected), value=value, unreachable=unreachable)

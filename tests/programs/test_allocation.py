@@ -1,0 +1,347 @@
+"""Tests for the predictive traversal rule: Lemma 1/2, Eq. 14, the DP of Proposition 2, BFS."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from forerun.programs.allocation import (
+    Allocation,
+    accept_child,
+    bfs_order_allocation,
+    branch_prob_accept,
+    candidate_nodes,
+    depth_accept_probs,
+    expected_transitions,
+    expected_transitions_recursive,
+    heap_depth,
+    is_candidate,
+    is_expandable,
+    known_cut,
+    optimal_allocation,
+    optimal_allocation_general,
+    parent,
+    reaching_weight,
+    reaching_weights,
+    reject_child,
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# oracles
+# ------------------------------------------------------------------------------------------------
+
+
+def ancestor_closed_sets(candidates: frozenset[int], max_size: int) -> set[frozenset[int]]:
+    """All ancestor-closed subsets of ``candidates`` with at most ``max_size`` nodes, by growing
+    sets one node at a time (a node may join once its parent is in the set)."""
+    found: set[frozenset[int]] = {frozenset()}
+    layer: set[frozenset[int]] = {frozenset()}
+    for _ in range(max_size):
+        nxt: set[frozenset[int]] = set()
+        for s in layer:
+            for v in candidates:
+                if v in s:
+                    continue
+                if v == 0 or parent(v) in s:
+                    nxt.add(s | {v})
+        nxt -= found
+        found |= nxt
+        layer = nxt
+    return found
+
+
+def brute_force_best(cuts, horizon, probs, budget) -> float:
+    cands = candidate_nodes(cuts, horizon)
+    h = depth_accept_probs(probs)
+    return max(expected_transitions(s, h) for s in ancestor_closed_sets(cands, budget))
+
+
+def random_instance(rng: np.random.Generator, max_depth: int = 5, max_budget: int = 6):
+    depth = int(rng.integers(1, max_depth + 1))
+    horizon = int(rng.integers(2, 12))
+    cuts = [int(c) for c in rng.integers(0, horizon, size=depth)]
+    probs = [float(p) for p in rng.random(depth)]
+    # occasionally exact 0 / 1 branch probabilities (rounded certain decisions)
+    for d in range(depth):
+        if rng.random() < 0.15:
+            probs[d] = float(rng.integers(0, 2))
+    budget = int(rng.integers(0, max_budget + 1))
+    return cuts, horizon, probs, budget
+
+
+# ------------------------------------------------------------------------------------------------
+# tree helpers and Condition 1
+# ------------------------------------------------------------------------------------------------
+
+
+def test_heap_helpers():
+    assert [heap_depth(i) for i in range(8)] == [0, 1, 1, 2, 2, 2, 2, 3]
+    assert accept_child(0) == 1 and reject_child(0) == 2 and accept_child(2) == 5
+    assert parent(5) == 2 and parent(1) == 0
+    with pytest.raises(ValueError, match="root"):
+        parent(0)
+    with pytest.raises(ValueError, match="node"):
+        heap_depth(-1)
+
+
+def test_known_cut_follows_convention():
+    cuts, T = [5, 3, 4], 10
+    assert known_cut(0, cuts, T) == T
+    assert known_cut(1, cuts, T) == 5  # accept child of root: request_cuts[0]
+    assert known_cut(2, cuts, T) == T  # reject child keeps the root's κ
+    assert known_cut(3, cuts, T) == 3  # accept child of node 1 (depth 1)
+    assert known_cut(4, cuts, T) == 5  # reject child of node 1 keeps κ(1)
+    assert known_cut(6, cuts, T) == T
+    assert known_cut(10, cuts, T) == 5  # 10 = reject child of 4
+
+
+def test_condition_1_and_candidates_are_ancestor_closed():
+    cuts, T = [5, 6, 2], 10
+    # depth 1 request cut 6 > κ(1) = 5: node 1 is not expandable; node 2 (κ = T) is.
+    assert is_expandable(0, cuts, T)
+    assert not is_expandable(1, cuts, T)
+    assert is_expandable(2, cuts, T)
+    # node 3 (below the non-candidate 1) is expandable on its own (2 <= κ(3) = 6) but no candidate
+    assert is_expandable(3, cuts, T) and not is_candidate(3, cuts, T)
+    cands = candidate_nodes(cuts, T)
+    assert cands == frozenset({0, 2, 5, 6})
+    for v in cands:
+        assert v == 0 or parent(v) in cands
+    # depth cap K' = len(request_cuts)
+    assert all(heap_depth(v) < len(cuts) for v in cands)
+    assert not is_expandable(7, cuts, T)
+
+
+def test_bad_inputs_are_rejected():
+    with pytest.raises(ValueError, match=r"request_cuts\[1\]"):
+        optimal_allocation([1, 10], 10, [0.5, 0.5], 3)
+    with pytest.raises(ValueError, match="horizon"):
+        optimal_allocation([1], 0, [0.5], 3)
+    with pytest.raises(ValueError, match="budget"):
+        optimal_allocation([1], 5, [0.5], -1)
+    with pytest.raises(ValueError, match=r"accept_prob\[0\]"):
+        optimal_allocation([1], 5, [1.5], 2)
+    with pytest.raises(ValueError, match="one ĥ per depth"):
+        optimal_allocation([1, 1], 5, [0.5], 2)
+    with pytest.raises(ValueError, match="value"):
+        Allocation(selected=frozenset({0}), value=-1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Eq. 14
+# ------------------------------------------------------------------------------------------------
+
+
+def test_branch_prob_accept_midpoint():
+    assert branch_prob_accept(0.0, 1.0) == 1.0
+    assert branch_prob_accept(1.0, 0.0) == 0.0
+    assert branch_prob_accept(0.0, 0.0) == 0.5  # all mass uncertain -> midpoint
+    assert math.isclose(branch_prob_accept(0.2, 0.3), 0.5 * (1 + 0.3 - 0.2))
+    with pytest.raises(ValueError, match="at most 1"):
+        branch_prob_accept(0.7, 0.6)
+    with pytest.raises(ValueError, match="p_accept"):
+        branch_prob_accept(0.1, -0.1)
+
+
+def test_branch_prob_accept_is_lemma3_midpoint():
+    """ĥ is the midpoint of the Lemma 3 interval [P_acc + ε P_unc, P_acc + (1-ε) P_unc]."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = rng.dirichlet([1, 1, 1])
+        p_rej, p_acc, p_unc = p
+        eps = float(rng.uniform(0, 0.5))
+        lo, hi = p_acc + eps * p_unc, p_acc + (1 - eps) * p_unc
+        assert math.isclose(branch_prob_accept(p_rej, p_acc), 0.5 * (lo + hi), abs_tol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# Lemma 1 / Lemma 2
+# ------------------------------------------------------------------------------------------------
+
+
+def test_reaching_weights_product_of_branches():
+    h = {0: 0.8, 1: 0.3, 2: 0.6, 4: 0.5}
+    assert reaching_weight(0, h) == 1.0
+    assert math.isclose(reaching_weight(4, h), 0.8 * 0.7)
+    assert math.isclose(reaching_weight(10, h), 0.8 * 0.7 * 0.5)
+    w = reaching_weights({0, 1, 4}, h)
+    assert w == pytest.approx({0: 1.0, 1: 0.8, 4: 0.8 * 0.7})
+
+
+def test_lemma1_equals_lemma2_on_random_sets():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        depth = int(rng.integers(1, 6))
+        nodes = range(2**depth - 1)
+        probs = {v: float(rng.random()) for v in nodes}
+        # random subset: not necessarily ancestor-closed (Lemma 2 holds for any set)
+        subset = {v for v in nodes if rng.random() < 0.6}
+        f1 = expected_transitions(subset, probs)
+        f2 = expected_transitions_recursive(subset, probs)
+        assert math.isclose(f1, f2, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_expected_transitions_matches_monte_carlo_traversal():
+    """Definition 1 directly: simulate traversals and count the selected nodes they visit."""
+    rng = np.random.default_rng(2)
+    probs = {v: float(rng.random()) for v in range(15)}
+    selected = {0, 1, 2, 3, 5, 7, 12, 13}  # 13 = accept child of the unselected 6: never visited
+    exact = expected_transitions(selected, probs)
+    counts = []
+    for _ in range(20000):
+        v, c = 0, 0
+        while v in selected:
+            c += 1
+            v = accept_child(v) if rng.random() < probs[v] else reject_child(v)
+        counts.append(c)
+    assert abs(np.mean(counts) - exact) < 4 * np.std(counts) / math.sqrt(len(counts)) + 1e-9
+
+
+def test_empty_selection_has_zero_value():
+    assert expected_transitions(set(), {}) == 0.0
+    assert expected_transitions_recursive(set(), {}) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Proposition 2: the DP
+# ------------------------------------------------------------------------------------------------
+
+
+def test_dp_equals_brute_force_on_random_instances():
+    rng = np.random.default_rng(3)
+    for _ in range(150):
+        cuts, T, probs, budget = random_instance(rng)
+        alloc = optimal_allocation(cuts, T, probs, budget)
+        best = brute_force_best(cuts, T, probs, budget)
+        assert math.isclose(alloc.value, best, rel_tol=1e-9, abs_tol=1e-12), (cuts, T, probs, budget)
+
+
+def test_dp_selection_is_feasible_and_attains_its_value():
+    rng = np.random.default_rng(4)
+    for _ in range(150):
+        cuts, T, probs, budget = random_instance(rng)
+        alloc = optimal_allocation(cuts, T, probs, budget)
+        assert alloc.requests <= budget
+        assert not alloc.unreachable
+        for v in alloc.selected:
+            assert is_candidate(v, cuts, T), "Condition 1 / depth cap violated"
+            assert v == 0 or parent(v) in alloc.selected, "not ancestor-closed"
+        h = depth_accept_probs(probs)
+        assert math.isclose(expected_transitions(alloc.selected, h), alloc.value, rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(
+            expected_transitions_recursive(alloc.selected, h), alloc.value, rel_tol=1e-9, abs_tol=1e-12
+        )
+
+
+def test_dp_budget_monotone():
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        cuts, T, probs, _ = random_instance(rng, max_depth=7)
+        values = [optimal_allocation(cuts, T, probs, b).value for b in range(0, 10)]
+        assert values[0] == 0.0
+        assert all(b >= a - 1e-12 for a, b in zip(values, values[1:]))
+
+
+def test_dp_spends_no_request_without_value():
+    # ĥ = 1 at the root: the rejection subtree (node 2 and below) is never reached, so the DP must not
+    # spend requests there even though the budget would allow it.
+    alloc = optimal_allocation([3, 2, 1, 0], 10, [1.0, 0.5, 0.5, 0.5], 10)
+    assert alloc.selected == frozenset({0, 1, 3, 4, 7, 8, 9, 10})
+    assert math.isclose(alloc.value, 1 + 1 + 2 * 0.5 + 4 * 0.25)
+
+
+def test_general_variant_matches_depth_variant():
+    rng = np.random.default_rng(6)
+    for _ in range(60):
+        cuts, T, probs, budget = random_instance(rng)
+        fast = optimal_allocation(cuts, T, probs, budget)
+        h = depth_accept_probs(probs)
+        general = optimal_allocation_general(
+            lambda i: is_expandable(i, cuts, T), h, budget, max_depth=len(cuts)
+        )
+        assert math.isclose(fast.value, general.value, rel_tol=1e-12, abs_tol=1e-12)
+        assert math.isclose(expected_transitions(general.selected, h), general.value, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_general_variant_with_per_node_probabilities_equals_brute_force():
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        depth = int(rng.integers(1, 5))
+        nodes = list(range(2**depth - 1))
+        probs = {v: float(rng.random()) for v in nodes}
+        expandable = {v for v in nodes if rng.random() < 0.8}
+        budget = int(rng.integers(0, 6))
+        alloc = optimal_allocation_general(lambda i: i in expandable, lambda i: probs[i], budget, max_depth=depth)
+        cands = frozenset(v for v in expandable if all(a in expandable for a in _ancestors(v)))
+        best = max(expected_transitions(s, probs) for s in ancestor_closed_sets(cands, budget))
+        assert math.isclose(alloc.value, best, rel_tol=1e-9, abs_tol=1e-12)
+        assert alloc.selected <= cands
+
+
+def _ancestors(v: int) -> list[int]:
+    out = []
+    while v:
+        v = parent(v)
+        out.append(v)
+    return out
+
+
+def test_dp_is_polynomial_at_depth_cap_100_budget_20():
+    rng = np.random.default_rng(8)
+    T = 4096
+    cuts = sorted((int(c) for c in rng.integers(0, T, size=100)), reverse=True)  # all feasible
+    probs = [float(p) for p in rng.uniform(0.05, 0.95, size=100)]
+    alloc = optimal_allocation(cuts, T, probs, 20)
+    assert alloc.requests == 20
+    assert math.isclose(expected_transitions(alloc.selected, depth_accept_probs(probs)), alloc.value, rel_tol=1e-9)
+    # random cuts at depth 100 as well (many distinct κ)
+    cuts2 = [int(c) for c in rng.integers(0, T, size=100)]
+    alloc2 = optimal_allocation(cuts2, T, probs, 20)
+    assert all(is_candidate(v, cuts2, T) for v in alloc2.selected)
+
+
+# ------------------------------------------------------------------------------------------------
+# BFS
+# ------------------------------------------------------------------------------------------------
+
+
+def test_bfs_order_follows_paper():
+    # all feasible: BFS takes heap indices 0, 1, 2, 3, ... (level order)
+    alloc = bfs_order_allocation([9, 8, 7, 6], 10, None, 5)
+    assert alloc.nodes == (0, 1, 2, 3, 4)
+    assert not alloc.unreachable
+
+
+def test_bfs_enqueues_reject_child_of_deferred_node():
+    # depth-1 cut 6 > κ(1) = 5: node 1 defers; its rejection child 4 is still enqueued and expanded
+    # at depth 2 (cut 2 <= κ(4) = 5), a request the walk never reaches.
+    alloc = bfs_order_allocation([5, 6, 2], 10, [0.5, 0.5, 0.5], 10)
+    assert 1 not in alloc.selected
+    assert 4 in alloc.selected and 4 in alloc.unreachable
+    assert 3 not in alloc.selected  # accept child of a deferred node is not enqueued
+    # predictive never selects below a deferred node
+    pred = optimal_allocation([5, 6, 2], 10, [0.5, 0.5, 0.5], 10)
+    assert not (pred.selected & alloc.unreachable)
+
+
+def test_predictive_beats_bfs_when_accepts_are_likely():
+    # every request feasible, acceptance very likely: the DP goes deep along the acceptance chain,
+    # BFS spreads its budget over rejection branches that are rarely reached.
+    cuts, T, probs, budget = [9, 8, 7, 6, 5, 4, 3, 2], 10, [0.95] * 8, 6
+    pred = optimal_allocation(cuts, T, probs, budget)
+    bfs = bfs_order_allocation(cuts, T, probs, budget)
+    assert pred.value > bfs.value + 1.0
+    assert pred.nodes == (0, 1, 3, 7, 15, 31)
+
+
+def test_predictive_never_worse_than_bfs():
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        cuts, T, probs, budget = random_instance(rng, max_depth=6, max_budget=8)
+        pred = optimal_allocation(cuts, T, probs, budget)
+        bfs = bfs_order_allocation(cuts, T, probs, budget)
+        assert bfs.requests <= budget
+        assert pred.value >= bfs.value - 1e-12

@@ -1,0 +1,540 @@
+"""The ε-certainty classifier of the predictive traversal rule (PreSTO §3.3, App. C.3, App. E.7).
+
+Before a request is generated, a three-class logistic regression on standardized features (by
+default only the cut fraction c_j/T) predicts whether the decision at the node will be an ε-certain
+reject (A <= ε), an ε-certain accept (A >= 1 - ε) or ε-uncertain; Eq. 14 turns the class
+probabilities into the predicted branch probability ĥ(v+; ε) that the DP of Proposition 2 uses.
+Cross-validation follows E.7: folds hold out whole prompts, out-of-fold predictions are pooled,
+and accuracy / macro-F1 / log loss are reported against constant baselines.
+
+    paper                                   code
+    ε                                       CertaintyConfig.epsilon (0.01)
+    x (standardized features)               (features - feature_mean) / feature_scale
+    W, b (linear layer + softmax)           CertaintyClassifier.coef, .intercept
+    λ (L2 penalty, C = 1/λ)                 CertaintyConfig.l2_penalty (1.0)
+    P̂(v is ε-certain reject / accept)       ClassProbabilities.p_reject / .p_accept
+    P̂(v is ε-uncertain)                     ClassProbabilities.p_uncertain
+    ĥ(v+; ε)                                CertaintyClassifier.branch_prob_accept      (Eq. 14)
+    ℒ(𝒰) (pooled held-out log loss)          CrossValidationReport.log_loss              (Eq. 25)
+    majority / class-frequency baselines    CrossValidationReport.baseline_*
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from forerun.classifiers.features import (
+    CLASSES,
+    DEFAULT_EPSILON,
+    NodeRecord,
+    class_index,
+    feature_matrix,
+    feature_vector,
+)
+from forerun.programs.allocation import branch_prob_accept as _branch_prob_accept
+
+__all__ = [
+    "CertaintyConfig",
+    "ClassProbabilities",
+    "CertaintyClassifier",
+    "CrossValidationReport",
+    "cross_validate_certainty",
+    "certainty_cv_splits",
+    "format_cv_table",
+    "MODEL_FORMAT",
+]
+
+MODEL_FORMAT = "forerun.certainty_classifier"
+_MODEL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CertaintyConfig:
+    """Settings of the ε-certainty classifier."""
+
+    epsilon: float = DEFAULT_EPSILON
+    """ε in (0, 1/2): the certainty threshold the labels were made with (default 0.01, §3.3)."""
+    features: tuple[str, ...] = ("cut_fraction",)
+    """Feature names (classifiers.features); default Feature 1, the cut fraction c_j/T, as in E.7."""
+    l2_penalty: float = 1.0
+    """λ > 0 of the L2 penalty in E.7 (scikit-learn C = 1/λ); default 1."""
+    max_iter: int = 1000
+    """Iteration cap of the lbfgs solver (> 0)."""
+    allow_missing_classes: bool = False
+    """If False (default) fitting on records that lack a class raises. If True, the model is fitted
+    on the classes present (at least two) and an absent class gets probability 0."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.epsilon < 0.5:
+            raise ValueError(f"epsilon must lie in (0, 1/2), got {self.epsilon!r}")
+        features = tuple(self.features)
+        if not features:
+            raise ValueError("features must name at least one feature")
+        if len(set(features)) != len(features):
+            raise ValueError(f"features must not repeat a name, got {features!r}")
+        object.__setattr__(self, "features", features)
+        if not (self.l2_penalty > 0.0) or math.isinf(self.l2_penalty):
+            raise ValueError(f"l2_penalty must be a positive finite number, got {self.l2_penalty!r}")
+        if self.max_iter < 1:
+            raise ValueError(f"max_iter must be positive, got {self.max_iter!r}")
+
+
+class ClassProbabilities(NamedTuple):
+    """Predicted ε-certainty class probabilities of one candidate node."""
+
+    p_reject: float
+    p_accept: float
+    p_uncertain: float
+
+
+def _labels(records: Sequence[NodeRecord]) -> np.ndarray:
+    return np.array([class_index(r.certainty_class) for r in records], dtype=int)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    top = np.max(logits, axis=1, keepdims=True)
+    e = np.exp(logits - top)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class CertaintyClassifier:
+    """Three-class logistic regression ε-certainty classifier (App. E.7).
+
+    Fitting uses scikit-learn (``StandardScaler`` + multinomial ``LogisticRegression``); the fitted
+    parameters are then kept as plain arrays, so prediction, ``save`` and ``load`` need only numpy
+    and JSON (no pickle).
+    """
+
+    def __init__(self, config: CertaintyConfig | None = None) -> None:
+        self.config = config or CertaintyConfig()
+        self.feature_mean: np.ndarray | None = None
+        self.feature_scale: np.ndarray | None = None
+        self.coef: np.ndarray | None = None  # (3, d) on standardized features, CLASSES order
+        self.intercept: np.ndarray | None = None  # (3,), -inf for a class absent from training
+        self.class_counts: dict[str, int] = {}
+        self.training_size = 0
+        self.kind = "unfitted"
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return self.config.features
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.coef is not None
+
+    def _set(self, mean, scale, coef, intercept, counts: Mapping[str, int], size: int, kind: str) -> "CertaintyClassifier":
+        d = len(self.features)
+        self.feature_mean = np.asarray(mean, dtype=float).reshape(d)
+        self.feature_scale = np.asarray(scale, dtype=float).reshape(d)
+        self.coef = np.asarray(coef, dtype=float).reshape(3, d)
+        self.intercept = np.asarray(intercept, dtype=float).reshape(3)
+        if np.any(self.feature_scale <= 0) or not np.all(np.isfinite(self.feature_scale)):
+            raise ValueError("feature_scale must be positive and finite")
+        if not np.all(np.isfinite(self.coef)) or not np.all(np.isfinite(self.feature_mean)):
+            raise ValueError("coef and feature_mean must be finite")
+        if np.any(np.isnan(self.intercept)) or np.any(self.intercept == np.inf):
+            raise ValueError("intercept entries must be finite or -inf (absent class)")
+        if np.all(self.intercept == -np.inf):
+            raise ValueError("at least one class must have a finite intercept")
+        self.class_counts = {c: int(counts.get(c, 0)) for c in CLASSES}
+        self.training_size = int(size)
+        self.kind = kind
+        return self
+
+    @classmethod
+    def uniform_prior(cls, config: CertaintyConfig | None = None) -> "CertaintyClassifier":
+        """Fallback with no training data: every class 1/3, so ĥ(v+) = 1/2 at every node."""
+        model = cls(config)
+        d = len(model.features)
+        return model._set(np.zeros(d), np.ones(d), np.zeros((3, d)), np.zeros(3), {}, 0, "uniform_prior")
+
+    @classmethod
+    def class_prior(cls, records: Sequence[NodeRecord], config: CertaintyConfig | None = None) -> "CertaintyClassifier":
+        """Constant baseline of E.7: the training class frequencies for every node (absent class: 0)."""
+        model = cls(config)
+        if not records:
+            raise ValueError("class_prior needs at least one record")
+        y = _labels(records)
+        counts = np.bincount(y, minlength=3)
+        with np.errstate(divide="ignore"):
+            intercept = np.log(counts / counts.sum())
+        d = len(model.features)
+        named = {c: int(n) for c, n in zip(CLASSES, counts)}
+        return model._set(np.zeros(d), np.ones(d), np.zeros((3, d)), intercept, named, len(records), "class_prior")
+
+    def fit(self, records: Sequence[NodeRecord]) -> "CertaintyClassifier":
+        """Fit the logistic regression of E.7 on scored-node records; returns self."""
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.preprocessing import StandardScaler
+
+        records = list(records)
+        if not records:
+            raise ValueError("cannot fit the certainty classifier on zero records")
+        X = feature_matrix(records, self.features)
+        y = _labels(records)
+        counts = np.bincount(y, minlength=3)
+        named = {c: int(n) for c, n in zip(CLASSES, counts)}
+        present = np.flatnonzero(counts)
+        if len(present) < 3:
+            absent = [CLASSES[k] for k in range(3) if counts[k] == 0]
+            if len(present) < 2:
+                raise ValueError(
+                    f"training records contain only the class {CLASSES[present[0]]!r} ({len(records)} records): "
+                    "a classifier needs at least two certainty classes; use CertaintyClassifier.uniform_prior() "
+                    "or class_prior() instead"
+                )
+            if not self.config.allow_missing_classes:
+                raise ValueError(
+                    f"training records contain no {' or '.join(repr(a) for a in absent)} examples "
+                    f"(class counts {named}); pass allow_missing_classes=True (CLI: --allow-missing-classes) "
+                    "to fit the present classes and give the absent ones probability 0"
+                )
+        scaler = StandardScaler().fit(X)
+        Z = scaler.transform(X)
+        lr = LogisticRegression(C=1.0 / self.config.l2_penalty, max_iter=self.config.max_iter)
+        lr.fit(Z, y)
+        d = len(self.features)
+        coef = np.zeros((3, d))
+        intercept = np.full(3, -np.inf)
+        classes = [int(c) for c in lr.classes_]
+        if len(classes) == 2:
+            # binary scikit-learn model: P(classes[1]) = σ(w·z + b) = softmax over logits (0, w·z + b)
+            coef[classes[0]] = 0.0
+            intercept[classes[0]] = 0.0
+            coef[classes[1]] = lr.coef_[0]
+            intercept[classes[1]] = lr.intercept_[0]
+        else:
+            for row, k in enumerate(classes):
+                coef[k] = lr.coef_[row]
+                intercept[k] = lr.intercept_[row]
+        return self._set(scaler.mean_, scaler.scale_, coef, intercept, named, len(records), "logistic_regression")
+
+    # -- prediction --------------------------------------------------------------------------------
+
+    def _require_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("certainty classifier is not fitted: call fit(records), load(path) or uniform_prior()")
+
+    def predict_proba_matrix(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities (n × 3, CLASSES order) for a feature matrix X (n × d)."""
+        self._require_fitted()
+        X = np.asarray(X, dtype=float)
+        if X.ndim != 2 or X.shape[1] != len(self.features):
+            raise ValueError(f"X must have shape (n, {len(self.features)}) for features {self.features}, got {X.shape}")
+        Z = (X - self.feature_mean) / self.feature_scale
+        return _softmax(Z @ self.coef.T + self.intercept)
+
+    def predict_proba_records(self, records: Sequence[NodeRecord]) -> np.ndarray:
+        """Class probabilities (n × 3) for records."""
+        return self.predict_proba_matrix(feature_matrix(list(records), self.features))
+
+    def _features_of(self, cut_fraction: float, features: Mapping[str, Any]) -> np.ndarray:
+        cf = float(cut_fraction)
+        if not 0.0 <= cf <= 1.0:
+            raise ValueError(f"cut_fraction must lie in [0, 1], got {cut_fraction!r}")
+        values = dict(features)
+        values["cut_fraction"] = cf
+        return feature_vector(self.features, values)
+
+    def predict_proba(self, cut_fraction: float, **features: Any) -> ClassProbabilities:
+        """(P̂_rej, P̂_acc, P̂_unc) for one candidate with cut fraction c_j/T.
+
+        Models using more than the cut fraction need those values as keyword arguments, e.g.
+        ``depth=2, accepts_on_path=1, parent_cut=40, cut=17``.
+        """
+        p = self.predict_proba_matrix(self._features_of(cut_fraction, features)[None, :])[0]
+        return ClassProbabilities(float(p[0]), float(p[1]), float(p[2]))
+
+    def branch_prob_accept(self, cut_fraction: float, **features: Any) -> float:
+        """ĥ(v+; ε) = ½(1 + P̂_acc − P̂_rej) for one candidate (Eq. 14)."""
+        p = self.predict_proba(cut_fraction, **features)
+        return _branch_prob_accept(min(p.p_reject, 1.0 - p.p_accept), p.p_accept)
+
+    def branch_prob_accept_many(self, cut_fractions: Sequence[float], **features: Sequence[Any]) -> np.ndarray:
+        """ĥ(v+; ε) for several candidates at once (e.g. one per depth for the DP)."""
+        cfs = np.asarray(cut_fractions, dtype=float).reshape(-1)
+        if np.any((cfs < 0) | (cfs > 1)) or np.any(np.isnan(cfs)):
+            raise ValueError("cut_fractions must lie in [0, 1]")
+        for name, vals in features.items():
+            if len(vals) != len(cfs):
+                raise ValueError(f"feature {name!r} has {len(vals)} values for {len(cfs)} cut fractions")
+        X = np.stack(
+            [self._features_of(cf, {k: v[i] for k, v in features.items()}) for i, cf in enumerate(cfs)]
+        ) if len(cfs) else np.empty((0, len(self.features)))
+        p = self.predict_proba_matrix(X)
+        return np.clip(0.5 * (1.0 + p[:, 1] - p[:, 0]), 0.0, 1.0)
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        self._require_fitted()
+        return {
+            "format": MODEL_FORMAT,
+            "version": _MODEL_VERSION,
+            "model": self.kind,
+            "classes": list(CLASSES),
+            "epsilon": self.config.epsilon,
+            "features": list(self.features),
+            "l2_penalty": self.config.l2_penalty,
+            "feature_mean": self.feature_mean.tolist(),
+            "feature_scale": self.feature_scale.tolist(),
+            "coef": self.coef.tolist(),
+            # null marks a class absent from training (logit -inf, probability 0)
+            "intercept": [None if math.isinf(v) else float(v) for v in self.intercept],
+            "training_size": self.training_size,
+            "class_counts": dict(self.class_counts),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "model") -> "CertaintyClassifier":
+        def bad(msg: str) -> ValueError:
+            return ValueError(f"{source}: {msg}")
+
+        if not isinstance(data, Mapping):
+            raise bad("expected a JSON object")
+        if data.get("format") != MODEL_FORMAT:
+            raise bad(f"field 'format' must be {MODEL_FORMAT!r}, got {data.get('format')!r}")
+        if data.get("version") != _MODEL_VERSION:
+            raise bad(f"unsupported field 'version' {data.get('version')!r} (expected {_MODEL_VERSION})")
+        if list(data.get("classes", [])) != list(CLASSES):
+            raise bad(f"field 'classes' must be {list(CLASSES)}, got {data.get('classes')!r}")
+        for key in ("epsilon", "features", "l2_penalty", "feature_mean", "feature_scale", "coef", "intercept"):
+            if key not in data:
+                raise bad(f"missing field {key!r}")
+        try:
+            config = CertaintyConfig(
+                epsilon=float(data["epsilon"]),
+                features=tuple(str(f) for f in data["features"]),
+                l2_penalty=float(data["l2_penalty"]),
+                allow_missing_classes=any(v is None for v in data["intercept"]),
+            )
+            intercept = [-np.inf if v is None else float(v) for v in data["intercept"]]
+            model = cls(config)
+            d = len(config.features)
+            for key, shape in (("feature_mean", (d,)), ("feature_scale", (d,)), ("coef", (3, d))):
+                if np.asarray(data[key], dtype=float).shape != shape:
+                    raise ValueError(f"field {key!r} must have shape {shape}")
+            if len(intercept) != 3:
+                raise ValueError("field 'intercept' must have 3 entries")
+            return model._set(
+                data["feature_mean"],
+                data["feature_scale"],
+                data["coef"],
+                intercept,
+                data.get("class_counts", {}),
+                int(data.get("training_size", 0)),
+                str(data.get("model", "logistic_regression")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise bad(str(exc)) from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as JSON (coefficients, classes, features, standardization, training size)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CertaintyClassifier":
+        """Read a model written by ``save``."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read classifier file ({exc.strerror or exc})") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        return cls.from_dict(data, source=str(path))
+
+    def __repr__(self) -> str:
+        return f"CertaintyClassifier(kind={self.kind!r}, features={self.features!r}, training_size={self.training_size})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Cross-validation (App. E.7)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrossValidationReport:
+    """Pooled out-of-fold metrics of the classifier and of the constant baselines (E.7)."""
+
+    n_records: int
+    n_prompts: int
+    folds: int
+    grouped_by_prompt: bool
+    features: tuple[str, ...]
+    class_counts: dict[str, int]
+    accuracy: float
+    macro_f1: float
+    log_loss: float
+    baseline_accuracy: float
+    """Always predicting the training fold's most frequent class."""
+    baseline_macro_f1: float
+    baseline_log_loss: float
+    """Predicting the training fold's class frequencies for every node."""
+    fold_metrics: tuple[dict[str, float], ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_records": self.n_records,
+            "n_prompts": self.n_prompts,
+            "folds": self.folds,
+            "grouped_by_prompt": self.grouped_by_prompt,
+            "features": list(self.features),
+            "class_counts": dict(self.class_counts),
+            "classifier": {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "log_loss": self.log_loss},
+            "baseline": {
+                "accuracy": self.baseline_accuracy,
+                "macro_f1": self.baseline_macro_f1,
+                "log_loss": self.baseline_log_loss,
+            },
+            "fold_metrics": [dict(m) for m in self.fold_metrics],
+        }
+
+
+def _metrics(y: np.ndarray, proba: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import accuracy_score, f1_score, log_loss
+
+    pred = np.argmax(proba, axis=1)
+    # clip before log loss so a class a fold never saw (probability 0) costs a large, finite loss
+    clipped = np.clip(proba, 1e-15, 1.0)
+    clipped /= clipped.sum(axis=1, keepdims=True)
+    return {
+        "accuracy": float(accuracy_score(y, pred)),
+        "macro_f1": float(f1_score(y, pred, labels=[0, 1, 2], average="macro", zero_division=0)),
+        "log_loss": float(log_loss(y, clipped, labels=[0, 1, 2])),
+    }
+
+
+def certainty_cv_splits(
+    records: Sequence[NodeRecord], *, folds: int = 5, seed: int = 0, group_by_prompt: bool = True
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) index arrays of the E.7 cross-validation: ``StratifiedGroupKFold`` with the
+    prompt as the group (whole prompts held out), or ``StratifiedKFold`` over nodes."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+
+    records = list(records)
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
+    y = _labels(records)
+    X = np.zeros((len(records), 1))
+    if group_by_prompt:
+        groups = np.array([r.prompt_id for r in records])
+        n_prompts = len(set(groups.tolist()))
+        if n_prompts < folds:
+            raise ValueError(
+                f"holding out whole prompts with {folds} folds needs at least {folds} distinct prompt_id values, "
+                f"got {n_prompts}; use fewer folds or group_by_prompt=False (CLI: --no-group)"
+            )
+        splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+        return [(tr, te) for tr, te in splitter.split(X, y, groups)]
+    if len(records) < folds:
+        raise ValueError(f"cross-validation with {folds} folds needs at least {folds} records, got {len(records)}")
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return [(tr, te) for tr, te in splitter.split(X, y)]
+
+
+def cross_validate_certainty(
+    records: Sequence[NodeRecord],
+    config: CertaintyConfig | None = None,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    group_by_prompt: bool = True,
+    progress: bool = False,
+) -> CrossValidationReport:
+    """k-fold cross-validation as in E.7: whole prompts held out (``StratifiedGroupKFold`` on
+    ``prompt_id``), out-of-fold probabilities pooled over all records, accuracy / macro-F1 / log loss
+    against the majority-class and class-frequency baselines fitted on the same training folds.
+
+    ``group_by_prompt=False`` uses ``StratifiedKFold`` over nodes instead. Folds whose training part
+    lacks a class are fitted on the classes present (the absent class gets probability 0).
+    """
+    from tqdm import tqdm
+
+    config = config or CertaintyConfig()
+    records = list(records)
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
+    if len(records) < folds:
+        raise ValueError(f"cross-validation with {folds} folds needs at least {folds} records, got {len(records)}")
+    y = _labels(records)
+    counts = np.bincount(y, minlength=3)
+    if np.count_nonzero(counts) < 2:
+        raise ValueError(f"records contain a single certainty class (counts {dict(zip(CLASSES, counts.tolist()))}): nothing to classify")
+    n_prompts = len({r.prompt_id for r in records})
+    feature_matrix(records, config.features)  # fail early on a missing or non-numeric feature
+    splits = certainty_cv_splits(records, folds=folds, seed=seed, group_by_prompt=group_by_prompt)
+
+    fold_config = CertaintyConfig(
+        epsilon=config.epsilon,
+        features=config.features,
+        l2_penalty=config.l2_penalty,
+        max_iter=config.max_iter,
+        allow_missing_classes=True,
+    )
+    proba = np.zeros((len(records), 3))
+    base = np.zeros((len(records), 3))
+    fold_metrics: list[dict[str, float]] = []
+    for k, (train, test) in enumerate(tqdm(splits, desc="cv folds", disable=not progress)):
+        train_records = [records[i] for i in train]
+        test_records = [records[i] for i in test]
+        if len(set(y[train].tolist())) < 2:
+            model = CertaintyClassifier.class_prior(train_records, fold_config)
+        else:
+            model = CertaintyClassifier(fold_config).fit(train_records)
+        proba[test] = model.predict_proba_records(test_records)
+        base[test] = CertaintyClassifier.class_prior(train_records, fold_config).predict_proba_records(test_records)
+        m = _metrics(y[test], proba[test])
+        fold_metrics.append({"fold": k, "n_test": int(len(test)), **m})
+
+    clf = _metrics(y, proba)
+    # the class-frequency baseline's most likely class is the training fold's majority class
+    bl = _metrics(y, base)
+    return CrossValidationReport(
+        n_records=len(records),
+        n_prompts=n_prompts,
+        folds=folds,
+        grouped_by_prompt=group_by_prompt,
+        features=config.features,
+        class_counts={c: int(n) for c, n in zip(CLASSES, counts)},
+        accuracy=clf["accuracy"],
+        macro_f1=clf["macro_f1"],
+        log_loss=clf["log_loss"],
+        baseline_accuracy=bl["accuracy"],
+        baseline_macro_f1=bl["macro_f1"],
+        baseline_log_loss=bl["log_loss"],
+        fold_metrics=tuple(fold_metrics),
+    )
+
+
+def format_cv_table(report: CrossValidationReport) -> str:
+    """Plain-text table of a cross-validation report."""
+    counts = ", ".join(f"{c} {n}" for c, n in report.class_counts.items())
+    split = "whole prompts held out" if report.grouped_by_prompt else "nodes (not grouped by prompt)"
+    lines = [
+        f"records {report.n_records} from {report.n_prompts} prompts; classes: {counts}",
+        f"{report.folds}-fold cross-validation, {split}; features: {', '.join(report.features)}",
+        "",
+        f"{'metric':<10} {'classifier':>11} {'baseline':>10}",
+        f"{'accuracy':<10} {report.accuracy:>11.3f} {report.baseline_accuracy:>10.3f}",
+        f"{'macro-F1':<10} {report.macro_f1:>11.3f} {report.baseline_macro_f1:>10.3f}",
+        f"{'log loss':<10} {report.log_loss:>11.3f} {report.baseline_log_loss:>10.3f}",
+        "",
+        "baseline: majority class of the training fold (accuracy, macro-F1); its class frequencies (log loss)",
+    ]
+    return "\n".join(lines)
+

@@ -1,0 +1,221 @@
+"""Tests for the ε-certainty classifier and its cross-validation (PreSTO App. E.7)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import log_loss
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from forerun.classifiers.certainty import (
+    CertaintyClassifier,
+    CertaintyConfig,
+    ClassProbabilities,
+    certainty_cv_splits,
+    cross_validate_certainty,
+    format_cv_table,
+)
+from forerun.classifiers.features import CLASSES, class_index, feature_matrix, synthetic_node_records
+from forerun.programs.allocation import branch_prob_accept
+
+
+@pytest.fixture(scope="module")
+def records():
+    return synthetic_node_records(n_prompts=12, calls_per_prompt=6, nodes_per_call=8, seed=11)
+
+
+@pytest.fixture(scope="module")
+def fitted(records):
+    return CertaintyClassifier().fit(records)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="epsilon"):
+        CertaintyConfig(epsilon=0.5)
+    with pytest.raises(ValueError, match="features"):
+        CertaintyConfig(features=())
+    with pytest.raises(ValueError, match="features"):
+        CertaintyConfig(features=("cut_fraction", "cut_fraction"))
+    with pytest.raises(ValueError, match="l2_penalty"):
+        CertaintyConfig(l2_penalty=0.0)
+    with pytest.raises(ValueError, match="max_iter"):
+        CertaintyConfig(max_iter=0)
+    assert CertaintyConfig().features == ("cut_fraction",)
+
+
+def test_numpy_prediction_matches_sklearn_pipeline(records, fitted):
+    X = feature_matrix(records, ("cut_fraction",))
+    y = np.array([class_index(r.certainty_class) for r in records])
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(X, y)
+    ours = fitted.predict_proba_matrix(X)
+    np.testing.assert_allclose(ours, ref.predict_proba(X), rtol=1e-10, atol=1e-12)
+
+
+def test_probabilities_and_branch_prob(fitted):
+    for cf in np.linspace(0, 1, 11):
+        p = fitted.predict_proba(cf)
+        assert isinstance(p, ClassProbabilities)
+        assert all(0 < q < 1 for q in p)
+        assert math.isclose(sum(p), 1.0, rel_tol=1e-12)
+        h = fitted.branch_prob_accept(cf)
+        assert math.isclose(h, branch_prob_accept(p.p_reject, p.p_accept), rel_tol=1e-12)
+        assert 0 < h < 1
+    many = fitted.branch_prob_accept_many([0.0, 0.5, 1.0])
+    np.testing.assert_allclose(many, [fitted.branch_prob_accept(c) for c in (0.0, 0.5, 1.0)], rtol=1e-12)
+    # the synthetic data make late cuts likelier to be accepted
+    assert fitted.branch_prob_accept(0.95) > fitted.branch_prob_accept(0.05)
+    with pytest.raises(ValueError, match="cut_fraction"):
+        fitted.predict_proba(1.5)
+
+
+def test_save_load_roundtrip_is_json(tmp_path, fitted):
+    path = fitted.save(tmp_path / "sub" / "model.json")
+    data = json.loads(path.read_text())
+    assert data["classes"] == list(CLASSES)
+    assert data["features"] == ["cut_fraction"]
+    assert data["training_size"] == fitted.training_size
+    assert len(data["coef"]) == 3
+    loaded = CertaintyClassifier.load(path)
+    grid = np.linspace(0, 1, 7)[:, None]
+    np.testing.assert_array_equal(loaded.predict_proba_matrix(grid), fitted.predict_proba_matrix(grid))
+    assert loaded.class_counts == fitted.class_counts
+
+
+def test_load_rejects_bad_files(tmp_path, fitted):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json.*not valid JSON"):
+        CertaintyClassifier.load(bad)
+    data = fitted.to_dict()
+    data["coef"] = [[0.0, 1.0]] * 3
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad.json.*coef"):
+        CertaintyClassifier.load(bad)
+    data = fitted.to_dict()
+    del data["intercept"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="intercept"):
+        CertaintyClassifier.load(bad)
+    data = fitted.to_dict()
+    data["format"] = "pickle"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="format"):
+        CertaintyClassifier.load(bad)
+    with pytest.raises(ValueError, match="cannot read"):
+        CertaintyClassifier.load(tmp_path / "missing.json")
+
+
+def test_uniform_prior_and_class_prior(records):
+    uni = CertaintyClassifier.uniform_prior()
+    assert uni.predict_proba(0.3) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert uni.branch_prob_accept(0.9) == pytest.approx(0.5)
+    prior = CertaintyClassifier.class_prior(records)
+    counts = np.bincount([class_index(r.certainty_class) for r in records], minlength=3)
+    assert prior.predict_proba(0.7) == pytest.approx(tuple(counts / counts.sum()))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        CertaintyClassifier().predict_proba(0.5)
+
+
+def test_missing_class_is_an_error_by_default(tmp_path):
+    recs = synthetic_node_records(n_prompts=6, seed=2, classes=("reject", "accept"))
+    with pytest.raises(ValueError, match="no 'uncertain' examples.*allow_missing_classes"):
+        CertaintyClassifier().fit(recs)
+    model = CertaintyClassifier(CertaintyConfig(allow_missing_classes=True)).fit(recs)
+    for cf in (0.0, 0.4, 1.0):
+        p = model.predict_proba(cf)
+        assert p.p_uncertain == 0.0
+        assert math.isclose(p.p_reject + p.p_accept, 1.0)
+        assert 0 < model.branch_prob_accept(cf) < 1
+    # matches the binary scikit-learn model on the present classes
+    X = feature_matrix(recs, ("cut_fraction",))
+    y = np.array([class_index(r.certainty_class) for r in recs])
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(X, y)
+    np.testing.assert_allclose(model.predict_proba_matrix(X)[:, :2], ref.predict_proba(X), rtol=1e-10, atol=1e-12)
+    # absent class survives the JSON roundtrip (stored as null)
+    path = model.save(tmp_path / "m.json")
+    assert json.loads(path.read_text())["intercept"][2] is None
+    again = CertaintyClassifier.load(path)
+    assert again.predict_proba(0.4) == pytest.approx(model.predict_proba(0.4))
+
+
+def test_single_class_cannot_be_fitted():
+    recs = synthetic_node_records(n_prompts=3, seed=3, classes=("reject",))
+    with pytest.raises(ValueError, match="only the class 'reject'"):
+        CertaintyClassifier(CertaintyConfig(allow_missing_classes=True)).fit(recs)
+    with pytest.raises(ValueError, match="zero records"):
+        CertaintyClassifier().fit([])
+
+
+def test_more_features_need_their_values(records):
+    config = CertaintyConfig(features=("cut_fraction", "depth", "accepts_on_path", "cut_gap", "loglik_mean"))
+    model = CertaintyClassifier(config).fit(records)
+    p = model.predict_proba(0.5, depth=2, accepts_on_path=1, parent_cut=40, cut=32, loglik_mean=-0.3)
+    assert math.isclose(sum(p), 1.0)
+    with pytest.raises(ValueError, match="'depth'"):
+        model.predict_proba(0.5)
+    h = model.branch_prob_accept_many(
+        [0.2, 0.8], depth=[0, 1], accepts_on_path=[0, 1], parent_cut=[64, 50], cut=[13, 50], loglik_mean=[0.0, 0.1]
+    )
+    assert h.shape == (2,)
+
+
+def test_cv_splits_hold_out_whole_prompts(records):
+    splits = certainty_cv_splits(records, folds=4, seed=0)
+    assert len(splits) == 4
+    seen = np.concatenate([te for _, te in splits])
+    assert sorted(seen.tolist()) == list(range(len(records)))
+    for train, test in splits:
+        assert not {records[i].prompt_id for i in train} & {records[i].prompt_id for i in test}
+    with pytest.raises(ValueError, match="distinct prompt_id"):
+        certainty_cv_splits(records[:48], folds=5)  # a single prompt
+    ungrouped = certainty_cv_splits(records[:48], folds=5, group_by_prompt=False)
+    assert len(ungrouped) == 5
+
+
+def test_cross_validation_pools_out_of_fold_predictions(records):
+    report = cross_validate_certainty(records, folds=4, seed=0)
+    # oracle: the same folds through a plain scikit-learn pipeline
+    X = feature_matrix(records, ("cut_fraction",))
+    y = np.array([class_index(r.certainty_class) for r in records])
+    proba = np.zeros((len(records), 3))
+    for train, test in certainty_cv_splits(records, folds=4, seed=0):
+        pipe = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=1000)).fit(X[train], y[train])
+        proba[test] = pipe.predict_proba(X[test])
+    assert math.isclose(report.log_loss, log_loss(y, proba, labels=[0, 1, 2]), rel_tol=1e-9)
+    assert math.isclose(report.accuracy, float(np.mean(proba.argmax(1) == y)), rel_tol=1e-12)
+    assert report.n_records == len(records) and report.n_prompts == 12 and report.folds == 4
+    assert sum(m["n_test"] for m in report.fold_metrics) == len(records)
+    # the synthetic labels depend on the cut fraction: the classifier beats the constant baselines
+    assert report.log_loss < report.baseline_log_loss
+    assert report.accuracy >= report.baseline_accuracy
+    assert report.macro_f1 > report.baseline_macro_f1
+    majority = np.bincount(y).max() / len(y)
+    assert report.baseline_accuracy <= majority + 1e-12
+    table = format_cv_table(report)
+    assert "accuracy" in table and "log loss" in table and "macro-F1" in table
+    assert json.loads(json.dumps(report.to_dict()))["classifier"]["accuracy"] == report.accuracy
+
+
+def test_cross_validation_errors(records):
+    with pytest.raises(ValueError, match="folds"):
+        cross_validate_certainty(records, folds=1)
+    one = synthetic_node_records(n_prompts=6, seed=4, classes=("accept",))
+    with pytest.raises(ValueError, match="single certainty class"):
+        cross_validate_certainty(one, folds=3)
+    with pytest.raises(ValueError, match="'nope'"):
+        cross_validate_certainty(records, CertaintyConfig(features=("nope",)), folds=3)
+
+
+@pytest.mark.filterwarnings("ignore:The least populated class")
+def test_cross_validation_tolerates_a_class_missing_from_a_fold():
+    recs = synthetic_node_records(n_prompts=6, calls_per_prompt=2, nodes_per_call=4, seed=5)
+    # keep a single uncertain example: some training folds lack the class entirely
+    first = next(i for i, r in enumerate(recs) if r.certainty_class == "uncertain")
+    recs = [r for i, r in enumerate(recs) if r.certainty_class != "uncertain" or i == first]
+    report = cross_validate_certainty(recs, folds=3)
+    assert math.isfinite(report.log_loss)

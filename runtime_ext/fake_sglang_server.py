@@ -173,14 +173,17 @@ FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang")
 
 
 class FakeSGLangServer:
-    """A ThreadingHTTPServer on 127.0.0.1 (random port) that answers like SGLang 0.5.23.
+    """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23.
 
     Use as a context manager: `with FakeSGLangServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
     """
 
     def __init__(self, *, model: FakeByteModel | None = None, plugin_keys: bool = False,
-                 model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None) -> None:
+                 model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.model = model or FakeByteModel()
+        self.host = host
+        self.port = port
         self.tokenizer = ByteTokenizer()
         self.plugin_keys = plugin_keys
         self.model_path = model_path
@@ -207,7 +210,7 @@ class FakeSGLangServer:
 
     def start(self) -> "FakeSGLangServer":
         handler = _make_handler(self)
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="fake-sglang", daemon=True)
@@ -512,3 +515,28 @@ def unused_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m forerun.runtime_ext.fake_sglang_server --port P` (accepts and ignores other sglang flags)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="fake SGLang server (tests / launcher checks)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-path", default="forerun-fake-byte-model")
+    parser.add_argument("--plugin-keys", action="store_true")
+    args, _unknown = parser.parse_known_args(argv)
+    srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path, plugin_keys=args.plugin_keys)
+    srv.start()
+    print(f"fake SGLang server on {srv.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

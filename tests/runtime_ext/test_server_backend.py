@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +17,7 @@ from forerun.runtime_ext import server_backend
 from forerun.runtime_ext.fake_sglang_server import BOS_ID, ByteTokenizer, FakeSGLangServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
 from forerun.runtime_ext.server_backend import SGLangServerBackend, SGLangServerError, ServerConfig
-from forerun.runtime_ext.sglang_frontend import function, gen
+from forerun.runtime_ext.sglang_frontend import function, gen, runtime_installed
 from forerun.runtime_ext.token_markers import sampling_seed, token_ids
 
 FAST = ServerConfig(retries=2, backoff_s=0.001, timeout_s=30.0, connect_timeout_s=2.0)
@@ -354,3 +360,51 @@ def test_plain_text_program_and_generated_text_remembered(srv, backend):
     assert b2["input_ids"] == b1["input_ids"] + first_ids + tok.encode(" more", add_special_tokens=False)
     assert b2["sampling_params"]["sampling_seed"] == 7
     _assert_wire_ok(srv)
+
+
+# -- scripts/launch_runtime ------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "scripts" / "launch_runtime"
+
+
+def _launch(*args, env_extra=None, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k != "FORERUN_SERVER_MODULE"}
+    env.update(PYTHON=sys.executable, **(env_extra or {}))
+    return subprocess.run(["bash", str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.skipif(runtime_installed(), reason="the SGLang runtime is installed here")
+def test_launcher_fails_clearly_without_runtime(tmp_path):
+    res = _launch("--port", str(unused_port()), "--timeout", "5", "--log", str(tmp_path / "log"))
+    assert res.returncode == 1
+    assert "SGLang runtime is not installed" in res.stderr
+    assert res.stdout == ""
+
+
+def test_launcher_waits_for_health_and_prints_url(tmp_path):
+    port = unused_port()
+    res = _launch("--port", str(port), "--timeout", "30", "--log", str(tmp_path / "log"), "--", "--mem-fraction-static", "0.5",
+                  env_extra={"FORERUN_SERVER_MODULE": "forerun.runtime_ext.fake_sglang_server"})
+    assert res.returncode == 0, res.stderr
+    url = res.stdout.strip()
+    assert url == f"http://127.0.0.1:{port}"
+    pid = int(re.search(r"healthy \(pid (\d+)", res.stderr).group(1))
+    try:
+        assert "--enable-metrics" in res.stderr and "--mem-fraction-static 0.5" in res.stderr
+        b = SGLangServerBackend(url, ByteTokenizer(), config=FAST)
+        assert b.engine.health()
+        assert len(b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, ignore_eos=True)).output_ids) == 2
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
+def test_launcher_reports_a_server_that_dies(tmp_path):
+    res = _launch("--port", str(unused_port()), "--timeout", "20", "--log", str(tmp_path / "log"),
+                  env_extra={"FORERUN_SERVER_MODULE": "forerun.no_such_server_module"})
+    assert res.returncode == 1
+    assert "exited before becoming healthy" in res.stderr and "No module named" in res.stderr
+
+
+def test_launcher_rejects_bad_port():
+    res = _launch("--port", "abc")
+    assert res.returncode == 1 and "--port must be a number" in res.stderr

@@ -37,6 +37,12 @@ from forerun.classifiers.features import (
     feature_matrix,
     feature_vector,
 )
+from forerun.programs.allocation import (
+    Allocation,
+    NodeState,
+    optimal_allocation,
+    optimal_allocation_by_state,
+)
 from forerun.programs.allocation import branch_prob_accept as _branch_prob_accept
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "cross_validate_certainty",
     "certainty_cv_splits",
     "format_cv_table",
+    "predictive_allocation",
     "MODEL_FORMAT",
 ]
 
@@ -360,6 +367,56 @@ class CertaintyClassifier:
 
     def __repr__(self) -> str:
         return f"CertaintyClassifier(kind={self.kind!r}, features={self.features!r}, training_size={self.training_size})"
+
+
+# ------------------------------------------------------------------------------------------------
+# The predictive traversal rule end to end (App. C.3-C.4)
+# ------------------------------------------------------------------------------------------------
+
+_PER_DEPTH_FEATURES = frozenset({"cut_fraction", "cut", "depth"})
+
+
+def predictive_allocation(
+    classifier: CertaintyClassifier,
+    request_cuts: Sequence[int],
+    horizon: int,
+    budget: int,
+    *,
+    extra_features: Mapping[str, Sequence[float]] | None = None,
+) -> Allocation:
+    """Choose the requests of one prefetch call by the predictive traversal rule.
+
+    ĥ(v+; ε) comes from the classifier (Eq. 14) with the candidate's features: cut_fraction =
+    request_cuts[d] / T, cut = request_cuts[d], depth = d, parent_cut = κ(v), accepts_on_path,
+    plus ``extra_features[name][d]`` for per-depth extras (e.g. likelihood statistics at the cut).
+    Then the DP of Proposition 2 picks at most ``budget`` requests. A model that uses only
+    per-depth features runs the per-depth DP; one with tree-position features runs it over
+    NodeState (depth, κ, accepts).
+    """
+    cuts = [int(c) for c in request_cuts]
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise ValueError(f"horizon must be a positive integer (T), got {horizon!r}")
+    extra = {k: list(v) for k, v in (extra_features or {}).items()}
+    for name, vals in extra.items():
+        if len(vals) < len(cuts):
+            raise ValueError(f"extra_features[{name!r}] has {len(vals)} values for {len(cuts)} depths")
+
+    def values_at(d: int) -> dict[str, Any]:
+        out = {k: v[d] for k, v in extra.items()}
+        out.update(cut=cuts[d], depth=d)
+        return out
+
+    if set(classifier.features) <= _PER_DEPTH_FEATURES | set(extra):
+        probs = [classifier.branch_prob_accept(cuts[d] / horizon, **values_at(d)) for d in range(len(cuts))]
+        return optimal_allocation(cuts, horizon, probs, budget)
+
+    def by_state(state: NodeState) -> float:
+        d = state.depth
+        return classifier.branch_prob_accept(
+            cuts[d] / horizon, parent_cut=state.known_cut, accepts_on_path=state.accepts_on_path, **values_at(d)
+        )
+
+    return optimal_allocation_by_state(cuts, horizon, by_state, budget)
 
 
 # ------------------------------------------------------------------------------------------------

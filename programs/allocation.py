@@ -29,6 +29,7 @@ expandable.
     F_I(v0; ε)                  expected_transitions                        (Eq. 12, Lemma 1)
     F_I(v; ε) recursive         expected_transitions_recursive              (Eq. 13, Lemma 2)
     V(v, b; ε)                  optimal_allocation(...).value               (Eq. 18-19, Prop. 2)
+    (d(v), c_i, #accepts)       NodeState(depth, known_cut, accepts_on_path)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -57,7 +58,9 @@ __all__ = [
     "expected_transitions",
     "expected_transitions_recursive",
     "optimal_allocation",
+    "optimal_allocation_by_state",
     "optimal_allocation_general",
+    "NodeState",
     "bfs_order_allocation",
 ]
 
@@ -340,21 +343,29 @@ def _check_budget(budget: int) -> int:
     return int(budget)
 
 
-class _TreeView:
+class _TreeView(Protocol):
     """What the DP needs to know about a node, addressed by a hashable key that determines the whole
     subtree below it (so equal keys share one memo entry)."""
 
-    def expandable(self, key: Hashable) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
+    def expandable(self, key: Any) -> bool: ...
 
-    def accept_prob(self, key: Hashable) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
+    def accept_prob(self, key: Any) -> float: ...
 
-    def children(self, key: Hashable) -> tuple[Hashable, Hashable]:  # pragma: no cover - interface
-        raise NotImplementedError
+    def children(self, key: Any) -> tuple[Any, Any]: ...
 
 
-class _DepthCutView(_TreeView):
+class NodeState(NamedTuple):
+    """What determines the subtree below a node when inputs are per depth: (d(v), κ(v), accepts)."""
+
+    depth: int
+    """d(v)."""
+    known_cut: int
+    """κ(v) = c_i, the cut of v's own state (T at the root)."""
+    accepts_on_path: int
+    """Number of acceptance edges from the root to v."""
+
+
+class _DepthCutView:
     """Per-depth transitions: the subtree below a node depends only on (depth, κ)."""
 
     def __init__(self, cuts: tuple[int, ...], probs: tuple[float, ...]) -> None:
@@ -372,7 +383,28 @@ class _DepthCutView(_TreeView):
         return (d + 1, self.cuts[d]), (d + 1, kappa)
 
 
-class _CallbackView(_TreeView):
+class _StateView:
+    """Per-depth cuts with ĥ depending on the whole NodeState (e.g. a classifier with tree-position
+    features); ĥ is computed once per state."""
+
+    def __init__(self, cuts: tuple[int, ...], accept_prob: Callable[[NodeState], float]) -> None:
+        self.cuts, self._accept_prob = cuts, accept_prob
+        self._cache: dict[NodeState, float] = {}
+
+    def expandable(self, key: NodeState) -> bool:
+        return key.depth < len(self.cuts) and self.cuts[key.depth] <= key.known_cut
+
+    def accept_prob(self, key: NodeState) -> float:
+        if key not in self._cache:
+            self._cache[key] = _check_prob(f"accept_prob({key})", self._accept_prob(key))
+        return self._cache[key]
+
+    def children(self, key: NodeState) -> tuple[NodeState, NodeState]:
+        d, kappa, a = key
+        return NodeState(d + 1, self.cuts[d], a + 1), NodeState(d + 1, kappa, a)
+
+
+class _CallbackView:
     """Explicit heap indices with user callbacks (small trees: no sharing between nodes)."""
 
     def __init__(self, expandable: Callable[[int], bool], accept_prob: Callable[[int], float], max_depth: int | None):
@@ -412,8 +444,7 @@ class _Solver:
             acc = h * self.values(acc_key, depth + 1)  # length size - 1: budgets 0..size-2
             rej = (1.0 - h) * self.values(rej_key, depth + 1)
             # out[b] = 1 + max_{0<=m<=b-1} acc[m] + rej[b-1-m]  (a (max, +) convolution)
-            for b in range(1, size):
-                out[b] = 1.0 + float(np.max(acc[:b] + rej[b - 1 :: -1][:b]))
+            out[1:] = 1.0 + np.max(acc[None, :] + _shifted(rej), axis=1)
         self.memo[memo_key] = out
         return out
 
@@ -442,6 +473,13 @@ class _Solver:
         assert best is not None  # the maximiser of Eq. 19 always qualifies
         self.reconstruct(acc_key, accept_child(node), best[0], into)
         self.reconstruct(rej_key, reject_child(node), best[1], into)
+
+
+def _shifted(rej: np.ndarray) -> np.ndarray:
+    """Matrix S with S[b-1, m] = rej[b-1-m] for m <= b-1 and -inf above the diagonal."""
+    n = len(rej)
+    idx = np.arange(n)[:, None] - np.arange(n)[None, :]
+    return np.where(idx >= 0, rej[np.clip(idx, 0, None)], -np.inf)
 
 
 def _smallest_budget(vals: np.ndarray, budget: int) -> int:
@@ -477,6 +515,25 @@ def optimal_allocation(
     probs = tuple(_check_prob(f"accept_prob[{d}]", p) for d, p in enumerate(accept_prob[: len(cuts)]))
     solver = _Solver(_DepthCutView(cuts, probs), budget)
     root = (0, int(horizon))
+    value = float(solver.values(root, 0)[budget])
+    selected: set[int] = set()
+    solver.reconstruct(root, 0, budget, selected)
+    return Allocation(selected=frozenset(selected), value=value)
+
+
+def optimal_allocation_by_state(
+    request_cuts: Sequence[int], horizon: int, accept_prob: Callable[[NodeState], float], budget: int
+) -> Allocation:
+    """Proposition 2 (Eq. 19) with per-depth request cuts and ĥ(v+; ε) = ``accept_prob(state)``
+    depending on the node only through ``NodeState(depth, known_cut, accepts_on_path)``.
+
+    This is the DP for a classifier whose features include tree position (App. E.7, Feature 2);
+    it memoises over the states, O(min(K', N_pf)^3) of them, instead of the 2^K' heap nodes.
+    """
+    cuts = _validate_cuts(request_cuts, horizon)
+    budget = _check_budget(budget)
+    solver = _Solver(_StateView(cuts, accept_prob), budget)
+    root = NodeState(0, int(horizon), 0)
     value = float(solver.values(root, 0)[budget])
     selected: set[int] = set()
     solver.reconstruct(root, 0, budget, selected)

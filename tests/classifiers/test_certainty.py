@@ -19,9 +19,19 @@ from forerun.classifiers.certainty import (
     certainty_cv_splits,
     cross_validate_certainty,
     format_cv_table,
+    predictive_allocation,
 )
 from forerun.classifiers.features import CLASSES, class_index, feature_matrix, synthetic_node_records
-from forerun.programs.allocation import branch_prob_accept
+from forerun.programs.allocation import (
+    branch_prob_accept,
+    expected_transitions,
+    heap_depth,
+    is_expandable,
+    known_cut,
+    optimal_allocation,
+    optimal_allocation_general,
+    parent,
+)
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +229,46 @@ def test_cross_validation_tolerates_a_class_missing_from_a_fold():
     recs = [r for i, r in enumerate(recs) if r.certainty_class != "uncertain" or i == first]
     report = cross_validate_certainty(recs, folds=3)
     assert math.isfinite(report.log_loss)
+
+
+def test_predictive_allocation_with_cut_fraction_model(fitted):
+    rng = np.random.default_rng(0)
+    T = 64
+    cuts = [int(c) for c in rng.integers(0, T, size=30)]
+    alloc = predictive_allocation(fitted, cuts, T, 12)
+    probs = fitted.branch_prob_accept_many([c / T for c in cuts])
+    ref = optimal_allocation(cuts, T, list(probs), 12)
+    assert alloc == ref
+    assert 1 <= alloc.requests <= 12
+
+
+def test_predictive_allocation_with_tree_position_features(records):
+    model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "cut_gap", "accepts_on_path"))).fit(records)
+    rng = np.random.default_rng(1)
+    T = 64
+    for _ in range(5):
+        cuts = sorted((int(c) for c in rng.integers(0, T, size=6)), reverse=True)
+        budget = int(rng.integers(1, 7))
+
+        def h(v: int) -> float:
+            accepts, u = 0, v
+            while u:
+                accepts += u % 2
+                u = parent(u)
+            d = heap_depth(v)
+            return model.branch_prob_accept(
+                cuts[d] / T, cut=cuts[d], parent_cut=known_cut(v, cuts, T), accepts_on_path=accepts
+            )
+
+        alloc = predictive_allocation(model, cuts, T, budget)
+        ref = optimal_allocation_general(lambda v: is_expandable(v, cuts, T), h, budget, max_depth=len(cuts))
+        assert math.isclose(alloc.value, ref.value, rel_tol=1e-9)
+        assert math.isclose(expected_transitions(alloc.selected, h), alloc.value, rel_tol=1e-9)
+
+
+def test_predictive_allocation_extra_features_per_depth(records):
+    model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "loglik_mean"))).fit(records)
+    with pytest.raises(ValueError, match="'loglik_mean'"):
+        predictive_allocation(model, [5, 3], 10, 2)
+    alloc = predictive_allocation(model, [5, 3], 10, 2, extra_features={"loglik_mean": [0.1, -0.2]})
+    assert alloc.requests == 2

@@ -20,7 +20,9 @@ from forerun.programs.allocation import (
     is_candidate,
     is_expandable,
     known_cut,
+    NodeState,
     optimal_allocation,
+    optimal_allocation_by_state,
     optimal_allocation_general,
     parent,
     reaching_weight,
@@ -279,6 +281,43 @@ def test_general_variant_with_per_node_probabilities_equals_brute_force():
         best = max(expected_transitions(s, probs) for s in ancestor_closed_sets(cands, budget))
         assert math.isclose(alloc.value, best, rel_tol=1e-9, abs_tol=1e-12)
         assert alloc.selected <= cands
+
+
+def node_state(v: int, cuts, T) -> NodeState:
+    accepts, u = 0, v
+    while u:
+        accepts += u % 2
+        u = parent(u)
+    return NodeState(heap_depth(v), known_cut(v, cuts, T), accepts)
+
+
+def test_by_state_variant_equals_brute_force():
+    rng = np.random.default_rng(10)
+    for _ in range(80):
+        cuts, T, _, budget = random_instance(rng)
+        table: dict = {}
+
+        def h(state: NodeState) -> float:
+            if state not in table:
+                table[state] = float(rng.random())
+            return table[state]
+
+        alloc = optimal_allocation_by_state(cuts, T, h, budget)
+        per_node = lambda v: h(node_state(v, cuts, T))  # noqa: E731
+        cands = candidate_nodes(cuts, T)
+        best = max((expected_transitions(s, per_node) for s in ancestor_closed_sets(cands, budget)), default=0.0)
+        assert math.isclose(alloc.value, best, rel_tol=1e-9, abs_tol=1e-12)
+        assert alloc.selected <= cands
+        assert math.isclose(expected_transitions(alloc.selected, per_node), alloc.value, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_by_state_with_depth_only_probabilities_equals_per_depth_dp():
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        cuts, T, probs, budget = random_instance(rng, max_depth=8, max_budget=8)
+        a = optimal_allocation(cuts, T, probs, budget)
+        b = optimal_allocation_by_state(cuts, T, lambda s: probs[s.depth], budget)
+        assert math.isclose(a.value, b.value, rel_tol=1e-12, abs_tol=1e-12)
 
 
 def _ancestors(v: int) -> list[int]:

@@ -143,11 +143,12 @@ class Prepositioner:
             self._worker.start()
 
     # -- Algorithm 1 ----------------------------------------------------------------------------------
-    def preposition(self, session: SessionState, entry: Sequence[int], *, relaxable: bool = False) -> bool:
+    def preposition(self, session: SessionState, entry: Sequence[int], *, header_len: int = 0) -> bool:
         """Queue the idle-time pre-position of `entry` at the session's live end (Algorithm 1).
 
         Returns False when it is skipped because L_entry > B (the next request takes the cold path).
-        Call it right after the mutation that opened the idle window.
+        Call it right after the mutation that opened the idle window.  `header_len` > 0 marks the last
+        tokens of `entry` as the streaming assistant header that ad-hoc queries may match (relaxed).
         """
         self._raise_background_error()
         if self._closed:
@@ -155,6 +156,8 @@ class Prepositioner:
         entry = tuple(int(t) for t in entry)
         if not entry:
             raise ValueError("entry must hold at least one token (the decision point needs a last token)")
+        if not 0 <= header_len <= len(entry):
+            raise ValueError(f"header_len must be in [0, {len(entry)}], got {header_len}")
         self._track(session)
         headroom = self.config.budget_headroom
         if self.headroom_fn is not None:
@@ -169,9 +172,9 @@ class Prepositioner:
             self._latest[id(session)] = job
             self._pending += 1
         if self.config.background:
-            self._queue.put((job, session, version, entry, relaxable))
+            self._queue.put((job, session, version, entry, header_len))
         else:
-            self._run_job(job, session, version, entry, relaxable)
+            self._run_job(job, session, version, entry, header_len)
             self._raise_background_error()
         return True
 
@@ -182,7 +185,7 @@ class Prepositioner:
                 return
             self._run_job(*item)
 
-    def _run_job(self, job: int, session: SessionState, version: int, entry: tuple[int, ...], relaxable: bool) -> None:
+    def _run_job(self, job: int, session: SessionState, version: int, entry: tuple[int, ...], header_len: int) -> None:
         try:
             with self._idle:
                 superseded = self._latest.get(id(session)) != job
@@ -194,7 +197,7 @@ class Prepositioner:
                 state = session.tokens
                 session.begin_preposition()
             try:
-                ready = self._forward_ready(version, state, entry, relaxable)
+                ready = self._forward_ready(version, state, entry, header_len)
             except BaseException:
                 session.abort_preposition()
                 raise
@@ -207,7 +210,7 @@ class Prepositioner:
                 self._idle.notify_all()
 
     def _forward_ready(
-        self, version: int, state: tuple[int, ...], entry: tuple[int, ...], relaxable: bool
+        self, version: int, state: tuple[int, ...], entry: tuple[int, ...], header_len: int
     ) -> ReadyDistribution:
         """One forward pass over state ‖ E at the lowest priority (Algorithm 1 lines 5-11)."""
         ids = state + entry
@@ -216,12 +219,12 @@ class Prepositioner:
             if logits_fn is None:
                 raise ValueError("keep_logits needs an engine with next_token_logits(ids)")
             logits = np.asarray(logits_fn(list(ids)))
-            return ready_from_logits(version, state, entry, logits, keep_logits=True, relaxable=relaxable)
+            return ready_from_logits(version, state, entry, logits, keep_logits=True, header_len=header_len)
         out = _call_generate(self.engine, ids, ready_request_params(), self.config.background_priority)
         top = out.meta_info.get("output_top_logprobs")
         if not top or not top[0]:
             raise ValueError("engine returned no output_top_logprobs for the decision point (top_logprobs_num=2)")
-        return ready_from_top_logprobs(version, state, entry, top[0], relaxable=relaxable)
+        return ready_from_top_logprobs(version, state, entry, top[0], header_len=header_len)
 
     # -- Algorithm 2 ----------------------------------------------------------------------------------
     def serve(

@@ -38,8 +38,8 @@ import numpy as np
 MatchKind = Literal["exact", "relaxed", "prefix", "none"]
 """How a request's realized entry relates to the pre-positioned entry E:
 exact   — identical token for token (fast-path eligible, zero added risk);
-relaxed — the streaming ad-hoc case: the realized entry ends with the pre-positioned generic header E
-          (fast-path eligible, question-independent token, risk r(τ));
+relaxed — the streaming ad-hoc case: the realized entry ends with the assistant header the pre-position
+          ended with (fast-path eligible; the served token is question-independent, risk r(τ));
 prefix  — the realized entry extends E (E is pre-paid; fall through with Δ = len(realized) − L_entry);
 none    — no valid ready distribution, or the entry differs (fall through / cold)."""
 
@@ -134,14 +134,17 @@ class ReadyDistribution:
     """Their logits or log-probabilities (same differences)."""
     logits: np.ndarray | None = field(default=None, compare=False, repr=False)
     """Optional full logit vector ℓ_ready (one |V| vector; Algorithm 1 line 11)."""
-    relaxable: bool = False
-    """True for the streaming generic-header pre-position that ad-hoc queries may read (relaxed match)."""
+    header_len: int = 0
+    """Streaming only: the last `header_len` entry tokens are the assistant header that ad-hoc queries may
+    match in the relaxed sense (0: exact match only)."""
 
     def __post_init__(self) -> None:
         if self.state_len < 0 or self.state_len + len(self.entry_ids) != len(self.computed_from):
             raise ValueError("computed_from must be the state (state_len tokens) followed by entry_ids")
         if tuple(self.computed_from[self.state_len:]) != tuple(self.entry_ids):
             raise ValueError("computed_from must end with entry_ids")
+        if not 0 <= self.header_len <= len(self.entry_ids):
+            raise ValueError(f"header_len must be in [0, L_entry={len(self.entry_ids)}], got {self.header_len}")
         if not np.isfinite(self.logit_gap) or self.logit_gap < 0:
             raise ValueError(f"logit_gap (γ) must be finite and >= 0, got {self.logit_gap}")
 
@@ -149,6 +152,14 @@ class ReadyDistribution:
     def entry_len(self) -> int:
         """L_entry."""
         return len(self.entry_ids)
+
+    @property
+    def relaxable(self) -> bool:
+        return self.header_len > 0
+
+    @property
+    def header_ids(self) -> tuple[int, ...]:
+        return self.entry_ids[len(self.entry_ids) - self.header_len:] if self.header_len else ()
 
     @property
     def decision_point(self) -> int:
@@ -165,7 +176,7 @@ class ReadyDistribution:
 
 def ready_from_logits(
     version: int, state: Sequence[int], entry: Sequence[int], logits: np.ndarray, *, keep_logits: bool = False,
-    relaxable: bool = False, top_k: int = 2,
+    header_len: int = 0, top_k: int = 2,
 ) -> ReadyDistribution:
     """Build the record of Algorithm 1, lines 9-12, from a full logit vector."""
     v = np.asarray(logits, dtype=np.float64).reshape(-1)
@@ -176,13 +187,13 @@ def ready_from_logits(
         version=version, state_len=len(state), entry_ids=tuple(int(t) for t in entry),
         computed_from=tuple(int(t) for t in state) + tuple(int(t) for t in entry),
         top_token=a, logit_gap=l1 - l2, top_ids=tuple(int(i) for i in order),
-        top_logits=tuple(float(v[i]) for i in order), logits=v.copy() if keep_logits else None, relaxable=relaxable,
+        top_logits=tuple(float(v[i]) for i in order), logits=v.copy() if keep_logits else None, header_len=header_len,
     )
 
 
 def ready_from_top_logprobs(
     version: int, state: Sequence[int], entry: Sequence[int], top_logprobs: Sequence[Sequence[Any]], *,
-    relaxable: bool = False,
+    header_len: int = 0,
 ) -> ReadyDistribution:
     """Build the record from SGLang's `output_top_logprobs[0]` (the server path: `top_logprobs_num=2`)."""
     a, gap = gap_from_top_logprobs(top_logprobs)
@@ -191,7 +202,7 @@ def ready_from_top_logprobs(
         version=version, state_len=len(state), entry_ids=tuple(int(t) for t in entry),
         computed_from=tuple(int(t) for t in state) + tuple(int(t) for t in entry),
         top_token=a, logit_gap=gap, top_ids=tuple(i for _, i in entries), top_logits=tuple(lp for lp, _ in entries),
-        relaxable=relaxable,
+        header_len=header_len,
     )
 
 
@@ -201,7 +212,8 @@ def match_entry(ready: ReadyDistribution, realized_entry: Sequence[int], *, allo
     e = ready.entry_ids
     if r == e:
         return "exact"
-    if allow_relaxed and ready.relaxable and len(r) >= len(e) and r[len(r) - len(e):] == e:
+    h = ready.header_ids
+    if allow_relaxed and h and len(r) >= len(h) and r[len(r) - len(h):] == h:
         return "relaxed"
     if len(r) > len(e) and r[: len(e)] == e:
         return "prefix"

@@ -114,7 +114,7 @@ def test_relaxed_streaming_fast_path_is_separate():
     pp = inline()
     s = SessionState([1, 2])
     header = [50 % VOCAB, 3]
-    pp.preposition(s, header, relaxable=True)
+    pp.preposition(s, header, header_len=len(header))
     r = pp.serve(s, [11, 12] + header, allow_relaxed=True)
     assert r.path == "fast_relaxed" and tuple(r.entry) == tuple(header)
     assert r.token_id == int(np.argmax(hash_logits([1, 2] + header)))  # question-independent token

@@ -82,7 +82,7 @@ def test_gate_is_eq12():
 def _ready(state, entry, relaxable=False, version=0):
     logits = np.zeros(16)
     logits[3] = 4.0
-    return ready_from_logits(version, state, entry, logits, relaxable=relaxable)
+    return ready_from_logits(version, state, entry, logits, header_len=len(entry) if relaxable else 0)
 
 
 def test_match_entry_rules():
@@ -96,6 +96,11 @@ def test_match_entry_rules():
     assert match_entry(rr, [9, 5, 6], allow_relaxed=True) == "relaxed"
     assert match_entry(rr, [9, 5, 6], allow_relaxed=False) == "none"
     assert match_entry(rr, [9, 6, 6], allow_relaxed=True) == "none"
+    standing = ready_from_logits(0, [1], [7, 8, 5, 6], np.arange(4.0), header_len=2)  # query 7 8 + header 5 6
+    assert match_entry(standing, [7, 8, 5, 6], allow_relaxed=True) == "exact"
+    assert match_entry(standing, [9, 5, 6], allow_relaxed=True) == "relaxed"  # ad-hoc query shares it
+    with pytest.raises(ValueError, match="header_len"):
+        ready_from_logits(0, [1], [5], np.arange(4.0), header_len=2)
 
 
 def test_ready_from_top_logprobs_record():

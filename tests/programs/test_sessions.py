@@ -1,0 +1,161 @@
+"""Streaming and agentic sessions over a deterministic fake engine and through the SGLang server backend."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionFormat, StreamingSession
+from forerun.runtime_ext.fake_sglang_server import ByteTokenizer, FakeSGLangServer
+from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
+from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
+from forerun.runtime_ext.ready_cache import GateConfig, SessionClosed
+
+VOCAB = 258
+
+
+def hash_logits(ids) -> np.ndarray:
+    digest = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(digest, "little")).normal(size=VOCAB) * 3.0
+
+
+class PinningHashEngine:
+    """Greedy argmax of hash_logits; top-2 log-probs; pin/unpin bookkeeping."""
+
+    def __init__(self):
+        self.tokenizer = ByteTokenizer()
+        self.pins: dict[int, tuple[int, ...]] = {}
+        self._next = 0
+        self.calls = []
+
+    def pin(self, ids):
+        self._next += 1
+        self.pins[self._next] = tuple(ids)
+        return self._next
+
+    def unpin(self, handle):
+        del self.pins[handle]
+
+    def generate(self, input_ids, params: SamplingParams, *, rid=None, priority=0):
+        self.calls.append((priority, params.max_new_tokens))
+        seq = list(input_ids)
+        out = []
+        meta = {"cached_tokens": 0}
+        for _ in range(params.max_new_tokens):
+            z = hash_logits(seq)
+            if params.top_logprobs_num and not out:
+                lp = z - np.logaddexp.reduce(z)
+                top = np.argsort(-lp)[: params.top_logprobs_num]
+                meta["output_top_logprobs"] = [[[float(lp[i]), int(i), None] for i in top]]
+            out.append(int(np.argmax(z)))
+            seq.append(out[-1])
+        return GenerateOutput(tuple(input_ids), tuple(out), self.tokenizer.decode(out), meta)
+
+
+def _pp(engine, threshold=0.0, **kw):
+    return Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=threshold), background=False, **kw))
+
+
+def test_streaming_standing_and_adhoc_share_one_ready_distribution():
+    eng = PinningHashEngine()
+    s = StreamingSession(_pp(eng), system="sys")
+    s.register_query("trend", "Is the trend up or down?")
+    s.append_data("1 2 3 4")
+    r = s.ask_standing("trend")
+    assert r.path == "fast"
+    expect = int(np.argmax(hash_logits(list(s.state.tokens) + s.query_entry("Is the trend up or down?"))))
+    assert r.token_id == expect
+    r2 = s.ask("Up or down?")  # ad-hoc: the standing query's question-independent token
+    assert r2.path == "fast_relaxed" and r2.token_id == expect
+    c = s.pp.counters
+    assert c.served_fast == 1 and c.served_fast_relaxed == 1 and c.consumed == 1
+
+
+def test_streaming_update_invalidates_and_repositions():
+    eng = PinningHashEngine()
+    s = StreamingSession(_pp(eng), system="sys", allow_relaxed=False)
+    s.append_data("a")
+    assert s.ask("q?").path == "fall"  # generic header pre-positioned, ad-hoc not allowed to relax
+    v = s.append_data("b")
+    assert s.state.version == v and s.pp.counters.installed == 2
+    s.shift_window(2)
+    s.rollback(1)
+    assert s.pp.counters.invalidated == 3 and s.pp.counters.consumed == 0  # a mismatched entry is no hit
+    generic = s.header_ids()
+    assert s.state.slot.ready.entry_ids == tuple(generic)
+    s.state.check_counters()
+
+
+def test_session_pins_state_and_releases_on_close():
+    eng = PinningHashEngine()
+    s = StreamingSession(_pp(eng), system="sys")
+    s.append_data("x")
+    assert list(eng.pins.values()) == [s.state.tokens]
+    s.close()
+    assert eng.pins == {}
+    with pytest.raises(SessionClosed):
+        s.append_data("y")
+
+
+def test_agentic_delta_only_resume_and_commit():
+    eng = PinningHashEngine()
+    a = AgenticSession(_pp(eng, threshold=1e9), system="sys")
+    a.user("find the weather")
+    assert a.emit_tool_call('{"name": "weather"}')
+    assert eng.calls[-1] == (-1, 1)  # envelope pre-positioned at the lowest priority
+    before = a.state.tokens
+    turn = a.tool_result("sunny", max_new_tokens=3)
+    framing = len(a.encode(a.fmt.tool_result_open))
+    assert turn.first.path == "fall" and turn.first.delta == len(a.result_entry("sunny")) - framing
+    expect = []
+    seq = list(before) + a.result_entry("sunny")
+    for _ in range(3):
+        expect.append(int(np.argmax(hash_logits(seq))))
+        seq.append(expect[-1])
+    assert turn.output_ids == expect
+    assert a.state.tokens[: len(before)] == before and len(a.state.tokens) > len(seq)
+    with pytest.raises(RuntimeError, match="emit_tool_call"):
+        a.tool_result("again")
+
+
+def test_agentic_expected_result_takes_the_fast_path():
+    eng = PinningHashEngine()
+    a = AgenticSession(_pp(eng, threshold=0.0), system="sys")
+    a.emit_tool_call("save()", expected_result="ok")
+    turn = a.tool_result("ok", max_new_tokens=1)
+    assert turn.first.path == "fast"
+    a.emit_tool_call("save()", expected_result="ok")
+    assert a.tool_result("error", max_new_tokens=1).first.path == "fall"
+
+
+def test_bad_format_rejected():
+    with pytest.raises(ValueError, match="query template"):
+        SessionFormat(query="no placeholder")
+
+
+def test_through_the_sglang_server_backend_and_programs():
+    """Stock server APIs (top_logprobs_num=2, priority) and the @sgl.function programs on a fake server."""
+    from forerun.runtime_ext.server_backend import SGLangServerBackend
+
+    with FakeSGLangServer() as srv:
+        backend = SGLangServerBackend(srv.url, tokenizer=ByteTokenizer())
+        model = srv.model
+        for engine in (backend.engine, ProgramEngine(backend)):
+            s = StreamingSession(_pp(engine, threshold=0.0), tokenizer=ByteTokenizer(), system="s")
+            s.register_query("t", "up?")
+            s.append_data("1 2 3")
+            r = s.ask_standing("t")
+            full = list(s.state.tokens) + s.query_entry("up?")
+            assert r.path == "fast" and r.token_id == int(np.argmax(model.logits(full)))
+            gap = np.sort(model.logits(full))[-2:]
+            assert r.logit_gap == pytest.approx(gap[1] - gap[0], abs=1e-9)
+            r = s.ask("down?")
+            assert r.path == "fast_relaxed"
+            s.pp = _pp(engine, threshold=1e9)
+            s.append_data("4")
+            r = s.ask_standing("t")
+            assert r.path == "fall" and r.cached_tokens == len(r.state) + len(r.entry)  # entry pre-paid
+        sent = [b for b in srv.generate_bodies() if b.get("top_logprobs_num") == 2]
+        assert sent and any(b.get("priority") == -1 for b in sent)

@@ -41,6 +41,7 @@ __all__ = [
     "read_node_records",
     "parse_node_record",
     "write_node_records",
+    "drop_unreachable",
     "synthetic_node_records",
 ]
 
@@ -224,6 +225,29 @@ def write_node_records(path: str | Path, records: Iterable[NodeRecord]) -> int:
             out.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
             n += 1
     return n
+
+
+def drop_unreachable(records: Sequence[NodeRecord]) -> list[NodeRecord]:
+    """Keep the records the MH walk of their call could reach, as in the E.7 dataset.
+
+    Within one (prompt_id, call_index), a scored node is kept iff every strict heap ancestor was
+    also scored (expanded). This drops the requests BFS places below the rejection child of a node
+    whose own request it deferred (§3.2). Order is preserved.
+    """
+    present: dict[tuple[str, int], set[int]] = {}
+    for r in records:
+        present.setdefault((r.prompt_id, r.call_index), set()).add(r.node_id)
+    kept = []
+    for r in records:
+        nodes, v, ok = present[(r.prompt_id, r.call_index)], r.node_id, True
+        while v:
+            v = (v - 1) // 2
+            if v not in nodes:
+                ok = False
+                break
+        if ok:
+            kept.append(r)
+    return kept
 
 
 # ------------------------------------------------------------------------------------------------

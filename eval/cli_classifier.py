@@ -19,7 +19,7 @@ from forerun.classifiers.certainty import (
     cross_validate_certainty,
     format_cv_table,
 )
-from forerun.classifiers.features import DEFAULT_EPSILON, FEATURE_SETS, read_node_records
+from forerun.classifiers.features import DEFAULT_EPSILON, FEATURE_SETS, NodeRecord, drop_unreachable, read_node_records
 
 __all__ = ["register", "train_command", "cv_command"]
 
@@ -47,6 +47,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help=f"recompute each label from accept_prob with this ε (default: use the recorded certainty_class, ε = {DEFAULT_EPSILON})",
+    )
+    p.add_argument(
+        "--drop-unreachable",
+        action="store_true",
+        help="drop scored nodes below an unexpanded node of the same call (BFS requests the walk cannot reach), as in App. E.7",
     )
     p.add_argument("--l2-penalty", type=float, default=1.0, help="λ of the L2 penalty (scikit-learn C = 1/λ); default 1")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
@@ -89,6 +94,15 @@ def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> Certain
     )
 
 
+def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
+    """Records from --records, and how many --drop-unreachable removed."""
+    records = read_node_records(args.records, epsilon=args.epsilon)
+    if not args.drop_unreachable:
+        return records, 0
+    kept = drop_unreachable(records)
+    return kept, len(records) - len(kept)
+
+
 def _fail(message: str) -> int:
     print(f"forerun classifier: error: {message}", file=sys.stderr)
     return 2
@@ -97,7 +111,7 @@ def _fail(message: str) -> int:
 def train_command(args: argparse.Namespace) -> int:
     try:
         config = _config(args, allow_missing=args.allow_missing_classes)
-        records = read_node_records(args.records, epsilon=args.epsilon)
+        records, dropped = _read(args)
         model = CertaintyClassifier(config).fit(records)
         path = model.save(args.out)
     except ValueError as exc:
@@ -107,6 +121,7 @@ def train_command(args: argparse.Namespace) -> int:
         "training_size": model.training_size,
         "class_counts": model.class_counts,
         "features": list(model.features),
+        "dropped_unreachable": dropped,
         "branch_prob_accept_at": {
             f"{cf:.2f}": float(h)
             for cf, h in zip((0.0, 0.25, 0.5, 0.75, 1.0), _branch_grid(model))
@@ -118,6 +133,8 @@ def train_command(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "model": model.to_dict()}, indent=2))
     else:
         counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
+        if args.drop_unreachable:
+            print(f"dropped {dropped} unreachable records")
         print(f"trained on {model.training_size} records ({counts}); features: {', '.join(model.features)}")
         if summary["branch_prob_accept_at"] is not None:
             grid = "  ".join(f"c/T={k}: {v:.3f}" for k, v in summary["branch_prob_accept_at"].items())
@@ -133,7 +150,7 @@ def _branch_grid(model: CertaintyClassifier) -> list[float]:
 def cv_command(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
-        records = read_node_records(args.records, epsilon=args.epsilon)
+        records, dropped = _read(args)
         report = cross_validate_certainty(
             records,
             config,
@@ -145,7 +162,9 @@ def cv_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "dropped_unreachable": dropped}, indent=2))
     else:
+        if args.drop_unreachable:
+            print(f"dropped {dropped} unreachable records")
         print(format_cv_table(report))
     return 0

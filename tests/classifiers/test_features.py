@@ -11,6 +11,7 @@ from forerun.classifiers.features import (
     FEATURE_SETS,
     RecordError,
     certainty_class,
+    drop_unreachable,
     feature_matrix,
     feature_vector,
     parse_node_record,
@@ -134,3 +135,15 @@ def test_synthetic_records_follow_tree_conventions():
     late = [r.certainty_class for r in strong if r.cut_fraction > 0.7]
     early = [r.certainty_class for r in strong if r.cut_fraction < 0.3]
     assert late.count("accept") / max(1, len(late)) > early.count("accept") / max(1, len(early))
+
+
+def test_drop_unreachable_matches_bfs_unreachable_requests():
+    from forerun.programs.allocation import bfs_order_allocation
+
+    # BFS defers node 1 (cut 6 > κ(1) = 5) and expands 4 below it; the walk never reaches 4
+    alloc = bfs_order_allocation([5, 6, 2], 10, None, 10)
+    recs = [parse_node_record(_line(node_id=v, call_index=0)) for v in alloc.nodes]
+    recs += [parse_node_record(_line(node_id=4, call_index=1))]  # another call: its ancestors are absent
+    kept = drop_unreachable(recs)
+    assert {r.node_id for r in kept if r.call_index == 0} == set(alloc.selected - alloc.unreachable)
+    assert all(r.call_index == 0 for r in kept)

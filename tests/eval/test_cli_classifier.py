@@ -66,6 +66,10 @@ def test_cv_table_and_json(record_files, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["n_records"] == n and report["folds"] == 3 and report["grouped_by_prompt"]
     assert report["classifier"]["log_loss"] < report["baseline"]["log_loss"]
+    assert report["dropped_unreachable"] == 0
+    # synthetic calls hold nodes 0..7 of a heap: all ancestors present, nothing to drop
+    assert run(["classifier", "cv", "--records", *files, "--folds", "3", "--json", "--drop-unreachable"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_records"] == n
 
 
 def test_errors_are_reported_not_raised(tmp_path, record_files, capsys):

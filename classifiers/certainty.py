@@ -32,6 +32,7 @@ import numpy as np
 from forerun.classifiers.features import (
     CLASSES,
     DEFAULT_EPSILON,
+    POST_GENERATION_FIELDS,
     NodeRecord,
     class_index,
     feature_matrix,
@@ -85,6 +86,11 @@ class CertaintyConfig:
             raise ValueError("features must name at least one feature")
         if len(set(features)) != len(features):
             raise ValueError(f"features must not repeat a name, got {features!r}")
+        leaked = sorted(set(features) & POST_GENERATION_FIELDS)
+        if leaked:
+            raise ValueError(
+                f"features {leaked} are known only after generation and cannot predict the certainty class"
+            )
         object.__setattr__(self, "features", features)
         if not (self.l2_penalty > 0.0) or math.isinf(self.l2_penalty):
             raise ValueError(f"l2_penalty must be a positive finite number, got {self.l2_penalty!r}")

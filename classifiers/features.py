@@ -31,6 +31,7 @@ __all__ = [
     "CLASSES",
     "DEFAULT_EPSILON",
     "FEATURE_SETS",
+    "POST_GENERATION_FIELDS",
     "BUILTIN_FEATURES",
     "NodeRecord",
     "RecordError",
@@ -87,9 +88,10 @@ class NodeRecord:
     call_index: int
     """Index of the batched model call (prefetch round) within the prompt's run."""
     node_id: int
-    """Heap index of the node v in that call's prefetched subtree."""
+    """Heap index of the proposal v+ = 2i+1 in that call's prefetched subtree (the node that was
+    scored; the expanded node v = i is its parent), as programs/records.py writes it."""
     depth: int
-    """d(v): depth of v in the subtree."""
+    """d(v): depth of the expanded node v (transition offset within the round)."""
     cut: int
     """c_j: cut index of the request at the acceptance child v+."""
     parent_cut: int
@@ -230,16 +232,22 @@ def write_node_records(path: str | Path, records: Iterable[NodeRecord]) -> int:
 def drop_unreachable(records: Sequence[NodeRecord]) -> list[NodeRecord]:
     """Keep the records the MH walk of their call could reach, as in the E.7 dataset.
 
-    Within one (prompt_id, call_index), a scored node is kept iff every strict heap ancestor was
-    also scored (expanded). This drops the requests BFS places below the rejection child of a node
-    whose own request it deferred (§3.2). Order is preserved.
+    Within one (prompt_id, call_index), the expanded nodes are the parents v of the scored
+    proposals v+ (``node_id``); a record is kept iff every strict ancestor of its v was expanded too.
+    This drops the requests BFS places below the rejection child of a node whose own request it
+    deferred (§3.2). Order is preserved.
     """
-    present: dict[tuple[str, int], set[int]] = {}
+    expanded: dict[tuple[str, int], set[int]] = {}
     for r in records:
-        present.setdefault((r.prompt_id, r.call_index), set()).add(r.node_id)
+        if r.node_id % 2 != 1:
+            raise ValueError(
+                f"record (prompt {r.prompt_id}, call {r.call_index}) has node_id {r.node_id}: node_id must be "
+                "the heap index of an acceptance child v+ (odd)"
+            )
+        expanded.setdefault((r.prompt_id, r.call_index), set()).add((r.node_id - 1) // 2)
     kept = []
     for r in records:
-        nodes, v, ok = present[(r.prompt_id, r.call_index)], r.node_id, True
+        nodes, v, ok = expanded[(r.prompt_id, r.call_index)], (r.node_id - 1) // 2, True
         while v:
             v = (v - 1) // 2
             if v not in nodes:
@@ -271,6 +279,9 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "1+2": ("cut_fraction", "parent_cut", "cut_gap", "depth", "accepts_on_path"),
 }
 """Feature sets of App. E.7 that records always carry (sets 3/4 use the sampler's extra fields)."""
+
+POST_GENERATION_FIELDS = frozenset({"accept_prob", "log_accept", "accepted", "realized", "certainty_class"})
+"""Record fields known only after the proposal is generated and scored: never features."""
 
 
 def _record_values(record: NodeRecord) -> dict[str, Any]:
@@ -338,8 +349,9 @@ def synthetic_node_records(
 
     Late cuts (c_j / T near 1, a short resampled suffix) lean to ε-certain accept, early cuts to
     ε-certain reject, with uncertain in between; ``signal`` scales how strongly (0: no signal).
-    Only the listed ``classes`` occur. Trees are heap-indexed; depth, cuts and accepts on the path
-    follow the shared conventions (κ(root) = T).
+    Only the listed ``classes`` occur. Each call expands heap nodes 0..nodes_per_call-1 (node_id is
+    the proposal 2i+1); depth, cuts and accepts on the path follow the shared conventions
+    (κ(root) = T).
     """
     if n_prompts < 1 or calls_per_prompt < 1 or nodes_per_call < 1:
         raise ValueError("n_prompts, calls_per_prompt and nodes_per_call must be positive")
@@ -377,7 +389,7 @@ def synthetic_node_records(
                     NodeRecord(
                         prompt_id=f"p{p}",
                         call_index=call,
-                        node_id=node,
+                        node_id=2 * node + 1,
                         depth=depth,
                         cut=cut,
                         parent_cut=kappa,

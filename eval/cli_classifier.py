@@ -49,6 +49,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help=f"recompute each label from accept_prob with this ε (default: use the recorded certainty_class, ε = {DEFAULT_EPSILON})",
     )
     p.add_argument(
+        "--sampler",
+        default=None,
+        help="use only records whose 'sampler' field equals this (e.g. presto-power-mh); E.7 fits one model per sampler",
+    )
+    p.add_argument(
         "--drop-unreachable",
         action="store_true",
         help="drop scored nodes below an unexpanded node of the same call (BFS requests the walk cannot reach), as in App. E.7",
@@ -95,8 +100,13 @@ def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> Certain
 
 
 def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
-    """Records from --records, and how many --drop-unreachable removed."""
+    """Records from --records (filtered by --sampler), and how many --drop-unreachable removed."""
     records = read_node_records(args.records, epsilon=args.epsilon)
+    if args.sampler is not None:
+        found = sorted({str(r.extra.get("sampler")) for r in records})
+        records = [r for r in records if r.extra.get("sampler") == args.sampler]
+        if not records:
+            raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
     if not args.drop_unreachable:
         return records, 0
     kept = drop_unreachable(records)

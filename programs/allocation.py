@@ -115,8 +115,8 @@ def _validate_cuts(request_cuts: Sequence[int], horizon: int) -> tuple[int, ...]
     for d, c in enumerate(request_cuts):
         if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
             raise ValueError(f"request_cuts[{d}] must be an integer cut index, got {c!r}")
-        if not 0 <= c < horizon:
-            raise ValueError(f"request_cuts[{d}] = {c} must lie in [0, horizon - 1] = [0, {horizon - 1}]")
+        if not 0 <= c <= horizon:
+            raise ValueError(f"request_cuts[{d}] = {c} must lie in [0, horizon] = [0, {horizon}]")
         cuts.append(int(c))
     return tuple(cuts)
 
@@ -387,12 +387,19 @@ class _StateView:
     """Per-depth cuts with ĥ depending on the whole NodeState (e.g. a classifier with tree-position
     features); ĥ is computed once per state."""
 
-    def __init__(self, cuts: tuple[int, ...], accept_prob: Callable[[NodeState], float]) -> None:
-        self.cuts, self._accept_prob = cuts, accept_prob
+    def __init__(
+        self,
+        cuts: tuple[int, ...],
+        accept_prob: Callable[[NodeState], float],
+        extra_condition: Callable[[NodeState], bool] | None = None,
+    ) -> None:
+        self.cuts, self._accept_prob, self._extra = cuts, accept_prob, extra_condition
         self._cache: dict[NodeState, float] = {}
 
     def expandable(self, key: NodeState) -> bool:
-        return key.depth < len(self.cuts) and self.cuts[key.depth] <= key.known_cut
+        if not (key.depth < len(self.cuts) and self.cuts[key.depth] <= key.known_cut):
+            return False
+        return self._extra is None or bool(self._extra(key))
 
     def accept_prob(self, key: NodeState) -> float:
         if key not in self._cache:
@@ -498,7 +505,7 @@ def optimal_allocation(
     """Predictive traversal rule: the selection maximising Eq. 17, by the DP of Proposition 2 (Eq. 19).
 
     ``request_cuts[d]`` is the cut c_j of the request made when expanding a node at depth d (all
-    nodes at depth d share the transition); ``len(request_cuts)`` is the depth cap K'.
+    nodes at depth d share the transition), in [0, T]; ``len(request_cuts)`` is the depth cap K'.
     ``accept_prob[d]`` is ĥ(v+; ε) (Eq. 14) for a node at depth d; ``budget`` is N_pf.
 
     Because cuts and ĥ depend only on depth, V depends on a node only through (depth, κ), and κ at
@@ -522,17 +529,25 @@ def optimal_allocation(
 
 
 def optimal_allocation_by_state(
-    request_cuts: Sequence[int], horizon: int, accept_prob: Callable[[NodeState], float], budget: int
+    request_cuts: Sequence[int],
+    horizon: int,
+    accept_prob: Callable[[NodeState], float],
+    budget: int,
+    *,
+    expandable: Callable[[NodeState], bool] | None = None,
 ) -> Allocation:
     """Proposition 2 (Eq. 19) with per-depth request cuts and ĥ(v+; ε) = ``accept_prob(state)``
     depending on the node only through ``NodeState(depth, known_cut, accepts_on_path)``.
 
     This is the DP for a classifier whose features include tree position (App. E.7, Feature 2);
     it memoises over the states, O(min(K', N_pf)^3) of them, instead of the 2^K' heap nodes.
+    ``expandable`` adds a condition to Condition 1 and the depth cap, e.g. for a cut law that
+    depends on the state (EntropyCut), where only nodes still holding the root's state can be
+    expanded now: ``expandable=lambda s: s.accepts_on_path == 0``.
     """
     cuts = _validate_cuts(request_cuts, horizon)
     budget = _check_budget(budget)
-    solver = _Solver(_StateView(cuts, accept_prob), budget)
+    solver = _Solver(_StateView(cuts, accept_prob, expandable), budget)
     root = NodeState(0, int(horizon), 0)
     value = float(solver.values(root, 0)[budget])
     selected: set[int] = set()

@@ -51,6 +51,8 @@ def test_config_validation():
         CertaintyConfig(features=())
     with pytest.raises(ValueError, match="features"):
         CertaintyConfig(features=("cut_fraction", "cut_fraction"))
+    with pytest.raises(ValueError, match="after generation"):
+        CertaintyConfig(features=("cut_fraction", "log_accept"))
     with pytest.raises(ValueError, match="l2_penalty"):
         CertaintyConfig(l2_penalty=0.0)
     with pytest.raises(ValueError, match="max_iter"):

@@ -118,9 +118,11 @@ def test_synthetic_records_follow_tree_conventions():
     assert {r.certainty_class for r in recs} == set(CLASSES)
     by_call: dict = {}
     for r in recs:
-        by_call.setdefault((r.prompt_id, r.call_index), {})[r.node_id] = r
+        by_call.setdefault((r.prompt_id, r.call_index), {})[(r.node_id - 1) // 2] = r
     for nodes in by_call.values():
+        assert sorted(nodes) == list(range(15))
         for i, r in nodes.items():
+            assert r.node_id == 2 * i + 1
             assert r.depth == (i + 1).bit_length() - 1
             assert r.cut <= r.parent_cut  # Condition 1
             assert r.cut_fraction == r.cut / 32
@@ -138,12 +140,28 @@ def test_synthetic_records_follow_tree_conventions():
 
 
 def test_drop_unreachable_matches_bfs_unreachable_requests():
-    from forerun.programs.allocation import bfs_order_allocation
+    from forerun.programs.allocation import accept_child, bfs_order_allocation
 
     # BFS defers node 1 (cut 6 > κ(1) = 5) and expands 4 below it; the walk never reaches 4
     alloc = bfs_order_allocation([5, 6, 2], 10, None, 10)
-    recs = [parse_node_record(_line(node_id=v, call_index=0)) for v in alloc.nodes]
-    recs += [parse_node_record(_line(node_id=4, call_index=1))]  # another call: its ancestors are absent
+    recs = [parse_node_record(_line(node_id=accept_child(v), call_index=0)) for v in alloc.nodes]
+    recs += [parse_node_record(_line(node_id=accept_child(4), call_index=1))]  # other call: no ancestors
     kept = drop_unreachable(recs)
-    assert {r.node_id for r in kept if r.call_index == 0} == set(alloc.selected - alloc.unreachable)
+    reachable = alloc.selected - alloc.unreachable
+    assert {(r.node_id - 1) // 2 for r in kept if r.call_index == 0} == set(reachable)
     assert all(r.call_index == 0 for r in kept)
+    with pytest.raises(ValueError, match="acceptance child"):
+        drop_unreachable([parse_node_record(_line(node_id=2))])
+
+
+def test_reads_the_sampler_record_format(tmp_path):
+    """The line format of programs/records.py (extra fields kept, -inf log acceptance accepted)."""
+    line = _line(
+        node_id=1, depth=0, sampler="presto-power-mh", block=1, transition=0, log_accept=float("-inf"),
+        accept_prob=0.0, certainty_class="reject", accepted=None,
+    )
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    (r,) = read_node_records(path)
+    assert r.extra["sampler"] == "presto-power-mh" and r.extra["log_accept"] == float("-inf")
+    assert r.certainty_class == "reject"

@@ -85,3 +85,22 @@ def test_errors_are_reported_not_raised(tmp_path, record_files, capsys):
     assert run(["classifier", "train", "--records", str(two), "--out", str(tmp_path / "x.json")]) == 2
     assert "allow-missing-classes" in capsys.readouterr().err
     assert run(["classifier", "train", "--records", str(two), "--out", str(tmp_path / "x.json"), "--allow-missing-classes"]) == 0
+
+
+def test_sampler_filter(tmp_path, capsys):
+    from forerun.classifiers.features import NodeRecord
+    import dataclasses
+
+    recs = synthetic_node_records(n_prompts=6, calls_per_prompt=4, nodes_per_call=8, seed=9)
+    tagged = [
+        dataclasses.replace(r, extra={**r.extra, "sampler": "presto-power-mh" if i % 2 else "presto-entropy-cut"})
+        for i, r in enumerate(recs)
+    ]
+    assert isinstance(tagged[0], NodeRecord)
+    path = tmp_path / "mixed.jsonl"
+    write_node_records(path, tagged)
+    out = tmp_path / "m.json"
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "presto-power-mh", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training_size"] == len(recs) // 2
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "nope"]) == 2
+    assert "samplers found: presto-entropy-cut, presto-power-mh" in capsys.readouterr().err

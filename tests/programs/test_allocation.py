@@ -119,7 +119,9 @@ def test_condition_1_and_candidates_are_ancestor_closed():
 
 def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError, match=r"request_cuts\[1\]"):
-        optimal_allocation([1, 10], 10, [0.5, 0.5], 3)
+        optimal_allocation([1, 11], 10, [0.5, 0.5], 3)
+    with pytest.raises(ValueError, match=r"request_cuts\[0\]"):
+        optimal_allocation([-1], 10, [0.5], 3)
     with pytest.raises(ValueError, match="horizon"):
         optimal_allocation([1], 0, [0.5], 3)
     with pytest.raises(ValueError, match="budget"):
@@ -318,6 +320,23 @@ def test_by_state_with_depth_only_probabilities_equals_per_depth_dp():
         a = optimal_allocation(cuts, T, probs, budget)
         b = optimal_allocation_by_state(cuts, T, lambda s: probs[s.depth], budget)
         assert math.isclose(a.value, b.value, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_by_state_extra_condition_restricts_candidates():
+    # a state-dependent cut law: only nodes still holding the root's state (no acceptance on the
+    # path) can be expanded now -> the rejection spine 0, 2, 6, 14, ...
+    cuts, T, probs = [4, 3, 2, 1, 0], 5, [0.3, 0.4, 0.5, 0.6, 0.7]
+    alloc = optimal_allocation_by_state(
+        cuts, T, lambda s: probs[s.depth], 4, expandable=lambda s: s.accepts_on_path == 0
+    )
+    assert alloc.selected == frozenset({0, 2, 6, 14})
+    assert math.isclose(alloc.value, 1 + 0.7 + 0.7 * 0.6 + 0.7 * 0.6 * 0.5)
+
+
+def test_cut_equal_to_horizon_is_feasible_only_where_kappa_is_T():
+    # request cut T at depth 1 is feasible below the root's rejection child (κ = T), not below v+
+    cands = candidate_nodes([3, 5], 5)
+    assert cands == frozenset({0, 2})
 
 
 def _ancestors(v: int) -> list[int]:

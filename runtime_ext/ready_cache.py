@@ -263,8 +263,9 @@ class PrepositionCounters:
 
     @property
     def hit_rate(self) -> float:
-        """h: consumed / (consumed + invalidated) over resolved pre-positions (Eq. 8); NaN before any."""
-        n = self.consumed + self.invalidated
+        """h (Eq. 8): consumed / resolved pre-positions, where resolved = consumed + invalidated + discarded
+        (a pre-position whose state moved on before it finished is wasted too); NaN before any."""
+        n = self.consumed + self.invalidated + self.discarded
         return self.consumed / n if n else float("nan")
 
     @property

@@ -1,0 +1,150 @@
+"""Gate calibration: the selective-prediction sweep of τ (pre-positioning paper §2.4, §5, Figure 7).
+
+From measured pairs (logit gap γ, argmax ∈ A, served token correct) the sweep gives, per threshold τ,
+
+    c(τ) = Pr(γ > τ ∧ argmax ∈ A)                       (Eq. 13, coverage)
+    r(τ) = Pr(served token wrong | accepted)             (Eq. 14, false-accept rate)
+
+with Wilson 95 % intervals (scipy.stats.binomtest(...).proportion_ci(method="wilson")), and picks the
+smallest τ with r(τ) ≤ r_max (maximum coverage at bounded risk).
+
+    paper                 code
+    γ                     GatePair.logit_gap
+    argmax ∈ A            GatePair.in_answer_set
+    served token wrong    not GatePair.correct
+    τ                     GatePoint.threshold
+    c(τ), r(τ)            GatePoint.coverage, GatePoint.false_accept
+    r_max                 pick_threshold(..., r_max)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import binomtest
+
+
+@dataclass(frozen=True)
+class GatePair:
+    """One measured decision point."""
+
+    logit_gap: float
+    """γ of the ready distribution (Eq. 11)."""
+    in_answer_set: bool
+    """argmax ∈ A."""
+    correct: bool
+    """The served (cached) token agrees with the reference: the model's own full-path output (Eq. 14)."""
+
+
+@dataclass(frozen=True)
+class GatePoint:
+    """Coverage and false-accept rate of the gate at one threshold, with Wilson intervals."""
+
+    threshold: float
+    n: int
+    accepted: int
+    wrong: int
+    coverage: float
+    coverage_ci: tuple[float, float]
+    false_accept: float
+    """NaN when nothing is accepted (r undefined)."""
+    false_accept_ci: tuple[float, float]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n; (nan, nan) when n = 0."""
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n == 0:
+        return (math.nan, math.nan)
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
+
+
+def gate_point(pairs: Sequence[GatePair], threshold: float, confidence: float = 0.95) -> GatePoint:
+    """c(τ) and r(τ) at one τ (Eqs. 13-14)."""
+    if not pairs:
+        raise ValueError("no (logit gap, correct) pairs to calibrate on")
+    gaps = np.array([p.logit_gap for p in pairs], dtype=float)
+    if np.isnan(gaps).any():
+        raise ValueError("a logit gap is NaN")
+    admissible = np.array([p.in_answer_set for p in pairs], dtype=bool)
+    correct = np.array([p.correct for p in pairs], dtype=bool)
+    accepted = (gaps > threshold) & admissible
+    n, k = len(pairs), int(accepted.sum())
+    wrong = int((accepted & ~correct).sum())
+    return GatePoint(
+        threshold=float(threshold), n=n, accepted=k, wrong=wrong, coverage=k / n,
+        coverage_ci=wilson_interval(k, n, confidence), false_accept=wrong / k if k else math.nan,
+        false_accept_ci=wilson_interval(wrong, k, confidence),
+    )
+
+
+def default_thresholds(pairs: Sequence[GatePair], extra: Sequence[float] = (0.0, 2.0)) -> list[float]:
+    """Every distinct operating point: just below each measured gap (plus `extra`, e.g. the paper's 2.0)."""
+    gaps = sorted({float(p.logit_gap) for p in pairs})
+    taus = {np.nextafter(g, -np.inf) for g in gaps} | {float(x) for x in extra}
+    if gaps:
+        taus.add(gaps[-1])  # nothing accepted beyond the largest gap
+    return sorted(float(t) for t in taus)
+
+
+def sweep_threshold(pairs: Sequence[GatePair], thresholds: Sequence[float] | None = None,
+                    confidence: float = 0.95) -> list[GatePoint]:
+    """The risk-coverage sweep: one GatePoint per τ, ascending τ."""
+    taus = sorted(default_thresholds(pairs) if thresholds is None else thresholds)
+    return [gate_point(pairs, t, confidence) for t in taus]
+
+
+def pick_threshold(points: Sequence[GatePoint], r_max: float) -> GatePoint | None:
+    """The smallest τ with r(τ) ≤ r_max (maximum coverage at bounded risk); None if no τ qualifies."""
+    if not 0 <= r_max <= 1:
+        raise ValueError(f"r_max must be in [0, 1], got {r_max}")
+    for p in sorted(points, key=lambda q: q.threshold):
+        if p.accepted > 0 and p.false_accept <= r_max:
+            return p
+    return None
+
+
+def plot_risk_coverage(points: Sequence[GatePoint], path: str, *, title: str = "", tau_marker: float = 2.0) -> str:
+    """Figure 7: (a) r(τ) against c(τ); (b) c(τ) and r(τ) against τ, with Wilson bands.  Returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted(points, key=lambda q: q.threshold)
+    tau = np.array([p.threshold for p in pts])
+    cov = np.array([p.coverage for p in pts])
+    risk = np.array([p.false_accept for p in pts])
+    cov_lo, cov_hi = np.array([p.coverage_ci for p in pts]).T
+    r_lo, r_hi = np.array([p.false_accept_ci for p in pts]).T
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ok = ~np.isnan(risk)
+    ax1.plot(cov[ok], risk[ok], "o-", ms=3)
+    ax1.set_xlabel("coverage c(τ)")
+    ax1.set_ylabel("false-accept rate r(τ)")
+    ax1.set_title("(a) risk-coverage")
+    ax1.set_xlim(-0.02, 1.02)
+    ax2.plot(tau, cov, label="coverage c(τ)")
+    ax2.fill_between(tau, cov_lo, cov_hi, alpha=0.2)
+    ax2.plot(tau[ok], risk[ok], label="false accept r(τ)")
+    ax2.fill_between(tau[ok], r_lo[ok], r_hi[ok], alpha=0.2)
+    ax2.axvline(tau_marker, color="k", ls="--", lw=0.8, label=f"τ = {tau_marker:g}")
+    ax2.set_xlabel("threshold τ")
+    ax2.set_title("(b) coverage and false accept vs τ")
+    ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,123 @@
+"""`forerun generate` and `forerun bench engine`: the embedded CPU engine from the command line.
+
+    forerun generate --prompt TEXT [--model default|tiny|PATH] [--max-tokens N] [--temperature T]
+                     [--seed S] [--raw] [--json]
+    forerun bench engine [--model default] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["register", "generate_command", "bench_engine_command"]
+
+
+def _nonneg_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return v
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    g = subparsers.add_parser("generate", help="generate a completion on the embedded CPU engine")
+    g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
+    g.add_argument("--model", default="default", help="default | tiny | path to a HF folder or .gguf file")
+    g.add_argument("--dtype", default=None, help="float32 (default) | float64 | bfloat16 (tiny: float64)")
+    g.add_argument("--max-tokens", type=_nonneg_int, default=128, help="max new tokens (default 128)")
+    g.add_argument("--temperature", type=_nonneg_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
+    g.add_argument("--top-k", type=int, default=-1, help="top-k (default -1: off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
+    g.add_argument("--raw", action="store_true", help="send the prompt as is (no chat template)")
+    g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    g.set_defaults(handler=generate_command)
+
+    b = bench_subparsers.add_parser("engine", help="embedded engine: decode speed, fork batching, prefix hits")
+    b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
+    b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    b.add_argument("--root-tokens", type=int, default=256, help="root length for the fork measurement (256)")
+    b.add_argument("--suffixes", type=int, default=20, help="suffixes generated in one call (20)")
+    b.add_argument("--suffix-tokens", type=int, default=128, help="tokens per suffix (128)")
+    b.add_argument("--decode-tokens", type=int, default=128, help="tokens for the single-stream measurement (128)")
+    b.add_argument("--repeats", type=int, default=3, help="repetitions of each timing; the median is reported (3)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    b.set_defaults(handler=bench_engine_command)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from forerun.runtime_ext.engine import EmbeddedEngine
+    from forerun.runtime_ext.models import load_model
+    from forerun.runtime_ext.protocol import EngineError, SamplingParams
+
+    if not args.prompt:
+        print("forerun generate: --prompt must not be empty", file=sys.stderr)
+        return 2
+    try:
+        loaded = load_model(args.model, dtype=args.dtype)
+    except (ValueError, OSError) as exc:
+        print(f"forerun generate: {exc}", file=sys.stderr)
+        return 2
+    tok = loaded.tokenizer
+    if not args.raw and getattr(tok, "chat_template", None):
+        ids = list(tok.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=True,
+                                           add_generation_prompt=True, return_dict=False))
+    else:
+        ids = list(tok.encode(args.prompt))
+    try:
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
+    except ValueError as exc:
+        print(f"forerun generate: {exc}", file=sys.stderr)
+        return 2
+    with EmbeddedEngine(loaded) as engine:
+        try:
+            out = engine.generate(ids, params)
+        except EngineError as exc:
+            print(f"forerun generate: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        meta = out.meta_info
+        print(json.dumps({
+            "model": loaded.name,
+            "text": out.text,
+            "prompt_ids": list(out.input_ids),
+            "output_ids": list(out.output_ids),
+            "finish_reason": meta["finish_reason"],
+            "prompt_tokens": meta["prompt_tokens"],
+            "completion_tokens": meta["completion_tokens"],
+            "sampling_seed": meta["sampling_seed"],
+            "e2e_latency": meta["e2e_latency"],
+            "output_token_logprobs": [e[0] for e in meta["output_token_logprobs"]],
+            "output_token_logp0": meta["output_token_logp0"],
+            "output_token_entropy": meta["output_token_entropy"],
+        }))
+    else:
+        print(out.text)
+    return 0
+
+
+def bench_engine_command(args: argparse.Namespace) -> int:
+    from forerun.eval.bench_engine import EngineBenchConfig, format_engine_bench, run_engine_bench
+
+    config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
+                               num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
+                               decode_tokens=args.decode_tokens, repeats=args.repeats, seed=args.seed)
+    result = run_engine_bench(config, progress=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_engine_bench(result))
+    return 0

@@ -10,8 +10,9 @@ exactly from `FakeByteModel`:
     logits z(· | x_<t)                    FakeByteModel.logits(prefix): a fixed random bigram table row
                                           of the last token plus a small position term (seed 0)
     log p0(· | x_<t)                      log_softmax(z)
-    log q_τ(· | x_<t)                     log_softmax(z / τ) restricted to top-k / top-p and renormalised
-                                          (τ = 0: greedy; the reported logprob is then log p0)
+    log q_τ(· | x_<t) (reported)          log_softmax(z / τ), before top-k / top-p, as SGLang's sampler
+                                          reports it (τ = 0: greedy, reports log p0)
+    sampled distribution                  log q_τ restricted to top-k / top-p and renormalised
     sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
     input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s =
                                           logprob_start_len (-1 -> len(prompt) - 1), then
@@ -103,11 +104,19 @@ class FakeByteModel:
         lp = self.logp0(prefix)
         return float(-np.sum(np.exp(lp) * lp))
 
-    def logq(self, prefix: Sequence[int], temperature: float, top_k: int = -1, top_p: float = 1.0) -> np.ndarray:
-        """log q_τ(· | prefix) after temperature, top-k and top-p (renormalised); τ = 0 -> log p0."""
+    def logq(self, prefix: Sequence[int], temperature: float) -> np.ndarray:
+        """log q_τ(· | prefix) = log_softmax(z / τ), what SGLang reports (τ = 0: greedy, reports log p0).
+
+        As in SGLang's sampler, the reported logprobs are taken before top-k / top-p truncation.
+        """
         if temperature == 0:
             return self.logp0(prefix)
-        lq = _log_softmax(self.logits(prefix) / temperature)
+        return _log_softmax(self.logits(prefix) / temperature)
+
+    def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
+                          top_p: float = 1.0) -> np.ndarray:
+        """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
+        lq = self.logq(prefix, temperature)
         if 0 < top_k < VOCAB_SIZE:
             kth = np.sort(lq)[-top_k]
             lq = np.where(lq >= kth, lq, -np.inf)
@@ -121,10 +130,11 @@ class FakeByteModel:
         return _log_softmax(lq)
 
     def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int) -> int:
-        """One token: argmax for τ = 0, else Gumbel-max over log q_τ with noise keyed by (seed, position)."""
-        lq = self.logq(prefix, temperature, top_k, top_p)
+        """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
+        (seed, position)."""
         if temperature == 0:
-            return int(np.argmax(lq))
+            return int(np.argmax(self.logits(prefix)))
+        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p)
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
         g = rng.gumbel(size=VOCAB_SIZE)
         return int(np.argmax(lq + g))
@@ -354,7 +364,7 @@ class FakeSGLangServer:
         finish: dict[str, Any] = {"type": "length", "length": max_new}
         seq = list(ids)
         for _ in range(max_new):
-            lq = m.logq(seq, temperature, top_k, top_p)
+            lq = m.logq(seq, temperature)
             t = m.sample(seq, temperature, top_k, top_p, seed)
             out_ids.append(t)
             out_logq.append(float(lq[t]))

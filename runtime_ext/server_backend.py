@@ -19,7 +19,9 @@ Requests are token ids: `POST /generate` always carries `input_ids` (never re-to
     log p0 of prompt tokens      input_logp0 / input_token_logprobs      pass 1, from logprob_start_len
                                                                          (entry 0 is [None, id, text])
 
-If a plugin already returns log p0 of the output under `ServerConfig.logp0_key`, pass 2 is skipped.
+If a plugin already returns log p0 of the output under `ServerConfig.logp0_key`, pass 2 is skipped; so it is
+at τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already (see
+`ServerConfig.reuse_logq_at_unit_temperature`; the server's top-k is then of p0 too).
 The radix cache makes pass 2 re-prefill only the generated suffix.  `cached_tokens` is the server's
 per-request `meta_info.cached_tokens` of pass 1; pass 2's is in `meta_info["logp0_pass"]`.
 
@@ -71,6 +73,10 @@ class ServerConfig:
     """Threads used by batch_mode="concurrent"; default 64."""
     two_pass_logp0: bool = True
     """Run the scoring pass that yields log p0 of generated tokens when return_logprob is set; default True."""
+    reuse_logq_at_unit_temperature: bool = True
+    """At τ = 0 (greedy) and τ = 1 SGLang's reported output logprobs already are log p0: its sampler takes
+    log_softmax(z / τ) before top-k/top-p (`srt/layers/sampler.py`; greedy requests run with τ = 1), so
+    pass 2 is skipped and output_token_logp0 = the reported logprobs.  False: always run pass 2.  Default True."""
     logp0_key: str = "output_token_logp0"
     """meta_info key under which a sampler plugin may return log p0 (then pass 2 is skipped)."""
     entropy_key: str = "output_token_entropy"
@@ -378,7 +384,7 @@ class SGLangServerClient:
         cfg = self.config
         need = [i for i, (it, out) in enumerate(zip(items, outs))
                 if cfg.two_pass_logp0 and it[1].return_logprob and out["output_ids"]
-                and cfg.logp0_key not in out["meta_info"]]
+                and cfg.logp0_key not in out["meta_info"] and not self._logq_is_logp0(it[1])]
         scores: dict[int, dict[str, Any]] = {}
         if need:
             score_items = []
@@ -391,6 +397,9 @@ class SGLangServerClient:
             for i, s in zip(need, self._send(score_items, batched=True)):
                 scores[i] = s
         return [self._to_output(it, out, scores.get(i)) for i, (it, out) in enumerate(zip(items, outs))]
+
+    def _logq_is_logp0(self, p: SamplingParams) -> bool:
+        return self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0)
 
     def _to_output(self, item: tuple, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
         ids, p, rid, _, _ = item
@@ -437,6 +446,9 @@ class SGLangServerClient:
                                       "prompt_tokens": smeta.get("prompt_tokens"), "id": smeta.get("id")}
             elif cfg.logp0_key in meta:
                 logp0 = tuple(float(x) for x in meta[cfg.logp0_key])
+                meta["output_token_logp0"] = list(logp0)
+            elif self._logq_is_logp0(p):
+                logp0 = logq
                 meta["output_token_logp0"] = list(logp0)
             elif not output_ids:
                 logp0 = ()
@@ -502,3 +514,19 @@ class SGLangServerBackend(TokenExactBackend):
     def session_params(self, params: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
         """`with backend.session_params({"id": sid, ...}):` - see `SGLangServerClient.session_params`."""
         return self.engine.session_params(params)
+
+
+def require_output_entropy(out: GenerateOutput) -> tuple[float, ...]:
+    """The per-token entropy of p0, or a clear `EngineError` when the engine did not report it.
+
+    Stock SGLang 0.5.23 never returns it (`return_entropy` is a no-op); a sampler plugin must put it in
+    `customized_info` under `ServerConfig.entropy_key` (surfaced as that meta_info key).
+    """
+    if out.output_entropy is None:
+        rid = out.meta_info.get("id", "?")
+        raise EngineError(
+            f"request rid={rid} has no per-token entropy of p0: the SGLang server only returns it through a "
+            "sampler plugin's customized_info (meta_info key 'output_token_entropy'); stock SGLang does not. "
+            "Use the embedded engine, or launch the server with such a plugin."
+        )
+    return out.output_entropy

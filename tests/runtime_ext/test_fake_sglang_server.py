@@ -38,9 +38,11 @@ def test_byte_tokenizer_roundtrip_and_partial_chars():
 def test_model_distributions_are_normalised():
     m = FakeByteModel()
     prefix = [BOS_ID, 5, 6]
-    for lp in (m.logp0(prefix), m.logq(prefix, 0.5), m.logq(prefix, 1.3, top_k=7), m.logq(prefix, 1.0, top_p=0.6)):
+    for lp in (m.logp0(prefix), m.logq(prefix, 0.5), m.sampling_logprobs(prefix, 1.3, top_k=7),
+               m.sampling_logprobs(prefix, 1.0, top_p=0.6)):
         assert np.exp(lp).sum() == pytest.approx(1.0, abs=1e-12)
-    assert np.isfinite(m.logq(prefix, 1.0, top_k=7)).sum() == 7
+    assert np.isfinite(m.sampling_logprobs(prefix, 1.0, top_k=7)).sum() == 7
+    assert np.array_equal(m.logq(prefix, 1.0), m.logp0(prefix)) and np.array_equal(m.logq(prefix, 0.0), m.logp0(prefix))
     assert m.entropy(prefix) == pytest.approx(-np.sum(np.exp(m.logp0(prefix)) * m.logp0(prefix)))
     assert m.sample(prefix, 0.0, -1, 1.0, 1) == int(np.argmax(m.logits(prefix)))
 

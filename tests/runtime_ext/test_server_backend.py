@@ -88,7 +88,7 @@ def test_generate_sends_ids_and_parses_logprobs_with_shift(srv, backend):
     for t, lq, lp, top in zip(out.output_ids, out.output_logq, out.output_logp0,
                               out.meta_info["output_top_logprobs"]):
         assert t == m.sample(seq, 0.7, 40, 1.0, 11)
-        assert lq == pytest.approx(m.logq(seq, 0.7, 40)[t], abs=1e-12)
+        assert lq == pytest.approx(m.logq(seq, 0.7)[t], abs=1e-12)  # SGLang reports q_τ before top-k
         lp0 = m.logp0(seq)
         assert lp == pytest.approx(lp0[t], abs=1e-12)
         # output_top_logprobs is the top-k of p0 (from the scoring pass), like the embedded engine
@@ -110,6 +110,26 @@ def test_generate_sends_ids_and_parses_logprobs_with_shift(srv, backend):
     assert meta["prompt_tokens"] == len(prompt) and meta["completion_tokens"] == 6
     assert meta["finish_reason"]["type"] == "length"
     assert "output_token_entropy" not in meta and out.output_entropy is None  # no plugin: no entropy
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_unit_and_zero_temperature_need_one_pass(srv, backend, temperature):
+    prompt = [BOS_ID, 40, 41]
+    p = SamplingParams(max_new_tokens=4, temperature=temperature, seed=2, ignore_eos=True, return_logprob=True,
+                       top_logprobs_num=2)
+    out = backend.run(prompt, p)
+    assert len(srv.generate_bodies()) == 1  # SGLang's reported logprobs are log p0 at τ = 0 and τ = 1
+    seq = list(prompt)
+    for t, lp, top in zip(out.output_ids, out.output_logp0, out.meta_info["output_top_logprobs"]):
+        lp0 = srv.model.logp0(seq)
+        assert lp == pytest.approx(lp0[t], abs=1e-12)
+        assert [e[1] for e in top] == list(np.argsort(-lp0, kind="stable")[:2])
+        seq.append(t)
+    exact = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(reuse_logq_at_unit_temperature=False))
+    again = exact.run(prompt, p)
+    assert len(srv.generate_bodies()) == 3  # the scoring pass runs when reuse is off
+    assert again.output_ids == out.output_ids
+    assert again.output_logp0 == pytest.approx(out.output_logp0, abs=1e-12)
 
 
 def test_no_logprob_means_one_pass(srv, backend):
@@ -148,7 +168,7 @@ def test_pure_scoring(srv, backend):
 
 
 def test_seeded_outputs_reproducible_and_batch_matches_single(srv, backend):
-    reqs = [([BOS_ID] + list(range(30, 30 + k)), SamplingParams(max_new_tokens=5, temperature=1.0, seed=100 + k,
+    reqs = [([BOS_ID] + list(range(30, 30 + k)), SamplingParams(max_new_tokens=5, temperature=0.5, seed=100 + k,
                                                                   ignore_eos=True, return_logprob=True))
             for k in range(1, 5)]
     singles = [backend.run(ids, p) for ids, p in reqs]
@@ -213,7 +233,7 @@ def test_sessions_open_close_and_pass_through(srv, backend):
     sp = {"id": sid, "rid": None, "offset": -1, "replace": False}
     backend.run([BOS_ID, 1], SamplingParams(max_new_tokens=1, seed=1), session_params=sp)
     with backend.session_params(sp):
-        backend.run([BOS_ID, 2], SamplingParams(max_new_tokens=1, seed=1, return_logprob=True))
+        backend.run([BOS_ID, 2], SamplingParams(max_new_tokens=1, seed=1, temperature=0.5, return_logprob=True))
     backend.run([BOS_ID, 3], SamplingParams(max_new_tokens=1, seed=1))
     bodies = srv.generate_bodies()
     assert bodies[0]["session_params"] == sp and bodies[1]["session_params"] == sp
@@ -408,3 +428,13 @@ def test_launcher_reports_a_server_that_dies(tmp_path):
 def test_launcher_rejects_bad_port():
     res = _launch("--port", "abc")
     assert res.returncode == 1 and "--port must be a number" in res.stderr
+
+
+def test_require_output_entropy(srv, backend):
+    out = backend.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, temperature=0.5, return_logprob=True), rid="e1")
+    with pytest.raises(EngineError, match="rid=e1 has no per-token entropy"):
+        server_backend.require_output_entropy(out)
+    with FakeSGLangServer(plugin_keys=True) as plug:
+        b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
+        out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))
+        assert len(server_backend.require_output_entropy(out)) == 2

@@ -44,7 +44,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 PACKAGED_SLICE_SIZE = 20
 """Prompts per packaged slice: the paper's evaluation slice, the first 20 prompts (Table 6)."""
@@ -409,7 +409,8 @@ def _read_hub(spec: DatasetSpec, gpqa_seed: int) -> list[Prompt]:
             out = [Prompt("aime", p.id, p.question, p.answer, p.choices, p.extra) for p in out]
         return out
     if name == "humaneval":
-        return [_humaneval(r, f"hub:{spec.hf}[{i}]") for i, r in enumerate(rows("openai/openai_humaneval", split="test"))]
+        return [_humaneval(r, f"hub:{spec.hf}[{i}]")
+                for i, r in enumerate(rows("openai/openai_humaneval", split="test"))]
     if name == "mbpp":
         got = [_mbpp(r, f"hub:{spec.hf}[{i}]")
                for i, r in enumerate(rows("google-research-datasets/mbpp", "full", split="test"))]

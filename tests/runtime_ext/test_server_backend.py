@@ -403,7 +403,8 @@ def test_launcher_fails_clearly_without_runtime(tmp_path):
 
 def test_launcher_waits_for_health_and_prints_url(tmp_path):
     port = unused_port()
-    res = _launch("--port", str(port), "--timeout", "30", "--log", str(tmp_path / "log"), "--", "--mem-fraction-static", "0.5",
+    res = _launch("--port", str(port), "--timeout", "30", "--log", str(tmp_path / "log"),
+                  "--", "--mem-fraction-static", "0.5",
                   env_extra={"FORERUN_SERVER_MODULE": "forerun.runtime_ext.fake_sglang_server"})
     assert res.returncode == 0, res.stderr
     url = res.stdout.strip()

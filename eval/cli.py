@@ -15,6 +15,7 @@ from typing import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "forerun.eval.cli_engine",
     "forerun.eval.cli_classifier",
+    "forerun.eval.cli_preposition",
 )
 
 

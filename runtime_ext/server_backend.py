@@ -360,7 +360,8 @@ class SGLangServerClient:
 
     def generate(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
                  priority: int = 0, session_params: dict[str, Any] | None = None) -> GenerateOutput:
-        """One request (two passes when log p0 is needed)."""
+        """One request (two passes when log p0 is needed).  A non-zero `priority` is sent as SGLang's
+        `priority` (honoured only by a server launched with --enable-priority-scheduling)."""
         return self._generate_many([(input_ids, params)], rids=[rid], priority=priority,
                                    session_params=session_params, batched=False)[0]
 

@@ -200,6 +200,17 @@ def test_cached_tokens_and_flush(srv, backend):
     assert m["sglang:cached_tokens_total"] == len(ids)
 
 
+def test_client_is_an_engine_and_passes_priority(srv, backend):
+    from forerun.runtime_ext.protocol import Engine
+
+    assert isinstance(backend.engine, Engine)
+    backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1), priority=-1)
+    backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1))
+    b1, b2 = srv.generate_bodies()
+    assert b1["priority"] == -1 and "priority" not in b2
+    _assert_wire_ok(srv)
+
+
 def test_server_info_and_model_name(srv, backend):
     info = backend.get_server_info()
     assert info["model_path"] == srv.model_path

@@ -31,7 +31,7 @@ if _PATCH_MODULE not in sys.modules and not runtime_installed():
 
 import sglang as sgl  # noqa: E402
 from sglang.lang.backend.base_backend import BaseBackend  # noqa: E402
-from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod  # noqa: E402
+from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized  # noqa: E402
 from sglang.lang.interpreter import ProgramState, StreamExecutor  # noqa: E402
 from sglang.lang.ir import SglSamplingParams  # noqa: E402
 
@@ -58,5 +58,6 @@ __all__ = [
     "set_default_backend",
     "sgl",
     "system",
+    "token_length_normalized",
     "user",
 ]

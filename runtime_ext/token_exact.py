@@ -21,7 +21,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .protocol import GenerateOutput, SamplingParams
-from .sglang_frontend import BaseBackend, ChoicesDecision, SglSamplingParams, StreamExecutor
+from .sglang_frontend import (
+    BaseBackend,
+    ChoicesDecision,
+    SglSamplingParams,
+    StreamExecutor,
+    token_length_normalized,
+)
 from .token_markers import IdsSegment, parse_marked_text
 
 
@@ -93,9 +99,6 @@ class TokenExactBackend(BaseBackend):
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
         """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`."""
-        from .sglang_frontend import sgl  # noqa: F401  (frontend already imported)
-        from sglang.lang.choices import token_length_normalized  # type: ignore  # noqa: E402
-
         choices_method = choices_method or token_length_normalized
         prompt_ids, seed = self.input_ids_of(s.text_)
         requests = []

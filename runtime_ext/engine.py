@@ -32,6 +32,7 @@ with finish_reason {"type": "abort"}; `generate` returns that output (it does no
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import secrets
@@ -69,6 +70,10 @@ class EngineConfig:
     """torch intra-op threads (None: leave torch's default, the number of physical cores)."""
     request_timeout_s: float | None = None
     """A blocking `generate` raises EngineError after this long (None: wait forever)."""
+    batch_invariant: bool | None = None
+    """Compute every token row by row (one GEMV per linear, attention per query over exactly its own keys)
+    so results are bit-identical whatever the batch, padding, prefill chunking or cache state.  Slow; meant
+    for the float64 tiny model in tests.  None (default): on for float64 models, off otherwise."""
 
     def __post_init__(self) -> None:
         if self.max_total_tokens <= 0:
@@ -169,6 +174,64 @@ class _BufferLayer(DynamicLayer):
 def _buffer_cache(buf: torch.Tensor, length: int) -> Cache:
     """A transformers Cache over buf [layers, 2, B, H, cap, D] holding `length` tokens."""
     return Cache(layers=[_BufferLayer(buf[l, 0], buf[l, 1], length) for l in range(buf.shape[0])])
+
+
+# ============================================================================================ batch invariance
+_EXACT = threading.local()
+"""Per-thread switch of the batch-invariant kernels: `on` and `row_starts` (first valid KV column per row)."""
+
+ATTENTION_NAME = "forerun"
+"""transformers attention implementation the engine installs: SDPA, or the exact kernel when `_EXACT.on`."""
+
+
+def _linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if getattr(_EXACT, "on", False):
+        flat = x.reshape(-1, x.shape[-1])
+        rows = [torch.nn.functional.linear(flat[i : i + 1], module.weight, module.bias) for i in range(flat.shape[0])]
+        return torch.cat(rows).reshape(*x.shape[:-1], -1)
+    return torch.nn.functional.linear(x, module.weight, module.bias)
+
+
+def _exact_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Each query attends over exactly its own valid keys (no padding, no blocking): the arithmetic of a
+    token never depends on the other rows, the padding or how many queries are computed together."""
+    B, Hq, q, D = query.shape
+    Hkv, S = key.shape[1], key.shape[2]
+    groups = Hq // Hkv
+    scale = scaling if scaling is not None else D**-0.5
+    starts = _EXACT.row_starts
+    out = torch.empty((B, q, Hq, D), dtype=query.dtype)
+    for b in range(B):
+        for j in range(q):
+            end = S - q + j + 1
+            k = key[b, :, starts[b] : end]
+            v = value[b, :, starts[b] : end]
+            qg = query[b, :, j].reshape(Hkv, groups, D)
+            probs = torch.softmax(torch.matmul(qg, k.transpose(1, 2)) * scale, dim=-1)
+            out[b, j] = torch.matmul(probs, v).reshape(Hq, D)
+    return out, None
+
+
+def _attention_dispatch(module, query, key, value, attention_mask, *args, **kwargs):
+    if getattr(_EXACT, "on", False):
+        return _exact_attention(module, query, key, value, attention_mask, *args, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+def install_engine_kernels(model: torch.nn.Module) -> None:
+    """Route the model's linears and attention through the switchable kernels (idempotent)."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, _attention_dispatch)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model.config._attn_implementation = ATTENTION_NAME
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and not getattr(mod, "_forerun_kernels", False):
+            mod.forward = functools.partial(_linear_forward, mod)
+            mod._forerun_kernels = True
 
 
 # ============================================================================================ requests
@@ -273,6 +336,9 @@ class EmbeddedEngine:
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.kv_dtype = model.dtype
+        bi = config.batch_invariant
+        self.batch_invariant = (model.dtype == torch.float64) if bi is None else bool(bi)
+        install_engine_kernels(self.model)
         self._template = torch.empty((self.num_layers, 2, self.num_kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
         self.radix = RadixCache(config.max_total_tokens, token_axis=TOKEN_AXIS)
         self._cv = threading.Condition()
@@ -594,10 +660,16 @@ class EmbeddedEngine:
         self._note_pool()
 
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
+                 attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int]) -> torch.Tensor:
+        """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b])."""
         cache = _buffer_cache(buf, length)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        _EXACT.on = self.batch_invariant
+        _EXACT.row_starts = list(row_starts)
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        finally:
+            _EXACT.on = False
         return out.logits
 
     def _prefill(self, r: _Request) -> list[torch.Tensor] | None:
@@ -635,7 +707,7 @@ class EmbeddedEngine:
             assert pos == m
             x = torch.tensor([ids[m:need]], dtype=torch.long)
             positions = torch.arange(m, need, dtype=torch.long).unsqueeze(0)
-            logits = self._forward(buf, m, x, positions, None, keep)[0]  # [keep, V]
+            logits = self._forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]
             self._counters["prefill_tokens"] += need - m
             self._counters["prefill_calls"] += 1
             new_kv = buf[:, :, 0, :, m:need]
@@ -715,7 +787,7 @@ class EmbeddedEngine:
         mask = torch.zeros((B, P + 1), dtype=torch.long)
         for i, r in enumerate(rows):
             mask[i, P - r.kv_len :] = 1
-        logits = self._forward(batch.buf, P, x, positions, mask, 1)[:, -1, :]
+        logits = self._forward(batch.buf, P, x, positions, mask, 1, [P - r.kv_len for r in rows])[:, -1, :]
         batch.end = P + 1
         for r in rows:
             r.kv_len += 1
@@ -724,8 +796,10 @@ class EmbeddedEngine:
         self._counters["max_batch_rows"] = max(self._counters["max_batch_rows"], B)
         finished: list[tuple[_Request, dict[str, Any] | None, BaseException | None]] = []
         lg = logits.to(torch.float64)
-        finite = torch.isfinite(lg).all(dim=-1).tolist()
-        lg = torch.where(torch.isfinite(lg), lg, torch.zeros((), dtype=lg.dtype))
+        finite_mask = torch.isfinite(lg)
+        finite = finite_mask.all(dim=-1).tolist()
+        if not all(finite):  # keep the other rows' arithmetic finite; the bad rows fail below
+            lg = torch.where(finite_mask, lg, torch.zeros((), dtype=lg.dtype))
         logp0 = torch.log_softmax(lg, dim=-1)
         ent = entropy_from_log_probs(logp0).tolist()
         for i, r in enumerate(rows):

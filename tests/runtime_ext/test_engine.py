@@ -95,11 +95,30 @@ def test_batch_invariance_any_order(engine):
     for order in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1]):
         engine.flush_cache()
         batched = engine.generate_batch([reqs[i] for i in order])
-        for i, out in zip(order, batched):
+        for i, out in zip(order, batched):  # bit-exact (float64, batch-invariant kernels)
             assert out.output_ids == alone[i].output_ids
-            np.testing.assert_allclose(out.output_logq, alone[i].output_logq, atol=TOL)
-            np.testing.assert_allclose(out.output_logp0, alone[i].output_logp0, atol=TOL)
-            np.testing.assert_allclose(out.output_entropy, alone[i].output_entropy, atol=TOL)
+            assert out.output_logq == alone[i].output_logq
+            assert out.output_logp0 == alone[i].output_logp0
+            assert out.output_entropy == alone[i].output_entropy
+
+
+def test_bit_exact_whatever_the_cache_state(engine):
+    """KV computed by prefill, by decode, or reused from the tree gives the same bits."""
+    ids = prompt(engine, "cache state invariance ☃")
+    p = SamplingParams(max_new_tokens=10, seed=4, ignore_eos=True, return_logprob=True)
+    engine.flush_cache()
+    first = engine.generate(ids, p)
+    full = list(ids) + list(first.output_ids)
+    cut = len(ids) + 6  # tokens ids[..], out[:6]: their KV was computed by decode steps
+    q = SamplingParams(max_new_tokens=5, seed=9, ignore_eos=True)
+    from_decode_kv = engine.generate(full[:cut], q)
+    assert from_decode_kv.meta_info["cached_tokens"] == cut - 1
+    engine.flush_cache()
+    from_prefill = engine.generate(full[:cut], q)
+    assert from_prefill.meta_info["cached_tokens"] == 0
+    assert from_decode_kv.output_ids == from_prefill.output_ids
+    assert from_decode_kv.output_logp0 == from_prefill.output_logp0
+    assert from_decode_kv.output_entropy == from_prefill.output_entropy
 
 
 def test_logq_equals_direct_computation(engine):

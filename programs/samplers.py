@@ -454,15 +454,18 @@ class PrestoSampler(_Base):
         dependent = self.kernel.state_dependent_cut
         if self.prefetch.traversal == "bfs":
             return bfs_collect(cuts, horizon, self.prefetch.budget, cap, state_dependent_cut=dependent)
-        from .allocation import optimal_allocation  # the predictive rule (Prop. 2), another module
+        from .allocation import optimal_allocation, optimal_allocation_by_state  # Prop. 2, another module
 
-        # State-dependent cut laws are computable only where κ = T: express that as a cut of T for Condition 1.
-        feas_cuts = [horizon] * depth_n if dependent else cuts
         hhat = [float(self.prefetch.branch_prob(c / horizon)) for c in cuts]  # type: ignore[misc]
-        alloc = optimal_allocation(feas_cuts, horizon, hhat, self.prefetch.budget)
-        plan = plan_from_selection(sorted(alloc.selected), feas_cuts, horizon)
         if not dependent:
-            return plan
+            alloc = optimal_allocation(cuts, horizon, hhat, self.prefetch.budget)
+            return plan_from_selection(sorted(alloc.selected), cuts, horizon)
+        # A state-dependent cut law is computable only at nodes holding the root's state (no acceptance on
+        # the path): Condition 1 always holds there (κ = T), so pass cuts of T plus that extra condition.
+        feas_cuts = [horizon] * depth_n
+        alloc = optimal_allocation_by_state(feas_cuts, horizon, lambda st: hhat[st.depth], self.prefetch.budget,
+                                            expandable=lambda st: st.accepts_on_path == 0)
+        plan = plan_from_selection(sorted(alloc.selected), feas_cuts, horizon)
         reqs = tuple(type(r)(node=r.node, parent=r.parent, depth=r.depth, cut=cuts[r.depth], parent_cut=r.parent_cut)
                      for r in plan.requests)
         return PrefetchPlan(requests=reqs, deferred=plan.deferred, known_cut=plan.known_cut)
@@ -482,6 +485,8 @@ class PrestoSampler(_Base):
         all_reqs: list[SuffixRequest] = []
         spans = []
         for r in plan.requests:
+            if r.cut > r.parent_cut or (self.kernel.state_dependent_cut and accepts_on_path(r.parent) > 0):
+                raise RuntimeError(f"request at node {r.node} is not feasible this round (Condition 1)")
             prefix = result.prompt_ids + tuple(int(t) for t in root.tokens[: r.cut])
             reqs = self.kernel.requests(prefix, r.cut, horizon, k + r.depth, stream)
             spans.append((len(all_reqs), len(all_reqs) + len(reqs)))

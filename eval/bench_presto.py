@@ -1,0 +1,140 @@
+"""`forerun bench presto`: each sampler and its PreSTO variant on the same prompts, in ONE run.
+
+Prints the columns of PreSTO's Table 7 (App. D.2): total model-call time, MH transitions per call, time per
+call, the Eq. 20 speedup (ratio of mean cumulative call times), the reduction in calls and the increase in
+time per call (ratios of means, speedup = reduction / increase), the median per-prompt speedup, and
+whether the sequential and PreSTO chains were identical (same seed -> same tokens and accept/reject history).
+Block-extension calls are identical in both variants and excluded from the call metrics.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from forerun.programs.proposals import ProgramProposalModel, ProposalModel
+from forerun.programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
+
+PAPER_SETTINGS = dict(response_length=1024, block_size=1024, alpha=4.0, steps_per_block=100, budget=20, seed=10086)
+"""Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, N_pf = 20, seed 10086."""
+
+
+@dataclass
+class PairResult:
+    """One sampler and its PreSTO variant over the same prompts."""
+
+    sampler: str
+    sequential: list[ChainResult] = field(default_factory=list)
+    presto: list[ChainResult] = field(default_factory=list)
+
+    def _mean(self, runs: list[ChainResult], attr: str) -> float:
+        return float(np.mean([getattr(r, attr) for r in runs]))
+
+    def _std(self, runs: list[ChainResult], attr: str) -> float:
+        return float(np.std([getattr(r, attr) for r in runs]))
+
+    def table_row(self) -> dict[str, Any]:
+        seq, pre = self.sequential, self.presto
+        speedup = self._mean(seq, "call_time") / self._mean(pre, "call_time")
+        increase = self._mean(pre, "time_per_call") / self._mean(seq, "time_per_call")
+        per_prompt = [s.call_time / p.call_time for s, p in zip(seq, pre)]
+        identical = sum(1 for s, p in zip(seq, pre) if s.response_ids == p.response_ids and s.history == p.history)
+        return {
+            "sampler": self.sampler,
+            "prompts": len(seq),
+            "total_time_s": [self._mean(seq, "call_time"), self._mean(pre, "call_time")],
+            "total_time_std_s": [self._std(seq, "call_time"), self._std(pre, "call_time")],
+            "transitions_per_call": [self._mean(seq, "transitions_per_call"), self._mean(pre, "transitions_per_call")],
+            "transitions_per_call_std": [self._std(seq, "transitions_per_call"),
+                                         self._std(pre, "transitions_per_call")],
+            "time_per_call_s": [self._mean(seq, "time_per_call"), self._mean(pre, "time_per_call")],
+            "calls": [self._mean(seq, "num_calls"), self._mean(pre, "num_calls")],
+            "speedup_eq20": speedup,
+            "reduction_in_calls": speedup * increase,
+            "increase_in_time_per_call": increase,
+            "median_prompt_speedup": float(statistics.median(per_prompt)),
+            "per_prompt_speedup": per_prompt,
+            "identical_chains": identical,
+            "accept_rate": float(np.mean([np.mean(s.history) for s in seq])),
+        }
+
+
+def run_pairs(
+    model: ProposalModel,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    configs: Sequence[SamplerConfig],
+    prefetch: PrefetchConfig,
+    *,
+    flush: Callable[[], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[ChainResult], None] | None = None,
+) -> list[PairResult]:
+    """Run every config sequentially and with PreSTO on every prompt; `flush` clears the prefix cache
+    before each chain so that neither variant reuses the other's KV."""
+    out = []
+    for cfg in configs:
+        pair = PairResult(sampler=cfg.kind)
+        for pid, ids in prompts:
+            for presto in (False, True):
+                if flush is not None:
+                    flush()
+                res = make_sampler(model, cfg, presto=presto, prefetch=prefetch).run(ids, prompt_id=pid)
+                (pair.presto if presto else pair.sequential).append(res)
+                if on_result is not None:
+                    on_result(res)
+                if progress is not None:
+                    progress(f"{res.sampler} {pid}")
+        out.append(pair)
+    return out
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Table 7 layout: sequential / PreSTO per cell, then the ratios."""
+    head = (f"{'sampler':<12} {'total time (s)':>22} {'transitions/call':>18} {'time/call (s)':>17} "
+            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        tt, tpc, tc = r["total_time_s"], r["transitions_per_call"], r["time_per_call_s"]
+        lines.append(
+            f"{r['sampler']:<12} {tt[0]:>9.2f}±{r['total_time_std_s'][0]:<4.2f}/{tt[1]:>6.2f} "
+            f"{tpc[0]:>8.2f}/{tpc[1]:<9.2f} {tc[0]:>8.3f}/{tc[1]:<8.3f} "
+            f"{r['speedup_eq20']:>7.2f}x {r['median_prompt_speedup']:>6.2f}x {r['reduction_in_calls']:>6.2f}x "
+            f"{r['increase_in_time_per_call']:>7.2f}x {r['identical_chains']:>4}/{r['prompts']:<5}"
+        )
+    return "\n".join(lines)
+
+
+def build_engine_model(model_spec: str, kinds: Sequence[str], dtype: str | None = None):
+    """The embedded engine, its frontend backend and a `ProgramProposalModel` over it."""
+    from forerun.runtime_ext.embedded_backend import EmbeddedBackend
+    from forerun.runtime_ext.engine import EmbeddedEngine
+    from forerun.runtime_ext.models import load_model
+
+    loaded = load_model(model_spec, dtype=dtype)
+    engine = EmbeddedEngine(loaded)
+    backend = EmbeddedBackend(engine)
+    return loaded, engine, backend
+
+
+def proposal_model_for(backend: Any, kind: str, vocab_size: int, temperatures: Sequence[float]) -> ProgramProposalModel:
+    if kind == "multitry-mh":
+        return ProgramProposalModel(backend, tempered_temperatures=temperatures, vocab_size=vocab_size)
+    return ProgramProposalModel(backend)
+
+
+def prompt_ids_for(tokenizer: Any, messages: list[dict[str, str]] | None = None, text: str | None = None) -> list[int]:
+    """Prompt ids: the chat template when the tokenizer has one, else the plain encoding."""
+    if messages is None:
+        messages = [{"role": "user", "content": text or ""}]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer.encode(messages[-1]["content"])]
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

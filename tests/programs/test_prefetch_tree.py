@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from forerun.programs.prefetch_tree import (
+    accept_child,
+    accepts_on_path,
+    bfs_collect,
+    is_feasible,
+    known_cuts,
+    mh_transition,
+    node_depth,
+    parent_of,
+    path_from_root,
+    plan_from_selection,
+    reject_child,
+)
+
+
+def test_heap_indexing():
+    assert accept_child(0) == 1 and reject_child(0) == 2 and accept_child(1) == 3 and reject_child(1) == 4
+    for i in range(1, 200):
+        assert i in (accept_child(parent_of(i)), reject_child(parent_of(i)))
+        assert node_depth(i) == node_depth(parent_of(i)) + 1
+    assert path_from_root(9) == [0, 1, 4, 9]
+    assert accepts_on_path(9) == 2 and accepts_on_path(2) == 0  # 0->1 accept, 1->4 reject, 4->9 accept
+    assert is_feasible(3, 3) and not is_feasible(4, 3)
+
+
+def naive_bfs(cuts, horizon, budget, cap, dependent=False):
+    """Reference: the paper's BFS written with explicit node dictionaries."""
+    queue = [{"id": 0, "kappa": horizon}]
+    out = []
+    while queue and len(out) < budget:
+        v = queue.pop(0)
+        d = node_depth(v["id"])
+        if d >= cap:
+            continue
+        c = cuts[d]
+        ok = c <= v["kappa"] and (not dependent or v["kappa"] == horizon)
+        if ok:
+            out.append((2 * v["id"] + 1, c))
+            queue.append({"id": 2 * v["id"] + 1, "kappa": c})
+        queue.append({"id": 2 * v["id"] + 2, "kappa": v["kappa"]})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_bfs_matches_reference_and_condition_1(seed):
+    rng = random.Random(seed)
+    horizon = rng.randint(2, 30)
+    cap = rng.randint(1, 12)
+    budget = rng.randint(1, 20)
+    cuts = [rng.randrange(horizon) for _ in range(cap)]
+    dependent = seed % 3 == 0
+    plan = bfs_collect(cuts, horizon, budget, cap, state_dependent_cut=dependent)
+    assert [(r.node, r.cut) for r in plan.requests] == naive_bfs(cuts, horizon, budget, cap, dependent)
+    assert len(plan.requests) <= budget
+    kappa = known_cuts([r.node for r in plan.requests], cuts, horizon)
+    for r in plan.requests:
+        assert r.cut <= r.parent_cut == kappa[r.parent]  # Condition 1
+        assert r.depth == node_depth(r.parent) < cap
+        if dependent:
+            assert r.parent_cut == horizon
+    assert plan.requests[0].node == 1  # the root's request is always feasible
+
+
+def test_bfs_enqueues_rejection_child_of_deferred_node():
+    # depth 0 cut 5, depth 1 cut 7 (> 5: infeasible under node 1), depth 2 cut 1
+    plan = bfs_collect([5, 7, 1], horizon=10, budget=10, depth_cap=3)
+    nodes = [r.node for r in plan.requests]
+    assert 3 in plan.deferred  # request at v3 (under v1, κ=5) deferred
+    assert 9 in nodes  # the rejection child v4 of v1 was still enqueued and expanded: request at v9
+
+
+def test_plan_from_selection_validates():
+    plan = plan_from_selection([0, 1, 2], [3, 2], horizon=5)
+    assert [r.node for r in plan.requests] == [1, 3, 5]
+    with pytest.raises(ValueError, match="ancestor-closed"):
+        plan_from_selection([0, 3], [3, 2, 1], horizon=5)
+    with pytest.raises(ValueError, match="Condition 1"):
+        plan_from_selection([0, 1], [3, 4], horizon=5)
+
+
+def test_walk_follows_decisions_and_stops_at_unscored():
+    table = {0: True, 1: False, 4: True}
+    final, steps = mh_transition(lambda v: table.get(v), 10)
+    assert [s.node for s in steps] == [0, 1, 4] and final == 9
+    final, steps = mh_transition(lambda v: table.get(v), 2)
+    assert final == 4 and len(steps) == 2
+
+
+def test_walk_equals_sequential_decisions_on_random_trees():
+    rng = random.Random(1)
+    for _ in range(50):
+        decisions = [rng.random() < 0.5 for _ in range(8)]
+        scored = {v for v in range(255) if rng.random() < 0.8}
+        final, steps = mh_transition(lambda v: decisions[node_depth(v)] if v in scored else None, 8)
+        node = 0
+        for d, s in enumerate(steps):
+            assert s.node == node and s.accepted == decisions[d]
+            node = accept_child(node) if s.accepted else reject_child(node)
+        assert final == node and (len(steps) == 8 or node not in scored)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="budget"):
+        bfs_collect([1], 4, 0, 1)
+    with pytest.raises(ValueError, match="depth_cap"):
+        bfs_collect([1], 4, 1, 0)
+    with pytest.raises(ValueError, match="root"):
+        parent_of(0)

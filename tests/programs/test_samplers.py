@@ -1,0 +1,156 @@
+"""Exactness (Proposition 1): sequential and PreSTO samplers with the same seed give the identical chain."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from forerun.programs.prefetch_tree import node_depth
+from forerun.programs.proposals import LogitTableModel
+from forerun.programs.samplers import (
+    ChainState,
+    PrefetchConfig,
+    PrestoSampler,
+    SamplerConfig,
+    SequentialSampler,
+    make_sampler,
+)
+
+TEMPS = (0.25, 0.5, 1.0)
+
+
+def toy(kind: str, seed: int = 3, vocab: int = 5) -> LogitTableModel:
+    return LogitTableModel(vocab, seed=seed, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
+
+
+def run_pair(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, model_seed=3, alpha=4.0):
+    model = toy(kind, model_seed, vocab)
+    cfg = SamplerConfig(kind=kind, response_length=n, block_size=block, steps_per_block=K, seed=seed, alpha=alpha)
+    seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
+    pre = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=npf)).run([1, 2, 3], prompt_id="p")
+    return seq, pre
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
+@pytest.mark.parametrize("npf", [1, 4, 20])
+def test_identical_chains_many_seeds(kind, npf):
+    deferred_rounds = 0
+    for seed in range(20):
+        seq, pre = run_pair(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0)
+        assert seq.response_ids == pre.response_ids, f"seed {seed}"
+        assert seq.history == pre.history, f"seed {seed}"
+        assert np.allclose(seq.state.logp0, pre.state.logp0)
+        assert seq.transitions == pre.transitions == 2 * 10
+        assert all(c.transitions <= npf for c in pre.mh_calls)
+        # a round that stopped before the cap at a node whose proposal was deferred
+        deferred_rounds += sum(1 for c in pre.mh_calls if c.transitions < min(npf, 10) and c.decisions > c.transitions)
+    if npf > 1:
+        assert deferred_rounds > 0
+
+
+@pytest.mark.parametrize("npf", [1, 4, 20])
+def test_identical_chains_multitry(npf):
+    for seed in range(20):
+        seq, pre = run_pair("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4)
+        assert seq.response_ids == pre.response_ids, f"seed {seed}"
+        assert seq.history == pre.history, f"seed {seed}"
+
+
+def test_presto_uses_fewer_calls_and_records_nodes():
+    seq, pre = run_pair("power-mh", 5, 20, n=12, block=12, K=30)
+    assert seq.num_calls == 30 and pre.num_calls < 30
+    assert pre.transitions_per_call > 1
+    for call in pre.mh_calls:
+        realized = [n for n in call.nodes if n.realized]
+        assert len(realized) == call.transitions
+        for node in call.nodes:
+            assert node.cut <= node.parent_cut
+            assert 0 <= node.accept_prob <= 1
+            assert node.certainty_class in ("reject", "accept", "uncertain")
+            assert node.cut_fraction == pytest.approx(node.cut / 12)
+            assert node.depth == node_depth((node.node_id - 1) // 2)
+            if node.realized:
+                assert node.accepted is not None
+    # the realized decisions, in order, are the chain's history
+    realized = [n.accepted for c in pre.mh_calls for n in sorted(c.nodes, key=lambda n: n.depth) if n.realized]
+    assert realized == pre.history
+
+
+def test_entropy_cut_defers_below_acceptances():
+    seq, pre = run_pair("entropy-cut", 1, 20, n=8, block=8, K=20)
+    for call in pre.mh_calls:
+        assert all(n.parent_cut == 8 for n in call.nodes)  # only nodes holding the root's state are requested
+        assert all(n.accepts_on_path == 0 for n in call.nodes)
+
+
+def test_block_structure_and_extension_calls():
+    model = toy("power-mh")
+    cfg = SamplerConfig(kind="power-mh", response_length=9, block_size=3, steps_per_block=2, seed=1)
+    res = SequentialSampler(model, cfg).run([1], prompt_id="x")
+    assert len(res.response_ids) == 9
+    assert [c.kind for c in res.calls] == ["extend", "mh", "mh"] * 3
+    assert [c.block for c in res.calls] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    # cuts range over the whole response so far (T = ℓB), never the prompt
+    mh = [c for c in res.calls if c.kind == "mh"]
+    assert all(0 <= n.cut < 3 * c.block for c in mh for n in c.nodes)
+    # every requested prefix starts with the prompt
+    assert all(r.prefix_ids[0] == 1 for call in model.calls for r in call)
+
+
+def test_states_are_consistent_with_the_model():
+    model = toy("power-mh")
+    cfg = SamplerConfig(kind="power-mh", response_length=6, block_size=6, steps_per_block=8, seed=2)
+    res = PrestoSampler(model, cfg, PrefetchConfig(budget=6)).run([1, 2])
+    ids = [1, 2]
+    for t, tok in enumerate(res.response_ids):
+        assert res.state.logp0[t] == pytest.approx(model.log_p0(ids[-1], len(ids))[tok])
+        assert res.state.logq[t] == pytest.approx(model.log_q(ids[-1], len(ids), 0.25)[tok])
+        ids.append(tok)
+
+
+def test_clock_is_used_for_call_times():
+    ticks = iter(range(1000))
+    model = toy("power-mh")
+    cfg = SamplerConfig(kind="power-mh", response_length=4, block_size=4, steps_per_block=3, seed=2)
+    res = SequentialSampler(model, cfg, clock=lambda: float(next(ticks))).run([1])
+    assert all(c.wall_time == 1.0 for c in res.calls)
+    assert res.call_time == 3.0 and res.time_per_call == 1.0 and res.transitions_per_call == 1.0
+
+
+def test_predictive_traversal_keeps_the_chain():
+    pytest.importorskip("forerun.programs.allocation")
+    for kind in ("power-mh", "entropy-cut"):
+        for seed in range(6):
+            model = toy(kind)
+            cfg = SamplerConfig(kind=kind, response_length=8, block_size=8, steps_per_block=12, seed=seed)
+            seq = make_sampler(model, cfg).run([1, 2])
+            pre = make_sampler(model, cfg, presto=True,
+                               prefetch=PrefetchConfig(budget=5, traversal="predictive",
+                                                       branch_prob=lambda f: 0.2 + 0.6 * f)).run([1, 2])
+            assert seq.response_ids == pre.response_ids and seq.history == pre.history
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="kind"):
+        SamplerConfig(kind="nope")
+    with pytest.raises(ValueError, match="block_size"):
+        SamplerConfig(response_length=10, block_size=3)
+    with pytest.raises(ValueError, match="steps_per_block"):
+        SamplerConfig(steps_per_block=0)
+    with pytest.raises(ValueError, match="alpha"):
+        SamplerConfig(alpha=0)
+    with pytest.raises(ValueError, match="budget"):
+        PrefetchConfig(budget=0)
+    with pytest.raises(ValueError, match="branch_prob"):
+        PrefetchConfig(traversal="predictive")
+    assert SamplerConfig(alpha=4.0).tau == 0.25
+    assert ChainState.empty().length == 0
+
+
+def test_multitry_needs_tempered_logprobs():
+    model = LogitTableModel(4, seed=1)  # no tempered temperatures
+    cfg = SamplerConfig(kind="multitry-mh", response_length=4, block_size=4, steps_per_block=2)
+    with pytest.raises(ValueError, match="temperature"):
+        SequentialSampler(model, cfg).run([1])

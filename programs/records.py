@@ -62,7 +62,8 @@ class CallRecord:
     block: int
     wall_time: float
     requests: int
-    """Engine requests in the call (MultiTryMH: candidates + references)."""
+    """Distinct engine requests in the call (MultiTryMH: candidates + references; identical requests of
+    nodes that share a transition's inputs are generated once)."""
     decisions: int
     """Prefetched decisions (scored nodes) in the call."""
     transitions: int

@@ -366,12 +366,17 @@ class _Base:
         return self.config.kind
 
     def _call(self, requests: Sequence[SuffixRequest]) -> tuple[list[Suffix], float]:
+        """One model call.  Identical requests (same prefix, seed, length, τ: nodes of one depth share their
+        transition's inputs) are generated once - their suffixes are identical by the engine contract."""
+        unique = list(dict.fromkeys(requests))
         start = self.clock()
-        out = self.model.generate(requests)
+        out = self.model.generate(unique)
         wall = self.clock() - start
-        if len(out) != len(requests):
-            raise RuntimeError(f"model returned {len(out)} suffixes for {len(requests)} requests")
-        return out, wall
+        if len(out) != len(unique):
+            raise RuntimeError(f"model returned {len(out)} suffixes for {len(unique)} requests")
+        by_request = dict(zip(unique, out))
+        self.last_unique_requests = len(unique)
+        return [by_request[r] for r in requests], wall
 
     def _extend(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         cfg = self.config
@@ -527,7 +532,7 @@ class PrestoSampler(_Base):
             for r in plan.requests
         )
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
-                                       kind="mh", block=block, wall_time=wall, requests=len(all_reqs),
+                                       kind="mh", block=block, wall_time=wall, requests=self.last_unique_requests,
                                        decisions=len(plan.requests), transitions=len(steps), nodes=nodes))
         result.history.extend(s.accepted for s in steps)
         result.state = state_of(final)

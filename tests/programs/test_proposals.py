@@ -1,0 +1,149 @@
+"""The suffix-proposal @sgl.function on token-exact backends: a fake backend over the toy model, the tiny engine."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from forerun.programs.proposals import LogitTableModel, ProgramProposalModel, SuffixRequest
+from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.runtime_ext.protocol import EngineError, GenerateOutput, SamplingParams
+from forerun.runtime_ext.token_exact import TokenExactBackend
+
+
+class _NoTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        raise AssertionError(f"the proposal program must send ids only, got text {text!r}")
+
+
+class ToyBackend(TokenExactBackend):
+    """A token-exact frontend backend whose engine is the numpy toy model (records every request)."""
+
+    def __init__(self, model: LogitTableModel, *, short_by: int = 0, full_vocab: bool = True) -> None:
+        super().__init__(_NoTokenizer())
+        self.model = model
+        self.short_by = short_by
+        self.full_vocab = full_vocab
+        self.seen: list[tuple[tuple[int, ...], SamplingParams]] = []
+        self.lock = threading.Lock()
+
+    def run(self, input_ids, params: SamplingParams) -> GenerateOutput:
+        with self.lock:
+            self.seen.append((tuple(input_ids), params))
+        req = SuffixRequest(tuple(input_ids), params.max_new_tokens, params.temperature, params.seed)
+        s = self.model.generate([req])[0]
+        n = len(s.ids) - self.short_by
+        meta = {
+            "output_token_logprobs": [[float(q), int(t), str(t)] for q, t in zip(s.logq[:n], s.ids[:n])],
+            "output_token_logp0": [float(x) for x in s.logp0[:n]],
+            "output_token_entropy": [float(x) for x in s.entropy[:n]],
+        }
+        if params.top_logprobs_num:
+            ids = list(input_ids)
+            tops = []
+            for tok in s.ids[:n]:
+                lp = self.model.log_p0(ids[-1], len(ids))
+                k = len(lp) if self.full_vocab else 2
+                tops.append([[float(lp[u]), u, str(u)] for u in np.argsort(-lp)[:k]])
+                ids.append(int(tok))
+            meta["output_top_logprobs"] = tops
+        return GenerateOutput(input_ids=tuple(input_ids), output_ids=tuple(int(t) for t in s.ids[:n]),
+                              text="".join(f"<{int(t)}>" for t in s.ids[:n]),
+                              meta_info=meta)
+
+
+def test_program_sends_exact_ids_seed_and_params():
+    model = LogitTableModel(5, seed=1)
+    backend = ToyBackend(model)
+    pm = ProgramProposalModel(backend)
+    reqs = [SuffixRequest((1, 2, 3), 4, 0.25, 11), SuffixRequest((1, 2), 5, 0.5, 12), SuffixRequest((4,), 1, 1.0, 13)]
+    out = pm.generate(reqs)
+    direct = model.generate(reqs)
+    for o, d in zip(out, direct):
+        assert np.array_equal(o.ids, d.ids) and np.allclose(o.logq, d.logq) and np.allclose(o.logp0, d.logp0)
+    seen = {ids: p for ids, p in backend.seen}
+    assert set(seen) == {(1, 2, 3), (1, 2), (4,)}
+    p = seen[(1, 2)]
+    assert (p.max_new_tokens, p.temperature, p.seed, p.ignore_eos, p.return_logprob, p.top_k, p.top_p) == (
+        5, 0.5, 12, True, True, -1, 1.0)
+    assert pm.last_wall_time >= 0
+
+
+def test_samplers_run_unchanged_on_the_program_path():
+    for kind in ("power-mh", "entropy-cut", "multitry-mh"):
+        temps = (0.25, 0.5, 1.0) if kind == "multitry-mh" else ()
+        toy = LogitTableModel(4, seed=2, tempered_temperatures=temps)
+        pm = ProgramProposalModel(ToyBackend(LogitTableModel(4, seed=2)), tempered_temperatures=temps,
+                                  vocab_size=4 if temps else None)
+        cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=5, seed=4)
+        a = make_sampler(toy, cfg).run([1, 2])
+        b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run([1, 2])
+        assert a.response_ids == b.response_ids and a.history == b.history, kind
+
+
+def test_short_output_and_missing_vocab_are_errors():
+    with pytest.raises(EngineError, match="expected 4"):
+        ProgramProposalModel(ToyBackend(LogitTableModel(4), short_by=1)).generate([SuffixRequest((1,), 4, 1.0, 1)])
+    pm = ProgramProposalModel(ToyBackend(LogitTableModel(4), full_vocab=False), tempered_temperatures=(0.5,),
+                              vocab_size=4)
+    with pytest.raises(EngineError, match="full vocabulary"):
+        pm.generate([SuffixRequest((1,), 2, 1.0, 1)])
+    with pytest.raises(ValueError, match="max_tokens"):
+        SuffixRequest((1,), 0, 1.0, 1)
+    with pytest.raises(ValueError, match="prefix_ids"):
+        SuffixRequest((), 1, 1.0, 1)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend():
+    models = pytest.importorskip("forerun.runtime_ext.models")
+    from forerun.runtime_ext.embedded_backend import EmbeddedBackend
+    from forerun.runtime_ext.engine import EmbeddedEngine
+
+    loaded = models.load_model("tiny")
+    engine = EmbeddedEngine(loaded)
+    yield loaded, EmbeddedBackend(engine)
+    engine.close()
+
+
+def test_tiny_engine_program_matches_direct_engine_calls(tiny_backend):
+    loaded, backend = tiny_backend
+    prompt = tuple(loaded.tokenizer.encode("héllo"))
+    reqs = [SuffixRequest(prompt + (200, 195), 5, 0.25, 7), SuffixRequest(prompt, 6, 0.25, 8)]
+    out = ProgramProposalModel(backend).generate(reqs)
+    for o, r in zip(out, reqs):
+        d = backend.engine.generate(list(r.prefix_ids), SamplingParams(max_new_tokens=r.max_tokens, temperature=r.temperature,
+                                                                       seed=r.seed, ignore_eos=True, return_logprob=True))
+        assert tuple(o.ids) == d.output_ids
+        assert np.allclose(o.logp0, d.output_logp0) and np.allclose(o.logq, d.output_logq)
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_tiny_engine_identical_chains(tiny_backend, kind):
+    loaded, backend = tiny_backend
+    temps = (0.25, 0.5, 1.0) if kind == "multitry-mh" else ()
+    pm = ProgramProposalModel(backend, tempered_temperatures=temps, vocab_size=loaded.vocab_size if temps else None)
+    prompt = loaded.tokenizer.encode("wörld")
+    seeds, steps = (range(1), 3) if kind == "multitry-mh" else (range(2), 4)
+    for seed in seeds:
+        cfg = SamplerConfig(kind=kind, response_length=8, block_size=4, steps_per_block=steps, seed=seed)
+        a = make_sampler(pm, cfg).run(prompt)
+        b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run(prompt)
+        assert a.response_ids == b.response_ids and a.history == b.history
+
+
+@pytest.mark.slow
+def test_default_model_identical_chain_one_prompt():
+    from forerun.eval.bench_presto import build_engine_model, prompt_ids_for
+
+    loaded, engine, backend = build_engine_model("default", ["power-mh"])
+    ids = prompt_ids_for(loaded.tokenizer, text="What is 7 times 8? Answer briefly.")
+    for kind in ("power-mh", "entropy-cut"):
+        cfg = SamplerConfig(kind=kind, response_length=16, block_size=16, steps_per_block=6, seed=10086)
+        pm = ProgramProposalModel(backend)
+        a = make_sampler(pm, cfg).run(ids)
+        b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
+        assert a.response_ids == b.response_ids and a.history == b.history
+    engine.close()

@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "forerun.eval.cli_engine",
     "forerun.eval.cli_classifier",
     "forerun.eval.cli_preposition",
+    "forerun.eval.cli_presto",
 )
 
 

@@ -1,0 +1,204 @@
+"""`forerun sample` and `forerun bench presto`: power samplers and their PreSTO variants from the command line.
+
+    forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N]
+                   (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed --model]
+                   [--records FILE] [--json]
+    forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ... --model]
+                         [--paper] [--records FILE] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+__all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
+
+SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
+
+CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
+"""CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
+
+
+def _pos_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v
+
+
+def _pos_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n", type=_pos_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
+    p.add_argument("--block", type=_pos_int, default=None, help="block size B (default: n, a single block)")
+    p.add_argument("--K", type=_pos_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
+    p.add_argument("--alpha", type=_pos_float, default=None, help="power exponent α (default 4; τ = 1/α)")
+    p.add_argument("--beta", type=_pos_float, default=4.0, help="EntropyCut exponent β (default 4)")
+    p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
+    p.add_argument("--model", default="default", help="default | tiny | path to a HF folder or .gguf")
+    p.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
+    p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
+    p.add_argument("--records", default=None, help="append per-node records (JSONL) to this file")
+    p.add_argument("--data-dir", default=None, help="dataset directory (default: packaged / FORERUN_DATA_DIR)")
+    p.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    s = subparsers.add_parser("sample", help="run one power sampler (optionally its PreSTO variant) on one prompt")
+    s.add_argument("--sampler", choices=SAMPLERS, default="power-mh")
+    s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
+    s.add_argument("--npf", type=_pos_int, default=None, help="prefetch budget N_pf (default 20)")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
+    src.add_argument("--dataset", help="dataset name (with --index)")
+    s.add_argument("--index", type=int, default=0, help="prompt index in --dataset (default 0)")
+    _common(s)
+    s.set_defaults(handler=sample_command)
+
+    b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
+    b.add_argument("--dataset", default="math500")
+    b.add_argument("--prompts", type=_pos_int, default=3, help="first P prompts of the dataset (default 3)")
+    b.add_argument("--npf", type=_pos_int, default=None, help="prefetch budget N_pf (default 20)")
+    b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
+                   help="samplers to pair with their PreSTO variants (default power-mh)")
+    b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")
+    _common(b)
+    b.set_defaults(handler=bench_presto_command)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    base = dict(CPU_DEFAULTS)
+    if getattr(args, "paper", False):
+        base.update(n=1024, block=1024, K=100, npf=20, alpha=4.0, seed=10086)
+    n = args.n or base["n"]
+    return dict(n=n, block=args.block or (base["block"] if args.n is None else n), K=args.K or base["K"],
+                npf=args.npf or base["npf"], alpha=args.alpha or base["alpha"],
+                seed=base["seed"] if args.seed is None else args.seed)
+
+
+def _prefetch(args: argparse.Namespace, npf: int):
+    from forerun.programs.samplers import PrefetchConfig
+
+    if args.traversal == "bfs":
+        return PrefetchConfig(budget=npf)
+    if not args.classifier:
+        raise ValueError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
+    from forerun.classifiers.certainty import CertaintyClassifier
+
+    clf = CertaintyClassifier.load(args.classifier)
+    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=lambda f: float(clf.branch_prob_accept(f)))
+
+
+def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
+    from forerun.programs.samplers import SamplerConfig
+
+    return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
+                          alpha=st["alpha"], beta=args.beta, seed=st["seed"]) for k in kinds]
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+
+def sample_command(args: argparse.Namespace) -> int:
+    from forerun.eval.bench_presto import build_engine_model, prompt_ids_for, proposal_model_for
+    from forerun.programs.records import RecordWriter
+    from forerun.programs.samplers import make_sampler
+
+    try:
+        st = _settings(args)
+        (cfg,) = _configs(args, [args.sampler], st)
+        prefetch = _prefetch(args, st["npf"])
+        loaded, engine, backend = build_engine_model(args.model, [args.sampler], args.dtype)
+        if args.dataset:
+            from forerun.eval.datasets import load_prompts
+
+            prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
+            if args.index < 0 or args.index >= len(prompts):
+                raise ValueError(f"--index {args.index} out of range for {args.dataset} ({len(prompts)} prompts)")
+            prompt = prompts[args.index]
+            pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(loaded.tokenizer, prompt.messages())
+        else:
+            if not args.prompt:
+                raise ValueError("--prompt must not be empty")
+            pid, ids = "prompt", prompt_ids_for(loaded.tokenizer, text=args.prompt)
+        model = proposal_model_for(backend, args.sampler, loaded.vocab_size, cfg.mtm_temperatures)
+        sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
+        result = sampler.run(ids, prompt_id=pid)
+    except (ValueError, OSError) as exc:
+        print(f"forerun sample: {exc}", file=sys.stderr)
+        return 2
+    if args.records:
+        RecordWriter(args.records).write_calls(result.calls)
+    out = result.summary()
+    out.update(sampler=sampler.name, settings=st, response=loaded.tokenizer.decode(list(result.response_ids)),
+               time_per_call_s=[c.wall_time for c in result.mh_calls],
+               transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
+    engine.close()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(out["response"])
+        print(f"\n{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
+              f"({result.transitions_per_call:.2f}/call), call time {result.call_time:.2f}s "
+              f"({result.time_per_call:.3f}s/call), accepts {sum(result.history)}")
+    return 0
+
+
+def bench_presto_command(args: argparse.Namespace) -> int:
+    from forerun.eval.bench_presto import (build_engine_model, format_table, prompt_ids_for, proposal_model_for,
+                                           run_pairs, timestamp)
+    from forerun.eval.datasets import load_prompts
+    from forerun.programs.records import RecordWriter
+
+    try:
+        st = _settings(args)
+        configs = _configs(args, args.samplers, st)
+        prefetch = _prefetch(args, st["npf"])
+        loaded, engine, backend = build_engine_model(args.model, args.samplers, args.dtype)
+        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
+        if len(prompts) < args.prompts:
+            raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
+        items = [(f"{args.dataset}/{p.id}", prompt_ids_for(loaded.tokenizer, p.messages())) for p in prompts]
+    except (ValueError, OSError) as exc:
+        print(f"forerun bench presto: {exc}", file=sys.stderr)
+        return 2
+    writer = RecordWriter(args.records) if args.records else None
+    bar = _progress(2 * len(items) * len(configs), "bench presto")
+    rows = []
+    for cfg in configs:
+        model = proposal_model_for(backend, cfg.kind, loaded.vocab_size, cfg.mtm_temperatures)
+        (pair,) = run_pairs(model, items, [cfg], prefetch, flush=engine.flush_cache,
+                            progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
+                            on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
+        rows.append(pair.table_row())
+    bar.close()
+    engine.close()
+    meta = {"date": timestamp(), "model": loaded.name, "dtype": str(loaded.dtype), "dataset": args.dataset,
+            "prompts": len(items), "settings": st, "traversal": args.traversal}
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}))
+    else:
+        print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}), {args.dataset} × "
+              f"{len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} N_pf={st['npf']} "
+              f"seed={st['seed']} traversal={args.traversal}")
+        print("cells: sequential/PreSTO; speedup = Eq. 20 (ratio of mean call time); calls÷ = reduction in calls; "
+              "t/call× = increase in time per call")
+        print(format_table(rows))
+    not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
+    if not_identical:
+        print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
+        return 1
+    return 0

@@ -144,7 +144,7 @@ def sample_command(args: argparse.Namespace) -> int:
         RecordWriter(args.records).write_calls(result.calls)
     out = result.summary()
     out.update(sampler=sampler.name, settings=st, response=loaded.tokenizer.decode(list(result.response_ids)),
-               time_per_call_s=[c.wall_time for c in result.mh_calls],
+               call_times_s=[c.wall_time for c in result.mh_calls],
                transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
     engine.close()
     if args.json:

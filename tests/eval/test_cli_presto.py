@@ -1,0 +1,81 @@
+"""`forerun sample` / `forerun bench presto` on the tiny model (fast) and argument handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.eval.bench_presto import PairResult, format_table
+from forerun.eval.cli import build_parser, main
+from forerun.programs.proposals import LogitTableModel
+from forerun.programs.records import read_node_records
+from forerun.programs.samplers import SamplerConfig, make_sampler, PrefetchConfig
+
+
+def test_parser_defaults_and_paper_flag():
+    from forerun.eval.cli_presto import _settings
+
+    args = build_parser().parse_args(["bench", "presto"])
+    assert args.samplers == ["power-mh"] and args.prompts == 3 and args.dataset == "math500"
+    st = _settings(args)
+    assert st["block"] == st["n"] and st["npf"] == 20 and st["seed"] == 10086
+    paper = _settings(build_parser().parse_args(["bench", "presto", "--paper"]))
+    assert paper == dict(n=1024, block=1024, K=100, npf=20, alpha=4.0, seed=10086)
+    st = _settings(build_parser().parse_args(["sample", "--prompt", "x", "--n", "12", "--K", "3"]))
+    assert st["n"] == st["block"] == 12 and st["K"] == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sample", "--prompt", "x", "--dataset", "math500"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "presto", "--npf", "0"])
+
+
+def test_sample_json_and_records(tmp_path, capsys):
+    rec = tmp_path / "nodes.jsonl"
+    rc = main(["sample", "--sampler", "power-mh", "--presto", "--npf", "4", "--prompt", "héllo", "--model", "tiny",
+               "--n", "6", "--K", "5", "--records", str(rec), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sampler"] == "presto-power-mh" and len(out["response_ids"]) == 6 and out["transitions"] == 5
+    assert sum(out["transitions_per_call_list"]) == 5 and len(out["call_times_s"]) == out["calls"]
+    nodes = read_node_records(rec)
+    assert nodes and sum(n.realized for n in nodes) == 5
+    assert {"prompt_id", "call_index", "node_id", "depth", "cut", "parent_cut", "cut_fraction", "accepts_on_path",
+            "accept_prob", "certainty_class", "realized"} <= set(json.loads(rec.read_text().splitlines()[0]))
+
+
+def test_bench_presto_tiny_prints_table(capsys):
+    rc = main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "6", "--K", "4", "--npf", "4",
+               "--samplers", "power-mh", "entropy-cut", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["sampler"]: r for r in out["rows"]}
+    assert set(rows) == {"power-mh", "entropy-cut"}
+    for r in rows.values():
+        assert r["identical_chains"] == r["prompts"] == 1
+        assert r["transitions_per_call"][0] == 1.0
+        assert r["reduction_in_calls"] == pytest.approx(r["speedup_eq20"] * r["increase_in_time_per_call"])
+
+
+def test_sample_rejects_bad_input(capsys):
+    assert main(["sample", "--prompt", "", "--model", "tiny", "--n", "4", "--K", "2"]) == 2
+    assert "prompt" in capsys.readouterr().err
+    assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--block", "4"]) == 2
+    assert "block_size" in capsys.readouterr().err
+    assert main(["sample", "--prompt", "x", "--model", "/nonexistent/model", "--n", "4"]) == 2
+
+
+def test_table_ratios_from_one_run():
+    model = LogitTableModel(4, seed=1)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=8, seed=3)
+    pair = PairResult("power-mh")
+    ticks = iter(range(10_000))
+    for pid in ("a", "b"):
+        pair.sequential.append(make_sampler(model, cfg).run([1, 2], prompt_id=pid))
+        pair.presto.append(make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=8)).run([1, 2], prompt_id=pid))
+    row = pair.table_row()
+    mean = lambda xs: sum(xs) / len(xs)
+    assert row["speedup_eq20"] == pytest.approx(mean([r.call_time for r in pair.sequential]) /
+                                                mean([r.call_time for r in pair.presto]))
+    assert row["identical_chains"] == 2
+    assert "power-mh" in format_table([row])

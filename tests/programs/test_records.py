@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.programs.proposals import LogitTableModel
+from forerun.programs.records import RecordWriter, read_node_records
+from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+
+
+def test_jsonl_is_append_only_and_round_trips(tmp_path):
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=6, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=5)).run([1, 2], prompt_id="p0")
+    path = tmp_path / "r" / "nodes.jsonl"
+    w = RecordWriter(path)
+    n1 = w.write_calls(res.calls)
+    n2 = w.write_calls(res.calls)
+    assert n1 == n2 == sum(len(c.nodes) for c in res.calls)
+    back = read_node_records(path)
+    assert len(back) == 2 * n1 and back[:n1] == [n for c in res.calls for n in c.nodes]
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first["prompt_id"] == "p0" and first["certainty_class"] in ("reject", "accept", "uncertain")
+    assert res.calls[1].to_json(with_nodes=False).get("nodes") is None
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_id": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_node_records(path)
+    with pytest.raises(ValueError, match="directory"):
+        RecordWriter(tmp_path)

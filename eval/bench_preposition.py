@@ -3,13 +3,14 @@
 1. Microbenchmarks (HW-1, HW-2): prefill cost per token τ_p (slope of first-token time against unique,
    cache-defeating prompt lengths, scipy.stats.linregress) and T_decode (extra time per generated token on a
    cached prompt).
-2. First-token latency arms (HW-5), interleaved round-robin, each request on a fresh session state whose
-   data batch is unique and already ingested (pinned), so only the entry is uncached:
+2. First-token latency arms (HW-5): every iteration ingests (pins) a fresh state with a unique data batch and
+   runs one request of each arm on it, in rotating order, each arm with its own query (so no entry is
+   cached except its 3-token user-turn opening):
      cold         no pre-position: entry prefill + first token (Eq. 2)
      fast         pre-positioned with the full logit vector kept; gate forced open (τ = −1, A = V) so the
                   arm measures the mechanism itself: lock, exact-match check, vocabulary scan (Eq. 3)
      fall_0       pre-positioned, gate closed, realized entry == pre-positioned entry (Δ = 0, Eq. 5)
-     fall_entry   pre-positioned, gate closed, a different entry of about the same length (Δ ≈ L_entry)
+     fall_entry   pre-positioned, gate closed, the realized query differs after the opening (Δ ≈ L_entry)
 3. Live trace (HW-4): Poisson updates and standing queries at ρ ∈ {0.25, 1, 4}, replayed in real time on a
    streaming session; the measured hit rate h (session counters) against ρ/(1+ρ), Wilson 95 % intervals.
 4. Gate calibration on the trend task (HW-3): coverage / false accept at τ and the calibrated τ.
@@ -55,14 +56,14 @@ class BenchConfig:
 
     requests: int = 128
     """Requests per latency arm (paper: 128 fast-path fires, 144 cold observations)."""
-    trace_updates: int = 128
-    """Updates per ρ in the live trace (paper: 128 pre-positions per point)."""
+    trace_updates: int = 48
+    """Updates per ρ in the live trace (paper: 128 pre-positions per point; CPU-sized default 48)."""
     rhos: tuple[float, ...] = (0.25, 1.0, 4.0)
     """Query-to-update ratios ρ = λ_q / λ_u of the live trace."""
     trace_interval_s: float | None = None
-    """Mean update interval of the trace (1/λ_u) in seconds; None: 3× the measured update + pre-position time."""
-    calib_windows: int = 128
-    """Trend windows for the gate calibration (paper: 128 decision points)."""
+    """Mean update interval of the trace (1/λ_u) in seconds; None: 2× the measured ingest + pre-position time."""
+    calib_windows: int = 64
+    """Trend windows for the gate calibration (paper: 128 decision points; CPU-sized default 64)."""
     tau: float = 2.0
     """τ reported for the gate (paper default 2.0)."""
     r_max: float = 0.15
@@ -102,7 +103,9 @@ def measure_prefill_and_decode(engine: Any, vocab: int, lengths: Sequence[int], 
             engine.generate(ids, one)
             ys.append((time.perf_counter() - t0) * 1e3)
             xs.append(n)
-    fit = linregress(xs, ys)
+    lens = sorted(set(xs))
+    med = [float(np.median([y for x, y in zip(xs, ys) if x == n])) for n in lens]
+    fit = linregress(lens, med)  # medians per length: robust to a loaded machine
     prompt = [int(t) for t in rng.integers(100, vocab - 1, 32)]
     many = SamplingParams(max_new_tokens=1 + decode_tokens, temperature=0.0, ignore_eos=True)
     engine.generate(prompt, one)  # cache the prompt
@@ -116,11 +119,23 @@ def measure_prefill_and_decode(engine: Any, vocab: int, lengths: Sequence[int], 
         per_token.append(((t2 - t1) - (t1 - t0)) / decode_tokens * 1e3)
     return {"prefill_ms_per_token": float(fit.slope), "prefill_intercept_ms": float(fit.intercept),
             "prefill_r2": float(fit.rvalue ** 2), "decode_ms": float(np.median(per_token)),
-            "prefill_points": sorted({(int(x), float(np.median([y for xx, y in zip(xs, ys) if xx == x]))) for x in xs})}
+            "prefill_points": [[int(n), m] for n, m in zip(lens, med)]}
+
+
+ARM_QUERIES = {
+    "cold": "Is the trend up or down?",
+    "fast": "Are prices rising or falling?",
+    "fall_0": "Which direction is the trend?",
+    "fall_entry": "Do prices go up or down?",
+}
+"""One query per arm so that no arm's entry is cached by another on the shared state (only the 3-token
+user-turn opening is common to all entries; the arm order rotates every iteration)."""
+FALL_ENTRY_REALIZED = "Which way are prices moving now?"
+"""The realized query of the fall_entry arm: differs from the pre-positioned one right after the opening."""
 
 
 class _Arms:
-    """Builds fresh ingested states and runs one request of an arm on it."""
+    """One fresh, ingested session state per iteration; each arm runs one request on it."""
 
     def __init__(self, engine: Any, tokenizer: Any, rng: np.random.Generator) -> None:
         self.engine = engine
@@ -128,10 +143,13 @@ class _Arms:
         self.rng = rng
         self.fmt = SessionFormat()
         enc = lambda t: [int(x) for x in tokenizer.encode(t, add_special_tokens=False)]  # noqa: E731
-        self.system = enc(self.fmt.system.format(system=SYSTEM))
-        self.entry = enc(self.fmt.query.format(query=QUESTION)) + enc(self.fmt.header)
-        self.alt_entry = enc(self.fmt.query.format(query=ALT_QUESTION)) + enc(self.fmt.header)
         self._enc = enc
+        self.system = enc(self.fmt.system.format(system=SYSTEM))
+        header = enc(self.fmt.header)
+        self.entries = {a: enc(self.fmt.query.format(query=q)) + header for a, q in ARM_QUERIES.items()}
+        self.realized_fall_entry = enc(self.fmt.query.format(query=FALL_ENTRY_REALIZED)) + header
+        self.entry = self.entries["cold"]
+        self.ingest_s: list[float] = []
         self.pp = {
             "cold": Prepositioner(engine, PrepositionConfig(background=False), tokenizer=tokenizer),
             "fast": Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=-1.0), keep_logits=True,
@@ -140,28 +158,33 @@ class _Arms:
                                                             background=False), tokenizer=tokenizer),
         }
 
-    def fresh_state(self) -> tuple[SessionState, int]:
+    def iteration(self, order: Sequence[str]) -> dict[str, tuple[Any, float | None]]:
         prices = ", ".join(f"{p:.2f}" for p in self.rng.uniform(50, 150, 8))
-        state = SessionState(self.system + self._enc(self.fmt.data.format(data=prices)), frozen_len=len(self.system))
-        handle = self.engine.pin(list(state.tokens))  # ingest: the state's KV is resident, the entry is not
-        return state, handle
-
-    def run(self, arm: str) -> Any:
-        state, handle = self.fresh_state()
+        tokens = self.system + self._enc(self.fmt.data.format(data=prices))
+        t0 = time.perf_counter()
+        handle = self.engine.pin(tokens)  # ingest: the state's KV is resident, no entry is
+        self.ingest_s.append(time.perf_counter() - t0)
+        out: dict[str, tuple[Any, float | None]] = {}
         try:
-            if arm == "cold":
-                return self.pp["cold"].serve(state, self.entry)
-            pp = self.pp["fast" if arm == "fast" else "fall"]
-            t0 = time.perf_counter()
-            pp.preposition(state, self.entry)
-            t_pp = time.perf_counter() - t0
-            r = pp.serve(state, self.entry if arm != "fall_entry" else self.alt_entry)
-            expected = {"fast": "fast", "fall_0": "fall", "fall_entry": "fall"}[arm]
-            if r.path != expected:
-                raise AssertionError(f"arm {arm} took path {r.path}")
-            return r, t_pp
+            for arm in order:
+                # each arm gets its own SessionState over the same (cached) tokens: independent ready slots
+                state = SessionState(tokens, frozen_len=len(self.system))
+                entry = self.entries[arm]
+                if arm == "cold":
+                    out[arm] = (self.pp["cold"].serve(state, entry), None)
+                    continue
+                pp = self.pp["fast" if arm == "fast" else "fall"]
+                t0 = time.perf_counter()
+                pp.preposition(state, entry)
+                t_pp = time.perf_counter() - t0
+                r = pp.serve(state, entry if arm != "fall_entry" else self.realized_fall_entry)
+                expected = {"fast": "fast", "fall_0": "fall", "fall_entry": "fall"}[arm]
+                if r.path != expected:
+                    raise AssertionError(f"arm {arm} took path {r.path}")
+                out[arm] = (r, t_pp)
         finally:
             self.engine.unpin(handle)
+        return out
 
     def close(self) -> None:
         for p in self.pp.values():
@@ -220,18 +243,17 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     t_pp: list[float] = []
     deltas: dict[str, list[int]] = {a: [] for a in ARMS}
     cached: dict[str, list[int]] = {a: [] for a in ARMS}
-    with bar("latency arms", cfg.requests * len(ARMS)) as tick:
-        for _ in range(cfg.requests):
-            for arm in ARMS:
-                res = arms.run(arm)
-                r, tp = (res, None) if arm == "cold" else res
+    with bar("latency arms", cfg.requests) as tick:
+        for i in range(cfg.requests):
+            order = ARMS[i % len(ARMS):] + ARMS[: i % len(ARMS)]
+            for arm, (r, tp) in arms.iteration(order).items():
                 if tp is not None:
                     t_pp.append(tp)
                 lat[arm].append(r.latency_s)
                 deltas[arm].append(r.delta)
                 if r.cached_tokens is not None:
                     cached[arm].append(r.cached_tokens)
-                tick()
+            tick()
     arms.close()
     L_entry = len(arms.entry)
     stats = {a: _pct(v) for a, v in lat.items()}
@@ -240,9 +262,11 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
         if cached[a]:
             stats[a]["mean_cached_tokens"] = float(np.mean(cached[a]))
     out["entry_len"] = L_entry
-    out["state_len_mean"] = len(arms.system) + 0  # system region; each state adds one data batch
+    out["entry_len_per_arm"] = {a: len(e) for a, e in arms.entries.items()}
+    out["system_len"] = len(arms.system)
     out["latency"] = stats
     out["preposition_ms"] = _pct(t_pp)
+    out["ingest_ms"] = _pct(arms.ingest_s)
     p50 = {a: stats[a]["p50_ms"] for a in ARMS}
     out["ratios"] = {
         "cold_over_fast_p50": p50["cold"] / p50["fast"],
@@ -278,8 +302,8 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
 
     # live trace
     if cfg.trace_updates and cfg.rhos:
-        update_cost = float(np.median(t_pp)) + 0.05  # pre-position + ingest, generous
-        interval = cfg.trace_interval_s or 3.0 * update_cost
+        update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
+        interval = cfg.trace_interval_s or 2.0 * update_cost  # mean idle window ≈ 2 T_update: Eq. 7 mostly holds
         gate = GateConfig(threshold=cfg.tau, fast_answer_set=frozenset(answer_tokens(tokenizer)))
         traces = []
         with bar("live trace", cfg.trace_updates * len(cfg.rhos)) as tick:

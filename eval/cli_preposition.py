@@ -1,8 +1,8 @@
 """`forerun session demo`, `forerun bench preposition` and `forerun calibrate gate`: pre-positioning commands.
 
     forerun session demo [--model tiny|default|PATH] [--tau T] [--json]
-    forerun bench preposition [--model default] [--requests 128] [--trace-updates 128] [--rhos 0.25,1,4]
-                              [--calib-windows 128] [--plots DIR] [--json]
+    forerun bench preposition [--model default] [--requests 128] [--trace-updates 48] [--rhos 0.25,1,4]
+                              [--calib-windows 64] [--plots DIR] [--json]
     forerun calibrate gate [--model default] [--windows 128] [--tau 2.0] [--r-max 0.15] [--plot PATH] [--json]
 """
 
@@ -49,6 +49,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     d.add_argument("--model", default="tiny", help="tiny (default, no download) | default | path")
     d.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
     d.add_argument("--tau", type=float, default=2.0, help="gate threshold τ (default 2.0)")
+    d.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
     d.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     d.set_defaults(handler=session_demo_command)
 
@@ -56,15 +57,16 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
     b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
     b.add_argument("--requests", type=_pos_int, default=128, help="requests per latency arm (128)")
-    b.add_argument("--trace-updates", type=_nonneg_int, default=128, help="updates per ρ in the live trace (128; 0 skips)")
+    b.add_argument("--trace-updates", type=_nonneg_int, default=48, help="updates per ρ in the live trace (48; 0 skips)")
     b.add_argument("--trace-interval", type=float, default=None,
-                   help="mean update interval of the trace in seconds (default: 3x measured update cost)")
+                   help="mean update interval of the trace in seconds (default: 2x measured ingest + pre-position)")
     b.add_argument("--rhos", type=_rhos, default=(0.25, 1.0, 4.0), help="query-to-update ratios (0.25,1,4)")
-    b.add_argument("--calib-windows", type=_nonneg_int, default=128, help="trend windows for the gate (128; 0 skips)")
+    b.add_argument("--calib-windows", type=_nonneg_int, default=64, help="trend windows for the gate (64; 0 skips)")
     b.add_argument("--tau", type=float, default=2.0, help="gate threshold τ reported (2.0)")
     b.add_argument("--r-max", type=float, default=0.15, help="risk budget for the calibrated τ (0.15)")
     b.add_argument("--plots", default=None, help="directory for Figures 4-7 (PNG)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_preposition_command)
 
@@ -79,18 +81,25 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.add_argument("--r-max", type=float, default=0.15, help="risk budget r_max (0.15)")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
     g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     g.set_defaults(handler=calibrate_gate_command)
 
 
 # ------------------------------------------------------------------------------------------------
-def _engine(model: str, dtype: str | None) -> Any:
+def _engine(model: str, dtype: str | None, threads: int | None = None) -> Any:
     from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
     from forerun.runtime_ext.models import load_model
 
+    from forerun.runtime_ext.protocol import SamplingParams
+
     loaded = load_model(model, dtype=dtype)
     # single-session latency: no gathering window in front of each request
-    return EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0))
+    engine = EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0, num_threads=threads))
+    warm = list(engine.tokenizer.encode("warm up the engine", add_special_tokens=False)) or [1]
+    engine.generate(warm, SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # first-call costs
+    engine.flush_cache()
+    return engine
 
 
 @contextlib.contextmanager
@@ -114,7 +123,7 @@ def session_demo_command(args: argparse.Namespace) -> int:
     from forerun.runtime_ext.ready_cache import GateConfig
 
     try:
-        engine = _engine(args.model, args.dtype)
+        engine = _engine(args.model, args.dtype, args.threads)
     except (ValueError, OSError) as exc:
         return _fail("session demo", exc)
     tok = engine.tokenizer
@@ -181,7 +190,7 @@ def bench_preposition_command(args: argparse.Namespace) -> int:
         cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
                           trace_interval_s=args.trace_interval, calib_windows=args.calib_windows, tau=args.tau,
                           r_max=args.r_max, seed=args.seed)
-        engine = _engine(args.model, args.dtype)
+        engine = _engine(args.model, args.dtype, args.threads)
     except (ValueError, OSError) as exc:
         return _fail("bench preposition", exc)
     if args.plots:
@@ -208,7 +217,7 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     if not 0 <= args.r_max <= 1:
         return _fail("calibrate gate", ValueError(f"--r-max must be in [0, 1], got {args.r_max}"))
     try:
-        engine = _engine(args.model, args.dtype)
+        engine = _engine(args.model, args.dtype, args.threads)
     except (ValueError, OSError) as exc:
         return _fail("calibrate gate", exc)
     tok = engine.tokenizer

@@ -62,7 +62,7 @@ class FakeEngine:
 def fake(monkeypatch):
     engines = []
 
-    def make(model, dtype):
+    def make(model, dtype, threads=None):
         if model == "missing":
             raise ValueError("unknown model 'missing'")
         engines.append(FakeEngine())

@@ -396,3 +396,25 @@ def test_radix_reuse_eviction_and_pins():
         with pytest.raises(EngineError, match="pin"):
             eng.pin([i % 250 for i in range(300)])
         assert eng.stats()["peak_kv_pool_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_default_model_batched_matches_alone_and_plain_forward():
+    """SmolLM2 in float32 (SDPA over left-padded KV): batched decode matches alone and a plain forward."""
+    with EmbeddedEngine.from_spec("default") as eng:
+        assert not eng.batch_invariant
+        prompts = [prompt(eng, t) for t in ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,")]
+        p = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        alone = []
+        for ids in prompts:
+            eng.flush_cache()
+            alone.append(eng.generate(ids, p))
+        eng.flush_cache()
+        batched = eng.generate_batch([(ids, p) for ids in prompts])
+        for a, b in zip(alone, batched):
+            assert a.output_ids == b.output_ids
+            np.testing.assert_allclose(a.output_logp0, b.output_logp0, atol=1e-4)
+            check = full_logp(eng, list(a.input_ids) + list(a.output_ids))[0]
+            n = len(a.input_ids)
+            np.testing.assert_allclose(a.output_logp0, [float(check[n - 1 + t, y]) for t, y in enumerate(a.output_ids)],
+                                       atol=1e-4)

@@ -25,6 +25,11 @@ whatever s is) and entry j >= 1 is ``[log p0(x_{s+j} | x_<s+j), x_{s+j}, text]``
 position P, pass s = P-1 and read entries [1:].  `input_token_entropy[j]` is H(p0(· | x_<s+j)) (None at 0).
 A request asking for prompt logprobs from s reuses cached KV only up to s (like SGLang).
 
+Stopping: EOS (unless `ignore_eos`) and `stop_token_ids` end a generation and are kept in output_ids;
+a stop string ends it and the text is cut before the string (output_ids keep the token that completed it,
+as SGLang does); before `min_new_tokens` tokens none of these stop a request (nothing is masked, so q_τ is
+unchanged).  finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.
+
 Priorities: requests with priority < 0 (background pre-positioning) run in a separate batch that only
 steps when no normal request is queued or running.  `abort(rid)` finishes a request (queued or running)
 with finish_reason {"type": "abort"}; `generate` returns that output (it does not raise).
@@ -384,15 +389,17 @@ class EmbeddedEngine:
                 req.aborted = True
                 self._cv.notify_all()
 
-    def next_token_logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Raw logits at the last position of `ids` (float64 copy); computes and caches the KV of all `ids`."""
-        req = self._make_request(ids, SamplingParams(max_new_tokens=0), rid=None, priority=0, mode="logits")
+    def next_token_logits(self, ids: Sequence[int], *, priority: int = 0) -> np.ndarray:
+        """Raw logits at the last position of `ids` (float64 copy); computes and caches the KV of all `ids`.
+
+        priority < 0 queues it as background work (started only when no normal request is queued)."""
+        req = self._make_request(ids, SamplingParams(max_new_tokens=0), rid=None, priority=priority, mode="logits")
         self._submit([req])
         return self._wait(req)
 
-    def pin(self, ids: Sequence[int]) -> int:
+    def pin(self, ids: Sequence[int], *, priority: int = 0) -> int:
         """Keep the KV of `ids` resident (computing it if needed) until `unpin(handle)`; returns the handle."""
-        req = self._make_request(ids, SamplingParams(max_new_tokens=0), rid=None, priority=0, mode="pin")
+        req = self._make_request(ids, SamplingParams(max_new_tokens=0), rid=None, priority=priority, mode="pin")
         self._submit([req])
         return self._wait(req)
 

@@ -418,3 +418,22 @@ def test_default_model_batched_matches_alone_and_plain_forward():
             n = len(a.input_ids)
             np.testing.assert_allclose(a.output_logp0, [float(check[n - 1 + t, y]) for t, y in enumerate(a.output_ids)],
                                        atol=1e-4)
+
+
+def test_new_arrivals_join_the_running_batch():
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0)) as eng:
+        box = {}
+
+        def run(name, n):
+            box[name] = eng.generate(list(b"join"), SamplingParams(max_new_tokens=n, ignore_eos=True, seed=2))
+
+        long = threading.Thread(target=run, args=("long", 400))
+        long.start()
+        while eng.stats()["decode_steps"] == 0:
+            pass
+        run("short", 10)  # arrives while "long" decodes; joins its batch between steps
+        assert "long" not in box  # finished first although it arrived later
+        long.join(timeout=60)
+        assert len(box["long"].output_ids) == 400 and eng.stats()["max_batch_rows"] == 2
+        alone = eng.generate(list(b"join"), SamplingParams(max_new_tokens=10, ignore_eos=True, seed=2))
+        assert alone.output_ids == box["short"].output_ids == box["long"].output_ids[:10]

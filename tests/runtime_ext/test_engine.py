@@ -437,3 +437,36 @@ def test_new_arrivals_join_the_running_batch():
         assert len(box["long"].output_ids) == 400 and eng.stats()["max_batch_rows"] == 2
         alone = eng.generate(list(b"join"), SamplingParams(max_new_tokens=10, ignore_eos=True, seed=2))
         assert alone.output_ids == box["short"].output_ids == box["long"].output_ids[:10]
+
+
+def test_generate_with_prompt_logprobs_and_duplicate_rid(engine):
+    ids = prompt(engine, "prompt and output logprobs")
+    out = engine.generate(ids, SamplingParams(max_new_tokens=4, seed=8, ignore_eos=True, return_logprob=True,
+                                              logprob_start_len=3))
+    logp, _ = full_logp(engine, list(ids) + list(out.output_ids))
+    entries = out.meta_info["input_token_logprobs"]
+    assert len(entries) == len(ids) - 3 and entries[0][0] is None
+    np.testing.assert_allclose([e[0] for e in entries[1:]], [float(logp[p - 1, ids[p]]) for p in range(4, len(ids))], atol=TOL)
+    check_against_oracle(engine, out)
+    meta = out.meta_info
+    assert meta["prompt_tokens"] == len(ids) and meta["completion_tokens"] == 4 and meta["id"]
+    assert meta["e2e_latency"] >= 0 and meta["cached_tokens"] <= 3
+
+    gate = threading.Event()
+    box = {}
+
+    def hold():
+        gate.set()
+        box["first"] = engine.generate(ids, SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1), rid="dup")
+
+    t = threading.Thread(target=hold)
+    t.start()
+    gate.wait()
+    while engine.stats()["active_rows"] == 0 and "first" not in box:
+        pass
+    if "first" not in box:
+        with pytest.raises(EngineError, match="already running"):
+            engine.generate(ids, SamplingParams(max_new_tokens=1), rid="dup")
+    engine.abort("dup")
+    t.join(timeout=60)
+    assert box["first"].meta_info["id"] == "dup"

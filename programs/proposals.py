@@ -78,6 +78,10 @@ class Suffix:
             raise ValueError(f"Suffix.logq_by_temp has shape {self.logq_by_temp.shape}, expected (*, {n})")
 
 
+MAX_FULL_VOCAB = 4096
+"""Largest vocabulary for which `ProgramProposalModel` asks for p0 over the whole vocabulary (MultiTryMH)."""
+
+
 class ProposalModel(Protocol):
     """One model call: generate every request of a batch; return the suffixes in order."""
 
@@ -163,6 +167,13 @@ class ProgramProposalModel:
         self.vocab_size = vocab_size
         if self.tempered_temperatures and not vocab_size:
             raise ValueError("tempered_temperatures needs vocab_size")
+        if self.tempered_temperatures and vocab_size > MAX_FULL_VOCAB:
+            raise ValueError(
+                f"MultiTryMH needs log q_τ' of every token at every candidate temperature {self.tempered_temperatures}; "
+                f"the engine returns log q only at the sampled τ, so forerun derives the others from p0 over the full "
+                f"vocabulary, which is practical only up to {MAX_FULL_VOCAB} tokens (this model has {vocab_size}). "
+                "An engine that returns per-token log q at extra temperatures is needed for larger models."
+            )
         self.last_wall_time = math.nan
 
     def generate(self, requests: Sequence[SuffixRequest]) -> list[Suffix]:

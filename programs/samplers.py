@@ -360,6 +360,7 @@ class _Base:
         self.config = config
         self.kernel = make_kernel(config)
         self.clock = clock
+        self.last_unique_requests = 0
 
     @property
     def name(self) -> str:

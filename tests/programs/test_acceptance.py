@@ -205,3 +205,48 @@ def test_epsilon_classes_and_decision():
         log_mh_ratio([0.0], [0.0], [0.0], [0.0], 1, 4.0)
     with pytest.raises(ValueError, match="NaN"):
         log_acceptance(float("nan"))
+
+
+def _state(model, x, tau):
+    from forerun.programs.samplers import ChainState
+
+    lq, lp, ent, byt = arrays(model, x, tau)
+    return ChainState(np.array(x), lq, lp, ent, byt)
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_sampler_kernels_draw_from_the_exact_kernel(kind):
+    """Chi-square: one transition of the samplers' kernels (keyed streams, splice, decision) from a fixed
+    state, over many seeds, against the brute-force kernel row."""
+    from scipy import stats
+
+    from forerun.programs.random_streams import DecisionStream
+    from forerun.programs.samplers import SamplerConfig, make_kernel
+
+    V, T, alpha = (2, 3, 4.0) if kind == "multitry-mh" else (3, 3, 4.0)
+    model = LogitTableModel(V, seed=3, period=2, tempered_temperatures=TEMPS)
+    cfg = SamplerConfig(kind=kind, response_length=T, block_size=T, alpha=alpha, mtm_candidates=2)
+    kernel = make_kernel(cfg)
+    if kind == "multitry-mh":
+        states, P = mtm_kernel(model, T=T, alpha=alpha, M=2)
+    else:
+        states, P = power_mh_kernel(model, T=T, alpha=alpha, tau=1 / alpha, with_entropy_cut=kind == "entropy-cut")
+    x = states[5]
+    xs = _state(model, x, 1 / alpha)
+    index = {s: i for i, s in enumerate(states)}
+    counts = np.zeros(len(states))
+    n = 3000
+    for seed in range(n):
+        stream = DecisionStream(seed, 1, 1)
+        c = kernel.cut(xs, 0, stream)
+        reqs = kernel.requests(PROMPT + x[:c], c, T, 0, stream)
+        d = kernel.decide(xs, c, model.generate(reqs), 0, stream)
+        nxt = tuple(int(t) for t in d.proposal.tokens) if accept_decision(stream.accept_log_uniform(0), d.log_accept) else x
+        counts[index[nxt]] += 1
+    expected = P[index[x]] * n
+    keep = expected >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3

@@ -90,6 +90,8 @@ def test_short_output_and_missing_vocab_are_errors():
                               vocab_size=4)
     with pytest.raises(EngineError, match="full vocabulary"):
         pm.generate([SuffixRequest((1,), 2, 1.0, 1)])
+    with pytest.raises(ValueError, match="full\nvocabulary|4096"):
+        ProgramProposalModel(ToyBackend(LogitTableModel(4)), tempered_temperatures=(0.5,), vocab_size=49152)
     with pytest.raises(ValueError, match="max_tokens"):
         SuffixRequest((1,), 0, 1.0, 1)
     with pytest.raises(ValueError, match="prefix_ids"):

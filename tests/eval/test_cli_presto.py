@@ -79,3 +79,21 @@ def test_table_ratios_from_one_run():
                                                 mean([r.call_time for r in pair.presto]))
     assert row["identical_chains"] == 2
     assert "power-mh" in format_table([row])
+
+
+def test_predictive_traversal_from_a_trained_classifier(tmp_path, capsys):
+    pytest.importorskip("forerun.classifiers.certainty")
+    rec, clf = tmp_path / "nodes.jsonl", tmp_path / "clf.json"
+    for seed in ("1", "2"):
+        assert main(["sample", "--presto", "--prompt", "abc", "--model", "tiny", "--n", "8", "--K", "8",
+                     "--seed", seed, "--records", str(rec), "--json"]) == 0
+    assert main(["classifier", "train", "--records", str(rec), "--out", str(clf), "--allow-missing-classes",
+                 "--json"]) == 0
+    capsys.readouterr()
+    args = ["sample", "--prompt", "abc", "--model", "tiny", "--n", "8", "--K", "8", "--seed", "3", "--json"]
+    assert main(args) == 0
+    seq = json.loads(capsys.readouterr().out)
+    assert main(args + ["--presto", "--traversal", "predictive", "--classifier", str(clf)]) == 0
+    pre = json.loads(capsys.readouterr().out)
+    assert pre["response_ids"] == seq["response_ids"] and pre["history"] == seq["history"]
+    assert main(["sample", "--presto", "--traversal", "predictive", "--prompt", "x", "--model", "tiny"]) == 2

@@ -72,7 +72,9 @@ class EngineConfig:
     batch_window_ms: float = 2.0
     """Gathering window: an idle engine waits this long after the first arrival for more requests."""
     num_threads: int | None = None
-    """torch intra-op threads (None: leave torch's default, the number of physical cores)."""
+    """torch intra-op threads of the engine's worker thread (per-thread setting; the caller's threads are
+    untouched).  None: 1 for small models (hidden size < 512: their ops are too small to gain from a
+    second thread, which on a busy machine mostly waits for a time slice), else torch's default."""
     request_timeout_s: float | None = None
     """A blocking `generate` raises EngineError after this long (None: wait forever)."""
     batch_invariant: bool | None = None
@@ -276,30 +278,47 @@ class _Request:
 
 
 class _Batch:
-    """Running decode rows sharing one left-padded KV buffer [layers, 2, B, H, cap, D]."""
+    """Running decode rows sharing one left-padded KV buffer [layers, 2, row_capacity, H, cap, D].
 
-    def __init__(self) -> None:
+    Row i of `rows` lives in buffer slot i and holds its KV in columns [end - kv_len, end); a step appends
+    column `end` for every row.  Rows join in place when a free slot and enough columns are there (else
+    the buffer is rebuilt with room to grow), and leave by moving the last row into their slot, so a
+    join or a finish copies one row, not the whole batch.
+    """
+
+    def __init__(self, template: torch.Tensor, max_rows: int) -> None:
+        self.template = template
+        self.max_rows = max_rows
         self.rows: list[_Request] = []
         self.buf: torch.Tensor | None = None
-        self.end = 0  # common KV end P: row r holds KV in [end - kv_len_r, end)
+        self.end = 0
+        self.rebuilds = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def capacity_needed(self, rows: Sequence[_Request], end: int) -> int:
-        return end + max((r.params.max_new_tokens - len(r.output_ids) for r in rows), default=0) + 1
+    @property
+    def active(self) -> torch.Tensor:
+        """The occupied slots' buffer [layers, 2, B, H, cap, D] (a view)."""
+        assert self.buf is not None
+        return self.buf[:, :, : len(self.rows)]
 
-    def rebuild(self, keep: Sequence[_Request], add: Sequence[tuple[_Request, Sequence[torch.Tensor]]],
-                template: torch.Tensor) -> None:
+    @staticmethod
+    def _remaining(r: _Request) -> int:
+        return r.params.max_new_tokens - len(r.output_ids)
+
+    def rebuild(self, keep: Sequence[_Request], add: Sequence[tuple[_Request, Sequence[torch.Tensor]]]) -> None:
         """New buffer holding `keep` (copied from the old buffer) and `add` (copied from KV segments)."""
         rows = list(keep) + [r for r, _ in add]
+        self.rebuilds += 1
         if not rows:
             self.rows, self.buf, self.end = [], None, 0
             return
         end = max(r.kv_len for r in rows)
-        cap = self.capacity_needed(rows, end)
-        L, _, H, _, D = template.shape
-        buf = torch.zeros((L, 2, len(rows), H, cap, D), dtype=template.dtype)
+        cap = end + max(self._remaining(r) for r in rows) + 1
+        row_cap = min(max(len(rows), self.max_rows), len(rows) + max(4, len(rows) // 2))
+        L, _, H, _, D = self.template.shape
+        buf = torch.zeros((L, 2, row_cap, H, cap, D), dtype=self.template.dtype)
         if keep:
             assert self.buf is not None
             index = {id(r): i for i, r in enumerate(self.rows)}
@@ -307,14 +326,64 @@ class _Batch:
                 j = index[id(r)]
                 if r.kv_len:
                     buf[:, :, i, :, end - r.kv_len : end] = self.buf[:, :, j, :, self.end - r.kv_len : self.end]
-        for i, (r, segs) in enumerate(add, start=len(keep)):
-            pos = end - r.kv_len
-            for seg in segs:
-                n = seg.shape[TOKEN_AXIS]
-                buf[:, :, i, :, pos : pos + n] = seg
-                pos += n
-            assert pos == end, "segments do not cover the row's KV"
-        self.rows, self.buf, self.end = rows, buf, end
+        self.rows, self.buf, self.end = list(keep), buf, end
+        for r, segs in add:
+            self._write_row(len(self.rows), r, segs)
+            self.rows.append(r)
+
+    def _write_row(self, slot: int, r: _Request, segs: Sequence[torch.Tensor]) -> None:
+        assert self.buf is not None
+        pos = self.end - r.kv_len
+        self.buf[:, :, slot, :, :pos] = 0  # pads: finite, masked out
+        for seg in segs:
+            n = seg.shape[TOKEN_AXIS]
+            self.buf[:, :, slot, :, pos : pos + n] = seg
+            pos += n
+        if pos != self.end:
+            raise RuntimeError("embedded engine: KV segments do not cover the row's prefix")
+
+    def join(self, add: Sequence[tuple[_Request, Sequence[torch.Tensor]]]) -> None:
+        """Add rows between steps (in place when they fit)."""
+        if not add:
+            return
+        fits = (
+            self.buf is not None
+            and len(self.rows) + len(add) <= self.buf.shape[2]
+            and all(r.kv_len <= self.end for r, _ in add)
+            and self.end + max(self._remaining(r) for r, _ in add) + 1 <= self.buf.shape[4]
+        )
+        if not fits:
+            self.rebuild(self.rows, add)
+            return
+        for r, segs in add:
+            self._write_row(len(self.rows), r, segs)
+            self.rows.append(r)
+
+    def leave(self, gone: Sequence[_Request]) -> None:
+        """Remove rows (the last row moves into each freed slot); compact when padding dominates."""
+        gone_ids = {id(r) for r in gone}
+        assert self.buf is not None
+        i = 0
+        while i < len(self.rows):
+            if id(self.rows[i]) in gone_ids:
+                last = len(self.rows) - 1
+                if i != last:
+                    self.buf[:, :, i, :, : self.end] = self.buf[:, :, last, :, : self.end]
+                    self.rows[i] = self.rows[last]
+                self.rows.pop()
+            else:
+                i += 1
+        if not self.rows:
+            self.buf, self.end = None, 0
+            return
+        longest = max(r.kv_len for r in self.rows)
+        if self.end - longest > max(64, self.end // 2):
+            self.rebuild(self.rows, [])
+
+    def ensure_step_room(self) -> None:
+        assert self.buf is not None
+        if self.end + 1 > self.buf.shape[4]:
+            self.rebuild(self.rows, [])
 
     def row_kv(self, r: _Request) -> torch.Tensor:
         assert self.buf is not None
@@ -333,9 +402,9 @@ class EmbeddedEngine:
         self.model = model.model
         self.tokenizer = model.tokenizer
         self.config = config
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
         cfg = self.model.config
+        self.worker_threads = config.num_threads if config.num_threads is not None else (
+            1 if int(getattr(cfg, "hidden_size", 0) or 0) < 512 else torch.get_num_threads())
         self.vocab_size = int(cfg.vocab_size)
         self.num_layers = int(cfg.num_hidden_layers)
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
@@ -350,8 +419,8 @@ class EmbeddedEngine:
         self._waiting: deque[_Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], _Request]] = deque()
         self._by_rid: dict[str, _Request] = {}
-        self._normal = _Batch()
-        self._background = _Batch()
+        self._normal = _Batch(self._template, config.max_batch_size)
+        self._background = _Batch(self._template, config.max_batch_size)
         self._pins: dict[int, RadixNode] = {}
         self._pin_ids = itertools.count(1)
         self._closed = False
@@ -426,6 +495,7 @@ class EmbeddedEngine:
     def _stats_now(self) -> dict[str, Any]:
         with self._cv:
             out = dict(self._counters)
+            out["rebuilds"] = self._normal.rebuilds + self._background.rebuilds
             out.update({f"radix_{k}": v for k, v in self.radix.stats().items()})
             out["cache_hit_rate"] = self.radix.hit_rate
             out["active_rows"] = len(self._normal) + len(self._background)
@@ -450,7 +520,7 @@ class EmbeddedEngine:
             "max_total_num_tokens": self.config.max_total_tokens,
             "max_batch_size": self.config.max_batch_size,
             "batch_window_ms": self.config.batch_window_ms,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": self.worker_threads,
             "internal_states": [self.stats()],
         }
 
@@ -539,6 +609,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------------------------- worker loop
     def _loop(self) -> None:
         try:
+            torch.set_num_threads(self.worker_threads)  # this thread only
             with torch.inference_mode():
                 while True:
                     with self._cv:
@@ -630,9 +701,7 @@ class EmbeddedEngine:
                     self._finish(r, {"type": "abort", "message": "aborted"})
 
     def _remove_rows(self, batch: _Batch, gone: Sequence[_Request]) -> None:
-        keep = [r for r in batch.rows if all(r is not g for g in gone)]
-        batch.rebuild(keep, [], self._template)
-        self._counters["rebuilds"] += 1
+        batch.leave(gone)
 
     # ------------------------------------------------------------------------------------- admission
     def _admit(self) -> None:
@@ -662,8 +731,7 @@ class EmbeddedEngine:
                 joins[1 if r.priority < 0 else 0].append((r, joined))
         for key, batch in ((0, self._normal), (1, self._background)):
             if joins[key]:
-                batch.rebuild(batch.rows, joins[key], self._template)
-                self._counters["rebuilds"] += 1
+                batch.join(joins[key])
         self._note_pool()
 
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -783,18 +851,16 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------------------------- decode
     def _step(self, batch: _Batch) -> None:
-        rows = batch.rows
-        assert batch.buf is not None
+        batch.ensure_step_room()  # capacity covers max_new_tokens; kept as a guard
+        rows = list(batch.rows)
         B = len(rows)
         P = batch.end
-        if P + 1 > batch.buf.shape[4]:  # should not happen (capacity covers max_new_tokens)
-            batch.rebuild(rows, [], self._template)
         x = torch.tensor([[r.next_token] for r in rows], dtype=torch.long)
         positions = torch.tensor([[r.kv_len] for r in rows], dtype=torch.long)
         mask = torch.zeros((B, P + 1), dtype=torch.long)
         for i, r in enumerate(rows):
             mask[i, P - r.kv_len :] = 1
-        logits = self._forward(batch.buf, P, x, positions, mask, 1, [P - r.kv_len for r in rows])[:, -1, :]
+        logits = self._forward(batch.active, P, x, positions, mask, 1, [P - r.kv_len for r in rows])[:, -1, :]
         batch.end = P + 1
         for r in rows:
             r.kv_len += 1

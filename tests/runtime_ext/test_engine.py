@@ -470,3 +470,33 @@ def test_generate_with_prompt_logprobs_and_duplicate_rid(engine):
     engine.abort("dup")
     t.join(timeout=60)
     assert box["first"].meta_info["id"] == "dup"
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_staggered_joins_and_finishes_match_alone(batch_invariant):
+    """Rows join and leave the running batch at different steps (slot moves, in-place joins, rebuilds)."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0, batch_invariant=batch_invariant,
+                                                         max_batch_size=6)) as eng:
+        reqs = [(list(f"request {i} {'x' * (3 * i)}".encode()),
+                 SamplingParams(max_new_tokens=3 + (7 * i) % 17, seed=i, ignore_eos=True)) for i in range(12)]
+        alone = [eng.generate(ids, p) for ids, p in reqs]
+        eng.flush_cache()
+        results = [None] * len(reqs)
+
+        def run(i):
+            for _ in range(i * 50):  # stagger the arrivals a little (no timing is asserted)
+                pass
+            results[i] = eng.generate(*reqs[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for a, b in zip(alone, results):
+            assert b is not None and a.output_ids == b.output_ids
+            if batch_invariant:
+                assert a.output_logp0 == b.output_logp0 and a.output_logq == b.output_logq
+            else:
+                np.testing.assert_allclose(a.output_logp0, b.output_logp0, atol=1e-12)
+        assert eng.stats()["active_rows"] == 0

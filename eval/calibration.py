@@ -133,6 +133,9 @@ def plot_risk_coverage(points: Sequence[GatePoint], path: str, *, title: str = "
     ax1.set_xlabel("coverage c(τ)")
     ax1.set_ylabel("false-accept rate r(τ)")
     ax1.set_title("(a) risk-coverage")
+    if not ok.any():
+        ax1.text(0.5, 0.5, "the gate accepts no decision point at any τ", ha="center", va="center",
+                 transform=ax1.transAxes)
     ax1.set_xlim(-0.02, 1.02)
     ax2.plot(tau, cov, label="coverage c(τ)")
     ax2.fill_between(tau, cov_lo, cov_hi, alpha=0.2)

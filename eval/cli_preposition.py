@@ -1,7 +1,7 @@
 """`forerun session demo`, `forerun bench preposition` and `forerun calibrate gate`: pre-positioning commands.
 
     forerun session demo [--model tiny|default|PATH] [--tau T] [--json]
-    forerun bench preposition [--model default] [--requests 128] [--trace-updates 48] [--rhos 0.25,1,4]
+    forerun bench preposition [--model default] [--requests 128] [--trace-updates 32] [--rhos 0.25,1,4]
                               [--calib-windows 64] [--plots DIR] [--json]
     forerun calibrate gate [--model default] [--windows 128] [--tau 2.0] [--r-max 0.15] [--plot PATH] [--json]
 """
@@ -57,9 +57,12 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
     b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
     b.add_argument("--requests", type=_pos_int, default=128, help="requests per latency arm (128)")
-    b.add_argument("--trace-updates", type=_nonneg_int, default=48, help="updates per ρ in the live trace (48; 0 skips)")
+    b.add_argument("--trace-updates", type=_nonneg_int, default=32, help="updates per ρ in the live trace (32; 0 skips)")
     b.add_argument("--trace-interval", type=float, default=None,
-                   help="mean update interval of the trace in seconds (default: 2x measured ingest + pre-position)")
+                   help="mean update interval of the trace in seconds (default: --trace-idle-factor x measured "
+                        "ingest + pre-position)")
+    b.add_argument("--trace-idle-factor", type=float, default=4.0,
+                   help="mean update interval / (ingest + T_pp) when --trace-interval is not given (4)")
     b.add_argument("--rhos", type=_rhos, default=(0.25, 1.0, 4.0), help="query-to-update ratios (0.25,1,4)")
     b.add_argument("--calib-windows", type=_nonneg_int, default=64, help="trend windows for the gate (64; 0 skips)")
     b.add_argument("--tau", type=float, default=2.0, help="gate threshold τ reported (2.0)")
@@ -188,7 +191,8 @@ def bench_preposition_command(args: argparse.Namespace) -> int:
 
     try:
         cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
-                          trace_interval_s=args.trace_interval, calib_windows=args.calib_windows, tau=args.tau,
+                          trace_interval_s=args.trace_interval, trace_idle_factor=args.trace_idle_factor,
+                          calib_windows=args.calib_windows, tau=args.tau,
                           r_max=args.r_max, seed=args.seed)
         engine = _engine(args.model, args.dtype, args.threads)
     except (ValueError, OSError) as exc:

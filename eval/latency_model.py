@@ -17,6 +17,7 @@ overlaid.  The live trace (`poisson_trace`, `replay_trace`) drives a real sessio
     T_pp = T_prefill(L_entry)               preposition_cost    (Eq. 6)
     T_pp ≤ I_idle                           amortized           (Eq. 7)
     h = ρ/(1+ρ), w = 1 − h                  hit_rate, wasted_fraction (Eq. 8, Figure 6)
+    h with T_pp-long install delay d        hit_rate_delayed = e^{−λ_u d} ρ/(1+ρ)
     E[L_pp]                                 expected_latency    (Eq. 9)
     g L_fast + (1−g) L_fall < L_cold        net_benefit         (Eq. 10)
     ρ = λ_q / λ_u                           rho
@@ -102,6 +103,19 @@ def hit_rate(rho: float | np.ndarray):
         raise ValueError("rho must be >= 0")
     out = r / (1.0 + r)
     return float(out) if np.ndim(rho) == 0 else out
+
+
+def hit_rate_delayed(rho: float | np.ndarray, delay: float):
+    """h when each pre-position lands `delay` (in units of the mean update interval 1/λ_u) after its update.
+
+    Windows W ~ Exp(λ_u); the distribution is installed at d < W (else discarded) and consumed iff a query
+    (rate λ_q) arrives in (d, W).  By memorylessness, E[1{W>d}(1 − e^{−λ_q (W−d)})] = e^{−λ_u d} ρ/(1+ρ):
+    the closed form of Figure 6 scaled by the probability that Eq. 7 holds for the window.  delay = 0
+    recovers ρ/(1+ρ).
+    """
+    if delay < 0:
+        raise ValueError(f"delay must be >= 0, got {delay}")
+    return np.exp(-delay) * hit_rate(rho)
 
 
 def wasted_fraction(h: float | np.ndarray):

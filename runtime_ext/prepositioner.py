@@ -9,7 +9,7 @@ then either gets one cached token (gate fired) or falls through to the engine, w
 the pre-paid entry so that only the delta Δ is prefilled (Eq. 5).
 
     paper                                  code
-    B  (cell-budget headroom, tokens)      PrepositionConfig.budget_headroom / headroom_fn()
+    B  (cell-budget headroom, tokens)      PrepositionConfig.budget_headroom / headroom_fn() (kv_headroom)
     T_pp = T_prefill(L_entry)   (Eq. 6)    one `_forward_ready` call at priority −1
     Algorithm 1                            Prepositioner.preposition (+ the worker)
     Algorithm 2                            Prepositioner.serve
@@ -25,6 +25,7 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, Sequence
 
@@ -112,6 +113,26 @@ def _call_generate(engine: Any, ids: Sequence[int], params: SamplingParams, prio
     return engine.generate(list(ids), params, priority=priority)
 
 
+def kv_headroom(engine: Any) -> Callable[[], int]:
+    """B from an engine's `stats()`: KV-pool tokens not held by live state (pinned/locked prefixes and
+    running requests), i.e. what a pre-position may use without evicting live state (Algorithm 1 line 2).
+
+    Reads the embedded engine's keys `radix_max_total_tokens`, `radix_locked_tokens`, `active_kv_tokens`.
+    """
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        raise ValueError("kv_headroom needs an engine with stats()")
+
+    def headroom() -> int:
+        st = stats()
+        missing = [k for k in ("radix_max_total_tokens", "radix_locked_tokens", "active_kv_tokens") if k not in st]
+        if missing:
+            raise KeyError(f"engine stats() lacks {missing}")
+        return int(st["radix_max_total_tokens"]) - int(st["radix_locked_tokens"]) - int(st["active_kv_tokens"])
+
+    return headroom
+
+
 def ready_request_params() -> SamplingParams:
     """The decision-point request: one temperature-0 token with the top-2 of p0 (server-compatible)."""
     return SamplingParams(max_new_tokens=1, temperature=0.0, return_logprob=True, top_logprobs_num=2)
@@ -128,7 +149,7 @@ class Prepositioner:
         self.config = config or PrepositionConfig()
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.headroom_fn = headroom_fn
-        self._sessions: list[SessionState] = []
+        self._sessions: "weakref.WeakSet[SessionState]" = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
         self._latest: dict[int, int] = {}
         self._job_ids = itertools.count(1)
@@ -206,6 +227,8 @@ class Prepositioner:
             self._error = exc
         finally:
             with self._idle:
+                if self._latest.get(id(session)) == job:
+                    del self._latest[id(session)]
                 self._pending -= 1
                 self._idle.notify_all()
 
@@ -216,6 +239,8 @@ class Prepositioner:
         ids = state + entry
         logits_fn = getattr(self.engine, "next_token_logits", None)
         if self.config.keep_logits:
+            # the engine's logits call runs at normal priority: keep_logits trades the background priority
+            # for the full vector (the vocabulary scan of Eq. 3 at serve time)
             if logits_fn is None:
                 raise ValueError("keep_logits needs an engine with next_token_logits(ids)")
             logits = np.asarray(logits_fn(list(ids)))
@@ -296,7 +321,7 @@ class Prepositioner:
 
     @property
     def counters(self) -> PrepositionCounters:
-        """Counters summed over every session this prepositioner has seen."""
+        """Counters summed over the live sessions this prepositioner has served (weakly referenced)."""
         total = PrepositionCounters()
         with self._sessions_lock:
             sessions = list(self._sessions)
@@ -324,8 +349,7 @@ class Prepositioner:
 
     def _track(self, session: SessionState) -> None:
         with self._sessions_lock:
-            if not any(s is session for s in self._sessions):
-                self._sessions.append(session)
+            self._sessions.add(session)
 
     def _decode(self, token: int) -> str:
         if self.tokenizer is None:

@@ -111,3 +111,17 @@ def test_plots(tmp_path):
     plot_amortization(C, 18, 0.9, str(tmp_path / "f6.png"), measured=[(1.0, 0.48, 0.4, 0.56)])
     for f in ("f4", "f5", "f6"):
         assert (tmp_path / f"{f}.png").stat().st_size > 1000
+
+
+def test_hit_rate_delayed_matches_monte_carlo():
+    from forerun.eval.latency_model import hit_rate_delayed
+
+    rng = np.random.default_rng(5)
+    for rho, d in [(1.0, 0.0), (1.0, 0.25), (4.0, 0.5), (0.25, 0.1)]:
+        w = rng.exponential(1.0, 200_000)
+        first_query_after_install = d + rng.exponential(1 / rho, w.size)
+        mc = np.mean((w > d) & (first_query_after_install < w))
+        assert mc == pytest.approx(hit_rate_delayed(rho, d), abs=0.005)
+    assert hit_rate_delayed(1.0, 0.0) == hit_rate(1.0)
+    with pytest.raises(ValueError, match="delay"):
+        hit_rate_delayed(1.0, -1.0)

@@ -259,3 +259,47 @@ def test_stress_oracle_catches_a_lazy_cache():
 
     stale, fast, _, _, _ = _stress(LazySession, iterations=4000, seed=1)
     assert stale, "a cache that is not invalidated must be caught serving stale tokens"
+
+
+def test_kv_headroom_reads_engine_stats():
+    from forerun.runtime_ext.prepositioner import kv_headroom
+
+    class StatsEngine(HashEngine):
+        def __init__(self, locked):
+            super().__init__()
+            self.locked = locked
+
+        def stats(self):
+            return {"radix_max_total_tokens": 100, "radix_locked_tokens": self.locked, "active_kv_tokens": 10}
+
+    eng = StatsEngine(locked=85)
+    pp = Prepositioner(eng, PrepositionConfig(background=False), headroom_fn=kv_headroom(eng))
+    s = SessionState([1])
+    assert pp.preposition(s, [2] * 5) and not pp.preposition(s, [2] * 6)  # B = 100 - 85 - 10 = 5
+    assert pp.counters.skipped == 1
+    with pytest.raises(ValueError, match="stats"):
+        kv_headroom(object())
+
+
+def test_embedded_engine_tiny_model_matches_fresh_logits():
+    """On the real engine (tiny float64 model): γ from top-2 logprobs = logit gap, served token = argmax."""
+    from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+    from forerun.runtime_ext.models import load_model
+
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=-1.0)))
+        s = SessionState([5, 6, 7, 8, 9, 10])
+        for step in range(3):
+            pp.preposition(s, [40, 41, 42])
+            pp.wait_idle(60)
+            r = pp.serve(s, [40, 41, 42])
+            fresh = eng.next_token_logits(list(s.tokens) + [40, 41, 42])
+            assert r.path == "fast" and r.token_id == int(np.argmax(fresh))
+            assert r.logit_gap == pytest.approx(logit_gap(fresh), abs=1e-9)
+            s.append([11 + step])
+        pp2 = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=float("inf")), background=False))
+        pp2.preposition(s, [40, 41, 42])
+        r = pp2.serve(s, [40, 41, 42, 43])
+        assert r.path == "fall" and r.delta == 1 and r.cached_tokens >= len(s.tokens) + 2
+        assert r.token_id == int(np.argmax(eng.next_token_logits(list(s.tokens) + [40, 41, 42, 43])))
+        pp.close()

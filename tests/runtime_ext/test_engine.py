@@ -500,3 +500,14 @@ def test_staggered_joins_and_finishes_match_alone(batch_invariant):
             else:
                 np.testing.assert_allclose(a.output_logp0, b.output_logp0, atol=1e-12)
         assert eng.stats()["active_rows"] == 0
+
+
+def test_request_timeout_and_closed_engine():
+    eng = EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0, request_timeout_s=0.1))
+    with pytest.raises(EngineError, match="no result within"):
+        eng.generate(list(b"slow"), SamplingParams(max_new_tokens=2000, ignore_eos=True, seed=1), rid="slow")
+    out = eng.generate(list(b"fast"), SamplingParams(max_new_tokens=2, seed=1))  # the engine keeps serving
+    assert len(out.output_ids) >= 1
+    eng.close()
+    with pytest.raises(EngineError, match="closed"):
+        eng.generate(list(b"late"), SamplingParams(max_new_tokens=2))

@@ -264,6 +264,7 @@ class _Request:
     logq: list[float] = field(default_factory=list)
     logp0: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    logq_by_temperature: list[list[float]] = field(default_factory=list)
     top: list[list[list[Any]]] = field(default_factory=list)
     input_logp0: list[float | None] = field(default_factory=list)
     input_entropy: list[float | None] = field(default_factory=list)
@@ -917,6 +918,10 @@ class EmbeddedEngine:
         r.logq.append(logq)
         r.logp0.append(float(logp0[token]))
         r.entropy.append(float(entropy))
+        if p.logprob_temperatures:
+            r.logq_by_temperature.append([
+                float(logits[token] / t - torch.logsumexp(logits / t, dim=-1)) for t in p.logprob_temperatures
+            ])
         if p.top_logprobs_num > 0:
             vals, idx = torch.topk(logp0, min(p.top_logprobs_num, self.vocab_size))
             r.top.append([[v, i, self._tok_text(i)] for v, i in zip(vals.tolist(), idx.tolist())])
@@ -974,6 +979,12 @@ class EmbeddedEngine:
         }
         if p.top_logprobs_num > 0:
             meta["output_top_logprobs"] = r.top
+        if p.logprob_temperatures:
+            meta["logprob_temperatures"] = list(p.logprob_temperatures)
+            # [temperature index][token index]: log q_τ'(y_t | ·) over the full vocabulary
+            meta["output_token_logq_by_temperature"] = [
+                [row[j] for row in r.logq_by_temperature] for j in range(len(p.logprob_temperatures))
+            ]
         s = r.input_logprob_start
         if s >= 0:
             toks = r.input_ids[s:]

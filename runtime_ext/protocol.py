@@ -45,6 +45,9 @@ class SamplingParams:
     """First prompt position whose logprob is returned (SGLang shift: entry 0 is None); -1: none."""
     top_logprobs_num: int = 0
     """Top-k of the raw distribution p0 per position (logprob, id) returned when > 0."""
+    logprob_temperatures: tuple[float, ...] = ()
+    """Extra temperatures τ' at which log q_τ'(y_t | ·) (full vocabulary) of every generated token is
+    returned (`meta_info["output_token_logq_by_temperature"]`); MultiTryMH's mixture proposal needs them."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -59,10 +62,16 @@ class SamplingParams:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logprob_temperatures", tuple(float(t) for t in self.logprob_temperatures))
+        if any(not (t > 0) for t in self.logprob_temperatures):
+            raise ValueError(f"logprob_temperatures must be > 0, got {self.logprob_temperatures}")
 
     @classmethod
-    def from_sgl(cls, p: Any, seed: int | None = None) -> "SamplingParams":
-        """Adapter from the frontend's `SglSamplingParams` (after `_resolve_sampling_params`)."""
+    def from_sgl(
+        cls, p: Any, seed: int | None = None, logprob_temperatures: Sequence[float] = ()
+    ) -> "SamplingParams":
+        """Adapter from the frontend's `SglSamplingParams` (after `_resolve_sampling_params`); `seed` and
+        `logprob_temperatures` come from the program's `sampling_seed` / `logprob_temperatures` markers."""
         for unsupported in ("regex", "json_schema"):
             if getattr(p, unsupported, None):
                 raise NotImplementedError(f"forerun backends do not support constrained decoding ({unsupported})")
@@ -82,6 +91,7 @@ class SamplingParams:
             return_logprob=bool(p.return_logprob),
             logprob_start_len=-1 if p.logprob_start_len is None else int(p.logprob_start_len),
             top_logprobs_num=int(p.top_logprobs_num or 0),
+            logprob_temperatures=tuple(logprob_temperatures),
         )
 
     def to_srt_json(self) -> dict[str, Any]:

@@ -378,6 +378,12 @@ class SGLangServerClient:
         for (ids, p), rid in zip(reqs, rids):
             if not isinstance(p, SamplingParams):
                 raise TypeError(f"params must be forerun SamplingParams, got {type(p).__name__}")
+            if p.logprob_temperatures:
+                raise SGLangServerError(
+                    f"{self.base_url}: request asks for log q at extra temperatures {p.logprob_temperatures} "
+                    "(MultiTryMH's mixture proposal); a stock SGLang server returns log q only at the sampled "
+                    "temperature. Run MultiTryMH on the embedded engine, or serve a plugin that returns them.",
+                    url=self.base_url, rids=[rid or ""], prompt_lens=[len(ids)])
             ids_l = [int(t) for t in ids]
             items.append((ids_l, p, rid or uuid.uuid4().hex, session, priority or None))
         outs = self._send(items, batched=batched)

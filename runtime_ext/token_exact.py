@@ -28,7 +28,7 @@ from .sglang_frontend import (
     StreamExecutor,
     token_length_normalized,
 )
-from .token_markers import IdsSegment, parse_marked_text
+from .token_markers import Directives, IdsSegment, parse_marked_text, parse_marked_text_directives
 
 
 class TokenExactBackend(BaseBackend):
@@ -74,7 +74,12 @@ class TokenExactBackend(BaseBackend):
 
     def input_ids_of(self, text: str) -> tuple[list[int], int | None]:
         """Exact ids of a program text, and the sampling seed its markers set (None if none)."""
-        _, seed = parse_marked_text(text)
+        ids, directives = self.request_of(text)
+        return ids, directives.seed
+
+    def request_of(self, text: str) -> tuple[list[int], Directives]:
+        """Exact ids of a program text, and the request settings its markers set."""
+        _, directives = parse_marked_text_directives(text)
         known, ids = self._longest_remembered(text)
         out = list(ids)
         segments, _ = parse_marked_text(text[len(known):])
@@ -83,12 +88,14 @@ class TokenExactBackend(BaseBackend):
                 out.extend(seg.ids)
             elif seg.text:
                 out.extend(self._tokenize(seg.text, at_start=not out))
-        return out, seed
+        return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams, **_: Any):
-        ids, seed = self.input_ids_of(s.text_)
-        params = SamplingParams.from_sgl(sampling_params, seed=seed)
+        ids, directives = self.request_of(s.text_)
+        params = SamplingParams.from_sgl(
+            sampling_params, seed=directives.seed, logprob_temperatures=directives.logprob_temperatures
+        )
         out = self.run(ids, params)
         self._remember(s.text_ + out.text, list(ids) + list(out.output_ids))
         return out.text, out.meta_info

@@ -24,8 +24,13 @@ IDS_BEGIN = "\ue000"
 IDS_END = "\ue001"
 SEED_BEGIN = "\ue002"
 SEED_END = "\ue003"
+TEMPS_BEGIN = "\ue004"
+TEMPS_END = "\ue005"
 
-_MARKER = re.compile(f"{IDS_BEGIN}([0-9,]*){IDS_END}|{SEED_BEGIN}(-?[0-9]+){SEED_END}")
+_MARKER = re.compile(
+    f"{IDS_BEGIN}([0-9,]*){IDS_END}|{SEED_BEGIN}(-?[0-9]+){SEED_END}|{TEMPS_BEGIN}([0-9.eE+,-]*){TEMPS_END}"
+)
+_ALL_MARKER_CHARS = (IDS_BEGIN, IDS_END, SEED_BEGIN, SEED_END, TEMPS_BEGIN, TEMPS_END)
 
 
 def token_ids(ids: Sequence[int]) -> str:
@@ -44,6 +49,23 @@ def sampling_seed(seed: int) -> str:
     return f"{SEED_BEGIN}{int(seed)}{SEED_END}"
 
 
+def logprob_temperatures(temperatures: Sequence[float]) -> str:
+    """Text asking the following gens of the stream to also return log q_τ' of every generated token at
+    each temperature τ' (full vocabulary).  Needed by MultiTryMH; supported by the embedded engine."""
+    temps = [float(t) for t in temperatures]
+    if any(not (t > 0) for t in temps):
+        raise ValueError(f"logprob temperatures must be > 0, got {temps}")
+    return f"{TEMPS_BEGIN}{','.join(repr(t) for t in temps)}{TEMPS_END}"
+
+
+@dataclass(frozen=True)
+class Directives:
+    """Per-stream request settings carried by markers (the last marker of each kind wins)."""
+
+    seed: int | None = None
+    logprob_temperatures: tuple[float, ...] = ()
+
+
 @dataclass(frozen=True)
 class TextSegment:
     text: str
@@ -59,8 +81,15 @@ Segment = Union[TextSegment, IdsSegment]
 
 def parse_marked_text(text: str) -> tuple[list[Segment], int | None]:
     """Split marked text into text / id segments; return them and the last sampling seed (or None)."""
+    segments, directives = parse_marked_text_directives(text)
+    return segments, directives.seed
+
+
+def parse_marked_text_directives(text: str) -> tuple[list[Segment], Directives]:
+    """Split marked text into text / id segments; return them and the stream's `Directives`."""
     segments: list[Segment] = []
     seed: int | None = None
+    temps: tuple[float, ...] = ()
     pos = 0
     for m in _MARKER.finditer(text):
         if m.start() > pos:
@@ -68,15 +97,18 @@ def parse_marked_text(text: str) -> tuple[list[Segment], int | None]:
         if m.group(1) is not None:
             body = m.group(1)
             segments.append(IdsSegment(tuple(int(x) for x in body.split(",")) if body else ()))
-        else:
+        elif m.group(2) is not None:
             seed = int(m.group(2))
+        else:
+            body = m.group(3)
+            temps = tuple(float(x) for x in body.split(",")) if body else ()
         pos = m.end()
     if pos < len(text):
         segments.append(TextSegment(text[pos:]))
     for seg in segments:
-        if isinstance(seg, TextSegment) and any(ch in seg.text for ch in (IDS_BEGIN, IDS_END, SEED_BEGIN, SEED_END)):
+        if isinstance(seg, TextSegment) and any(ch in seg.text for ch in _ALL_MARKER_CHARS):
             raise ValueError("malformed forerun token marker in program text")
-    return segments, seed
+    return segments, Directives(seed=seed, logprob_temperatures=temps)
 
 
 def strip_markers(text: str, decode=None) -> str:

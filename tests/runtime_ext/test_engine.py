@@ -511,3 +511,21 @@ def test_request_timeout_and_closed_engine():
     eng.close()
     with pytest.raises(EngineError, match="closed"):
         eng.generate(list(b"late"), SamplingParams(max_new_tokens=2))
+
+
+def test_logq_at_extra_temperatures_equals_direct_computation(engine):
+    ids = prompt(engine, "mixture proposal")
+    temps = (0.25, 0.5, 1.0)
+    out = engine.generate(ids, SamplingParams(max_new_tokens=5, temperature=0.5, seed=3, ignore_eos=True,
+                                              return_logprob=True, logprob_temperatures=temps))
+    _, logits = full_logp(engine, list(ids) + list(out.output_ids))
+    n = len(ids)
+    by_temp = out.meta_info["output_token_logq_by_temperature"]
+    assert out.meta_info["logprob_temperatures"] == list(temps)
+    for j, temp in enumerate(temps):
+        assert len(by_temp[j]) == len(out.output_ids)
+        for t, tok in enumerate(out.output_ids):
+            direct = torch.log_softmax(logits[n - 1 + t] / temp, -1)[tok]
+            assert by_temp[j][t] == pytest.approx(float(direct), abs=1e-9)
+    # the sampled temperature's entry equals the log q_τ the token was drawn with
+    assert by_temp[1] == pytest.approx(list(out.output_logq), abs=1e-9)

@@ -37,3 +37,15 @@ def test_strip_markers_decodes_or_drops():
     text = "a" + token_ids([104, 105]) + sampling_seed(3) + "b"
     assert strip_markers(text) == "ab"
     assert strip_markers(text, decode=lambda ids: bytes(ids).decode()) == "ahib"
+
+
+def test_logprob_temperatures_directive():
+    from forerun.runtime_ext.token_markers import logprob_temperatures, parse_marked_text_directives
+
+    text = logprob_temperatures([0.25, 0.5, 1.0]) + "x" + sampling_seed(9)
+    segments, directives = parse_marked_text_directives(text)
+    assert segments == [TextSegment("x")]
+    assert directives.logprob_temperatures == (0.25, 0.5, 1.0)
+    assert directives.seed == 9
+    with pytest.raises(ValueError, match="> 0"):
+        logprob_temperatures([0.0])

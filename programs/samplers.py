@@ -351,7 +351,9 @@ class ChainResult:
 
 
 # -- samplers ----------------------------------------------------------------------------------------
-class _Base:
+class BlockwiseSampler:
+    """The blockwise outer loop shared by both variants (extend the block, then K transitions)."""
+
     variant = "sequential"
 
     def __init__(self, model: ProposalModel, config: SamplerConfig,
@@ -360,14 +362,14 @@ class _Base:
         self.config = config
         self.kernel = make_kernel(config)
         self.clock = clock
-        self.last_unique_requests = 0
 
     @property
     def name(self) -> str:
         return self.config.kind
 
-    def _call(self, requests: Sequence[SuffixRequest]) -> tuple[list[Suffix], float]:
-        """One model call.  Identical requests (same prefix, seed, length, τ: nodes of one depth share their
+    def _call(self, requests: Sequence[SuffixRequest]) -> tuple[list[Suffix], float, int]:
+        """One timed model call; returns the suffixes in request order, the wall time and the number of
+        engine requests.  Identical requests (same prefix, seed, length, τ: nodes of one depth share their
         transition's inputs) are generated once - their suffixes are identical by the engine contract."""
         unique = list(dict.fromkeys(requests))
         start = self.clock()
@@ -376,13 +378,12 @@ class _Base:
         if len(out) != len(unique):
             raise RuntimeError(f"model returned {len(out)} suffixes for {len(unique)} requests")
         by_request = dict(zip(unique, out))
-        self.last_unique_requests = len(unique)
-        return [by_request[r] for r in requests], wall
+        return [by_request[r] for r in requests], wall, len(unique)
 
     def _extend(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         cfg = self.config
         req = SuffixRequest(result.prompt_ids + result.response_ids, cfg.block_size, cfg.tau, stream.extend_seed())
-        (suffix,), wall = self._call([req])
+        (suffix,), wall, _ = self._call([req])
         result.state = result.state.splice(result.state.length, suffix)
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=len(result.calls),
                                        kind="extend", block=block, wall_time=wall, requests=1, decisions=0,
@@ -414,7 +415,7 @@ class _Base:
         raise NotImplementedError
 
 
-class SequentialSampler(_Base):
+class SequentialSampler(BlockwiseSampler):
     """PowerMH / EntropyCut / MultiTryMH: one model call per MH transition (Algorithm 1)."""
 
     def _run_block(self, result, stream, block):
@@ -424,21 +425,21 @@ class SequentialSampler(_Base):
             cut = self.kernel.cut(state, j, stream)
             reqs = self.kernel.requests(result.prompt_ids + tuple(int(t) for t in state.tokens[:cut]), cut, horizon,
                                         j, stream)
-            suffixes, wall = self._call(reqs)
+            suffixes, wall, n_requests = self._call(reqs)
             decision = self.kernel.decide(state, cut, suffixes, j, stream)
             accepted = accept_decision(stream.accept_log_uniform(j), decision.log_accept)
             call_index = len(result.calls)
             node = self._node_record(result, block, call_index, accept_child(0), horizon, cut, j,
                                      decision.log_accept, True, accepted)
             result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
-                                           kind="mh", block=block, wall_time=wall, requests=len(reqs), decisions=1,
+                                           kind="mh", block=block, wall_time=wall, requests=n_requests, decisions=1,
                                            transitions=1, nodes=(node,)))
             result.history.append(accepted)
             if accepted:
                 result.state = decision.proposal
 
 
-class PrestoSampler(_Base):
+class PrestoSampler(BlockwiseSampler):
     """PreSTO variant: one batched call per prefetch round, then the walk (Algorithm 2)."""
 
     variant = "presto"
@@ -497,7 +498,7 @@ class PrestoSampler(_Base):
             reqs = self.kernel.requests(prefix, r.cut, horizon, k + r.depth, stream)
             spans.append((len(all_reqs), len(all_reqs) + len(reqs)))
             all_reqs.extend(reqs)
-        suffixes, wall = self._call(all_reqs)
+        suffixes, wall, n_requests = self._call(all_reqs)
 
         # Score every prefetched node: states follow the tree (v− keeps v's state, v+ is v's proposal).
         states: dict[int, ChainState] = {0: root}
@@ -533,7 +534,7 @@ class PrestoSampler(_Base):
             for r in plan.requests
         )
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
-                                       kind="mh", block=block, wall_time=wall, requests=self.last_unique_requests,
+                                       kind="mh", block=block, wall_time=wall, requests=n_requests,
                                        decisions=len(plan.requests), transitions=len(steps), nodes=nodes))
         result.history.extend(s.accepted for s in steps)
         result.state = state_of(final)
@@ -541,6 +542,6 @@ class PrestoSampler(_Base):
 
 
 def make_sampler(model: ProposalModel, config: SamplerConfig, *, presto: bool = False,
-                 prefetch: PrefetchConfig = PrefetchConfig()) -> _Base:
+                 prefetch: PrefetchConfig = PrefetchConfig()) -> BlockwiseSampler:
     """The sequential sampler of `config.kind`, or its PreSTO variant."""
     return PrestoSampler(model, config, prefetch) if presto else SequentialSampler(model, config)

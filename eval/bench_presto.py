@@ -108,7 +108,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def build_engine_model(model_spec: str, kinds: Sequence[str], dtype: str | None = None):
+def build_engine_model(model_spec: str, dtype: str | None = None):
     """The embedded engine, its frontend backend and a `ProgramProposalModel` over it."""
     from forerun.runtime_ext.embedded_backend import EmbeddedBackend
     from forerun.runtime_ext.engine import EmbeddedEngine

@@ -15,6 +15,8 @@ import math
 import sys
 from typing import Any
 
+from forerun.runtime_ext.protocol import EngineError
+
 __all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
 
 SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
@@ -117,11 +119,14 @@ def sample_command(args: argparse.Namespace) -> int:
     from forerun.programs.records import RecordWriter
     from forerun.programs.samplers import make_sampler
 
+    engine = None
     try:
         st = _settings(args)
         (cfg,) = _configs(args, [args.sampler], st)
         prefetch = _prefetch(args, st["npf"])
-        loaded, engine, backend = build_engine_model(args.model, [args.sampler], args.dtype)
+        if not args.dataset and not args.prompt:
+            raise ValueError("--prompt must not be empty")
+        loaded, engine, backend = build_engine_model(args.model, args.dtype)
         if args.dataset:
             from forerun.eval.datasets import load_prompts
 
@@ -131,22 +136,22 @@ def sample_command(args: argparse.Namespace) -> int:
             prompt = prompts[args.index]
             pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(loaded.tokenizer, prompt.messages())
         else:
-            if not args.prompt:
-                raise ValueError("--prompt must not be empty")
             pid, ids = "prompt", prompt_ids_for(loaded.tokenizer, text=args.prompt)
         model = proposal_model_for(backend, args.sampler, loaded.vocab_size, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         result = sampler.run(ids, prompt_id=pid)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, EngineError) as exc:
         print(f"forerun sample: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if engine is not None:
+            engine.close()
     if args.records:
         RecordWriter(args.records).write_calls(result.calls)
     out = result.summary()
     out.update(sampler=sampler.name, settings=st, response=loaded.tokenizer.decode(list(result.response_ids)),
                call_times_s=[c.wall_time for c in result.mh_calls],
                transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
-    engine.close()
     if args.json:
         print(json.dumps(out))
     else:
@@ -163,29 +168,32 @@ def bench_presto_command(args: argparse.Namespace) -> int:
     from forerun.eval.datasets import load_prompts
     from forerun.programs.records import RecordWriter
 
+    engine = None
     try:
         st = _settings(args)
         configs = _configs(args, args.samplers, st)
         prefetch = _prefetch(args, st["npf"])
-        loaded, engine, backend = build_engine_model(args.model, args.samplers, args.dtype)
+        loaded, engine, backend = build_engine_model(args.model, args.dtype)
         prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
         if len(prompts) < args.prompts:
             raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
         items = [(f"{args.dataset}/{p.id}", prompt_ids_for(loaded.tokenizer, p.messages())) for p in prompts]
-    except (ValueError, OSError) as exc:
+        writer = RecordWriter(args.records) if args.records else None
+        models = [proposal_model_for(backend, cfg.kind, loaded.vocab_size, cfg.mtm_temperatures) for cfg in configs]
+        bar = _progress(2 * len(items) * len(configs), "bench presto")
+        rows = []
+        for cfg, model in zip(configs, models):
+            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=engine.flush_cache,
+                                progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
+                                on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
+            rows.append(pair.table_row())
+        bar.close()
+    except (ValueError, OSError, EngineError) as exc:
         print(f"forerun bench presto: {exc}", file=sys.stderr)
         return 2
-    writer = RecordWriter(args.records) if args.records else None
-    bar = _progress(2 * len(items) * len(configs), "bench presto")
-    rows = []
-    for cfg in configs:
-        model = proposal_model_for(backend, cfg.kind, loaded.vocab_size, cfg.mtm_temperatures)
-        (pair,) = run_pairs(model, items, [cfg], prefetch, flush=engine.flush_cache,
-                            progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
-                            on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
-        rows.append(pair.table_row())
-    bar.close()
-    engine.close()
+    finally:
+        if engine is not None:
+            engine.close()
     meta = {"date": timestamp(), "model": loaded.name, "dtype": str(loaded.dtype), "dataset": args.dataset,
             "prompts": len(items), "settings": st, "traversal": args.traversal}
     if args.json:

@@ -140,7 +140,7 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
 def test_default_model_identical_chain_one_prompt():
     from forerun.eval.bench_presto import build_engine_model, prompt_ids_for
 
-    loaded, engine, backend = build_engine_model("default", ["power-mh"])
+    loaded, engine, backend = build_engine_model("default")
     ids = prompt_ids_for(loaded.tokenizer, text="What is 7 times 8? Answer briefly.")
     for kind in ("power-mh", "entropy-cut"):
         cfg = SamplerConfig(kind=kind, response_length=16, block_size=16, steps_per_block=6, seed=10086)

@@ -331,7 +331,8 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     if plots_dir:
         plot_latency_vs_entry(consts, f"{plots_dir}/fig4_latency_vs_entry.png", measured_entry=L_entry,
                               measured_cold=[(L_entry, p50["cold"])])
-        plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png")
+        plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
+                          measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
         measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in out.get("trace", {}).get("points", [])]
         plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured)
         out["plots"] = plots_dir

@@ -216,8 +216,11 @@ def plot_latency_vs_entry(c: LatencyConstants, path: str, *, max_entry: int = 25
     return path
 
 
-def plot_cost_anatomy(c: LatencyConstants, entry_len: int, path: str) -> str:
-    """Figure 5: the additive components of L_cold, L_fall(Δ=0), L_fall(Δ=L_entry) and L_fast."""
+def plot_cost_anatomy(c: LatencyConstants, entry_len: int, path: str, measured: Sequence[float] = ()) -> str:
+    """Figure 5: the additive components of L_cold, L_fall(Δ=0), L_fall(Δ=L_entry) and L_fast.
+
+    `measured` (four P50s in that order) is overlaid as black markers.
+    """
     plt = _plt()
     names = ["L_cold", "L_fall(Δ=0)", "L_fall(Δ=L_entry)", "L_fast"]
     comp = {
@@ -231,6 +234,10 @@ def plot_cost_anatomy(c: LatencyConstants, entry_len: int, path: str) -> str:
     for k, v in comp.items():
         ax.bar(names, v, bottom=bottom, label=k)
         bottom += np.asarray(v, dtype=float)
+    if len(measured):
+        if len(measured) != 4:
+            raise ValueError("measured needs the four P50s: cold, fall(0), fall(L_entry), fast")
+        ax.plot(names, measured, "kD", ms=6, label="measured P50")
     ax.set_ylabel("ms")
     ax.set_title(f"cost anatomy at L_entry = {entry_len}")
     ax.legend(fontsize=8)

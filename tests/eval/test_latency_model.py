@@ -107,7 +107,9 @@ def test_live_trace_hit_rate_tracks_closed_form(rho):
 
 def test_plots(tmp_path):
     plot_latency_vs_entry(C, str(tmp_path / "f4.png"), measured_entry=18, measured_cold=[(18, 40.0)])
-    plot_cost_anatomy(C, 18, str(tmp_path / "f5.png"))
+    plot_cost_anatomy(C, 18, str(tmp_path / "f5.png"), measured=[50.0, 12.0, 52.0, 0.4])
+    with pytest.raises(ValueError, match="four"):
+        plot_cost_anatomy(C, 18, str(tmp_path / "f5b.png"), measured=[1.0])
     plot_amortization(C, 18, 0.9, str(tmp_path / "f6.png"), measured=[(1.0, 0.48, 0.4, 0.56)])
     for f in ("f4", "f5", "f6"):
         assert (tmp_path / f"{f}.png").stat().st_size > 1000

@@ -3,7 +3,8 @@
     forerun session demo [--model tiny|default|PATH] [--tau T] [--json]
     forerun bench preposition [--model default] [--requests 128] [--trace-updates 32] [--rhos 0.25,1,4]
                               [--calib-windows 64] [--plots DIR] [--json]
-    forerun calibrate gate [--model default] [--windows 128] [--tau 2.0] [--r-max 0.15] [--plot PATH] [--json]
+    forerun calibrate gate [--model default] [--windows 128] [--tau 2.0] [--r-max 0.15] [--answer-lead TEXT]
+                           [--plot PATH] [--json]
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.add_argument("--window-len", type=_pos_int, default=12, help="prices per window (12)")
     g.add_argument("--tau", type=float, default=2.0, help="τ to report (2.0)")
     g.add_argument("--r-max", type=float, default=0.15, help="risk budget r_max (0.15)")
+    g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
@@ -228,17 +230,20 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     windows = make_windows(args.windows, args.window_len, seed=args.seed)
     try:
         with _bar("trend windows", len(windows)) as tick:
-            pairs = collect_pairs(engine, tok, windows, progress=tick)
+            pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
     finally:
         engine.close()
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if args.plot:
         plot_risk_coverage(points, args.plot, title=f"trend task, {len(pairs)} windows, model {args.model}")
     if args.json:
-        print(json.dumps({"model": args.model, "report": rep.as_dict(), "sweep": [p.as_dict() for p in points]},
+        print(json.dumps({"model": args.model, "answer_lead": args.answer_lead, "report": rep.as_dict(),
+                          "sweep": [p.as_dict() for p in points]},
                          indent=2, default=float))
         return 0
     at = rep.at_tau
+    from forerun.eval.trend_task import _top_counts_text
+
     print(f"{rep.n} windows, |A| = {rep.answer_set_size}; γ quantiles (10/50/90 %) "
           f"{', '.join(f'{q:.3f}' for q in rep.gap_quantiles)}")
     print(f"τ = {at.threshold:g}: coverage {at.coverage:.3f} [{at.coverage_ci[0]:.3f}, {at.coverage_ci[1]:.3f}], "
@@ -249,4 +254,6 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
           f"{cal.threshold:.3f} (coverage {cal.coverage:.3f}, false accept {cal.false_accept:.3f})"))
     print(f"agreement cached vs full path {rep.agreement:.3f}; accuracy vs ground truth: full path "
           f"{rep.full_accuracy:.3f}, cached token {rep.fast_accuracy:.3f}")
+    print(f"cached tokens: {_top_counts_text([tok.decode([p.fast_token]) for p in pairs])}; full-path tokens: "
+          f"{_top_counts_text([tok.decode([p.full_token]) for p in pairs])}")
     return 0

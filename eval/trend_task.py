@@ -24,7 +24,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from forerun.eval.calibration import GatePair, GatePoint, gate_point, pick_threshold, sweep_threshold
-from forerun.programs.sessions import StreamingSession
+from forerun.programs.sessions import SessionFormat, StreamingSession
 from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.ready_cache import GateConfig
 
@@ -107,16 +107,22 @@ class TrendPair:
 
 
 def collect_pairs(engine: Any, tokenizer: Any, windows: Sequence[TrendWindow], *,
-                  progress: Callable[[], None] | None = None) -> list[TrendPair]:
-    """Run the task: per window, pre-position the generic header, then ask the canonical question fully."""
+                  progress: Callable[[], None] | None = None, answer_lead: str = "") -> list[TrendPair]:
+    """Run the task: per window, pre-position the generic header, then ask the canonical question fully.
+
+    `answer_lead` is appended to the assistant header (e.g. "The trend is"), so that the decision point
+    sits right before the answer word rather than at the start of a free-form reply.
+    """
     A = answer_tokens(tokenizer)
+    base = SessionFormat()
+    fmt = SessionFormat(header=base.header + answer_lead)
     # the gate never fires here: we record γ and â, and the full path answers every query
     pp = Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=float("inf")), background=False),
                        tokenizer=tokenizer)
     pairs = []
     try:
         for w in windows:
-            with StreamingSession(pp, tokenizer=tokenizer, system=SYSTEM, allow_relaxed=True) as s:
+            with StreamingSession(pp, tokenizer=tokenizer, system=SYSTEM, fmt=fmt, allow_relaxed=True) as s:
                 s.append_data(w.text())
                 ready = s.state.slot.ready
                 if ready is None:
@@ -174,3 +180,12 @@ def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.15,
         gap_quantiles=tuple(float(q) for q in np.quantile(gaps, [0.1, 0.5, 0.9])),  # type: ignore[arg-type]
     )
     return rep, points
+
+
+def _top_counts_text(tokens: Sequence[str], k: int = 5) -> str:
+    """The k most frequent token strings with their counts, for reports."""
+    counts: dict[str, int] = {}
+    for t in tokens:
+        counts[t] = counts.get(t, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    return ", ".join(f"{t!r}: {n}" for t, n in top)

@@ -69,3 +69,15 @@ def test_collect_and_report_match_brute_force():
     assert rep.fast_accuracy == 1.0
     assert rep.agreement == pytest.approx(np.mean([w.prices[0] <= 100 for w in ws]))
     assert rep.n == 40 and points
+
+
+def test_answer_lead_moves_the_decision_point():
+    seen = []
+
+    class Spy(TrendEngine):
+        def generate(self, input_ids, params, *, rid=None, priority=0):
+            seen.append(TOK.decode(input_ids))
+            return super().generate(input_ids, params, rid=rid, priority=priority)
+
+    collect_pairs(Spy(), TOK, make_windows(2, 8, seed=0), answer_lead="The trend is")
+    assert seen and all(t.endswith("<|im_start|>assistant\nThe trend is") for t in seen)

@@ -156,7 +156,8 @@ def sample_command(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(out["response"])
-        print(f"\n{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
+        print(f"\ntoken ids: {out['response_ids']}")
+        print(f"{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
               f"({result.transitions_per_call:.2f}/call), call time {result.call_time:.2f}s "
               f"({result.time_per_call:.3f}s/call), accepts {sum(result.history)}")
     return 0

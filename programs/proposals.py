@@ -21,6 +21,7 @@ extension x_{L+1:T} ~ q_τ is one such call as well.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ class Suffix:
             raise ValueError(f"Suffix.logq_by_temp has shape {self.logq_by_temp.shape}, expected (*, {n})")
 
 
+_NONCES = itertools.count(1)
+
 MAX_FULL_VOCAB = 4096
 """Largest vocabulary for which `ProgramProposalModel` asks for p0 over the whole vocabulary (MultiTryMH)."""
 
@@ -93,6 +96,10 @@ def suffix_proposals(s, requests):
     """Fork one branch per request from an empty root; each branch is token-exact and seeded."""
     branches = s.fork(len(requests))
     for branch, req in zip(branches, requests):
+        # A unique seed marker first (the last seed marker wins): no two requests share their program text,
+        # so a backend that remembers generated text by program text can never substitute an earlier
+        # request's ids (which would happen for a repeated request whose output decoded to "").
+        branch += sampling_seed(req["nonce"])
         branch += token_ids(req["prefix_ids"])
         branch += sampling_seed(req["seed"])
         branch += gen(
@@ -181,7 +188,8 @@ class ProgramProposalModel:
             raise ValueError("a model call needs at least one request")
         args = [
             {"prefix_ids": list(r.prefix_ids), "max_tokens": r.max_tokens, "temperature": r.temperature,
-             "seed": r.seed, "top_logprobs_num": self.vocab_size if self.tempered_temperatures else 0}
+             "seed": r.seed, "top_logprobs_num": self.vocab_size if self.tempered_temperatures else 0,
+             "nonce": next(_NONCES)}
             for r in requests
         ]
         start = time.perf_counter()

@@ -149,3 +149,18 @@ def test_default_model_identical_chain_one_prompt():
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
         assert a.response_ids == b.response_ids and a.history == b.history
     engine.close()
+
+
+def test_repeated_request_with_empty_output_text_keeps_exact_ids():
+    """A backend that remembers generations by program text must not feed an earlier output back in."""
+    class EmptyText(ToyBackend):
+        def run(self, input_ids, params):
+            out = super().run(input_ids, params)
+            return GenerateOutput(input_ids=out.input_ids, output_ids=out.output_ids, text="", meta_info=out.meta_info)
+
+    backend = EmptyText(LogitTableModel(4, seed=1))
+    pm = ProgramProposalModel(backend)
+    req = SuffixRequest((1, 2, 3), 2, 0.5, 5)
+    first, second = pm.generate([req])[0], pm.generate([req])[0]
+    assert [ids for ids, _ in backend.seen] == [(1, 2, 3), (1, 2, 3)]
+    assert np.array_equal(first.ids, second.ids)

@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner, ServeResult, _call_generate
+from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner, ServeResult, generate_on
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
 from forerun.runtime_ext.ready_cache import SessionState
 from forerun.runtime_ext.sglang_frontend import function, gen
@@ -167,7 +167,7 @@ class _Session:
         if max_new_tokens <= 1:
             return first, result.text
         ids = list(result.state) + list(result.entry) + first
-        out = _call_generate(self.pp.engine, ids, SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0), 0)
+        out = generate_on(self.pp.engine, ids, SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0), 0)
         return first + list(out.output_ids), self.tokenizer.decode(first + list(out.output_ids))
 
     def close(self) -> None:

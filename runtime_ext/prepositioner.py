@@ -99,7 +99,7 @@ class ServeResult:
     output: GenerateOutput | None = field(default=None, repr=False)
 
 
-def _call_generate(engine: Any, ids: Sequence[int], params: SamplingParams, priority: int) -> GenerateOutput:
+def generate_on(engine: Any, ids: Sequence[int], params: SamplingParams, priority: int) -> GenerateOutput:
     """engine.generate(ids, params, priority=...) or a token-exact backend's run(ids, params[, priority])."""
     from .token_exact import TokenExactBackend
 
@@ -245,7 +245,7 @@ class Prepositioner:
                 raise ValueError("keep_logits needs an engine with next_token_logits(ids)")
             logits = np.asarray(logits_fn(list(ids)))
             return ready_from_logits(version, state, entry, logits, keep_logits=True, header_len=header_len)
-        out = _call_generate(self.engine, ids, ready_request_params(), self.config.background_priority)
+        out = generate_on(self.engine, ids, ready_request_params(), self.config.background_priority)
         top = out.meta_info.get("output_top_logprobs")
         if not top or not top[0]:
             raise ValueError("engine returned no output_top_logprobs for the decision point (top_logprobs_num=2)")
@@ -295,7 +295,7 @@ class Prepositioner:
             path = "cold"
             delta = len(realized)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
-        out = _call_generate(self.engine, look.state + realized, params, 0)
+        out = generate_on(self.engine, look.state + realized, params, 0)
         if not out.output_ids:
             raise RuntimeError("engine returned no output token for a served request")
         latency = time.perf_counter() - t0

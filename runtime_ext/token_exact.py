@@ -61,6 +61,28 @@ class TokenExactBackend(BaseBackend):
             while len(self._memory) > self.memory_size:
                 self._memory.popitem(last=False)
 
+    def _decode(self, ids: Sequence[int]) -> str:
+        try:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        except TypeError:  # minimal tokenizers without the keyword
+            return self.tokenizer.decode(list(ids))
+
+    def _remember_generation(self, text_before: str, ids_before: Sequence[int], out: GenerateOutput) -> None:
+        """Remember `text_before + out.text` as `ids_before + the output ids that spell exactly out.text`.
+
+        The output ids can spell more than `out.text` (a stop string cuts the text but keeps the token that
+        completed it; EOS is skipped in the text), and an empty text would re-key `text_before` itself.  Only
+        a prefix of the output ids whose decoding is exactly `out.text` is remembered; if none is, nothing is,
+        and later requests tokenize that text instead (correct, merely not id-exact).
+        """
+        if not out.text:
+            return
+        n = len(out.output_ids)
+        for k in range(n, max(n - 8, 0), -1):
+            if self._decode(out.output_ids[:k]) == out.text:
+                self._remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]))
+                return
+
     def _longest_remembered(self, text: str) -> tuple[str, tuple[int, ...]]:
         best = ""
         ids: tuple[int, ...] = ()
@@ -97,7 +119,7 @@ class TokenExactBackend(BaseBackend):
             sampling_params, seed=directives.seed, logprob_temperatures=directives.logprob_temperatures
         )
         out = self.run(ids, params)
-        self._remember(s.text_ + out.text, list(ids) + list(out.output_ids))
+        self._remember_generation(s.text_, ids, out)
         return out.text, out.meta_info
 
     def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams):

@@ -81,3 +81,44 @@ def test_plain_text_programs_still_work():
     state.sync()
     assert backend.requests[0][0] == list(b"Q: hi\nA:")
     assert state["a"] == "a"
+
+
+class EmptyOrStopBackend(RecordingBackend):
+    """Output ids spell more than the returned text: an empty text, or a text cut at a stop string."""
+
+    def __init__(self, texts):
+        super().__init__()
+        self.texts = list(texts)
+
+    def run(self, input_ids, params):
+        with self.lock:
+            self.requests.append((list(input_ids), params))
+            text = self.texts.pop(0)
+        out = tuple(text.encode()) + (ord("#"),)  # the '#' is the stop token, cut from the text
+        return GenerateOutput(tuple(input_ids), out, text, {})
+
+
+def test_empty_generation_is_not_remembered_as_the_prompt():
+    @function
+    def ask(s):
+        s += "Q:"
+        s += gen("a", max_tokens=1)
+
+    backend = EmptyOrStopBackend(["", ""])
+    ask.run(backend=backend).sync()
+    ask.run(backend=backend).sync()
+    assert [ids for ids, _ in backend.requests] == [list(b"Q:"), list(b"Q:")]
+
+
+def test_stop_token_not_in_text_is_not_replayed():
+    @function
+    def two(s):
+        s += "Q:"
+        s += gen("a", max_tokens=3)
+        s += "!"
+        s += gen("b", max_tokens=1)
+
+    backend = EmptyOrStopBackend(["ab", "c"])
+    two.run(backend=backend).sync()
+    # the second request continues exactly the text "Q:ab!" — not the hidden stop token
+    assert backend.requests[1][0] == list(b"Q:ab!")

@@ -932,7 +932,7 @@ class EmbeddedEngine:
                 return {"type": "stop", "matched": token}
             if token in p.stop_token_ids:
                 return {"type": "stop", "matched": token}
-            if p.stop:
+            if p.stop and self._tail_has_stop(r.output_ids, p.stop):
                 text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
                 hits = [(text.find(st), st) for st in p.stop if st and st in text]
                 if hits:
@@ -942,6 +942,19 @@ class EmbeddedEngine:
         if n_out >= p.max_new_tokens:
             return {"type": "length", "length": n_out}
         return None
+
+    def _tail_has_stop(self, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
+        """Cheap pre-check: can a stop string have appeared with the newest token?
+
+        A stop string that was absent before the newest token must end inside the text of the last few
+        tokens, so decoding a window of (longest stop + 8) tokens finds it without re-decoding the whole
+        output at every step (the chat template adds a stop string to every frontend `gen`).
+        """
+        window = max(len(st) for st in stops) + 8
+        if len(output_ids) <= window:
+            return True
+        tail = self.tokenizer.decode(list(output_ids[-window:]), skip_special_tokens=True)
+        return any(st and st in tail for st in stops)
 
     def _cache_finished(self, batch: _Batch, r: _Request) -> None:
         """Insert prompt + output KV (all fed tokens) into the radix tree; move the request's lock there."""

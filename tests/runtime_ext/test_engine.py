@@ -529,3 +529,20 @@ def test_logq_at_extra_temperatures_equals_direct_computation(engine):
             assert by_temp[j][t] == pytest.approx(float(direct), abs=1e-9)
     # the sampled temperature's entry equals the log q_τ the token was drawn with
     assert by_temp[1] == pytest.approx(list(out.output_logq), abs=1e-9)
+
+
+def test_late_stop_string_found_past_the_tail_window(engine):
+    """A stop string that first appears long after the start (past the decode window) still stops."""
+    ids = prompt(engine, "late stop")
+    for seed in range(20):
+        base = engine.generate(ids, SamplingParams(max_new_tokens=80, seed=seed, ignore_eos=True))
+        text = base.text
+        stop = next((text[i : i + 3] for i in range(40, len(text) - 3)
+                     if "\ufffd" not in text[i : i + 3] and text[i : i + 3] not in text[:i + 2]), None)
+        if stop is None:
+            continue
+        cut = engine.generate(ids, SamplingParams(max_new_tokens=80, seed=seed, ignore_eos=True, stop=(stop,)))
+        assert cut.meta_info["finish_reason"] == {"type": "stop", "matched": stop}
+        assert cut.text == text[: text.find(stop)]
+        return
+    pytest.skip("no clean 3-character stop string found after position 40")

@@ -61,11 +61,15 @@ class TokenExactBackend(BaseBackend):
             while len(self._memory) > self.memory_size:
                 self._memory.popitem(last=False)
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def _decode(self, ids: Sequence[int]) -> str | None:
+        """The literal text of `ids` (special tokens included); None if the tokenizer cannot decode."""
+        decode = getattr(self.tokenizer, "decode", None)
+        if decode is None:
+            return None
         try:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+            return decode(list(ids), skip_special_tokens=False)
         except TypeError:  # minimal tokenizers without the keyword
-            return self.tokenizer.decode(list(ids))
+            return decode(list(ids))
 
     def _remember_generation(self, text_before: str, ids_before: Sequence[int], out: GenerateOutput) -> None:
         """Remember `text_before + out.text` as `ids_before + the output ids that spell exactly out.text`.

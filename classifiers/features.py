@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from forerun.programs.acceptance import epsilon_class
+
 __all__ = [
     "CLASSES",
     "DEFAULT_EPSILON",
@@ -58,17 +60,11 @@ class RecordError(ValueError):
 
 
 def certainty_class(accept_prob: float, epsilon: float = DEFAULT_EPSILON) -> str:
-    """ε-certainty class of a decision (§3.3): reject if A <= ε, accept if A >= 1 - ε, else uncertain."""
-    if not 0.0 < epsilon < 0.5:
-        raise ValueError(f"epsilon must lie in (0, 1/2), got {epsilon!r}")
-    a = float(accept_prob)
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"accept_prob must lie in [0, 1], got {accept_prob!r}")
-    if a <= epsilon:
-        return "reject"
-    if a >= 1.0 - epsilon:
-        return "accept"
-    return "uncertain"
+    """ε-certainty class of a decision (§3.3): reject if A <= ε, accept if A >= 1 - ε, else uncertain.
+
+    The samplers label their records with the same rule (`forerun.programs.acceptance.epsilon_class`).
+    """
+    return epsilon_class(float(accept_prob), epsilon)
 
 
 def class_index(name: str) -> int:

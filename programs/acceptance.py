@@ -127,9 +127,9 @@ def accept_decision(log_u: float, log_accept: float) -> bool:
 def epsilon_class(accept_prob: float, eps: float = EPSILON) -> str:
     """ε-certainty class of a decision (§3.3): reject if A ≤ ε, accept if A ≥ 1 − ε, else uncertain."""
     if not (0.0 < eps < 0.5):
-        raise ValueError(f"eps must be in (0, 0.5), got {eps}")
+        raise ValueError(f"epsilon must be in (0, 0.5), got {eps}")
     if not (0.0 <= accept_prob <= 1.0):
-        raise ValueError(f"acceptance probability must be in [0, 1], got {accept_prob}")
+        raise ValueError(f"accept_prob (the acceptance probability A) must be in [0, 1], got {accept_prob}")
     if accept_prob <= eps:
         return "reject"
     if accept_prob >= 1.0 - eps:

@@ -109,7 +109,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def build_engine_model(model_spec: str, dtype: str | None = None):
-    """The embedded engine, its frontend backend and a `ProgramProposalModel` over it."""
+    """The embedded engine, its frontend backend and the loaded model."""
     from forerun.runtime_ext.embedded_backend import EmbeddedBackend
     from forerun.runtime_ext.engine import EmbeddedEngine
     from forerun.runtime_ext.models import load_model
@@ -120,10 +120,42 @@ def build_engine_model(model_spec: str, dtype: str | None = None):
     return loaded, engine, backend
 
 
-def proposal_model_for(backend: Any, kind: str, vocab_size: int, temperatures: Sequence[float]) -> ProgramProposalModel:
-    if kind == "multitry-mh":
-        return ProgramProposalModel(backend, tempered_temperatures=temperatures, vocab_size=vocab_size)
-    return ProgramProposalModel(backend)
+@dataclass
+class Runtime:
+    """Where the sampler programs run: the embedded engine or a launched SGLang server (`--backend URL`)."""
+
+    name: str
+    """Model name (the loaded model's, or the one the server serves)."""
+    dtype: str
+    """Model dtype of the embedded engine; "server" for an SGLang server."""
+    tokenizer: Any
+    backend: Any
+    """The token-exact SGLang frontend backend the programs run on."""
+    flush: Callable[[], None]
+    """Clears the prefix cache (between chains)."""
+    close: Callable[[], None]
+
+
+def open_runtime(model_spec: str = "default", dtype: str | None = None, *, backend_url: str | None = None,
+                 tokenizer: str | None = None) -> Runtime:
+    """The embedded engine for `model_spec`, or the SGLang server at `backend_url` (then `model_spec` and
+    `dtype` are ignored and the tokenizer is `tokenizer` or the server's)."""
+    if backend_url:
+        from forerun.eval.cli_engine import open_server_backend
+
+        backend = open_server_backend(backend_url, tokenizer)
+        return Runtime(name=backend.get_model_name(), dtype="server", tokenizer=backend.tokenizer, backend=backend,
+                       flush=backend.flush_cache, close=lambda: None)
+    loaded, engine, backend = build_engine_model(model_spec, dtype)
+    return Runtime(name=loaded.name, dtype=str(loaded.dtype), tokenizer=loaded.tokenizer, backend=backend,
+                   flush=engine.flush_cache, close=engine.close)
+
+
+def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = ()) -> ProgramProposalModel:
+    """The suffix-proposal model a sampler needs: MultiTryMH asks for log q at its temperatures 𝒯; only
+    EntropyCut requires the per-token entropy of p0 (a stock SGLang server does not report it)."""
+    return ProgramProposalModel(backend, tempered_temperatures=temperatures if kind == "multitry-mh" else (),
+                                require_entropy=kind == "entropy-cut")
 
 
 def prompt_ids_for(tokenizer: Any, messages: list[dict[str, str]] | None = None, text: str | None = None) -> list[int]:

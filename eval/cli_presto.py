@@ -1,10 +1,14 @@
 """`forerun sample` and `forerun bench presto`: power samplers and their PreSTO variants from the command line.
 
     forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N]
-                   (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed --model]
-                   [--records FILE] [--json]
-    forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ... --model]
-                         [--paper] [--records FILE] [--json]
+                   (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed]
+                   [--model M | --backend URL [--tokenizer PATH]] [--records FILE] [--json]
+    forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ...]
+                         [--model M | --backend URL [--tokenizer PATH]] [--paper] [--records FILE] [--json]
+
+With `--backend http://host:port` the samplers run unchanged on a launched SGLang server.  A stock server
+returns neither the per-token entropy of p0 (EntropyCut) nor log q at extra temperatures (MultiTryMH): those
+samplers then stop with a clear error; PowerMH needs neither.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import sys
 from typing import Any
 
+from forerun.eval.cli_engine import add_backend_arguments
 from forerun.runtime_ext.protocol import EngineError
 
 __all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
@@ -46,8 +51,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=_pos_float, default=None, help="power exponent α (default 4; τ = 1/α)")
     p.add_argument("--beta", type=_pos_float, default=4.0, help="EntropyCut exponent β (default 4)")
     p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
-    p.add_argument("--model", default="default", help="default | tiny | path to a HF folder or .gguf")
-    p.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    p.add_argument("--model", default="default",
+                   help="default | tiny | path to a HF folder or .gguf (ignored with --backend)")
+    p.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64; ignored with --backend)")
+    add_backend_arguments(p)
     p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
     p.add_argument("--records", default=None, help="append per-node records (JSONL) to this file")
@@ -114,19 +121,40 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _open_runtime(args: argparse.Namespace):
+    from forerun.eval.bench_presto import open_runtime
+
+    return open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN (e.g. the confidence of a chain whose backend reports no entropy) -> null, for strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def sample_command(args: argparse.Namespace) -> int:
-    from forerun.eval.bench_presto import build_engine_model, prompt_ids_for, proposal_model_for
+    from forerun.eval.bench_presto import prompt_ids_for, proposal_model_for
     from forerun.programs.records import RecordWriter
     from forerun.programs.samplers import make_sampler
 
-    engine = None
+    runtime = None
     try:
         st = _settings(args)
         (cfg,) = _configs(args, [args.sampler], st)
         prefetch = _prefetch(args, st["npf"])
         if not args.dataset and not args.prompt:
             raise ValueError("--prompt must not be empty")
-        loaded, engine, backend = build_engine_model(args.model, args.dtype)
+        runtime = _open_runtime(args)
         if args.dataset:
             from forerun.eval.datasets import load_prompts
 
@@ -134,26 +162,27 @@ def sample_command(args: argparse.Namespace) -> int:
             if args.index < 0 or args.index >= len(prompts):
                 raise ValueError(f"--index {args.index} out of range for {args.dataset} ({len(prompts)} prompts)")
             prompt = prompts[args.index]
-            pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(loaded.tokenizer, prompt.messages())
+            pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(runtime.tokenizer, prompt.messages())
         else:
-            pid, ids = "prompt", prompt_ids_for(loaded.tokenizer, text=args.prompt)
-        model = proposal_model_for(backend, args.sampler, loaded.vocab_size, cfg.mtm_temperatures)
+            pid, ids = "prompt", prompt_ids_for(runtime.tokenizer, text=args.prompt)
+        model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         result = sampler.run(ids, prompt_id=pid)
     except (ValueError, OSError, EngineError) as exc:
-        print(f"forerun sample: {exc}", file=sys.stderr)
+        print(f"forerun sample: {_one_line(exc)}", file=sys.stderr)
         return 2
     finally:
-        if engine is not None:
-            engine.close()
+        if runtime is not None:
+            runtime.close()
     if args.records:
         RecordWriter(args.records).write_calls(result.calls)
     out = result.summary()
-    out.update(sampler=sampler.name, settings=st, response=loaded.tokenizer.decode(list(result.response_ids)),
+    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=args.backend or "embedded",
+               response=runtime.tokenizer.decode(list(result.response_ids)),
                call_times_s=[c.wall_time for c in result.mh_calls],
                transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(_json_safe(out)))
     else:
         print(out["response"])
         print(f"\ntoken ids: {out['response_ids']}")
@@ -164,45 +193,44 @@ def sample_command(args: argparse.Namespace) -> int:
 
 
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from forerun.eval.bench_presto import (build_engine_model, format_table, prompt_ids_for, proposal_model_for,
-                                           run_pairs, timestamp)
+    from forerun.eval.bench_presto import format_table, prompt_ids_for, proposal_model_for, run_pairs, timestamp
     from forerun.eval.datasets import load_prompts
     from forerun.programs.records import RecordWriter
 
-    engine = None
+    runtime = None
     try:
         st = _settings(args)
         configs = _configs(args, args.samplers, st)
         prefetch = _prefetch(args, st["npf"])
-        loaded, engine, backend = build_engine_model(args.model, args.dtype)
+        runtime = _open_runtime(args)
         prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
         if len(prompts) < args.prompts:
             raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
-        items = [(f"{args.dataset}/{p.id}", prompt_ids_for(loaded.tokenizer, p.messages())) for p in prompts]
+        items = [(f"{args.dataset}/{p.id}", prompt_ids_for(runtime.tokenizer, p.messages())) for p in prompts]
         writer = RecordWriter(args.records) if args.records else None
-        models = [proposal_model_for(backend, cfg.kind, loaded.vocab_size, cfg.mtm_temperatures) for cfg in configs]
+        models = [proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures) for cfg in configs]
         bar = _progress(2 * len(items) * len(configs), "bench presto")
         rows = []
         for cfg, model in zip(configs, models):
-            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=engine.flush_cache,
+            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=runtime.flush,
                                 progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
                                 on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
             rows.append(pair.table_row())
         bar.close()
     except (ValueError, OSError, EngineError) as exc:
-        print(f"forerun bench presto: {exc}", file=sys.stderr)
+        print(f"forerun bench presto: {_one_line(exc)}", file=sys.stderr)
         return 2
     finally:
-        if engine is not None:
-            engine.close()
-    meta = {"date": timestamp(), "model": loaded.name, "dtype": str(loaded.dtype), "dataset": args.dataset,
-            "prompts": len(items), "settings": st, "traversal": args.traversal}
+        if runtime is not None:
+            runtime.close()
+    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": args.backend or "embedded",
+            "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal}
     if args.json:
-        print(json.dumps({"meta": meta, "rows": rows}))
+        print(json.dumps(_json_safe({"meta": meta, "rows": rows})))
     else:
-        print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}), {args.dataset} × "
-              f"{len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} N_pf={st['npf']} "
-              f"seed={st['seed']} traversal={args.traversal}")
+        print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
+              f"{args.dataset} × {len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
+              f"N_pf={st['npf']} seed={st['seed']} traversal={args.traversal}")
         print("cells: sequential/PreSTO; speedup = Eq. 20 (ratio of mean call time); calls÷ = reduction in calls; "
               "t/call× = increase in time per call")
         print(format_table(rows))

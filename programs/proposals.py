@@ -8,7 +8,9 @@ writes each branch's exact ids with token markers:
     b += gen("suffix", max_tokens=T - cut, temperature=τ, ignore_eos=True, return_logprob=True)
 
 and reads ids, log q_τ, log p0 and the entropy of p0 from `b.get_meta_info("suffix")`
-(`output_token_logprobs` = [log q_τ, id, text], `output_token_logp0`, `output_token_entropy`).  Only stock
+(`output_token_logprobs` = [log q_τ, id, text], `output_token_logp0`, `output_token_entropy`).  MultiTryMH
+also writes `logprob_temperatures(𝒯)` into each branch and reads `output_token_logq_by_temperature`
+(log q_τ'(y_t | ·) over the full vocabulary, one row per τ' ∈ 𝒯) from the same meta_info.  Only stock
 frontend calls and the markers are used, so the program runs unchanged on every token-exact backend
 (embedded engine, SGLang server).  The sequential samplers use the same program with one branch; the block
 extension x_{L+1:T} ~ q_τ is one such call as well.
@@ -16,7 +18,7 @@ extension x_{L+1:T} ~ q_τ is one such call as well.
     paper                         code
     (x_{0:c}, τ, noise) request   SuffixRequest(prefix_ids, max_tokens, temperature, seed)
     y_{c+1:T}, log q_τ, log p0, H Suffix(ids, logq, logp0, entropy)
-    log q_τ' for τ' ∈ 𝒯 (MTM)     Suffix.logq_by_temp[(i, t)]
+    log q_τ' for τ' ∈ 𝒯 (MTM)     Suffix.logq_by_temp[i, t]  (meta_info output_token_logq_by_temperature)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -32,7 +35,7 @@ from scipy.special import logsumexp
 
 from forerun.runtime_ext.protocol import EngineError
 from forerun.runtime_ext.sglang_frontend import function, gen
-from forerun.runtime_ext.token_markers import sampling_seed, token_ids
+from forerun.runtime_ext.token_markers import logprob_temperatures, sampling_seed, token_ids
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,6 @@ class Suffix:
 
 _NONCES = itertools.count(1)
 
-MAX_FULL_VOCAB = 4096
-"""Largest vocabulary for which `ProgramProposalModel` asks for p0 over the whole vocabulary (MultiTryMH)."""
-
 
 class ProposalModel(Protocol):
     """One model call: generate every request of a batch; return the suffixes in order."""
@@ -102,6 +102,8 @@ def suffix_proposals(s, requests):
         branch += sampling_seed(req["nonce"])
         branch += token_ids(req["prefix_ids"])
         branch += sampling_seed(req["seed"])
+        if req["logprob_temperatures"]:
+            branch += logprob_temperatures(req["logprob_temperatures"])
         branch += gen(
             "suffix",
             max_tokens=req["max_tokens"],
@@ -110,7 +112,6 @@ def suffix_proposals(s, requests):
             top_p=1.0,
             ignore_eos=True,
             return_logprob=True,
-            top_logprobs_num=req["top_logprobs_num"] or None,
         )
     out = [(branch.get_meta_info("suffix"), branch.error()) for branch in branches]
     branches.join()
@@ -118,16 +119,22 @@ def suffix_proposals(s, requests):
 
 
 def _suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatures: tuple[float, ...],
-                      vocab_size: int | None) -> Suffix:
+                      require_entropy: bool = True) -> Suffix:
     if not meta:
         raise EngineError("suffix proposal returned no meta_info (backend error?)")
     entries = meta.get("output_token_logprobs")
     logp0 = meta.get("output_token_logp0")
     entropy = meta.get("output_token_entropy")
-    if entries is None or logp0 is None or entropy is None:
+    if entries is None or logp0 is None:
         raise EngineError(
-            "the backend must return output_token_logprobs, output_token_logp0 and output_token_entropy "
+            "the backend must return output_token_logprobs and output_token_logp0 "
             f"(got keys {sorted(meta)})"
+        )
+    if entropy is None and require_entropy:
+        raise EngineError(
+            "this sampler (EntropyCut) needs the entropy of p0 of every generated token (meta_info "
+            "'output_token_entropy'); the backend did not return it. A stock SGLang server does not report it: "
+            "use the embedded engine, or serve a sampler plugin that returns it through customized_info."
         )
     if len(entries) != req.max_tokens:
         raise EngineError(
@@ -137,24 +144,28 @@ def _suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatu
     ids = np.asarray([int(e[1]) for e in entries], dtype=np.int64)
     logq = np.asarray([float(e[0]) for e in entries], dtype=np.float64)
     p0 = np.asarray(logp0, dtype=np.float64)
-    ent = np.asarray(entropy, dtype=np.float64)
+    ent = np.asarray(entropy, dtype=np.float64) if entropy is not None else np.full(len(ids), np.nan)
     by_temp = None
     if temperatures:
-        tops = meta.get("output_top_logprobs")
-        if tops is None or len(tops) != len(ids):
-            raise EngineError("MultiTryMH needs output_top_logprobs over the full vocabulary for every token")
-        rows = np.empty((len(temperatures), len(ids)))
-        for t, top in enumerate(tops):
-            if vocab_size is None or len(top) < vocab_size:
-                raise EngineError(
-                    f"MultiTryMH needs p0 over the full vocabulary ({vocab_size}) to get log q_τ' at every τ'; "
-                    f"the backend returned {len(top)} entries"
-                )
-            full = np.asarray([float(e[0]) for e in top], dtype=np.float64)
-            for i, temp in enumerate(temperatures):
-                rows[i, t] = p0[t] / temp - float(logsumexp(full / temp))
-        by_temp = rows
-    if not (np.all(np.isfinite(logq)) and np.all(np.isfinite(p0)) and np.all(np.isfinite(ent))):
+        rows = meta.get("output_token_logq_by_temperature")
+        got = meta.get("logprob_temperatures")
+        if rows is None:
+            raise EngineError(
+                f"MultiTryMH needs log q_τ' of every generated token at τ' ∈ {list(temperatures)} (meta_info "
+                "'output_token_logq_by_temperature'); the backend did not return it"
+            )
+        if got is not None and [float(t) for t in got] != list(temperatures):
+            raise EngineError(f"asked for log q at temperatures {list(temperatures)}, the backend returned {got}")
+        by_temp = np.asarray(rows, dtype=np.float64)
+        if by_temp.shape != (len(temperatures), len(ids)):
+            raise EngineError(
+                f"output_token_logq_by_temperature has shape {by_temp.shape}, expected "
+                f"({len(temperatures)}, {len(ids)}) (temperatures × generated tokens)"
+            )
+        if not np.all(np.isfinite(by_temp)):
+            raise EngineError("suffix proposal returned non-finite log q at the MultiTryMH temperatures")
+    if not (np.all(np.isfinite(logq)) and np.all(np.isfinite(p0))
+            and (entropy is None or np.all(np.isfinite(ent)))):
         raise EngineError("suffix proposal returned non-finite log-probabilities")
     return Suffix(ids=ids, logq=logq, logp0=p0, entropy=ent, logq_by_temp=by_temp)
 
@@ -162,25 +173,19 @@ def _suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatu
 class ProgramProposalModel:
     """`ProposalModel` that runs `suffix_proposals` on an SGLang frontend backend (one program per call).
 
-    `tempered_temperatures` (MultiTryMH) asks for p0 over the whole vocabulary (`top_logprobs_num` =
-    vocab size) and derives log q_τ'(y_t) = log p0(y_t)/τ' − log Σ_u p0(u)^{1/τ'} exactly; backends that
-    cannot return the whole vocabulary make MultiTryMH fail with a clear error.
+    `tempered_temperatures` 𝒯 (MultiTryMH): every branch carries a `logprob_temperatures(𝒯)` marker and the
+    engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine; a stock SGLang
+    server refuses such requests with a clear error).  `require_entropy` (default True; EntropyCut needs it):
+    a backend that does not report the entropy of p0 is an error; with False the entropy is NaN.
     """
 
     def __init__(self, backend: Any, *, tempered_temperatures: Sequence[float] = (),
-                 vocab_size: int | None = None) -> None:
+                 require_entropy: bool = True) -> None:
         self.backend = backend
         self.tempered_temperatures = tuple(float(t) for t in tempered_temperatures)
-        self.vocab_size = vocab_size
-        if self.tempered_temperatures and not vocab_size:
-            raise ValueError("tempered_temperatures needs vocab_size")
-        if self.tempered_temperatures and vocab_size > MAX_FULL_VOCAB:
-            raise ValueError(
-                f"MultiTryMH needs log q_τ' of every token at every candidate temperature {self.tempered_temperatures}; "
-                f"the engine returns log q only at the sampled τ, so forerun derives the others from p0 over the full "
-                f"vocabulary, which is practical only up to {MAX_FULL_VOCAB} tokens (this model has {vocab_size}). "
-                "An engine that returns per-token log q at extra temperatures is needed for larger models."
-            )
+        if any(not t > 0 for t in self.tempered_temperatures):
+            raise ValueError(f"tempered_temperatures must be > 0, got {self.tempered_temperatures}")
+        self.require_entropy = bool(require_entropy)
         self.last_wall_time = math.nan
 
     def generate(self, requests: Sequence[SuffixRequest]) -> list[Suffix]:
@@ -188,18 +193,23 @@ class ProgramProposalModel:
             raise ValueError("a model call needs at least one request")
         args = [
             {"prefix_ids": list(r.prefix_ids), "max_tokens": r.max_tokens, "temperature": r.temperature,
-             "seed": r.seed, "top_logprobs_num": self.vocab_size if self.tempered_temperatures else 0,
-             "nonce": next(_NONCES)}
+             "seed": r.seed, "logprob_temperatures": list(self.tempered_temperatures), "nonce": next(_NONCES)}
             for r in requests
         ]
         start = time.perf_counter()
-        state = suffix_proposals.run(requests=args, backend=self.backend)
+        with warnings.catch_warnings():
+            # SGLang's interpreter warns with a traceback when a branch fails; the error is re-raised below
+            warnings.filterwarnings("ignore", message="Error in stream_executor")
+            state = suffix_proposals.run(requests=args, backend=self.backend)
         results = state.ret_value
         self.last_wall_time = time.perf_counter() - start
         errors = [e for _, e in results if e is not None] + ([state.error()] if state.error() is not None else [])
         if errors:
-            raise EngineError(f"suffix proposal program failed: {errors[0]!r}")
-        return [_suffix_from_meta(m, r, self.tempered_temperatures, self.vocab_size)
+            err = errors[0]
+            if isinstance(err, EngineError):
+                raise err
+            raise EngineError(f"suffix proposal program failed: {err!r}")
+        return [_suffix_from_meta(m, r, self.tempered_temperatures, self.require_entropy)
                 for (m, _), r in zip(results, requests)]
 
 

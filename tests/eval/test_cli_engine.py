@@ -46,3 +46,32 @@ def test_bench_engine_tiny_json(capsys):
     assert res["fork"]["prefix_hit_rate"] > 0.9
     assert res["decode"]["speedup_vs_transformers_generate"] > 0
     assert res["fork"]["peak_kv_pool_tokens"] > 0
+
+
+# -- --backend URL: a launched SGLang server (the fake one here) --------------------------------------
+def test_generate_on_a_server_backend(capsys):
+    from forerun.runtime_ext.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        argv = ["generate", "--backend", srv.url, "--prompt", "hi", "--max-tokens", "5", "--seed", "7",
+                "--temperature", "0.5", "--ignore-eos", "--model", "/ignored/with/backend", "--json"]
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        bodies = srv.generate_bodies()
+    assert out["backend"] == srv.url and out["model"] == "forerun-fake-byte-model"
+    assert out["prompt_ids"] == srv.tokenizer.encode("hi") == bodies[0]["input_ids"]
+    assert len(out["output_ids"]) == 5 and bodies[0]["sampling_params"]["sampling_seed"] == 7
+    # log p0 from the server backend's scoring pass; a stock server reports no entropy
+    assert len(out["output_token_logp0"]) == 5 and out["output_token_entropy"] is None
+
+
+def test_unreachable_backend_is_a_one_line_error(capsys):
+    from forerun.runtime_ext.fake_sglang_server import unused_port
+
+    url = f"http://127.0.0.1:{unused_port()}"
+    assert main(["generate", "--backend", url, "--prompt", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("forerun generate: ") and url in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert main(["generate", "--backend", "localhost:1", "--prompt", "hi"]) == 2
+    assert "http://" in capsys.readouterr().err

@@ -97,3 +97,61 @@ def test_predictive_traversal_from_a_trained_classifier(tmp_path, capsys):
     pre = json.loads(capsys.readouterr().out)
     assert pre["response_ids"] == seq["response_ids"] and pre["history"] == seq["history"]
     assert main(["sample", "--presto", "--traversal", "predictive", "--prompt", "x", "--model", "tiny"]) == 2
+
+
+# -- --backend URL: the samplers unchanged on a launched SGLang server (the fake one here) ----------------
+def test_sample_presto_on_a_server_backend(capsys):
+    from forerun.runtime_ext.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        argv = ["sample", "--backend", srv.url, "--sampler", "power-mh", "--presto", "--prompt", "hi", "--n", "8",
+                "--K", "3", "--json"]
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        bodies = srv.generate_bodies()
+        assert main([a for a in argv if a != "--presto"]) == 0  # the sequential chain: the same tokens (exactness over HTTP)
+        seq = json.loads(capsys.readouterr().out)
+    prompt = srv.tokenizer.encode("hi")
+    assert out["backend"] == srv.url and out["sampler"] == "presto-power-mh"
+    assert len(out["response_ids"]) == 8 and out["transitions"] == 3 and out["confidence"] is None
+    assert seq["response_ids"] == out["response_ids"] and seq["history"] == out["history"]
+    sent = [b["input_ids"] for b in bodies]
+    flat = [ids for s in sent for ids in (s if s and isinstance(s[0], list) else [s])]
+    assert flat and all(ids[: len(prompt)] == prompt for ids in flat)
+    assert all("text" not in b for b in bodies)
+
+
+def test_bench_presto_on_a_server_backend(capsys):
+    from forerun.runtime_ext.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        rc = main(["bench", "presto", "--backend", srv.url, "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4",
+                   "--json"])
+        assert rc == 0
+        out = json.loads(capsys.readouterr().out)
+        flushes = [p for p, _ in srv.requests if p == "/flush_cache"]
+    assert out["meta"]["backend"] == srv.url and out["meta"]["dtype"] == "server"
+    (row,) = out["rows"]
+    assert row["identical_chains"] == 1 and row["transitions_per_call"][0] == 1.0
+    assert len(flushes) == 2  # the prefix cache is flushed before each chain
+
+
+def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):
+    from forerun.runtime_ext.fake_sglang_server import FakeSGLangServer, unused_port
+
+    with FakeSGLangServer() as srv:
+        base = ["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2"]
+        assert main(base + ["--sampler", "entropy-cut"]) == 2
+        err = capsys.readouterr().err
+        assert "entropy" in err and err.count("\n") == 1
+        assert main(base + ["--sampler", "multitry-mh"]) == 2
+        err = capsys.readouterr().err
+        assert "extra temperatures" in err and err.count("\n") == 1
+    with FakeSGLangServer(plugin_keys=True) as srv:  # a server plugin that reports the entropy of p0
+        assert main(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2",
+                     "--sampler", "entropy-cut", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["confidence"] is not None
+    url = f"http://127.0.0.1:{unused_port()}"
+    assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forerun bench presto: ") and url in err and err.count("\n") == 1

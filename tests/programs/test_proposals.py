@@ -17,15 +17,20 @@ class _NoTokenizer:
     def encode(self, text, add_special_tokens=False):
         raise AssertionError(f"the proposal program must send ids only, got text {text!r}")
 
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{int(t)}>" for t in ids)  # ToyBackend's output text
+
 
 class ToyBackend(TokenExactBackend):
     """A token-exact frontend backend whose engine is the numpy toy model (records every request)."""
 
-    def __init__(self, model: LogitTableModel, *, short_by: int = 0, full_vocab: bool = True) -> None:
+    def __init__(self, model: LogitTableModel, *, short_by: int = 0, entropy: bool = True,
+                 by_temperature: bool = True) -> None:
         super().__init__(_NoTokenizer())
         self.model = model
         self.short_by = short_by
-        self.full_vocab = full_vocab
+        self.entropy = entropy
+        self.by_temperature = by_temperature
         self.seen: list[tuple[tuple[int, ...], SamplingParams]] = []
         self.lock = threading.Lock()
 
@@ -38,17 +43,19 @@ class ToyBackend(TokenExactBackend):
         meta = {
             "output_token_logprobs": [[float(q), int(t), str(t)] for q, t in zip(s.logq[:n], s.ids[:n])],
             "output_token_logp0": [float(x) for x in s.logp0[:n]],
-            "output_token_entropy": [float(x) for x in s.entropy[:n]],
         }
-        if params.top_logprobs_num:
+        if self.entropy:
+            meta["output_token_entropy"] = [float(x) for x in s.entropy[:n]]
+        if params.logprob_temperatures and self.by_temperature:
+            # what the embedded engine returns: log q_τ'(y_t | ·) over the full vocabulary, one row per τ'
+            meta["logprob_temperatures"] = list(params.logprob_temperatures)
             ids = list(input_ids)
-            tops = []
+            rows = [[] for _ in params.logprob_temperatures]
             for tok in s.ids[:n]:
-                lp = self.model.log_p0(ids[-1], len(ids))
-                k = len(lp) if self.full_vocab else 2
-                tops.append([[float(lp[u]), u, str(u)] for u in np.argsort(-lp)[:k]])
+                for row, t in zip(rows, params.logprob_temperatures):
+                    row.append(float(self.model.log_q(ids[-1], len(ids), t)[tok]))
                 ids.append(int(tok))
-            meta["output_top_logprobs"] = tops
+            meta["output_token_logq_by_temperature"] = rows
         return GenerateOutput(input_ids=tuple(input_ids), output_ids=tuple(int(t) for t in s.ids[:n]),
                               text="".join(f"<{int(t)}>" for t in s.ids[:n]),
                               meta_info=meta)
@@ -75,23 +82,43 @@ def test_samplers_run_unchanged_on_the_program_path():
     for kind in ("power-mh", "entropy-cut", "multitry-mh"):
         temps = (0.25, 0.5, 1.0) if kind == "multitry-mh" else ()
         toy = LogitTableModel(4, seed=2, tempered_temperatures=temps)
-        pm = ProgramProposalModel(ToyBackend(LogitTableModel(4, seed=2)), tempered_temperatures=temps,
-                                  vocab_size=4 if temps else None)
+        pm = ProgramProposalModel(ToyBackend(LogitTableModel(4, seed=2)), tempered_temperatures=temps)
         cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=5, seed=4)
         a = make_sampler(toy, cfg).run([1, 2])
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run([1, 2])
         assert a.response_ids == b.response_ids and a.history == b.history, kind
 
 
-def test_short_output_and_missing_vocab_are_errors():
+def test_multitry_program_sends_the_temperature_marker_and_reads_the_arrays():
+    temps = (0.25, 0.5, 1.0)
+    toy = LogitTableModel(5, seed=3, tempered_temperatures=temps)
+    backend = ToyBackend(LogitTableModel(5, seed=3))
+    pm = ProgramProposalModel(backend, tempered_temperatures=temps)
+    reqs = [SuffixRequest((1, 2, 3), 4, 0.25, 11), SuffixRequest((4,), 3, 0.25, 12)]
+    out = pm.generate(reqs)
+    assert all(p.logprob_temperatures == temps for _, p in backend.seen)
+    for o, d in zip(out, toy.generate(reqs)):
+        assert o.logq_by_temp.shape == (3, len(d.ids))
+        assert np.allclose(o.logq_by_temp, d.logq_by_temp)
+    # without MultiTryMH no marker is sent and no arrays are read
+    ProgramProposalModel(backend).generate(reqs[:1])
+    assert backend.seen[-1][1].logprob_temperatures == ()
+
+
+def test_short_output_and_missing_arrays_are_errors():
     with pytest.raises(EngineError, match="expected 4"):
         ProgramProposalModel(ToyBackend(LogitTableModel(4), short_by=1)).generate([SuffixRequest((1,), 4, 1.0, 1)])
-    pm = ProgramProposalModel(ToyBackend(LogitTableModel(4), full_vocab=False), tempered_temperatures=(0.5,),
-                              vocab_size=4)
-    with pytest.raises(EngineError, match="full vocabulary"):
+    pm = ProgramProposalModel(ToyBackend(LogitTableModel(4), by_temperature=False), tempered_temperatures=(0.5,))
+    with pytest.raises(EngineError, match="output_token_logq_by_temperature"):
         pm.generate([SuffixRequest((1,), 2, 1.0, 1)])
-    with pytest.raises(ValueError, match="full\nvocabulary|4096"):
-        ProgramProposalModel(ToyBackend(LogitTableModel(4)), tempered_temperatures=(0.5,), vocab_size=49152)
+    # a backend without per-token entropy: an error only when the sampler needs it (EntropyCut)
+    no_entropy = ToyBackend(LogitTableModel(4), entropy=False)
+    with pytest.raises(EngineError, match="EntropyCut"):
+        ProgramProposalModel(no_entropy).generate([SuffixRequest((1,), 2, 1.0, 1)])
+    (s,) = ProgramProposalModel(no_entropy, require_entropy=False).generate([SuffixRequest((1,), 2, 1.0, 1)])
+    assert len(s.ids) == 2 and np.all(np.isnan(s.entropy))
+    with pytest.raises(ValueError, match="tempered_temperatures"):
+        ProgramProposalModel(no_entropy, tempered_temperatures=(0.0,))
     with pytest.raises(ValueError, match="max_tokens"):
         SuffixRequest((1,), 0, 1.0, 1)
     with pytest.raises(ValueError, match="prefix_ids"):
@@ -126,7 +153,7 @@ def test_tiny_engine_program_matches_direct_engine_calls(tiny_backend):
 def test_tiny_engine_identical_chains(tiny_backend, kind):
     loaded, backend = tiny_backend
     temps = (0.25, 0.5, 1.0) if kind == "multitry-mh" else ()
-    pm = ProgramProposalModel(backend, tempered_temperatures=temps, vocab_size=loaded.vocab_size if temps else None)
+    pm = ProgramProposalModel(backend, tempered_temperatures=temps)
     prompt = loaded.tokenizer.encode("wörld")
     seeds, steps = (range(1), 3) if kind == "multitry-mh" else (range(2), 4)
     for seed in seeds:

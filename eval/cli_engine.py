@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any
 
+from forerun.eval.cli_args import nonnegative_float, nonnegative_int
+
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "open_server_backend"]
 
 
@@ -53,20 +55,6 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _nonneg_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return v
-
-
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
     g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
@@ -75,8 +63,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.add_argument("--dtype", default=None, help="float32 (default) | float64 | bfloat16 (tiny: float64); "
                                                  "ignored with --backend")
     add_backend_arguments(g)
-    g.add_argument("--max-tokens", type=_nonneg_int, default=128, help="max new tokens (default 128)")
-    g.add_argument("--temperature", type=_nonneg_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
+    g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")
+    g.add_argument("--temperature", type=nonnegative_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
     g.add_argument("--top-k", type=int, default=-1, help="top-k (default -1: off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")

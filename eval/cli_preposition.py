@@ -16,21 +16,9 @@ import sys
 import time
 from typing import Any, Iterator
 
+from forerun.eval.cli_args import nonnegative_int, positive_int
+
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
-
-
-def _pos_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
-    return v
 
 
 def _rhos(text: str) -> tuple[float, ...]:
@@ -50,27 +38,27 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     d.add_argument("--model", default="tiny", help="tiny (default, no download) | default | path")
     d.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
     d.add_argument("--tau", type=float, default=2.0, help="gate threshold τ (default 2.0)")
-    d.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
+    d.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     d.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     d.set_defaults(handler=session_demo_command)
 
     b = bench_subparsers.add_parser("preposition", help="pre-positioning: L_cold / L_fast / L_fall, hit rate vs ρ, gate")
     b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
     b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
-    b.add_argument("--requests", type=_pos_int, default=128, help="requests per latency arm (128)")
-    b.add_argument("--trace-updates", type=_nonneg_int, default=32, help="updates per ρ in the live trace (32; 0 skips)")
+    b.add_argument("--requests", type=positive_int, default=128, help="requests per latency arm (128)")
+    b.add_argument("--trace-updates", type=nonnegative_int, default=32, help="updates per ρ in the live trace (32; 0 skips)")
     b.add_argument("--trace-interval", type=float, default=None,
                    help="mean update interval of the trace in seconds (default: --trace-idle-factor x measured "
                         "ingest + pre-position)")
     b.add_argument("--trace-idle-factor", type=float, default=4.0,
                    help="mean update interval / (ingest + T_pp) when --trace-interval is not given (4)")
     b.add_argument("--rhos", type=_rhos, default=(0.25, 1.0, 4.0), help="query-to-update ratios (0.25,1,4)")
-    b.add_argument("--calib-windows", type=_nonneg_int, default=64, help="trend windows for the gate (64; 0 skips)")
+    b.add_argument("--calib-windows", type=nonnegative_int, default=64, help="trend windows for the gate (64; 0 skips)")
     b.add_argument("--tau", type=float, default=2.0, help="gate threshold τ reported (2.0)")
     b.add_argument("--r-max", type=float, default=0.15, help="risk budget for the calibrated τ (0.15)")
     b.add_argument("--plots", default=None, help="directory for Figures 4-7 (PNG)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
+    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_preposition_command)
 
@@ -79,14 +67,14 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = cal_sub.add_parser("gate", help="sweep the pre-positioning gate τ on the streaming trend task")
     g.add_argument("--model", default="default", help="default | tiny | path (default: default)")
     g.add_argument("--dtype", default=None)
-    g.add_argument("--windows", type=_pos_int, default=128, help="price windows (decision points), 128")
-    g.add_argument("--window-len", type=_pos_int, default=12, help="prices per window (12)")
+    g.add_argument("--windows", type=positive_int, default=128, help="price windows (decision points), 128")
+    g.add_argument("--window-len", type=positive_int, default=12, help="prices per window (12)")
     g.add_argument("--tau", type=float, default=2.0, help="τ to report (2.0)")
     g.add_argument("--r-max", type=float, default=0.15, help="risk budget r_max (0.15)")
     g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", type=_pos_int, default=None, help="torch threads (default: torch's choice)")
+    g.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     g.set_defaults(handler=calibrate_gate_command)
 

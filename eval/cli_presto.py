@@ -19,6 +19,7 @@ import math
 import sys
 from typing import Any
 
+from forerun.eval.cli_args import positive_float, positive_int
 from forerun.eval.cli_engine import add_backend_arguments
 from forerun.runtime_ext.protocol import EngineError
 
@@ -30,26 +31,12 @@ CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
 """CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
 
 
-def _pos_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
-
-
-def _pos_float(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return v
-
-
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n", type=_pos_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
-    p.add_argument("--block", type=_pos_int, default=None, help="block size B (default: n, a single block)")
-    p.add_argument("--K", type=_pos_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
-    p.add_argument("--alpha", type=_pos_float, default=None, help="power exponent α (default 4; τ = 1/α)")
-    p.add_argument("--beta", type=_pos_float, default=4.0, help="EntropyCut exponent β (default 4)")
+    p.add_argument("--n", type=positive_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
+    p.add_argument("--block", type=positive_int, default=None, help="block size B (default: n, a single block)")
+    p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
+    p.add_argument("--alpha", type=positive_float, default=None, help="power exponent α (default 4; τ = 1/α)")
+    p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
     p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
     p.add_argument("--model", default="default",
                    help="default | tiny | path to a HF folder or .gguf (ignored with --backend)")
@@ -66,7 +53,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     s = subparsers.add_parser("sample", help="run one power sampler (optionally its PreSTO variant) on one prompt")
     s.add_argument("--sampler", choices=SAMPLERS, default="power-mh")
     s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
-    s.add_argument("--npf", type=_pos_int, default=None, help="prefetch budget N_pf (default 20)")
+    s.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
     src.add_argument("--dataset", help="dataset name (with --index)")
@@ -76,8 +63,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
     b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
     b.add_argument("--dataset", default="math500")
-    b.add_argument("--prompts", type=_pos_int, default=3, help="first P prompts of the dataset (default 3)")
-    b.add_argument("--npf", type=_pos_int, default=None, help="prefetch budget N_pf (default 20)")
+    b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
+    b.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
     b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
                    help="samplers to pair with their PreSTO variants (default power-mh)")
     b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")

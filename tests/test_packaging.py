@@ -22,9 +22,12 @@ def test_package_data_declared_for_dataset_slices():
     import tomllib
 
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    data = cfg["tool"]["setuptools"]["package-data"]["forerun.eval"]
-    assert "data/*.jsonl" in data and "data/*.md" in data
-    assert cfg["tool"]["setuptools"]["package-dir"]["forerun.eval"] == "eval"
+    setuptools = cfg["tool"]["setuptools"]
+    data = setuptools["package-data"]["forerun.eval.data"]
+    assert "*.jsonl" in data and "*.md" in data
+    assert "forerun.eval.data" in setuptools["packages"]
+    assert setuptools["package-dir"]["forerun.eval"] == "eval"
+    assert setuptools["package-dir"]["forerun.eval.data"] == "eval/data"
 
 
 def test_packaged_slices_present_and_never_gpqa_or_lcb():

@@ -31,3 +31,13 @@ def positive_float(text: str) -> float:
 
 def nonnegative_float(text: str) -> float:
     return float(_number(text, float, 0, True))
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, default: str = "default",
+                        with_backend: bool = False) -> None:
+    """`--model` and `--dtype` for commands that load a model into the embedded engine."""
+    ignored = " (ignored with --backend)" if with_backend else ""
+    parser.add_argument("--model", default=default,
+                        help=f"default | tiny | path to a HF folder or .gguf file (default: {default}){ignored}")
+    parser.add_argument("--dtype", default=None,
+                        help=f"float32 (default) | float64 | bfloat16 (tiny: float64){ignored}")

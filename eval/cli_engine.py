@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from forerun.eval.cli_args import nonnegative_float, nonnegative_int
+from forerun.eval.cli_args import add_model_arguments, nonnegative_float, nonnegative_int
 
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "open_server_backend"]
 
@@ -58,10 +58,7 @@ def _one_line(exc: BaseException) -> str:
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
     g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
-    g.add_argument("--model", default="default",
-                   help="default | tiny | path to a HF folder or .gguf file (ignored with --backend)")
-    g.add_argument("--dtype", default=None, help="float32 (default) | float64 | bfloat16 (tiny: float64); "
-                                                 "ignored with --backend")
+    add_model_arguments(g, with_backend=True)
     add_backend_arguments(g)
     g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")
     g.add_argument("--temperature", type=nonnegative_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
@@ -74,8 +71,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.set_defaults(handler=generate_command)
 
     b = bench_subparsers.add_parser("engine", help="embedded engine: decode speed, fork batching, prefix hits")
-    b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
-    b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    add_model_arguments(b)
     b.add_argument("--root-tokens", type=int, default=256, help="root length for the fork measurement (256)")
     b.add_argument("--suffixes", type=int, default=20, help="suffixes generated in one call (20)")
     b.add_argument("--suffix-tokens", type=int, default=128, help="tokens per suffix (128)")

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from forerun.eval.cli_args import nonnegative_int, positive_int
+from forerun.eval.cli_args import add_model_arguments, nonnegative_int, positive_int
 
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
 
@@ -35,16 +35,14 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     sess = subparsers.add_parser("session", help="stateful sessions with speculative pre-positioning")
     sess_sub = sess.add_subparsers(dest="session_command", required=True)
     d = sess_sub.add_parser("demo", help="a short streaming and agentic session: path and latency per request")
-    d.add_argument("--model", default="tiny", help="tiny (default, no download) | default | path")
-    d.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    add_model_arguments(d, default="tiny")
     d.add_argument("--tau", type=float, default=2.0, help="gate threshold τ (default 2.0)")
     d.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     d.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     d.set_defaults(handler=session_demo_command)
 
     b = bench_subparsers.add_parser("preposition", help="pre-positioning: L_cold / L_fast / L_fall, hit rate vs ρ, gate")
-    b.add_argument("--model", default="default", help="default | tiny | path (default: default)")
-    b.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64)")
+    add_model_arguments(b)
     b.add_argument("--requests", type=positive_int, default=128, help="requests per latency arm (128)")
     b.add_argument("--trace-updates", type=nonnegative_int, default=32, help="updates per ρ in the live trace (32; 0 skips)")
     b.add_argument("--trace-interval", type=float, default=None,
@@ -65,8 +63,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     cal = subparsers.add_parser("calibrate", help="calibration commands")
     cal_sub = cal.add_subparsers(dest="calibrate_command", required=True)
     g = cal_sub.add_parser("gate", help="sweep the pre-positioning gate τ on the streaming trend task")
-    g.add_argument("--model", default="default", help="default | tiny | path (default: default)")
-    g.add_argument("--dtype", default=None)
+    add_model_arguments(g)
     g.add_argument("--windows", type=positive_int, default=128, help="price windows (decision points), 128")
     g.add_argument("--window-len", type=positive_int, default=12, help="prices per window (12)")
     g.add_argument("--tau", type=float, default=2.0, help="τ to report (2.0)")

@@ -19,7 +19,7 @@ import math
 import sys
 from typing import Any
 
-from forerun.eval.cli_args import positive_float, positive_int
+from forerun.eval.cli_args import add_model_arguments, positive_float, positive_int
 from forerun.eval.cli_engine import add_backend_arguments
 from forerun.runtime_ext.protocol import EngineError
 
@@ -38,9 +38,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=positive_float, default=None, help="power exponent α (default 4; τ = 1/α)")
     p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
     p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
-    p.add_argument("--model", default="default",
-                   help="default | tiny | path to a HF folder or .gguf (ignored with --backend)")
-    p.add_argument("--dtype", default=None, help="model dtype (default float32; tiny float64; ignored with --backend)")
+    add_model_arguments(p, with_backend=True)
     add_backend_arguments(p)
     p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")

@@ -29,7 +29,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from forerun.classifiers.features import (
+from .features import (
     CLASSES,
     DEFAULT_EPSILON,
     POST_GENERATION_FIELDS,
@@ -38,13 +38,13 @@ from forerun.classifiers.features import (
     feature_matrix,
     feature_vector,
 )
-from forerun.programs.allocation import (
+from ..programs.allocation import (
     Allocation,
     NodeState,
     optimal_allocation,
     optimal_allocation_by_state,
 )
-from forerun.programs.allocation import branch_prob_accept as _branch_prob_accept
+from ..programs.allocation import branch_prob_accept as _branch_prob_accept
 
 __all__ = [
     "CertaintyConfig",

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from forerun.programs.acceptance import epsilon_class
+from ..programs.acceptance import epsilon_class
 
 __all__ = [
     "CLASSES",
@@ -45,7 +45,6 @@ __all__ = [
     "parse_node_record",
     "write_node_records",
     "drop_unreachable",
-    "synthetic_node_records",
 ]
 
 CLASSES: tuple[str, str, str] = ("reject", "accept", "uncertain")
@@ -323,78 +322,3 @@ def feature_matrix(records: Sequence[NodeRecord], names: Sequence[str]) -> np.nd
                 f"record {i} (prompt {record.prompt_id}, call {record.call_index}, node {record.node_id}): {exc}"
             ) from None
     return X
-
-
-# ------------------------------------------------------------------------------------------------
-# Synthetic records (tests, demos)
-# ------------------------------------------------------------------------------------------------
-
-
-def synthetic_node_records(
-    n_prompts: int = 8,
-    calls_per_prompt: int = 5,
-    nodes_per_call: int = 8,
-    *,
-    horizon: int = 64,
-    epsilon: float = DEFAULT_EPSILON,
-    signal: float = 3.0,
-    seed: int = 0,
-    classes: Sequence[str] = CLASSES,
-) -> list[NodeRecord]:
-    """Synthetic scored-node records whose class depends on the cut fraction.
-
-    Late cuts (c_j / T near 1, a short resampled suffix) lean to ε-certain accept, early cuts to
-    ε-certain reject, with uncertain in between; ``signal`` scales how strongly (0: no signal).
-    Only the listed ``classes`` occur. Each call expands heap nodes 0..nodes_per_call-1 (node_id is
-    the proposal 2i+1); depth, cuts and accepts on the path follow the shared conventions
-    (κ(root) = T).
-    """
-    if n_prompts < 1 or calls_per_prompt < 1 or nodes_per_call < 1:
-        raise ValueError("n_prompts, calls_per_prompt and nodes_per_call must be positive")
-    if horizon < 2:
-        raise ValueError(f"horizon must be at least 2, got {horizon}")
-    allowed = [class_index(c) for c in classes]
-    if not allowed:
-        raise ValueError("classes must not be empty")
-    rng = np.random.default_rng(seed)
-    records: list[NodeRecord] = []
-    for p in range(n_prompts):
-        for call in range(calls_per_prompt):
-            kappa_of: dict[int, int] = {0: horizon}  # κ(v), the known cut of each node
-            accepts_of: dict[int, int] = {0: 0}
-            for node in range(nodes_per_call):
-                depth = (node + 1).bit_length() - 1
-                kappa = kappa_of[node]
-                accepts = accepts_of[node]
-                cut = min(int(rng.integers(0, horizon)), kappa)  # a feasible request (Condition 1)
-                kappa_of[2 * node + 1], kappa_of[2 * node + 2] = cut, kappa
-                accepts_of[2 * node + 1], accepts_of[2 * node + 2] = accepts + 1, accepts
-                frac = cut / horizon
-                logits = np.array([signal * (0.5 - frac), signal * (frac - 0.5), -0.3])
-                logits = np.where(np.isin(np.arange(3), allowed), logits, -np.inf)
-                probs = np.exp(logits - logits.max())
-                probs /= probs.sum()
-                label = int(rng.choice(3, p=probs))
-                if label == 0:
-                    a = float(rng.uniform(0.0, epsilon))
-                elif label == 1:
-                    a = float(rng.uniform(1.0 - epsilon, 1.0))
-                else:
-                    a = float(rng.uniform(epsilon * 1.01, 1.0 - epsilon * 1.01))
-                records.append(
-                    NodeRecord(
-                        prompt_id=f"p{p}",
-                        call_index=call,
-                        node_id=2 * node + 1,
-                        depth=depth,
-                        cut=cut,
-                        parent_cut=kappa,
-                        cut_fraction=frac,
-                        accepts_on_path=accepts,
-                        accept_prob=a,
-                        certainty_class=CLASSES[label],
-                        realized=bool(rng.random() < 0.5),
-                        extra={"loglik_mean": float(rng.normal())},
-                    )
-                )
-    return records

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
-from forerun.runtime_ext.models import load_model
-from forerun.runtime_ext.protocol import SamplingParams
+from ..runtime_ext.engine import EmbeddedEngine, EngineConfig
+from ..runtime_ext.engine.models import load_model
+from ..runtime_ext.protocol import SamplingParams
 
 BENCH_PROMPT = (
     "Explain, step by step, how a radix tree can be used to share the key-value cache of a language model "

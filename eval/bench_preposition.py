@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy.stats import linregress
 
-from forerun.eval.calibration import plot_risk_coverage, wilson_interval
-from forerun.eval.latency_model import (
+from .calibration import plot_risk_coverage, wilson_interval
+from .latency_model import (
     LatencyConstants,
     expected_latency,
     hit_rate,
@@ -41,11 +41,11 @@ from forerun.eval.latency_model import (
     poisson_trace,
     replay_trace,
 )
-from forerun.eval.trend_task import QUESTION, SYSTEM, answer_tokens, collect_pairs, make_windows, report
-from forerun.programs.sessions import SessionFormat, StreamingSession
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
-from forerun.runtime_ext.protocol import SamplingParams
-from forerun.runtime_ext.ready_cache import GateConfig, SessionState
+from .trend_task import QUESTION, SYSTEM, answer_tokens, collect_pairs, make_windows, report
+from ..programs.sessions import SessionFormat, StreamingSession
+from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
+from ..runtime_ext.protocol import SamplingParams
+from ..runtime_ext.preposition.ready_cache import GateConfig, SessionState
 
 ARMS = ("cold", "fast", "fall_0", "fall_entry")
 ALT_QUESTION = "Which way are prices moving?"

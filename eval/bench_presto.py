@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from forerun.programs.proposals import ProgramProposalModel, ProposalModel
-from forerun.programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
+from ..programs.proposals import ProgramProposalModel, ProposalModel
+from ..programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
 
 PAPER_SETTINGS = dict(response_length=1024, block_size=1024, alpha=4.0, steps_per_block=100, budget=20, seed=10086)
 """Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, N_pf = 20, seed 10086."""
@@ -110,9 +110,9 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def build_engine_model(model_spec: str, dtype: str | None = None):
     """The embedded engine, its frontend backend and the loaded model."""
-    from forerun.runtime_ext.embedded_backend import EmbeddedBackend
-    from forerun.runtime_ext.engine import EmbeddedEngine
-    from forerun.runtime_ext.models import load_model
+    from ..runtime_ext.backends.embedded import EmbeddedBackend
+    from ..runtime_ext.engine import EmbeddedEngine
+    from ..runtime_ext.engine.models import load_model
 
     loaded = load_model(model_spec, dtype=dtype)
     engine = EmbeddedEngine(loaded)
@@ -141,7 +141,7 @@ def open_runtime(model_spec: str = "default", dtype: str | None = None, *, backe
     """The embedded engine for `model_spec`, or the SGLang server at `backend_url` (then `model_spec` and
     `dtype` are ignored and the tokenizer is `tokenizer` or the server's)."""
     if backend_url:
-        from forerun.eval.cli_engine import open_server_backend
+        from ..cli.engine import open_server_backend
 
         backend = open_server_backend(backend_url, tokenizer)
         return Runtime(name=backend.get_model_name(), dtype="server", tokenizer=backend.tokenizer, backend=backend,

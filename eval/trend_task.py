@@ -23,10 +23,10 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from forerun.eval.calibration import GatePair, GatePoint, gate_point, pick_threshold, sweep_threshold
-from forerun.programs.sessions import SessionFormat, StreamingSession
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
-from forerun.runtime_ext.ready_cache import GateConfig
+from .calibration import GatePair, GatePoint, gate_point, pick_threshold, sweep_threshold
+from ..programs.sessions import SessionFormat, StreamingSession
+from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
+from ..runtime_ext.preposition.ready_cache import GateConfig
 
 Direction = Literal["up", "down"]
 

@@ -34,11 +34,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner, ServeResult, generate_on
-from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
-from forerun.runtime_ext.ready_cache import SessionState
-from forerun.runtime_ext.sglang_frontend import function, gen
-from forerun.runtime_ext.token_markers import token_ids
+from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner, ServeResult, generate_on
+from ..runtime_ext.protocol import GenerateOutput, SamplingParams
+from ..runtime_ext.preposition.ready_cache import SessionState
+from ..runtime_ext.backends.sglang_frontend import function, gen
+from ..runtime_ext.backends.token_markers import token_ids
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_namespaces_import_in_a_fresh_interpreter(tmp_path):
     # run outside the checkout so the installed distribution (editable or regular) is what imports
     res = subprocess.run(
-        [sys.executable, "-c", "import forerun.programs, forerun.runtime_ext, forerun.classifiers, forerun.eval"],
+        [sys.executable, "-c", "import forerun.programs, forerun.runtime_ext, forerun.classifiers, forerun.eval, forerun.cli"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]

@@ -21,7 +21,8 @@ from forerun.classifiers.certainty import (
     format_cv_table,
     predictive_allocation,
 )
-from forerun.classifiers.features import CLASSES, class_index, feature_matrix, synthetic_node_records
+from forerun.classifiers.features import CLASSES, class_index, feature_matrix
+from forerun.testing.synthetic_records import synthetic_node_records
 from forerun.programs.allocation import (
     bfs_order_allocation,
     branch_prob_accept,

@@ -16,9 +16,9 @@ from forerun.classifiers.features import (
     feature_vector,
     parse_node_record,
     read_node_records,
-    synthetic_node_records,
     write_node_records,
 )
+from forerun.testing.synthetic_records import synthetic_node_records
 
 
 def _line(**over):

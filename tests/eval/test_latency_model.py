@@ -25,9 +25,9 @@ from forerun.eval.latency_model import (
     speedup,
     wasted_fraction,
 )
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
+from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput
-from forerun.runtime_ext.ready_cache import GateConfig, SessionState
+from forerun.runtime_ext.preposition.ready_cache import GateConfig, SessionState
 
 C = LatencyConstants(prefill_ms_per_token=2.0, decode_ms=10.0, scan_ms=0.5, restore_ms=1.0)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from forerun.eval.trend_task import QUESTION, answer_tokens, collect_pairs, make_windows, report
-from forerun.runtime_ext.fake_sglang_server import ByteTokenizer
+from forerun.testing.fake_sglang_server import ByteTokenizer
 from forerun.runtime_ext.protocol import GenerateOutput
 
 TOK = ByteTokenizer()

@@ -28,7 +28,7 @@ from forerun.programs.acceptance import (
     mtm_select,
     suffix_sum,
 )
-from forerun.programs.proposals import LogitTableModel
+from forerun.testing.logit_table_model import LogitTableModel
 
 PROMPT = (0,)
 TEMPS = (0.25, 0.5, 1.0)

@@ -7,10 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from forerun.programs.proposals import LogitTableModel, ProgramProposalModel, SuffixRequest
+from forerun.programs.proposals import ProgramProposalModel, SuffixRequest
+from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
 from forerun.runtime_ext.protocol import EngineError, GenerateOutput, SamplingParams
-from forerun.runtime_ext.token_exact import TokenExactBackend
+from forerun.runtime_ext.backends.token_exact import TokenExactBackend
 
 
 class _NoTokenizer:
@@ -127,8 +128,8 @@ def test_short_output_and_missing_arrays_are_errors():
 
 @pytest.fixture(scope="module")
 def tiny_backend():
-    models = pytest.importorskip("forerun.runtime_ext.models")
-    from forerun.runtime_ext.embedded_backend import EmbeddedBackend
+    models = pytest.importorskip("forerun.runtime_ext.engine.models")
+    from forerun.runtime_ext.backends.embedded import EmbeddedBackend
     from forerun.runtime_ext.engine import EmbeddedEngine
 
     loaded = models.load_model("tiny")

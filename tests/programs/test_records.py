@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from forerun.programs.proposals import LogitTableModel
+from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.records import RecordWriter, read_node_records
 from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from forerun.programs.prefetch_tree import node_depth
-from forerun.programs.proposals import LogitTableModel
+from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.samplers import (
     ChainState,
     PrefetchConfig,

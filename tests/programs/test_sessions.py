@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionFormat, StreamingSession
-from forerun.runtime_ext.fake_sglang_server import ByteTokenizer, FakeSGLangServer
-from forerun.runtime_ext.prepositioner import PrepositionConfig, Prepositioner
+from forerun.testing.fake_sglang_server import ByteTokenizer, FakeSGLangServer
+from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
-from forerun.runtime_ext.ready_cache import GateConfig, SessionClosed
+from forerun.runtime_ext.preposition.ready_cache import GateConfig, SessionClosed
 
 VOCAB = 258
 
@@ -137,7 +137,7 @@ def test_bad_format_rejected():
 
 def test_through_the_sglang_server_backend_and_programs():
     """Stock server APIs (top_logprobs_num=2, priority) and the @sgl.function programs on a fake server."""
-    from forerun.runtime_ext.server_backend import SGLangServerBackend
+    from forerun.runtime_ext.backends.server import SGLangServerBackend
 
     with FakeSGLangServer() as srv:
         backend = SGLangServerBackend(srv.url, tokenizer=ByteTokenizer())

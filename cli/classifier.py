@@ -1,0 +1,180 @@
+"""`forerun classifier train|cv`: fit and cross-validate the ε-certainty classifier (PreSTO App. E.7).
+
+    forerun classifier train --records FILE... --out PATH [--features cut_fraction,...] [--json]
+    forerun classifier cv    --records FILE... [--folds 5] [--features ...] [--no-group] [--json]
+
+Records are the JSONL scored-node lines the PreSTO samplers write (classifiers/features.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..classifiers.certainty import (
+    CertaintyClassifier,
+    CertaintyConfig,
+    cross_validate_certainty,
+    format_cv_table,
+)
+from ..classifiers.features import DEFAULT_EPSILON, FEATURE_SETS, NodeRecord, drop_unreachable, read_node_records
+
+__all__ = ["register", "train_command", "cv_command"]
+
+
+def _features(text: str) -> tuple[str, ...]:
+    if text in FEATURE_SETS:
+        return FEATURE_SETS[text]
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("--features needs at least one feature name")
+    return names
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", nargs="+", required=True, metavar="FILE", help="JSONL scored-node records")
+    p.add_argument(
+        "--features",
+        type=_features,
+        default=("cut_fraction",),
+        help="comma-separated feature names, or a feature set of App. E.7 "
+        f"({', '.join(FEATURE_SETS)}); default: cut_fraction",
+    )
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help=f"recompute each label from accept_prob with this ε (default: use the recorded certainty_class, ε = {DEFAULT_EPSILON})",
+    )
+    p.add_argument(
+        "--sampler",
+        default=None,
+        help="use only records whose 'sampler' field equals this (e.g. presto-power-mh); E.7 fits one model per sampler",
+    )
+    p.add_argument(
+        "--drop-unreachable",
+        action="store_true",
+        help="drop scored nodes below an unexpanded node of the same call (BFS requests the walk cannot reach), as in App. E.7",
+    )
+    p.add_argument("--l2-penalty", type=float, default=1.0, help="λ of the L2 penalty (scikit-learn C = 1/λ); default 1")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    """Add `forerun classifier train|cv` (no benchmarks in this area)."""
+    del bench_subparsers
+    parser = subparsers.add_parser("classifier", help="ε-certainty classifier of the predictive traversal rule")
+    sub = parser.add_subparsers(dest="classifier_command", required=True)
+
+    train = sub.add_parser("train", help="fit the classifier on scored-node records and save it as JSON")
+    _add_common(train)
+    train.add_argument("--out", required=True, metavar="PATH", help="where to write the model JSON")
+    train.add_argument(
+        "--allow-missing-classes",
+        action="store_true",
+        help="fit even if a certainty class is absent from the records (it gets probability 0)",
+    )
+    train.set_defaults(handler=train_command)
+
+    cv = sub.add_parser("cv", help="cross-validate the classifier against constant baselines (App. E.7)")
+    _add_common(cv)
+    cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
+    cv.add_argument("--seed", type=int, default=0, help="fold shuffling seed (default 0)")
+    cv.add_argument(
+        "--no-group",
+        action="store_true",
+        help="split nodes with StratifiedKFold instead of holding out whole prompts",
+    )
+    cv.set_defaults(handler=cv_command)
+
+
+def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> CertaintyConfig:
+    return CertaintyConfig(
+        epsilon=DEFAULT_EPSILON if args.epsilon is None else args.epsilon,
+        features=args.features,
+        l2_penalty=args.l2_penalty,
+        allow_missing_classes=allow_missing,
+    )
+
+
+def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
+    """Records from --records (filtered by --sampler), and how many --drop-unreachable removed."""
+    records = read_node_records(args.records, epsilon=args.epsilon)
+    if args.sampler is not None:
+        found = sorted({str(r.extra.get("sampler")) for r in records})
+        records = [r for r in records if r.extra.get("sampler") == args.sampler]
+        if not records:
+            raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
+    if not args.drop_unreachable:
+        return records, 0
+    kept = drop_unreachable(records)
+    return kept, len(records) - len(kept)
+
+
+def _fail(message: str) -> int:
+    print(f"forerun classifier: error: {message}", file=sys.stderr)
+    return 2
+
+
+def train_command(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args, allow_missing=args.allow_missing_classes)
+        records, dropped = _read(args)
+        model = CertaintyClassifier(config).fit(records)
+        path = model.save(args.out)
+    except ValueError as exc:
+        return _fail(str(exc))
+    summary = {
+        "out": str(path),
+        "training_size": model.training_size,
+        "class_counts": model.class_counts,
+        "features": list(model.features),
+        "dropped_unreachable": dropped,
+        "branch_prob_accept_at": {
+            f"{cf:.2f}": float(h)
+            for cf, h in zip((0.0, 0.25, 0.5, 0.75, 1.0), _branch_grid(model))
+        }
+        if model.features == ("cut_fraction",)
+        else None,
+    }
+    if args.json:
+        print(json.dumps({**summary, "model": model.to_dict()}, indent=2))
+    else:
+        counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
+        if args.drop_unreachable:
+            print(f"dropped {dropped} unreachable records")
+        print(f"trained on {model.training_size} records ({counts}); features: {', '.join(model.features)}")
+        if summary["branch_prob_accept_at"] is not None:
+            grid = "  ".join(f"c/T={k}: {v:.3f}" for k, v in summary["branch_prob_accept_at"].items())
+            print(f"ĥ(v+) {grid}")
+        print(f"wrote {path}")
+    return 0
+
+
+def _branch_grid(model: CertaintyClassifier) -> list[float]:
+    return [float(h) for h in model.branch_prob_accept_many([0.0, 0.25, 0.5, 0.75, 1.0])]
+
+
+def cv_command(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args)
+        records, dropped = _read(args)
+        report = cross_validate_certainty(
+            records,
+            config,
+            folds=args.folds,
+            seed=args.seed,
+            group_by_prompt=not args.no_group,
+            progress=True,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps({**report.to_dict(), "dropped_unreachable": dropped}, indent=2))
+    else:
+        if args.drop_unreachable:
+            print(f"dropped {dropped} unreachable records")
+        print(format_cv_table(report))
+    return 0

@@ -1,0 +1,166 @@
+"""`forerun generate` and `forerun bench engine`: the embedded CPU engine from the command line.
+
+    forerun generate --prompt TEXT [--model default|tiny|PATH | --backend URL [--tokenizer PATH]]
+                     [--max-tokens N] [--temperature T] [--seed S] [--raw] [--json]
+    forerun bench engine [--model default] [--json]
+
+`--backend http://host:port` (also on `forerun sample` / `forerun bench presto`) runs on a launched SGLang
+server (`scripts/launch_runtime`) through `SGLangServerBackend` instead of the embedded engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .args import add_model_arguments, nonnegative_float, nonnegative_int
+
+__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "open_server_backend"]
+
+
+def add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    """`--backend URL` and `--tokenizer PATH` (shared by generate, sample and bench presto)."""
+    p.add_argument("--backend", default=None, metavar="URL",
+                   help="run on a launched SGLang server at URL (http://host:port, e.g. from scripts/launch_runtime) "
+                        "instead of the embedded engine; --model and --dtype are then ignored")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="with --backend: HF tokenizer name or folder (default: the one the server reports)")
+
+
+def open_server_backend(url: str, tokenizer: str | None = None) -> Any:
+    """`SGLangServerBackend(url)` with the tokenizer from `tokenizer` or, by default, the server's info.
+
+    The server is asked for its info first (one retry), so an unreachable URL fails fast with an
+    `EngineError`.  forerun's fake test server reports its byte tokenizer by name; that one is built here.
+    """
+    from ..testing.fake_sglang_server import ByteTokenizer
+    from ..runtime_ext.protocol import EngineError
+    from ..runtime_ext.backends.server import ServerConfig, SGLangServerBackend, SGLangServerClient
+
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend must be a URL starting with http:// or https://, got {url!r}")
+    tok: Any = tokenizer
+    if tok is None:
+        info = SGLangServerClient(url, tokenizer=ByteTokenizer(), config=ServerConfig(retries=1)).server_info()
+        path = info.get("tokenizer_path") or info.get("model_path")
+        if not path:
+            raise EngineError(f"SGLang server {url} reports no tokenizer_path/model_path; pass --tokenizer PATH")
+        tok = ByteTokenizer() if path == ByteTokenizer.name_or_path else str(path)
+    return SGLangServerBackend(url, tokenizer=tok)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
+    g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
+    add_model_arguments(g, with_backend=True)
+    add_backend_arguments(g)
+    g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")
+    g.add_argument("--temperature", type=nonnegative_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
+    g.add_argument("--top-k", type=int, default=-1, help="top-k (default -1: off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
+    g.add_argument("--raw", action="store_true", help="send the prompt as is (no chat template)")
+    g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    g.set_defaults(handler=generate_command)
+
+    b = bench_subparsers.add_parser("engine", help="embedded engine: decode speed, fork batching, prefix hits")
+    add_model_arguments(b)
+    b.add_argument("--root-tokens", type=int, default=256, help="root length for the fork measurement (256)")
+    b.add_argument("--suffixes", type=int, default=20, help="suffixes generated in one call (20)")
+    b.add_argument("--suffix-tokens", type=int, default=128, help="tokens per suffix (128)")
+    b.add_argument("--decode-tokens", type=int, default=128, help="tokens for the single-stream measurement (128)")
+    b.add_argument("--repeats", type=int, default=3, help="repetitions of each timing; the median is reported (3)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    b.set_defaults(handler=bench_engine_command)
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    from ..runtime_ext.protocol import EngineError, SamplingParams
+
+    if not args.prompt:
+        print("forerun generate: --prompt must not be empty", file=sys.stderr)
+        return 2
+    try:
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
+    except ValueError as exc:
+        print(f"forerun generate: {exc}", file=sys.stderr)
+        return 2
+    if args.backend:
+        try:
+            backend = open_server_backend(args.backend, args.tokenizer)
+            name = backend.get_model_name()
+            ids = _prompt_ids(backend.tokenizer, args.prompt, args.raw)
+            out = backend.engine.generate(ids, params)
+        except (ValueError, OSError) as exc:
+            print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        except EngineError as exc:
+            print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
+            return 1
+    else:
+        from ..runtime_ext.engine import EmbeddedEngine
+        from ..runtime_ext.engine.models import load_model
+
+        try:
+            loaded = load_model(args.model, dtype=args.dtype)
+        except (ValueError, OSError) as exc:
+            print(f"forerun generate: {exc}", file=sys.stderr)
+            return 2
+        name = loaded.name
+        ids = _prompt_ids(loaded.tokenizer, args.prompt, args.raw)
+        with EmbeddedEngine(loaded) as engine:
+            try:
+                out = engine.generate(ids, params)
+            except EngineError as exc:
+                print(f"forerun generate: {exc}", file=sys.stderr)
+                return 1
+    if args.json:
+        meta = out.meta_info
+        print(json.dumps({
+            "model": name,
+            "backend": args.backend or "embedded",
+            "text": out.text,
+            "prompt_ids": list(out.input_ids),
+            "output_ids": list(out.output_ids),
+            "finish_reason": meta.get("finish_reason"),
+            "prompt_tokens": meta.get("prompt_tokens"),
+            "completion_tokens": meta.get("completion_tokens"),
+            "sampling_seed": meta.get("sampling_seed", args.seed),
+            "e2e_latency": meta.get("e2e_latency"),
+            "output_token_logprobs": [e[0] for e in meta["output_token_logprobs"]],
+            "output_token_logp0": meta.get("output_token_logp0"),
+            "output_token_entropy": meta.get("output_token_entropy"),
+        }))
+    else:
+        print(out.text)
+    return 0
+
+
+def _prompt_ids(tok: Any, prompt: str, raw: bool) -> list[int]:
+    if not raw and getattr(tok, "chat_template", None):
+        return list(tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
+                                            add_generation_prompt=True, return_dict=False))
+    return list(tok.encode(prompt))
+
+
+def bench_engine_command(args: argparse.Namespace) -> int:
+    from ..eval.bench_engine import EngineBenchConfig, format_engine_bench, run_engine_bench
+
+    config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
+                               num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
+                               decode_tokens=args.decode_tokens, repeats=args.repeats, seed=args.seed)
+    result = run_engine_bench(config, progress=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_engine_bench(result))
+    return 0

@@ -1,0 +1,226 @@
+"""`forerun sample` and `forerun bench presto`: power samplers and their PreSTO variants from the command line.
+
+    forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N]
+                   (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed]
+                   [--model M | --backend URL [--tokenizer PATH]] [--records FILE] [--json]
+    forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ...]
+                         [--model M | --backend URL [--tokenizer PATH]] [--paper] [--records FILE] [--json]
+
+With `--backend http://host:port` the samplers run unchanged on a launched SGLang server.  A stock server
+returns neither the per-token entropy of p0 (EntropyCut) nor log q at extra temperatures (MultiTryMH): those
+samplers then stop with a clear error; PowerMH needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from .args import add_model_arguments, positive_float, positive_int
+from .engine import add_backend_arguments
+from ..runtime_ext.protocol import EngineError
+
+__all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
+
+SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
+
+CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
+"""CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n", type=positive_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
+    p.add_argument("--block", type=positive_int, default=None, help="block size B (default: n, a single block)")
+    p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
+    p.add_argument("--alpha", type=positive_float, default=None, help="power exponent α (default 4; τ = 1/α)")
+    p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
+    p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
+    add_model_arguments(p, with_backend=True)
+    add_backend_arguments(p)
+    p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
+    p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
+    p.add_argument("--records", default=None, help="append per-node records (JSONL) to this file")
+    p.add_argument("--data-dir", default=None, help="dataset directory (default: packaged / FORERUN_DATA_DIR)")
+    p.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    s = subparsers.add_parser("sample", help="run one power sampler (optionally its PreSTO variant) on one prompt")
+    s.add_argument("--sampler", choices=SAMPLERS, default="power-mh")
+    s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
+    s.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
+    src.add_argument("--dataset", help="dataset name (with --index)")
+    s.add_argument("--index", type=int, default=0, help="prompt index in --dataset (default 0)")
+    _common(s)
+    s.set_defaults(handler=sample_command)
+
+    b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
+    b.add_argument("--dataset", default="math500")
+    b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
+    b.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
+    b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
+                   help="samplers to pair with their PreSTO variants (default power-mh)")
+    b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")
+    _common(b)
+    b.set_defaults(handler=bench_presto_command)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    base = dict(CPU_DEFAULTS)
+    if getattr(args, "paper", False):
+        base.update(n=1024, block=1024, K=100, npf=20, alpha=4.0, seed=10086)
+    n = args.n or base["n"]
+    return dict(n=n, block=args.block or (base["block"] if args.n is None else n), K=args.K or base["K"],
+                npf=args.npf or base["npf"], alpha=args.alpha or base["alpha"],
+                seed=base["seed"] if args.seed is None else args.seed)
+
+
+def _prefetch(args: argparse.Namespace, npf: int):
+    from ..programs.samplers import PrefetchConfig
+
+    if args.traversal == "bfs":
+        return PrefetchConfig(budget=npf)
+    if not args.classifier:
+        raise ValueError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
+    from ..classifiers.certainty import CertaintyClassifier
+
+    clf = CertaintyClassifier.load(args.classifier)
+    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=lambda f: float(clf.branch_prob_accept(f)))
+
+
+def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
+    from ..programs.samplers import SamplerConfig
+
+    return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
+                          alpha=st["alpha"], beta=args.beta, seed=st["seed"]) for k in kinds]
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _open_runtime(args: argparse.Namespace):
+    from ..eval.bench_presto import open_runtime
+
+    return open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN (e.g. the confidence of a chain whose backend reports no entropy) -> null, for strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def sample_command(args: argparse.Namespace) -> int:
+    from ..eval.bench_presto import prompt_ids_for, proposal_model_for
+    from ..programs.records import RecordWriter
+    from ..programs.samplers import make_sampler
+
+    runtime = None
+    try:
+        st = _settings(args)
+        (cfg,) = _configs(args, [args.sampler], st)
+        prefetch = _prefetch(args, st["npf"])
+        if not args.dataset and not args.prompt:
+            raise ValueError("--prompt must not be empty")
+        runtime = _open_runtime(args)
+        if args.dataset:
+            from ..eval.datasets import load_prompts
+
+            prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
+            if args.index < 0 or args.index >= len(prompts):
+                raise ValueError(f"--index {args.index} out of range for {args.dataset} ({len(prompts)} prompts)")
+            prompt = prompts[args.index]
+            pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(runtime.tokenizer, prompt.messages())
+        else:
+            pid, ids = "prompt", prompt_ids_for(runtime.tokenizer, text=args.prompt)
+        model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
+        sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
+        result = sampler.run(ids, prompt_id=pid)
+    except (ValueError, OSError, EngineError) as exc:
+        print(f"forerun sample: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        if runtime is not None:
+            runtime.close()
+    if args.records:
+        RecordWriter(args.records).write_calls(result.calls)
+    out = result.summary()
+    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=args.backend or "embedded",
+               response=runtime.tokenizer.decode(list(result.response_ids)),
+               call_times_s=[c.wall_time for c in result.mh_calls],
+               transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
+    if args.json:
+        print(json.dumps(_json_safe(out)))
+    else:
+        print(out["response"])
+        print(f"\ntoken ids: {out['response_ids']}")
+        print(f"{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
+              f"({result.transitions_per_call:.2f}/call), call time {result.call_time:.2f}s "
+              f"({result.time_per_call:.3f}s/call), accepts {sum(result.history)}")
+    return 0
+
+
+def bench_presto_command(args: argparse.Namespace) -> int:
+    from ..eval.bench_presto import format_table, prompt_ids_for, proposal_model_for, run_pairs, timestamp
+    from ..eval.datasets import load_prompts
+    from ..programs.records import RecordWriter
+
+    runtime = None
+    try:
+        st = _settings(args)
+        configs = _configs(args, args.samplers, st)
+        prefetch = _prefetch(args, st["npf"])
+        runtime = _open_runtime(args)
+        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
+        if len(prompts) < args.prompts:
+            raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
+        items = [(f"{args.dataset}/{p.id}", prompt_ids_for(runtime.tokenizer, p.messages())) for p in prompts]
+        writer = RecordWriter(args.records) if args.records else None
+        models = [proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures) for cfg in configs]
+        bar = _progress(2 * len(items) * len(configs), "bench presto")
+        rows = []
+        for cfg, model in zip(configs, models):
+            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=runtime.flush,
+                                progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
+                                on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
+            rows.append(pair.table_row())
+        bar.close()
+    except (ValueError, OSError, EngineError) as exc:
+        print(f"forerun bench presto: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        if runtime is not None:
+            runtime.close()
+    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": args.backend or "embedded",
+            "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal}
+    if args.json:
+        print(json.dumps(_json_safe({"meta": meta, "rows": rows})))
+    else:
+        print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
+              f"{args.dataset} × {len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
+              f"N_pf={st['npf']} seed={st['seed']} traversal={args.traversal}")
+        print("cells: sequential/PreSTO; speedup = Eq. 20 (ratio of mean call time); calls÷ = reduction in calls; "
+              "t/call× = increase in time per call")
+        print(format_table(rows))
+    not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
+    if not_identical:
+        print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,61 @@
+"""The SGLang frontend backend on the embedded CPU engine (token-exact).
+
+    sgl.set_default_backend(EmbeddedBackend(EmbeddedEngine.from_spec("default")))
+
+Any `@sgl.function` - fork, gen with logprobs, select, run_batch - runs on it: program text becomes
+exact token ids through `TokenExactBackend` (markers from `token_markers`, remembered generated ids),
+and every request goes to `EmbeddedEngine.generate`, whose concurrent calls (the fork threads) share one
+batched forward per decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..engine import EmbeddedEngine
+from ..protocol import GenerateOutput, SamplingParams
+from .sglang_frontend import sgl
+from .token_exact import TokenExactBackend
+
+
+def chat_template_for(engine: EmbeddedEngine) -> Any:
+    """SGLang's chat template for the model: matched by model path/name, else chatml when the tokenizer
+    speaks `<|im_start|>` (SmolLM2, the tiny test model), else SGLang's default."""
+    templates = sgl.lang.chat_template  # loaded by sglang_frontend (BaseBackend imports it)
+    info = engine.model_info
+    for key in (info.path, info.name):
+        if key:
+            tmpl = templates.get_chat_template_by_model_path(key)
+            if tmpl.name != "default":
+                return tmpl
+    vocab_has_chatml = "<|im_start|>" in (getattr(engine.tokenizer, "chat_template", None) or "")
+    return templates.get_chat_template("chatml" if vocab_has_chatml else "default")
+
+
+class EmbeddedBackend(TokenExactBackend):
+    """Token-exact SGLang frontend backend whose requests run on an `EmbeddedEngine`."""
+
+    def __init__(self, engine: EmbeddedEngine, *, memory_size: int = 4096) -> None:
+        if not isinstance(engine, EmbeddedEngine):
+            raise TypeError(f"EmbeddedBackend needs an EmbeddedEngine, got {type(engine).__name__}")
+        super().__init__(engine.tokenizer, memory_size=memory_size)
+        self.engine = engine
+        self.chat_template = chat_template_for(engine)
+
+    def run(self, input_ids: Sequence[int], params: SamplingParams) -> GenerateOutput:
+        return self.engine.generate(input_ids, params)
+
+    def run_batch(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
+        return self.engine.generate_batch(requests)
+
+    def get_model_name(self) -> str:
+        return self.engine.model_info.name
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self.engine.server_info()
+
+    def flush_cache(self) -> None:
+        self.engine.flush_cache()
+
+    def shutdown(self) -> None:
+        self.engine.close()

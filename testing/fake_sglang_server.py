@@ -1,0 +1,552 @@
+"""A fake SGLang 0.5.23 HTTP server for tests: the same JSON, a tiny deterministic numpy "model".
+
+The real server cannot run on CPU machines, so `SGLangServerBackend` is tested against this stand-in.
+It speaks the request/response shapes of `srt/entrypoints/http_server.py` and
+`srt/managers/tokenizer_manager.py` for the fields forerun uses, with outputs a test can recompute
+exactly from `FakeByteModel`:
+
+    paper / SGLang                        fake
+    vocabulary                            256 byte tokens + BOS (256) + EOS (257)
+    logits z(· | x_<t)                    FakeByteModel.logits(prefix): a fixed random bigram table row
+                                          of the last token plus a small position term (seed 0)
+    log p0(· | x_<t)                      log_softmax(z)
+    log q_τ(· | x_<t) (reported)          log_softmax(z / τ), before top-k / top-p, as SGLang's sampler
+                                          reports it (τ = 0: greedy, reports log p0)
+    sampled distribution                  log q_τ restricted to top-k / top-p and renormalised
+    sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
+    input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s =
+                                          logprob_start_len (-1 -> len(prompt) - 1), then
+                                          [log p0(x_j | x_<j), x_j, text] for j > s
+    output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
+    input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1
+    cached_tokens                         longest prefix of the prompt already in a token trie
+                                          (prompt + output inserted after each request)
+
+Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
+for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
+POST /open_session, POST /close_session, GET /metrics (Prometheus text).
+
+Failure injection (`FakeSGLangServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
+SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
+"disconnect" (the connection is closed without a response), "hang" (no answer until the client gives
+up or the server stops).  `plugin_keys=True` mimics a sampler plugin that reports
+`output_token_logp0` / `output_token_entropy` through `customized_info` (surfaced as meta_info keys).
+Every request body is recorded in `server.requests` as (path, parsed JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+
+import numpy as np
+
+BOS_ID = 256
+EOS_ID = 257
+VOCAB_SIZE = 258
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer of the fake model: token i < 256 is byte i; BOS 256, EOS 257."""
+
+    bos_token_id = BOS_ID
+    eos_token_id = EOS_ID
+    vocab_size = VOCAB_SIZE
+    name_or_path = "forerun-fake-byte-model"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return ([BOS_ID] + ids) if add_special_tokens else ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        data = bytes(int(i) for i in ids if int(i) < 256)
+        return data.decode("utf-8", errors="replace")
+
+    def batch_decode(self, seqs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(s, skip_special_tokens) for s in seqs]
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    m = np.max(z[np.isfinite(z)]) if np.any(np.isfinite(z)) else 0.0
+    e = np.exp(z - m)
+    return z - m - np.log(np.sum(e))
+
+
+class FakeByteModel:
+    """Deterministic next-token logits over the byte vocabulary (float64)."""
+
+    def __init__(self, seed: int = 0, scale: float = 2.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.table = rng.normal(0.0, scale, size=(VOCAB_SIZE, VOCAB_SIZE))
+        self.position_term = rng.normal(0.0, 0.5, size=(64, VOCAB_SIZE))
+        # EOS rarely wins: tests that want full lengths still pass ignore_eos
+        self.table[:, EOS_ID] -= 4.0
+
+    def logits(self, prefix: Sequence[int]) -> np.ndarray:
+        """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty)."""
+        if len(prefix) == 0:
+            raise ValueError("the fake model needs a non-empty prefix")
+        return self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
+
+    def logp0(self, prefix: Sequence[int]) -> np.ndarray:
+        """log p0(· | prefix)."""
+        return _log_softmax(self.logits(prefix))
+
+    def entropy(self, prefix: Sequence[int]) -> float:
+        """H(p0(· | prefix)) in nats."""
+        lp = self.logp0(prefix)
+        return float(-np.sum(np.exp(lp) * lp))
+
+    def logq(self, prefix: Sequence[int], temperature: float) -> np.ndarray:
+        """log q_τ(· | prefix) = log_softmax(z / τ), what SGLang reports (τ = 0: greedy, reports log p0).
+
+        As in SGLang's sampler, the reported logprobs are taken before top-k / top-p truncation.
+        """
+        if temperature == 0:
+            return self.logp0(prefix)
+        return _log_softmax(self.logits(prefix) / temperature)
+
+    def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
+                          top_p: float = 1.0) -> np.ndarray:
+        """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
+        lq = self.logq(prefix, temperature)
+        if 0 < top_k < VOCAB_SIZE:
+            kth = np.sort(lq)[-top_k]
+            lq = np.where(lq >= kth, lq, -np.inf)
+        if top_p < 1.0:
+            order = np.argsort(-lq, kind="stable")
+            cum = np.cumsum(np.exp(lq[order]))
+            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
+            mask = np.full_like(lq, -np.inf)
+            mask[keep] = lq[keep]
+            lq = mask
+        return _log_softmax(lq)
+
+    def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int) -> int:
+        """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
+        (seed, position)."""
+        if temperature == 0:
+            return int(np.argmax(self.logits(prefix)))
+        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p)
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
+        g = rng.gumbel(size=VOCAB_SIZE)
+        return int(np.argmax(lq + g))
+
+
+class _Trie:
+    """Token-prefix set (the fake's radix cache): longest cached prefix of a sequence."""
+
+    def __init__(self) -> None:
+        self.root: dict[int, dict] = {}
+        self.lock = threading.Lock()
+
+    def match(self, ids: Sequence[int]) -> int:
+        with self.lock:
+            node, n = self.root, 0
+            for t in ids:
+                if t not in node:
+                    break
+                node, n = node[t], n + 1
+            return n
+
+    def insert(self, ids: Sequence[int]) -> None:
+        with self.lock:
+            node = self.root
+            for t in ids:
+                node = node.setdefault(int(t), {})
+
+    def clear(self) -> None:
+        with self.lock:
+            self.root = {}
+
+
+@dataclass
+class _Failure:
+    mode: str
+    times: int
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang")
+
+
+class FakeSGLangServer:
+    """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23.
+
+    Use as a context manager: `with FakeSGLangServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
+    """
+
+    def __init__(self, *, model: FakeByteModel | None = None, plugin_keys: bool = False,
+                 model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
+        self.model = model or FakeByteModel()
+        self.host = host
+        self.port = port
+        self.tokenizer = ByteTokenizer()
+        self.plugin_keys = plugin_keys
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.requests: list[tuple[str, Any]] = []
+        self.cache = _Trie()
+        self.sessions: dict[str, int] = {}
+        self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
+                         "num_requests_total": 0}
+        self._failures: list[_Failure] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._seed_rng = np.random.default_rng(12345)
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("FakeSGLangServer is not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "FakeSGLangServer":
+        handler = _make_handler(self)
+        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name="fake-sglang", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeSGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- test controls ----------------------------------------------------------------------
+    def fail(self, mode: str, times: int = 1) -> None:
+        """Make the next `times` /generate requests fail with `mode` (one of FAIL_MODES)."""
+        if mode not in FAIL_MODES:
+            raise ValueError(f"fail mode must be one of {FAIL_MODES}, got {mode!r}")
+        if times < 1:
+            raise ValueError(f"times must be >= 1, got {times}")
+        with self._lock:
+            self._failures.append(_Failure(mode, times))
+
+    def _take_failure(self) -> str | None:
+        with self._lock:
+            while self._failures and self._failures[0].times <= 0:
+                self._failures.pop(0)
+            if not self._failures:
+                return None
+            f = self._failures[0]
+            f.times -= 1
+            return f.mode
+
+    def generate_bodies(self) -> list[dict[str, Any]]:
+        """The recorded /generate request bodies, in arrival order."""
+        with self._lock:
+            return [body for path, body in self.requests if path == "/generate"]
+
+    def server_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "served_model_name": self.model_path,
+            "version": "0.5.23-forerun-fake",
+            "enable_metrics": True,
+            "enable_session_radix_cache": True,
+            "internal_states": [{"vocab_size": VOCAB_SIZE}],
+            "frontend": "python",
+        }
+
+    def metrics_text(self) -> str:
+        lines = []
+        for key, val in self.counters.items():
+            lines.append(f"# TYPE sglang:{key} counter")
+            lines.append(f'sglang:{key}{{model_name="{self.model_path}"}} {float(val)}')
+        return "\n".join(lines) + "\n"
+
+    # -- /generate --------------------------------------------------------------------------
+    def handle_generate(self, body: dict[str, Any]) -> Any:
+        if not isinstance(body, dict):
+            raise _HTTPError(400, "request body must be a JSON object")
+        if body.get("input_ids") is not None:
+            ids_field = body["input_ids"]
+            batched = bool(ids_field) and isinstance(ids_field[0], list)
+            prompts = ids_field if batched else [ids_field]
+        elif body.get("text") is not None:
+            batched = isinstance(body["text"], list)
+            texts = body["text"] if batched else [body["text"]]
+            prompts = [self.tokenizer.encode(t) for t in texts]
+        else:
+            raise _HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
+        n = len(prompts)
+
+        def item(key: str, default: Any, i: int) -> Any:
+            val = body.get(key, default)
+            if val is None:
+                return default
+            if batched and isinstance(val, list) and key != "stop":
+                if len(val) != n:
+                    raise _HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
+                return val[i] if val[i] is not None else default
+            return val
+
+        outs = []
+        for i, ids in enumerate(prompts):
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise _HTTPError(400, "input_ids must be a list of ints (or a list of such lists)")
+            if len(ids) == 0:
+                raise _HTTPError(400, "The input_ids is empty.")
+            if any(t < 0 or t >= VOCAB_SIZE for t in ids):
+                raise _HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
+            rid = body.get("rid")
+            rid = (rid[i] if isinstance(rid, list) else (f"{rid}-{i}" if batched and rid else rid)) or uuid.uuid4().hex
+            session = body.get("session_params")
+            if isinstance(session, dict) and session.get("id") is not None and session["id"] not in self.sessions:
+                raise _HTTPError(400, f"session id {session['id']} does not exist")
+            outs.append(self._generate_one(
+                ids,
+                item("sampling_params", {}, i) or {},
+                rid=rid,
+                return_logprob=bool(item("return_logprob", False, i)),
+                logprob_start_len=int(item("logprob_start_len", -1, i)),
+                top_logprobs_num=int(item("top_logprobs_num", 0, i)),
+                return_text=bool(body.get("return_text_in_logprobs", False)),
+            ))
+        return outs if batched else outs[0]
+
+    def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, return_logprob: bool,
+                      logprob_start_len: int, top_logprobs_num: int, return_text: bool) -> dict[str, Any]:
+        max_new = int(sp.get("max_new_tokens", 128))
+        temperature = float(sp.get("temperature", 1.0))
+        top_k = int(sp.get("top_k", -1))
+        top_p = float(sp.get("top_p", 1.0))
+        ignore_eos = bool(sp.get("ignore_eos", False))
+        min_new = int(sp.get("min_new_tokens", 0))
+        stop_ids = {int(t) for t in (sp.get("stop_token_ids") or [])}
+        seed = sp.get("sampling_seed")
+        if seed is None:
+            seed = int(self._seed_rng.integers(0, 2**62))
+        if max_new < 0 or temperature < 0:
+            raise _HTTPError(400, "max_new_tokens and temperature must be >= 0")
+        m = self.model
+        tok = self.tokenizer
+
+        def text_of(t: int) -> str | None:
+            return tok.decode([t]) if return_text else None
+
+        cached = self.cache.match(ids)
+        out_ids: list[int] = []
+        out_logq: list[float] = []
+        out_top: list[list] = []
+        out_logp0: list[float] = []
+        out_ent: list[float] = []
+        finish: dict[str, Any] = {"type": "length", "length": max_new}
+        seq = list(ids)
+        for _ in range(max_new):
+            lq = m.logq(seq, temperature)
+            t = m.sample(seq, temperature, top_k, top_p, seed)
+            out_ids.append(t)
+            out_logq.append(float(lq[t]))
+            if top_logprobs_num > 0:
+                top = np.argsort(-lq, kind="stable")[:top_logprobs_num]
+                out_top.append([[float(lq[j]), int(j), text_of(int(j))] for j in top])
+            lp0 = m.logp0(seq)
+            out_logp0.append(float(lp0[t]))
+            out_ent.append(m.entropy(seq))
+            seq.append(t)
+            if len(out_ids) >= min_new:
+                if t == EOS_ID and not ignore_eos:
+                    finish = {"type": "stop", "matched": EOS_ID}
+                    break
+                if t in stop_ids:
+                    finish = {"type": "stop", "matched": t}
+                    break
+        self.cache.insert(seq)
+        with self._lock:
+            self.counters["prompt_tokens_total"] += len(ids)
+            self.counters["cached_tokens_total"] += cached
+            self.counters["generation_tokens_total"] += len(out_ids)
+            self.counters["num_requests_total"] += 1
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(out_ids),
+            "cached_tokens": cached,
+            "e2e_latency": 0.0,
+        }
+        if return_logprob:
+            start = len(ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(ids) - 1)
+            in_lp: list[list] = [[None, ids[start], text_of(ids[start])]]
+            in_top: list[Any] = [None]
+            for j in range(start + 1, len(ids)):
+                lp0 = m.logp0(ids[:j])
+                in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])
+                if top_logprobs_num > 0:
+                    top = np.argsort(-lp0, kind="stable")[:top_logprobs_num]
+                    in_top.append([[float(lp0[k]), int(k), text_of(int(k))] for k in top])
+            meta["input_token_logprobs"] = in_lp
+            meta["output_token_logprobs"] = [[lq, t, text_of(t)] for lq, t in zip(out_logq, out_ids)]
+            meta["output_token_logprobs_length"] = len(out_ids)
+            if top_logprobs_num > 0:
+                meta["input_top_logprobs"] = in_top
+                meta["output_top_logprobs"] = out_top
+        if self.plugin_keys:
+            meta["output_token_logp0"] = out_logp0
+            meta["output_token_entropy"] = out_ent
+        return {"text": tok.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
+
+
+def _make_handler(server: FakeSGLangServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+            data = payload if isinstance(payload, bytes) else (
+                payload.encode() if isinstance(payload, str) and content_type != "application/json"
+                else json.dumps(payload).encode())
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            if not raw:
+                return {}
+            try:
+                return json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise _HTTPError(400, f"invalid JSON body: {e}") from e
+
+        def do_GET(self) -> None:
+            self._dispatch("GET")
+
+        def do_POST(self) -> None:
+            self._dispatch("POST")
+
+        def do_PUT(self) -> None:
+            self._dispatch("POST")
+
+        def _dispatch(self, method: str) -> None:
+            path = self.path.split("?", 1)[0]
+            try:
+                body = self._body() if method == "POST" else None
+                with server._lock:
+                    server.requests.append((path, body))
+                if path == "/generate":
+                    self._generate(body)
+                elif path in ("/server_info", "/get_server_info"):
+                    self._send(200, server.server_info())
+                elif path in ("/health", "/health_generate", "/ready"):
+                    self._send(200, b"", "text/plain")
+                elif path == "/flush_cache":
+                    server.cache.clear()
+                    self._send(200, "Cache flushed.\n", "text/plain")
+                elif path == "/open_session":
+                    self._open_session(body or {})
+                elif path == "/close_session":
+                    sid = (body or {}).get("session_id")
+                    if sid not in server.sessions:
+                        raise _HTTPError(400, f"session id {sid} does not exist")
+                    del server.sessions[sid]
+                    self._send(200, b"", "text/plain")
+                elif path == "/metrics":
+                    self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
+                else:
+                    self._send(404, {"detail": "Not Found"})
+            except _HTTPError as e:
+                self._send(e.status, {"error": {"message": str(e)}})
+
+        def _open_session(self, body: dict[str, Any]) -> None:
+            if "capacity_of_str_len" not in body:
+                raise _HTTPError(422, "capacity_of_str_len: field required")
+            sid = body.get("session_id") or uuid.uuid4().hex
+            if sid in server.sessions:
+                raise _HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
+            server.sessions[sid] = int(body["capacity_of_str_len"])
+            self._send(200, sid)
+
+        def _generate(self, body: Any) -> None:
+            mode = server._take_failure()
+            if mode in ("500", "429", "400", "503"):
+                raise _HTTPError(int(mode), f"injected failure {mode}")
+            if mode == "disconnect":
+                self.close_connection = True
+                self.connection.close()
+                return
+            if mode == "hang":
+                server._stop.wait(timeout=60)
+                self.close_connection = True
+                return
+            out = server.handle_generate(body)
+            if mode == "abort":
+                for o in (out if isinstance(out, list) else [out]):
+                    o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",
+                                                       "status_code": None, "err_type": None}
+            self._send(200, out)
+
+    return Handler
+
+
+def unused_port() -> int:
+    """A local TCP port nothing listens on (for connection-refused tests)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m forerun.testing.fake_sglang_server --port P` (accepts and ignores other sglang flags)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="fake SGLang server (tests / launcher checks)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-path", default="forerun-fake-byte-model")
+    parser.add_argument("--plugin-keys", action="store_true")
+    args, _unknown = parser.parse_known_args(argv)
+    srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path, plugin_keys=args.plugin_keys)
+    srv.start()
+    print(f"fake SGLang server on {srv.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

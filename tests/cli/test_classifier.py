@@ -1,0 +1,107 @@
+"""Tests for `forerun classifier train|cv`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from forerun.classifiers.certainty import CertaintyClassifier
+from forerun.classifiers.features import write_node_records
+from forerun.testing.synthetic_records import synthetic_node_records
+from forerun.cli import classifier as cli_classifier, main as cli
+
+
+def run(argv: list[str]) -> int:
+    """Parse with a parser holding only this area's commands (other areas' modules may be absent)."""
+    parser = argparse.ArgumentParser(prog="forerun")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench").add_subparsers(dest="bench_command")
+    cli_classifier.register(sub, bench)
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+@pytest.fixture(scope="module")
+def record_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("records")
+    recs = synthetic_node_records(n_prompts=10, calls_per_prompt=5, nodes_per_call=8, seed=21)
+    half = len(recs) // 2
+    a, b = root / "a.jsonl", root / "b.jsonl"
+    write_node_records(a, recs[:half])
+    write_node_records(b, recs[half:])
+    return [str(a), str(b)], len(recs)
+
+
+def test_module_is_registered():
+    assert cli_classifier in cli.COMMAND_MODULES
+
+
+def test_train_writes_model(tmp_path, record_files, capsys):
+    files, n = record_files
+    out = tmp_path / "model.json"
+    assert run(["classifier", "train", "--records", *files, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"trained on {n} records" in text and str(out) in text
+    model = CertaintyClassifier.load(out)
+    assert model.training_size == n
+    assert 0 < model.branch_prob_accept(0.5) < 1
+
+
+def test_train_json_and_feature_set(tmp_path, record_files, capsys):
+    files, n = record_files
+    out = tmp_path / "m2.json"
+    assert run(["classifier", "train", "--records", *files, "--out", str(out), "--features", "1+2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["training_size"] == n
+    assert data["model"]["features"] == ["cut_fraction", "parent_cut", "cut_gap", "depth", "accepts_on_path"]
+
+
+def test_cv_table_and_json(record_files, capsys):
+    files, n = record_files
+    assert run(["classifier", "cv", "--records", *files, "--folds", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "accuracy" in captured.out and "log loss" in captured.out and "baseline" in captured.out
+    assert run(["classifier", "cv", "--records", *files, "--folds", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_records"] == n and report["folds"] == 3 and report["grouped_by_prompt"]
+    assert report["classifier"]["log_loss"] < report["baseline"]["log_loss"]
+    assert report["dropped_unreachable"] == 0
+    # synthetic calls hold nodes 0..7 of a heap: all ancestors present, nothing to drop
+    assert run(["classifier", "cv", "--records", *files, "--folds", "3", "--json", "--drop-unreachable"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_records"] == n
+
+
+def test_errors_are_reported_not_raised(tmp_path, record_files, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_id": "x"}\n')
+    assert run(["classifier", "cv", "--records", str(bad)]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    files, _ = record_files
+    assert run(["classifier", "cv", "--records", files[0], "--folds", "50"]) == 2
+    assert "distinct prompt_id" in capsys.readouterr().err
+    two = tmp_path / "two.jsonl"
+    write_node_records(two, synthetic_node_records(n_prompts=4, seed=2, classes=("reject", "accept")))
+    assert run(["classifier", "train", "--records", str(two), "--out", str(tmp_path / "x.json")]) == 2
+    assert "allow-missing-classes" in capsys.readouterr().err
+    assert run(["classifier", "train", "--records", str(two), "--out", str(tmp_path / "x.json"), "--allow-missing-classes"]) == 0
+
+
+def test_sampler_filter(tmp_path, capsys):
+    from forerun.classifiers.features import NodeRecord
+    import dataclasses
+
+    recs = synthetic_node_records(n_prompts=6, calls_per_prompt=4, nodes_per_call=8, seed=9)
+    tagged = [
+        dataclasses.replace(r, extra={**r.extra, "sampler": "presto-power-mh" if i % 2 else "presto-entropy-cut"})
+        for i, r in enumerate(recs)
+    ]
+    assert isinstance(tagged[0], NodeRecord)
+    path = tmp_path / "mixed.jsonl"
+    write_node_records(path, tagged)
+    out = tmp_path / "m.json"
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "presto-power-mh", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training_size"] == len(recs) // 2
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "nope"]) == 2
+    assert "samplers found: presto-entropy-cut, presto-power-mh" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""`forerun generate` / `forerun bench engine` on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.cli.main import main
+
+
+def test_generate_json_is_seeded(capsys):
+    argv = ["generate", "--prompt", "héllo ☃", "--model", "tiny", "--max-tokens", "6", "--seed", "3",
+            "--ignore-eos", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert first["output_ids"] == second["output_ids"] and len(first["output_ids"]) == 6
+    assert first["model"] == "tiny" and first["completion_tokens"] == 6
+    assert len(first["output_token_entropy"]) == 6
+    assert first["prompt_ids"][0] == 257  # chat template applied (<|im_start|>)
+
+
+def test_generate_raw_text(capsys):
+    assert main(["generate", "--prompt", "abc", "--model", "tiny", "--max-tokens", "3", "--raw", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_generate_bad_input(capsys):
+    assert main(["generate", "--prompt", "", "--model", "tiny"]) == 2
+    assert main(["generate", "--prompt", "x", "--model", "/no/such/model"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"]) == 1
+    assert "exceeds the model context" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--temperature", "-1"])
+
+
+def test_bench_engine_tiny_json(capsys):
+    argv = ["bench", "engine", "--model", "tiny", "--root-tokens", "48", "--suffixes", "4", "--suffix-tokens", "8",
+            "--decode-tokens", "8", "--repeats", "1", "--json"]
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["model"] == "tiny"
+    assert res["fork"]["prefix_hit_rate"] > 0.9
+    assert res["decode"]["speedup_vs_transformers_generate"] > 0
+    assert res["fork"]["peak_kv_pool_tokens"] > 0
+
+
+# -- --backend URL: a launched SGLang server (the fake one here) --------------------------------------
+def test_generate_on_a_server_backend(capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        argv = ["generate", "--backend", srv.url, "--prompt", "hi", "--max-tokens", "5", "--seed", "7",
+                "--temperature", "0.5", "--ignore-eos", "--model", "/ignored/with/backend", "--json"]
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        bodies = srv.generate_bodies()
+    assert out["backend"] == srv.url and out["model"] == "forerun-fake-byte-model"
+    assert out["prompt_ids"] == srv.tokenizer.encode("hi") == bodies[0]["input_ids"]
+    assert len(out["output_ids"]) == 5 and bodies[0]["sampling_params"]["sampling_seed"] == 7
+    # log p0 from the server backend's scoring pass; a stock server reports no entropy
+    assert len(out["output_token_logp0"]) == 5 and out["output_token_entropy"] is None
+
+
+def test_unreachable_backend_is_a_one_line_error(capsys):
+    from forerun.testing.fake_sglang_server import unused_port
+
+    url = f"http://127.0.0.1:{unused_port()}"
+    assert main(["generate", "--backend", url, "--prompt", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("forerun generate: ") and url in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert main(["generate", "--backend", "localhost:1", "--prompt", "hi"]) == 2
+    assert "http://" in capsys.readouterr().err

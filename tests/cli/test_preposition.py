@@ -1,0 +1,128 @@
+"""`forerun session demo`, `forerun bench preposition`, `forerun calibrate gate` on a fast fake engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from forerun.cli import main as cli, preposition as cli_preposition
+from forerun.testing.fake_sglang_server import ByteTokenizer
+from forerun.runtime_ext.protocol import GenerateOutput
+
+V = 258
+
+
+def logits_of(ids):
+    d = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(d, "little")).normal(size=V) * 3
+
+
+class FakeEngine:
+    """Deterministic stand-in with the embedded engine's surface (generate, logits, pin, close)."""
+
+    vocab_size = V
+
+    def __init__(self):
+        self.tokenizer = ByteTokenizer()
+        self.pins = {}
+        self.closed = False
+
+    def generate(self, input_ids, params, *, rid=None, priority=0):
+        seq = list(input_ids)
+        out, meta = [], {"cached_tokens": 0}
+        for i in range(params.max_new_tokens):
+            z = logits_of(seq)
+            if i == 0 and params.top_logprobs_num:
+                lp = z - np.logaddexp.reduce(z)
+                top = np.argsort(-lp)[: params.top_logprobs_num]
+                meta["output_top_logprobs"] = [[[float(lp[j]), int(j), None] for j in top]]
+            out.append(int(np.argmax(z)))
+            seq.append(out[-1])
+        return GenerateOutput(tuple(input_ids), tuple(out), self.tokenizer.decode(out), meta)
+
+    def next_token_logits(self, ids):
+        return logits_of(list(ids))
+
+    def pin(self, ids):
+        h = len(self.pins) + 1 + sum(self.pins)
+        self.pins[h] = tuple(ids)
+        return h
+
+    def unpin(self, h):
+        del self.pins[h]
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    engines = []
+
+    def make(model, dtype, threads=None):
+        if model == "missing":
+            raise ValueError("unknown model 'missing'")
+        engines.append(FakeEngine())
+        return engines[-1]
+
+    monkeypatch.setattr(cli_preposition, "_engine", make)
+    return engines
+
+
+def test_commands_registered():
+    p = cli.build_parser()
+    assert p.parse_args(["session", "demo"]).handler is cli_preposition.session_demo_command
+    assert p.parse_args(["bench", "preposition", "--rhos", "1,4"]).rhos == (1.0, 4.0)
+    assert p.parse_args(["calibrate", "gate"]).handler is cli_preposition.calibrate_gate_command
+    with pytest.raises(SystemExit):
+        p.parse_args(["bench", "preposition", "--rhos", "0"])
+
+
+def test_session_demo_json(fake, capsys):
+    assert cli.main(["session", "demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    paths = {r["path"] for r in out["requests"]}
+    assert {"fall", "fast"} <= paths and all(r["latency_ms"] >= 0 for r in out["requests"])
+    assert out["counters"]["agentic"]["served_fast"] == 1
+    assert fake[0].closed and fake[0].pins == {}  # sessions released their pinned state
+
+
+def test_session_demo_text_and_bad_model(fake, capsys):
+    assert cli.main(["session", "demo"]) == 0
+    assert "streaming" in capsys.readouterr().out
+    assert cli.main(["session", "demo", "--model", "missing"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_bench_preposition_small(fake, capsys, tmp_path):
+    args = ["bench", "preposition", "--requests", "3", "--trace-updates", "6", "--trace-interval", "0.002",
+            "--calib-windows", "4", "--plots", str(tmp_path), "--json"]
+    assert cli.main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    lat = res["latency"]
+    assert set(lat) == {"cold", "fast", "fall_0", "fall_entry"} and all(v["n"] == 3 for v in lat.values())
+    assert lat["fast"]["mean_delta"] == 0 and lat["fall_0"]["mean_delta"] == 0
+    assert lat["cold"]["mean_delta"] == res["entry_len"]
+    assert [p["rho"] for p in res["trace"]["points"]] == [0.25, 1.0, 4.0]
+    assert res["gate"]["n"] == 4 and "cold_over_fast_p50" in res["ratios"]
+    assert {f.name for f in tmp_path.iterdir()} >= {"fig4_latency_vs_entry.png", "fig5_cost_anatomy.png",
+                                                    "fig6_amortization.png", "fig7_risk_coverage.png"}
+    assert cli.main(args[:-1]) == 0  # text report
+    assert "L_cold / L_fast" in capsys.readouterr().out
+
+
+def test_calibrate_gate(fake, capsys, tmp_path):
+    assert cli.main(["calibrate", "gate", "--windows", "5", "--plot", str(tmp_path / "f7.png"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["report"]["n"] == 5 and out["sweep"] and (tmp_path / "f7.png").exists()
+    assert cli.main(["calibrate", "gate", "--windows", "3", "--r-max", "2"]) == 2
+
+
+@pytest.mark.slow
+def test_session_demo_default_model(capsys):
+    assert cli.main(["session", "demo", "--model", "default", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any(r["path"] == "fast" for r in out["requests"])

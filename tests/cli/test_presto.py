@@ -1,0 +1,157 @@
+"""`forerun sample` / `forerun bench presto` on the tiny model (fast) and argument handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.eval.bench_presto import PairResult, format_table
+from forerun.cli.main import build_parser, main
+from forerun.testing.logit_table_model import LogitTableModel
+from forerun.programs.records import read_node_records
+from forerun.programs.samplers import SamplerConfig, make_sampler, PrefetchConfig
+
+
+def test_parser_defaults_and_paper_flag():
+    from forerun.cli.presto import _settings
+
+    args = build_parser().parse_args(["bench", "presto"])
+    assert args.samplers == ["power-mh"] and args.prompts == 3 and args.dataset == "math500"
+    st = _settings(args)
+    assert st["block"] == st["n"] and st["npf"] == 20 and st["seed"] == 10086
+    paper = _settings(build_parser().parse_args(["bench", "presto", "--paper"]))
+    assert paper == dict(n=1024, block=1024, K=100, npf=20, alpha=4.0, seed=10086)
+    st = _settings(build_parser().parse_args(["sample", "--prompt", "x", "--n", "12", "--K", "3"]))
+    assert st["n"] == st["block"] == 12 and st["K"] == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["sample", "--prompt", "x", "--dataset", "math500"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "presto", "--npf", "0"])
+
+
+def test_sample_json_and_records(tmp_path, capsys):
+    rec = tmp_path / "nodes.jsonl"
+    rc = main(["sample", "--sampler", "power-mh", "--presto", "--npf", "4", "--prompt", "héllo", "--model", "tiny",
+               "--n", "6", "--K", "5", "--records", str(rec), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sampler"] == "presto-power-mh" and len(out["response_ids"]) == 6 and out["transitions"] == 5
+    assert sum(out["transitions_per_call_list"]) == 5 and len(out["call_times_s"]) == out["calls"]
+    nodes = read_node_records(rec)
+    assert nodes and sum(n.realized for n in nodes) == 5
+    assert {"prompt_id", "call_index", "node_id", "depth", "cut", "parent_cut", "cut_fraction", "accepts_on_path",
+            "accept_prob", "certainty_class", "realized"} <= set(json.loads(rec.read_text().splitlines()[0]))
+
+
+def test_bench_presto_tiny_prints_table(capsys):
+    rc = main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "6", "--K", "4", "--npf", "4",
+               "--samplers", "power-mh", "entropy-cut", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["sampler"]: r for r in out["rows"]}
+    assert set(rows) == {"power-mh", "entropy-cut"}
+    for r in rows.values():
+        assert r["identical_chains"] == r["prompts"] == 1
+        assert r["transitions_per_call"][0] == 1.0
+        assert r["reduction_in_calls"] == pytest.approx(r["speedup_eq20"] * r["increase_in_time_per_call"])
+
+
+def test_sample_rejects_bad_input(capsys):
+    assert main(["sample", "--prompt", "", "--model", "tiny", "--n", "4", "--K", "2"]) == 2
+    assert "prompt" in capsys.readouterr().err
+    assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--block", "4"]) == 2
+    assert "block_size" in capsys.readouterr().err
+    assert main(["sample", "--prompt", "x", "--model", "/nonexistent/model", "--n", "4"]) == 2
+
+
+def test_table_ratios_from_one_run():
+    model = LogitTableModel(4, seed=1)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=8, seed=3)
+    pair = PairResult("power-mh")
+    ticks = iter(range(10_000))
+    for pid in ("a", "b"):
+        pair.sequential.append(make_sampler(model, cfg).run([1, 2], prompt_id=pid))
+        pair.presto.append(make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=8)).run([1, 2], prompt_id=pid))
+    row = pair.table_row()
+    mean = lambda xs: sum(xs) / len(xs)
+    assert row["speedup_eq20"] == pytest.approx(mean([r.call_time for r in pair.sequential]) /
+                                                mean([r.call_time for r in pair.presto]))
+    assert row["identical_chains"] == 2
+    assert "power-mh" in format_table([row])
+
+
+def test_predictive_traversal_from_a_trained_classifier(tmp_path, capsys):
+    pytest.importorskip("forerun.classifiers.certainty")
+    rec, clf = tmp_path / "nodes.jsonl", tmp_path / "clf.json"
+    for seed in ("1", "2"):
+        assert main(["sample", "--presto", "--prompt", "abc", "--model", "tiny", "--n", "8", "--K", "8",
+                     "--seed", seed, "--records", str(rec), "--json"]) == 0
+    assert main(["classifier", "train", "--records", str(rec), "--out", str(clf), "--allow-missing-classes",
+                 "--json"]) == 0
+    capsys.readouterr()
+    args = ["sample", "--prompt", "abc", "--model", "tiny", "--n", "8", "--K", "8", "--seed", "3", "--json"]
+    assert main(args) == 0
+    seq = json.loads(capsys.readouterr().out)
+    assert main(args + ["--presto", "--traversal", "predictive", "--classifier", str(clf)]) == 0
+    pre = json.loads(capsys.readouterr().out)
+    assert pre["response_ids"] == seq["response_ids"] and pre["history"] == seq["history"]
+    assert main(["sample", "--presto", "--traversal", "predictive", "--prompt", "x", "--model", "tiny"]) == 2
+
+
+# -- --backend URL: the samplers unchanged on a launched SGLang server (the fake one here) ----------------
+def test_sample_presto_on_a_server_backend(capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        argv = ["sample", "--backend", srv.url, "--sampler", "power-mh", "--presto", "--prompt", "hi", "--n", "8",
+                "--K", "3", "--json"]
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        bodies = srv.generate_bodies()
+        assert main([a for a in argv if a != "--presto"]) == 0  # the sequential chain: the same tokens (exactness over HTTP)
+        seq = json.loads(capsys.readouterr().out)
+    prompt = srv.tokenizer.encode("hi")
+    assert out["backend"] == srv.url and out["sampler"] == "presto-power-mh"
+    assert len(out["response_ids"]) == 8 and out["transitions"] == 3 and out["confidence"] is None
+    assert seq["response_ids"] == out["response_ids"] and seq["history"] == out["history"]
+    sent = [b["input_ids"] for b in bodies]
+    flat = [ids for s in sent for ids in (s if s and isinstance(s[0], list) else [s])]
+    assert flat and all(ids[: len(prompt)] == prompt for ids in flat)
+    assert all("text" not in b for b in bodies)
+
+
+def test_bench_presto_on_a_server_backend(capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    with FakeSGLangServer() as srv:
+        rc = main(["bench", "presto", "--backend", srv.url, "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4",
+                   "--json"])
+        assert rc == 0
+        out = json.loads(capsys.readouterr().out)
+        flushes = [p for p, _ in srv.requests if p == "/flush_cache"]
+    assert out["meta"]["backend"] == srv.url and out["meta"]["dtype"] == "server"
+    (row,) = out["rows"]
+    assert row["identical_chains"] == 1 and row["transitions_per_call"][0] == 1.0
+    assert len(flushes) == 2  # the prefix cache is flushed before each chain
+
+
+def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer, unused_port
+
+    with FakeSGLangServer() as srv:
+        base = ["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2"]
+        assert main(base + ["--sampler", "entropy-cut"]) == 2
+        err = capsys.readouterr().err
+        assert "entropy" in err and err.count("\n") == 1
+        assert main(base + ["--sampler", "multitry-mh"]) == 2
+        err = capsys.readouterr().err
+        assert "extra temperatures" in err and err.count("\n") == 1
+    with FakeSGLangServer(plugin_keys=True) as srv:  # a server plugin that reports the entropy of p0
+        assert main(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2",
+                     "--sampler", "entropy-cut", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["confidence"] is not None
+    url = f"http://127.0.0.1:{unused_port()}"
+    assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("forerun bench presto: ") and url in err and err.count("\n") == 1

@@ -1,0 +1,108 @@
+"""EmbeddedBackend runs @sgl.function programs token-exactly on the embedded engine."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from forerun.runtime_ext.backends.embedded import EmbeddedBackend
+from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+from forerun.runtime_ext.engine.models import load_model
+from forerun.runtime_ext.protocol import SamplingParams
+from forerun.runtime_ext.backends.sglang_frontend import function, gen, select, sgl
+from forerun.runtime_ext.backends.token_markers import sampling_seed, token_ids
+
+
+class RecordingEngine(EmbeddedEngine):
+    """Records the exact ids every request reaches the engine with."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: list[tuple[int, ...]] = []
+        self.outputs: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._seen_lock = threading.Lock()
+
+    def generate(self, input_ids, params, **kw):
+        with self._seen_lock:
+            self.seen.append(tuple(input_ids))
+        out = super().generate(input_ids, params, **kw)
+        with self._seen_lock:
+            self.outputs[tuple(input_ids)] = out.output_ids
+        return out
+
+
+@pytest.fixture(scope="module")
+def backend():
+    eng = RecordingEngine(load_model("tiny"), EngineConfig(batch_window_ms=20))
+    yield EmbeddedBackend(eng)
+    eng.close()
+
+
+@function
+def branches(s, root, cuts):
+    forks = s.fork(len(cuts))
+    for f, c in zip(forks, cuts):
+        f += token_ids(root[:c]) + sampling_seed(1000 + c)
+        f += gen("suffix", max_tokens=6, temperature=1.0, ignore_eos=True, return_logprob=True)
+    forks.join()
+
+
+def test_fork_branches_reach_the_engine_with_exact_cut_ids(backend):
+    eng = backend.engine
+    root = list(eng.tokenizer.encode("héllo wörld ☃ and more text"))
+    cuts = [2, 3, 9, 17]  # 2 and 9 cut inside a multi-byte character
+    assert "\ufffd" in eng.tokenizer.decode(root[:2]) and "\ufffd" in eng.tokenizer.decode(root[:9])
+    eng.seen.clear()
+    before = eng.stats()["decode_steps"]
+    state = branches.run(root=root, cuts=cuts, backend=backend)
+    assert sorted(eng.seen) == sorted(tuple(root[:c]) for c in cuts)
+    assert eng.stats()["decode_steps"] - before < 4 * 6  # the 4 branches shared batched decode steps
+    # each branch equals a direct engine call with the same ids and seed
+    for c in cuts:
+        direct = EmbeddedEngine.generate(eng, root[:c], SamplingParams(max_new_tokens=6, seed=1000 + c, ignore_eos=True))
+        assert eng.outputs[tuple(root[:c])] == direct.output_ids
+    assert state is not None
+
+
+def test_gen_meta_info_and_multi_turn_exactness(backend):
+    eng = backend.engine
+
+    @function
+    def two_gens(s):
+        s += token_ids([104, 195]) + sampling_seed(5)
+        s += gen("a", max_tokens=5, ignore_eos=True, return_logprob=True, top_logprobs_num=2)
+        s += gen("b", max_tokens=4, ignore_eos=True)
+
+    eng.seen.clear()
+    st = two_gens.run(backend=backend)
+    meta = st.get_meta_info("a")
+    assert meta["completion_tokens"] == 5 and len(meta["output_token_logprobs"]) == 5
+    assert len(meta["output_top_logprobs"]) == 5 and len(meta["output_token_entropy"]) == 5
+    first_out = [e[1] for e in meta["output_token_logprobs"]]
+    # the second gen continues from the exact ids (prompt + generated ids), even if they are not valid UTF-8
+    assert eng.seen[1] == (104, 195, *first_out)
+
+
+def test_select_and_run_batch(backend):
+    @function
+    def pick(s, q):
+        s += q + " answer: " + select("ans", choices=["yes", "no", "maybe"])
+
+    st = pick.run(q="Is it?", backend=backend)
+    assert st["ans"] in ("yes", "no", "maybe")
+    states = pick.run_batch([{"q": "A?"}, {"q": "B?"}, {"q": "C?"}], backend=backend)
+    assert all(s["ans"] in ("yes", "no", "maybe") for s in states)
+
+
+def test_chat_template_and_backend_info(backend):
+    @function
+    def chat(s):
+        s += sgl.user("hi")
+        s += sgl.assistant(gen("reply", max_tokens=3, ignore_eos=True))
+
+    st = chat.run(backend=backend)
+    assert st.text().startswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert backend.get_model_name() == "tiny"
+    assert backend.get_server_info()["engine"] == "forerun-embedded"
+    backend.flush_cache()

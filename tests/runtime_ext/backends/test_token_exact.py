@@ -1,0 +1,124 @@
+"""TokenExactBackend: markers, remembered generations and plain text become exact ids."""
+
+from __future__ import annotations
+
+import threading
+
+from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
+from forerun.runtime_ext.backends.sglang_frontend import function, gen
+from forerun.runtime_ext.backends.token_exact import TokenExactBackend
+from forerun.runtime_ext.backends.token_markers import sampling_seed, token_ids
+
+
+class ByteTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+class RecordingBackend(TokenExactBackend):
+    """Generates `max_new_tokens` copies of (seed % 26 + 'a') and records every request."""
+
+    def __init__(self):
+        super().__init__(ByteTokenizer(), add_special_tokens=False)
+        self.requests: list[tuple[list[int], SamplingParams]] = []
+        self.lock = threading.Lock()
+
+    def run(self, input_ids, params):
+        with self.lock:
+            self.requests.append((list(input_ids), params))
+        tok = ord("a") + ((params.seed or 0) % 26)
+        out = (tok,) * params.max_new_tokens
+        return GenerateOutput(tuple(input_ids), out, bytes(out).decode(), {"prompt_tokens": len(input_ids)})
+
+
+def test_fork_from_token_cuts_sends_exact_prefixes():
+    root = list("héllo wörld €".encode("utf-8"))
+    cuts = [0, 2, 3, len(root) - 2]  # 2 and len-2 split multi-byte characters
+
+    @function
+    def branches(s, root, cuts):
+        forks = s.fork(len(cuts))
+        for f, c in zip(forks, cuts):
+            f += token_ids(root[:c]) + sampling_seed(c)
+            f += gen("out", max_tokens=3)
+        forks.join()
+
+    backend = RecordingBackend()
+    state = branches.run(root=root, cuts=cuts, backend=backend)
+    assert state.error() is None
+    sent = sorted(backend.requests, key=lambda r: len(r[0]))
+    assert [ids for ids, _ in sent] == [root[:c] for c in cuts]
+    assert [p.seed for _, p in sent] == cuts
+
+
+def test_second_gen_reuses_exact_ids_of_first():
+    # 0xC3 alone is not valid UTF-8: its text round-trip would not give the ids back
+    @function
+    def two_turns(s):
+        s += token_ids([0xC3]) + sampling_seed(1)
+        s += gen("a", max_tokens=2)
+        s += " then"
+        s += gen("b", max_tokens=1)
+
+    backend = RecordingBackend()
+    two_turns.run(backend=backend).sync()
+    (ids_a, _), (ids_b, _) = backend.requests
+    assert ids_a == [0xC3]
+    assert ids_b == [0xC3, ord("b"), ord("b")] + list(b" then")
+
+
+def test_plain_text_programs_still_work():
+    @function
+    def plain(s):
+        s += "Q: hi\nA:"
+        s += gen("a", max_tokens=1)
+
+    backend = RecordingBackend()
+    state = plain.run(backend=backend)
+    state.sync()
+    assert backend.requests[0][0] == list(b"Q: hi\nA:")
+    assert state["a"] == "a"
+
+
+class EmptyOrStopBackend(RecordingBackend):
+    """Output ids spell more than the returned text: an empty text, or a text cut at a stop string."""
+
+    def __init__(self, texts):
+        super().__init__()
+        self.texts = list(texts)
+
+    def run(self, input_ids, params):
+        with self.lock:
+            self.requests.append((list(input_ids), params))
+            text = self.texts.pop(0)
+        out = tuple(text.encode()) + (ord("#"),)  # the '#' is the stop token, cut from the text
+        return GenerateOutput(tuple(input_ids), out, text, {})
+
+
+def test_empty_generation_is_not_remembered_as_the_prompt():
+    @function
+    def ask(s):
+        s += "Q:"
+        s += gen("a", max_tokens=1)
+
+    backend = EmptyOrStopBackend(["", ""])
+    ask.run(backend=backend).sync()
+    ask.run(backend=backend).sync()
+    assert [ids for ids, _ in backend.requests] == [list(b"Q:"), list(b"Q:")]
+
+
+def test_stop_token_not_in_text_is_not_replayed():
+    @function
+    def two(s):
+        s += "Q:"
+        s += gen("a", max_tokens=3)
+        s += "!"
+        s += gen("b", max_tokens=1)
+
+    backend = EmptyOrStopBackend(["ab", "c"])
+    two.run(backend=backend).sync()
+    # the second request continues exactly the text "Q:ab!" — not the hidden stop token
+    assert backend.requests[1][0] == list(b"Q:ab!")

@@ -1,0 +1,156 @@
+"""The fake SGLang server itself: JSON shapes, the SGLang logprob shift, determinism, failure injection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import requests
+
+from forerun.testing.fake_sglang_server import (
+    BOS_ID,
+    EOS_ID,
+    VOCAB_SIZE,
+    ByteTokenizer,
+    FakeByteModel,
+    FakeSGLangServer,
+)
+
+
+@pytest.fixture()
+def srv():
+    with FakeSGLangServer() as s:
+        yield s
+
+
+def _post(srv, path, body):
+    return requests.post(srv.url + path, json=body, timeout=10)
+
+
+def test_byte_tokenizer_roundtrip_and_partial_chars():
+    tok = ByteTokenizer()
+    ids = tok.encode("日本")
+    assert ids[0] == BOS_ID and len(ids) == 7
+    assert tok.decode(ids) == "日本"
+    assert tok.decode(ids[:2]) == "\ufffd"  # a cut inside a character is not exact as text
+    assert tok.encode("a", add_special_tokens=False) == [97]
+
+
+def test_model_distributions_are_normalised():
+    m = FakeByteModel()
+    prefix = [BOS_ID, 5, 6]
+    for lp in (m.logp0(prefix), m.logq(prefix, 0.5), m.sampling_logprobs(prefix, 1.3, top_k=7),
+               m.sampling_logprobs(prefix, 1.0, top_p=0.6)):
+        assert np.exp(lp).sum() == pytest.approx(1.0, abs=1e-12)
+    assert np.isfinite(m.sampling_logprobs(prefix, 1.0, top_k=7)).sum() == 7
+    assert np.array_equal(m.logq(prefix, 1.0), m.logp0(prefix)) and np.array_equal(m.logq(prefix, 0.0), m.logp0(prefix))
+    assert m.entropy(prefix) == pytest.approx(-np.sum(np.exp(m.logp0(prefix)) * m.logp0(prefix)))
+    assert m.sample(prefix, 0.0, -1, 1.0, 1) == int(np.argmax(m.logits(prefix)))
+
+
+def test_generate_single_shape_and_exact_numbers(srv):
+    m = srv.model
+    ids = [BOS_ID, 10, 11, 12]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0.5, "sampling_seed": 9,
+                                                   "ignore_eos": True},
+            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    r = _post(srv, "/generate", body)
+    assert r.status_code == 200
+    out = r.json()
+    assert set(out) == {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == 4 and meta["completion_tokens"] == 3
+    assert meta["finish_reason"] == {"type": "length", "length": 3}
+    # SGLang shift: entry 0 is [None, x_0, text]; entry k is log p0(x_k | x_<k)
+    itl = meta["input_token_logprobs"]
+    assert itl[0][:2] == [None, ids[0]] and len(itl) == len(ids)
+    for k in range(1, len(ids)):
+        assert itl[k][1] == ids[k]
+        assert itl[k][0] == pytest.approx(m.logp0(ids[:k])[ids[k]], abs=1e-12)
+    assert meta["input_top_logprobs"][0] is None and len(meta["input_top_logprobs"]) == len(ids)
+    seq = list(ids)
+    for t, e, top in zip(out["output_ids"], meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert e[1] == t and e[0] == pytest.approx(m.logq(seq, 0.5)[t], abs=1e-12)
+        assert [x[1] for x in top] == list(np.argsort(-m.logq(seq, 0.5), kind="stable")[:2])
+        seq.append(t)
+    again = _post(srv, "/generate", body).json()
+    assert again["output_ids"] == out["output_ids"]  # same seed, same tokens
+
+
+def test_default_logprob_start_is_last_prompt_token(srv):
+    out = _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 2], "sampling_params": {"max_new_tokens": 0},
+                                   "return_logprob": True}).json()
+    assert out["output_ids"] == []
+    assert out["meta_info"]["input_token_logprobs"] == [[None, 2, None]]
+
+
+def test_batched_generate_and_text_input(srv):
+    body = {"input_ids": [[BOS_ID, 1], [BOS_ID, 2, 3]], "rid": ["a", "b"],
+            "sampling_params": [{"max_new_tokens": 1, "sampling_seed": 1}, {"max_new_tokens": 2, "sampling_seed": 2}]}
+    outs = _post(srv, "/generate", body).json()
+    assert [o["meta_info"]["id"] for o in outs] == ["a", "b"]
+    assert [len(o["output_ids"]) for o in outs] == [1, 2] or outs[1]["meta_info"]["finish_reason"]["type"] == "stop"
+    t = _post(srv, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}).json()
+    assert t["meta_info"]["prompt_tokens"] == 3  # BOS + 2 bytes
+
+
+def test_stop_on_eos_unless_ignored():
+    m = FakeByteModel()
+    m.table[:, EOS_ID] = 50.0  # EOS always wins
+    with FakeSGLangServer(model=m) as srv:
+        out = _post(srv, "/generate", {"input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 5}}).json()
+        assert out["output_ids"] == [EOS_ID]
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS_ID}
+        out = _post(srv, "/generate", {"input_ids": [BOS_ID, 1],
+                                       "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}).json()
+        assert len(out["output_ids"]) == 5
+
+
+def test_bad_requests_are_rejected(srv):
+    assert _post(srv, "/generate", {"sampling_params": {}}).status_code == 400
+    assert _post(srv, "/generate", {"input_ids": []}).status_code == 400
+    r = _post(srv, "/generate", {"input_ids": [VOCAB_SIZE + 1]})
+    assert r.status_code == 400 and "outside" in r.json()["error"]["message"]
+    assert requests.get(srv.url + "/nope", timeout=5).status_code == 404
+
+
+def test_cache_metrics_and_flush(srv):
+    body = {"input_ids": [BOS_ID, 1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
+    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 4
+    assert _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 9]}).json()["meta_info"]["cached_tokens"] == 2
+    text = requests.get(srv.url + "/metrics", timeout=5).text
+    assert 'sglang:cached_tokens_total{model_name="forerun-fake-byte-model"} 6.0' in text
+    assert _post(srv, "/flush_cache", {}).status_code == 200
+    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
+
+
+def test_info_health_sessions(srv):
+    for path in ("/server_info", "/get_server_info"):
+        assert requests.get(srv.url + path, timeout=5).json()["model_path"] == srv.model_path
+    assert requests.get(srv.url + "/health", timeout=5).status_code == 200
+    sid = _post(srv, "/open_session", {"capacity_of_str_len": 100}).json()
+    assert sid in srv.sessions
+    assert _post(srv, "/open_session", {"capacity_of_str_len": 100, "session_id": sid}).status_code == 400
+    assert _post(srv, "/open_session", {}).status_code == 422
+    assert _post(srv, "/close_session", {"session_id": sid}).status_code == 200
+    assert _post(srv, "/close_session", {"session_id": sid}).status_code == 400
+
+
+def test_failure_injection_and_recording(srv):
+    srv.fail("500", times=2)
+    srv.fail("abort")
+    body = {"input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 1}}
+    assert _post(srv, "/generate", body).status_code == 500
+    assert _post(srv, "/generate", body).status_code == 500
+    out = _post(srv, "/generate", body).json()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert _post(srv, "/generate", body).status_code == 200
+    assert len(srv.generate_bodies()) == 4 and srv.generate_bodies()[0] == body
+    srv.fail("disconnect")
+    with pytest.raises(requests.exceptions.ConnectionError):
+        _post(srv, "/generate", body)
+    srv.fail("hang")
+    with pytest.raises(requests.exceptions.Timeout):
+        requests.post(srv.url + "/generate", json=body, timeout=0.2)
+    with pytest.raises(ValueError, match="fail mode"):
+        srv.fail("explode")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .args import add_model_arguments, nonnegative_float, nonnegative_int
 
-__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "open_server_backend"]
+__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments"]
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,28 +27,6 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                         "instead of the embedded engine; --model and --dtype are then ignored")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --backend: HF tokenizer name or folder (default: the one the server reports)")
-
-
-def open_server_backend(url: str, tokenizer: str | None = None) -> Any:
-    """`SGLangServerBackend(url)` with the tokenizer from `tokenizer` or, by default, the server's info.
-
-    The server is asked for its info first (one retry), so an unreachable URL fails fast with an
-    `EngineError`.  forerun's fake test server reports its byte tokenizer by name; that one is built here.
-    """
-    from ..testing.fake_sglang_server import ByteTokenizer
-    from ..runtime_ext.protocol import EngineError
-    from ..runtime_ext.backends.server import ServerConfig, SGLangServerBackend, SGLangServerClient
-
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"--backend must be a URL starting with http:// or https://, got {url!r}")
-    tok: Any = tokenizer
-    if tok is None:
-        info = SGLangServerClient(url, tokenizer=ByteTokenizer(), config=ServerConfig(retries=1)).server_info()
-        path = info.get("tokenizer_path") or info.get("model_path")
-        if not path:
-            raise EngineError(f"SGLang server {url} reports no tokenizer_path/model_path; pass --tokenizer PATH")
-        tok = ByteTokenizer() if path == ByteTokenizer.name_or_path else str(path)
-    return SGLangServerBackend(url, tokenizer=tok)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -94,35 +72,24 @@ def generate_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"forerun generate: {exc}", file=sys.stderr)
         return 2
-    if args.backend:
+    from ..runtime_ext.runtime import open_runtime
+
+    try:
+        runtime = open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
+    except (ValueError, OSError) as exc:
+        print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except EngineError as exc:
+        print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    with runtime:
+        name = runtime.name
+        ids = _prompt_ids(runtime.tokenizer, args.prompt, args.raw)
         try:
-            backend = open_server_backend(args.backend, args.tokenizer)
-            name = backend.get_model_name()
-            ids = _prompt_ids(backend.tokenizer, args.prompt, args.raw)
-            out = backend.engine.generate(ids, params)
-        except (ValueError, OSError) as exc:
-            print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
-            return 2
+            out = runtime.engine.generate(ids, params)
         except EngineError as exc:
             print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
             return 1
-    else:
-        from ..runtime_ext.engine import EmbeddedEngine
-        from ..runtime_ext.engine.models import load_model
-
-        try:
-            loaded = load_model(args.model, dtype=args.dtype)
-        except (ValueError, OSError) as exc:
-            print(f"forerun generate: {exc}", file=sys.stderr)
-            return 2
-        name = loaded.name
-        ids = _prompt_ids(loaded.tokenizer, args.prompt, args.raw)
-        with EmbeddedEngine(loaded) as engine:
-            try:
-                out = engine.generate(ids, params)
-            except EngineError as exc:
-                print(f"forerun generate: {exc}", file=sys.stderr)
-                return 1
     if args.json:
         meta = out.meta_info
         print(json.dumps({

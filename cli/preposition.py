@@ -78,14 +78,12 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 # ------------------------------------------------------------------------------------------------
 def _engine(model: str, dtype: str | None, threads: int | None = None) -> Any:
-    from ..runtime_ext.engine import EmbeddedEngine, EngineConfig
-    from ..runtime_ext.engine.models import load_model
-
+    from ..runtime_ext.engine import EngineConfig
     from ..runtime_ext.protocol import SamplingParams
+    from ..runtime_ext.runtime import open_runtime
 
-    loaded = load_model(model, dtype=dtype)
     # single-session latency: no gathering window in front of each request
-    engine = EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0, num_threads=threads))
+    engine = open_runtime(model, dtype, engine_config=EngineConfig(batch_window_ms=0.0, num_threads=threads)).engine
     warm = list(engine.tokenizer.encode("warm up the engine", add_special_tokens=False)) or [1]
     engine.generate(warm, SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))  # first-call costs
     engine.flush_cache()

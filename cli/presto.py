@@ -111,7 +111,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _open_runtime(args: argparse.Namespace):
-    from ..eval.bench_presto import open_runtime
+    from ..runtime_ext.runtime import open_runtime
 
     return open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
 
@@ -162,7 +162,7 @@ def sample_command(args: argparse.Namespace) -> int:
     if args.records:
         RecordWriter(args.records).write_calls(result.calls)
     out = result.summary()
-    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=args.backend or "embedded",
+    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location,
                response=runtime.tokenizer.decode(list(result.response_ids)),
                call_times_s=[c.wall_time for c in result.mh_calls],
                transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
@@ -208,7 +208,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
     finally:
         if runtime is not None:
             runtime.close()
-    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": args.backend or "embedded",
+    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": runtime.location,
             "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal}
     if args.json:
         print(json.dumps(_json_safe({"meta": meta, "rows": rows})))

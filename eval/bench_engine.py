@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..runtime_ext.engine import EmbeddedEngine, EngineConfig
-from ..runtime_ext.engine.models import load_model
+from ..runtime_ext.engine import EngineConfig
 from ..runtime_ext.protocol import SamplingParams
+from ..runtime_ext.runtime import open_runtime
 
 BENCH_PROMPT = (
     "Explain, step by step, how a radix tree can be used to share the key-value cache of a language model "
@@ -79,8 +79,9 @@ def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[in
 
 def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progress: bool = True) -> dict[str, Any]:
     """Run (a)-(d) in one process; returns a JSON-able dict (ratios computed from the same run)."""
-    loaded = load_model(config.model, dtype=config.dtype)
-    engine = EmbeddedEngine(loaded, EngineConfig(max_total_tokens=max(32768, 4 * config.root_tokens * config.num_suffixes)))
+    runtime = open_runtime(config.model, config.dtype,
+                           engine_config=EngineConfig(max_total_tokens=max(32768, 4 * config.root_tokens * config.num_suffixes)))
+    loaded, engine = runtime.loaded, runtime.engine
     bar = tqdm(total=2 * (config.repeats + 1) + 2 * (config.repeats + 1), desc="bench engine", disable=not progress)
     try:
         prompt = _prompt_ids(loaded.tokenizer)

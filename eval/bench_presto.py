@@ -108,49 +108,6 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def build_engine_model(model_spec: str, dtype: str | None = None):
-    """The embedded engine, its frontend backend and the loaded model."""
-    from ..runtime_ext.backends.embedded import EmbeddedBackend
-    from ..runtime_ext.engine import EmbeddedEngine
-    from ..runtime_ext.engine.models import load_model
-
-    loaded = load_model(model_spec, dtype=dtype)
-    engine = EmbeddedEngine(loaded)
-    backend = EmbeddedBackend(engine)
-    return loaded, engine, backend
-
-
-@dataclass
-class Runtime:
-    """Where the sampler programs run: the embedded engine or a launched SGLang server (`--backend URL`)."""
-
-    name: str
-    """Model name (the loaded model's, or the one the server serves)."""
-    dtype: str
-    """Model dtype of the embedded engine; "server" for an SGLang server."""
-    tokenizer: Any
-    backend: Any
-    """The token-exact SGLang frontend backend the programs run on."""
-    flush: Callable[[], None]
-    """Clears the prefix cache (between chains)."""
-    close: Callable[[], None]
-
-
-def open_runtime(model_spec: str = "default", dtype: str | None = None, *, backend_url: str | None = None,
-                 tokenizer: str | None = None) -> Runtime:
-    """The embedded engine for `model_spec`, or the SGLang server at `backend_url` (then `model_spec` and
-    `dtype` are ignored and the tokenizer is `tokenizer` or the server's)."""
-    if backend_url:
-        from ..cli.engine import open_server_backend
-
-        backend = open_server_backend(backend_url, tokenizer)
-        return Runtime(name=backend.get_model_name(), dtype="server", tokenizer=backend.tokenizer, backend=backend,
-                       flush=backend.flush_cache, close=lambda: None)
-    loaded, engine, backend = build_engine_model(model_spec, dtype)
-    return Runtime(name=loaded.name, dtype=str(loaded.dtype), tokenizer=loaded.tokenizer, backend=backend,
-                   flush=engine.flush_cache, close=engine.close)
-
-
 def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = ()) -> ProgramProposalModel:
     """The suffix-proposal model a sampler needs: MultiTryMH asks for log q at its temperatures 𝒯; only
     EntropyCut requires the per-token entropy of p0 (a stock SGLang server does not report it)."""

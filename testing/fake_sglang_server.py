@@ -37,6 +37,7 @@ Every request body is recorded in `server.requests` as (path, parsed JSON).
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
@@ -50,27 +51,15 @@ EOS_ID = 257
 VOCAB_SIZE = 258
 
 
-class ByteTokenizer:
-    """Byte-level tokenizer of the fake model: token i < 256 is byte i; BOS 256, EOS 257."""
+def fake_tokenizer() -> Any:
+    """The fake model's tokenizer, a real Hugging Face fast tokenizer: token i < 256 is byte i; BOS 256
+    (prepended when encoding with special tokens), EOS 257.  The server saves it to a folder and reports
+    that folder as its `tokenizer_path`, so clients load it like any other (`AutoTokenizer`)."""
+    from ..runtime_ext.engine.models import build_byte_tokenizer
 
-    bos_token_id = BOS_ID
-    eos_token_id = EOS_ID
-    vocab_size = VOCAB_SIZE
-    name_or_path = "forerun-fake-byte-model"
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = list(text.encode("utf-8"))
-        return ([BOS_ID] + ids) if add_special_tokens else ids
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        data = bytes(int(i) for i in ids if int(i) < 256)
-        return data.decode("utf-8", errors="replace")
-
-    def batch_decode(self, seqs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
-        return [self.decode(s, skip_special_tokens) for s in seqs]
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text, add_special_tokens)}
+    tok = build_byte_tokenizer(("<s>", "</s>"), eos_token="</s>", pad_token=None, bos_token="<s>", chat_template=None)
+    assert tok.bos_token_id == BOS_ID and tok.eos_token_id == EOS_ID
+    return tok
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
@@ -194,10 +183,11 @@ class FakeSGLangServer:
         self.model = model or FakeByteModel()
         self.host = host
         self.port = port
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = fake_tokenizer()
         self.plugin_keys = plugin_keys
         self.model_path = model_path
-        self.tokenizer_path = tokenizer_path or model_path
+        self.tokenizer_path = tokenizer_path
+        self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
         self.requests: list[tuple[str, Any]] = []
         self.cache = _Trie()
         self.sessions: dict[str, int] = {}
@@ -219,6 +209,10 @@ class FakeSGLangServer:
         return f"http://{host}:{port}"
 
     def start(self) -> "FakeSGLangServer":
+        if self.tokenizer_path is None:
+            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="forerun-fake-tokenizer-")
+            self.tokenizer.save_pretrained(self._tokenizer_dir.name)
+            self.tokenizer_path = self._tokenizer_dir.name
         handler = _make_handler(self)
         self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
         self._httpd.daemon_threads = True
@@ -234,6 +228,9 @@ class FakeSGLangServer:
             self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._tokenizer_dir is not None:
+            self._tokenizer_dir.cleanup()
+            self._tokenizer_dir = None
 
     def __enter__(self) -> "FakeSGLangServer":
         return self.start()

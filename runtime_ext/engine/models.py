@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -110,31 +110,34 @@ def _byte_to_unicode() -> dict[int, str]:
     return table
 
 
-def build_byte_tokenizer() -> Any:
-    """A Hugging Face fast tokenizer with one token per byte (ids 0..255) plus `TINY_SPECIAL_TOKENS`.
+def build_byte_tokenizer(special_tokens: Sequence[str] = TINY_SPECIAL_TOKENS, *, eos_token: str = "<|endoftext|>",
+                         pad_token: str | None = "<|pad|>", bos_token: str | None = None,
+                         chat_template: str | None = CHATML_TEMPLATE) -> Any:
+    """A Hugging Face fast tokenizer with one token per byte (ids 0..255) plus `special_tokens` (ids 256..).
 
     Any UTF-8 text encodes to its bytes; any id sequence decodes (a cut inside a multi-byte character
-    decodes to U+FFFD), so tests can cut inside characters.
+    decodes to U+FFFD), so tests can cut inside characters.  With `bos_token`, encoding with special tokens
+    prepends it.  The defaults are the tiny model's tokenizer (ChatML specials, no BOS).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {ch: b for b, ch in _byte_to_unicode().items()}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(list(TINY_SPECIAL_TOKENS))
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-        model_max_length=2048,
-    )
-    tok.chat_template = CHATML_TEMPLATE
-    for i, name in enumerate(TINY_SPECIAL_TOKENS):
+    core.add_special_tokens(list(special_tokens))
+    if bos_token is not None:
+        bos_id = core.token_to_id(bos_token)
+        core.post_processor = processors.TemplateProcessing(single=f"{bos_token} $A", pair=f"{bos_token} $A $B",
+                                                            special_tokens=[(bos_token, bos_id)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=eos_token, pad_token=pad_token,
+                                  bos_token=bos_token, model_max_length=2048)
+    tok.chat_template = chat_template
+    for i, name in enumerate(special_tokens):
         got = tok.convert_tokens_to_ids(name)
         if got != 256 + i:
-            raise RuntimeError(f"tiny tokenizer: special token {name} got id {got}, expected {256 + i}")
+            raise RuntimeError(f"byte tokenizer: special token {name} got id {got}, expected {256 + i}")
     return tok
 
 

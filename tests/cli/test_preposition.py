@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forerun.cli import main as cli, preposition as cli_preposition
-from forerun.testing.fake_sglang_server import ByteTokenizer
+from forerun.testing.fake_sglang_server import fake_tokenizer
 from forerun.runtime_ext.protocol import GenerateOutput
 
 V = 258
@@ -26,7 +26,7 @@ class FakeEngine:
     vocab_size = V
 
     def __init__(self):
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = fake_tokenizer()
         self.pins = {}
         self.closed = False
 

@@ -166,17 +166,19 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
 
 @pytest.mark.slow
 def test_default_model_identical_chain_one_prompt():
-    from forerun.eval.bench_presto import build_engine_model, prompt_ids_for, proposal_model_for
+    from forerun.eval.bench_presto import prompt_ids_for, proposal_model_for
+    from forerun.runtime_ext.runtime import open_runtime
 
-    loaded, engine, backend = build_engine_model("default")
-    ids = prompt_ids_for(loaded.tokenizer, text="What is 7 times 8? Answer briefly.")
+    runtime = open_runtime("default")
+    backend = runtime.backend
+    ids = prompt_ids_for(runtime.tokenizer, text="What is 7 times 8? Answer briefly.")
     for kind in ("power-mh", "entropy-cut", "multitry-mh"):  # MultiTryMH on the 49 152-token vocabulary
         cfg = SamplerConfig(kind=kind, response_length=16, block_size=16, steps_per_block=6, seed=10086)
         pm = proposal_model_for(backend, kind, cfg.mtm_temperatures)
         a = make_sampler(pm, cfg).run(ids)
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
         assert a.response_ids == b.response_ids and a.history == b.history
-    engine.close()
+    runtime.close()
 
 
 def test_repeated_request_with_empty_output_text_keeps_exact_ids():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from forerun.runtime_ext.backends import server as server_backend
-from forerun.testing.fake_sglang_server import BOS_ID, ByteTokenizer, FakeSGLangServer, unused_port
+from forerun.testing.fake_sglang_server import BOS_ID, fake_tokenizer, FakeSGLangServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
 from forerun.runtime_ext.backends.server import SGLangServerBackend, SGLangServerError, ServerConfig
 from forerun.runtime_ext.backends.sglang_frontend import function, gen, runtime_installed
@@ -63,7 +63,7 @@ def test_backoff_is_exponential_and_capped():
 
 def test_bad_url_rejected():
     with pytest.raises(ValueError, match="base_url"):
-        SGLangServerBackend("127.0.0.1:30000", ByteTokenizer())
+        SGLangServerBackend("127.0.0.1:30000", fake_tokenizer())
 
 
 # -- generation and logprobs ----------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_tokenizer_loaded_from_server_info(srv, monkeypatch):
 
     def fake_load(path):
         seen.append(path)
-        return ByteTokenizer()
+        return fake_tokenizer()
 
     monkeypatch.setattr(server_backend, "_load_tokenizer", fake_load)
     SGLangServerBackend(srv.url, config=FAST)
@@ -312,7 +312,7 @@ def test_timeout_raises_without_retry(srv):
 
 def test_connection_refused_fails_clearly():
     url = f"http://127.0.0.1:{unused_port()}"
-    b = SGLangServerBackend(url, ByteTokenizer(), config=ServerConfig(retries=1, backoff_s=0, connect_timeout_s=1))
+    b = SGLangServerBackend(url, fake_tokenizer(), config=ServerConfig(retries=1, backoff_s=0, connect_timeout_s=1))
     with pytest.raises(SGLangServerError, match="cannot connect") as ei:
         b.run([BOS_ID, 5, 6, 7], SamplingParams(max_new_tokens=1), rid="x")
     assert ei.value.attempts == 2
@@ -423,7 +423,7 @@ def test_launcher_waits_for_health_and_prints_url(tmp_path):
     pid = int(re.search(r"healthy \(pid (\d+)", res.stderr).group(1))
     try:
         assert "--enable-metrics" in res.stderr and "--mem-fraction-static 0.5" in res.stderr
-        b = SGLangServerBackend(url, ByteTokenizer(), config=FAST)
+        b = SGLangServerBackend(url, fake_tokenizer(), config=FAST)
         assert b.engine.health()
         assert len(b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, ignore_eos=True)).output_ids) == 2
     finally:

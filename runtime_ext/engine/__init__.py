@@ -8,8 +8,9 @@
     requests        request bookkeeping: RequestMode, Request, validation (make_request)
     batch           RunningBatch: decode rows sharing one left-padded KV buffer
     prefill         prefix reuse + prompt KV by mode (generate / logits / pin), SGLang-shifted prompt logprobs
+    decode          one decode step's sampling: draw, record and stop check per row
     output          stop conditions and the SGLang-shaped GenerateOutput / meta_info
-    scheduler       EmbeddedEngine: public API, submission, the worker loop, admission, decode steps
+    scheduler       EmbeddedEngine: public API, submission, the worker loop, admission, the decode step
     models          loading a model (default GGUF wheel, tiny in-process Llama, HF folder, .gguf)
     radix_cache     the token-level radix prefix tree of KV segments
 """

@@ -92,7 +92,8 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
         return PromptKV(segments, covered=m, logits=None, logits_from=need)
     keep = max(need - max(span.first_logit, m), 1)
     buf = empty_kv_buffer(template, 1, need)
-    assert copy_segments(buf, 0, 0, segments) == m
+    end = copy_segments(buf, 0, 0, segments)
+    assert end == m
     x = torch.tensor([ids[m:need]], dtype=torch.long)
     positions = torch.arange(m, need, dtype=torch.long).unsqueeze(0)
     logits = forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]

@@ -40,6 +40,8 @@ class RequestMode(enum.Enum):
 
 @dataclass(eq=False)
 class Request:
+    """One request's parameters, its result slot for the waiting caller, and its progress (worker thread)."""
+
     rid: str
     input_ids: tuple[int, ...]
     params: SamplingParams

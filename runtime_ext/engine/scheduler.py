@@ -4,8 +4,8 @@ Requests arrive from many threads (the fork branches of an sgl program) and are 
 (`EngineConfig.batch_window_ms`).  Each request reuses its longest cached prefix, prefills the rest
 (`prefill`), and then joins the running decode batch (`batch`): one batched forward per step over
 left-padded KV (zeros in the attention mask over the pads, explicit true positions), new arrivals join
-between steps.  This module holds the public API and the worker loop; the per-token math is in `sampling`,
-the model adapters in `kernels`, the result shape in `output`.
+between steps.  This module holds the public API, the worker loop and admission; a step's sampling is in
+`decode` (its math in `sampling`), the model adapters in `kernels`, the result shape in `output`.
 
 Per generated token y_t at absolute position p the engine returns
 
@@ -37,14 +37,11 @@ from .batch import RunningBatch
 from .config import EngineConfig
 from .kernels import TOKEN_AXIS, forward_on_buffer, install_engine_kernels
 from .models import LoadedModel, load_model
-from .output import build_output, stop_reason, top_entries
+from .decode import Finished, sample_step
+from .output import build_output
 from .prefill import PromptKV, compute_prompt_kv, fill_input_logprobs, prefill_span
 from .radix_cache import RadixCache, RadixNode
 from .requests import Request, RequestMode, command_request, make_request
-from .sampling import draw_token, logq_at_temperatures, next_token_log_probs
-
-_Finished = tuple[Request, dict[str, Any] | None, BaseException | None]
-"""A row leaving the batch: (request, finish_reason, error) with exactly one of the last two set."""
 
 
 class EmbeddedEngine:
@@ -441,37 +438,14 @@ class EmbeddedEngine:
         self._counters["decode_steps"] += 1
         self._counters["decode_rows"] += B
         self._counters["max_batch_rows"] = max(self._counters["max_batch_rows"], B)
-        lg, logp0, ent, finite = next_token_log_probs(logits)
-        finished: list[_Finished] = []
-        for i, r in enumerate(rows):
-            if not finite[i]:
-                finished.append((r, None, EngineError(
-                    f"request {r.rid}: the model produced NaN/inf logits at position {r.kv_len - 1}")))
-                continue
-            try:
-                reason = self._sample_one(r, lg[i], logp0[i], ent[i])
-            except Exception as exc:
-                finished.append((r, None, EngineError(f"request {r.rid}: sampling failed: {type(exc).__name__}: {exc}")))
-                continue
-            if reason is not None:
-                finished.append((r, reason, None))
+        finished = sample_step(rows, logits, vocab_size=self.vocab_size, eos_token_ids=self.model_info.eos_token_ids,
+                               tokenizer=self.tokenizer)
         self._counters["generated_tokens"] += B
         self._note_pool()
         if finished:
             self._retire(batch, finished)
 
-    def _sample_one(self, r: Request, logits: torch.Tensor, logp0: torch.Tensor, entropy: float) -> dict[str, Any] | None:
-        """Draw r's token at its position, record it; the finish_reason when r stops here."""
-        p = r.params
-        token, logq = draw_token(logits, logp0, p, r.seed, r.kv_len)  # r.kv_len: the token's absolute position
-        by_temperature = logq_at_temperatures(logits, token, p.logprob_temperatures) if p.logprob_temperatures else None
-        top = None
-        if p.top_logprobs_num > 0:
-            top = top_entries(*torch.topk(logp0, min(p.top_logprobs_num, self.vocab_size)), self.tokenizer)
-        r.record_token(token, logq, float(logp0[token]), float(entropy), by_temperature, top)
-        return stop_reason(r, token, self.model_info.eos_token_ids, self.tokenizer)
-
-    def _retire(self, batch: RunningBatch, finished: Sequence[_Finished]) -> None:
+    def _retire(self, batch: RunningBatch, finished: Sequence[Finished]) -> None:
         """Cache the finished rows' KV, take them out of the batch, then finish or fail each."""
         for r, _, err in finished:
             if err is None:

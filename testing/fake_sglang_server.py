@@ -3,24 +3,16 @@
 The real server cannot run on CPU machines, so `SGLangServerBackend` is tested against this stand-in.
 It speaks the request/response shapes of `srt/entrypoints/http_server.py` and
 `srt/managers/tokenizer_manager.py` for the fields forerun uses, with outputs a test can recompute
-exactly from `FakeByteModel`:
+exactly from `FakeByteModel` (`fake_model`, where the model's notation table is):
 
-    paper / SGLang                        fake
-    vocabulary                            256 byte tokens + BOS (256) + EOS (257)
-    logits z(· | x_<t)                    FakeByteModel.logits(prefix): a fixed random bigram table row
-                                          of the last token plus a small position term (seed 0)
-    log p0(· | x_<t)                      log_softmax(z)
-    log q_τ(· | x_<t) (reported)          log_softmax(z / τ), before top-k / top-p, as SGLang's sampler
-                                          reports it (τ = 0: greedy, reports log p0)
-    sampled distribution                  log q_τ restricted to top-k / top-p and renormalised
-    sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
+    SGLang                                fake
+    output_token_logprobs                 [log q_τ(y_t), y_t, text] (log_softmax(z / τ), before top-k/top-p)
     input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s =
                                           logprob_start_len (-1 -> len(prompt) - 1), then
                                           [log p0(x_j | x_<j), x_j, text] for j > s
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1
-    cached_tokens                         longest prefix of the prompt already in a token trie
-                                          (prompt + output inserted after each request)
+    cached_tokens                         longest prefix of the prompt already in the fake's PrefixTrie
 
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
@@ -46,114 +38,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-BOS_ID = 256
-EOS_ID = 257
-VOCAB_SIZE = 258
+from .fake_model import (
+    BOS_ID,
+    EOS_ID,
+    VOCAB_SIZE,
+    FakeByteModel,
+    FakeGeneration,
+    FakeSampling,
+    PrefixTrie,
+    fake_generate,
+    fake_tokenizer,
+)
 
-
-def fake_tokenizer() -> Any:
-    """The fake model's tokenizer, a real Hugging Face fast tokenizer: token i < 256 is byte i; BOS 256
-    (prepended when encoding with special tokens), EOS 257.  The server saves it to a folder and reports
-    that folder as its `tokenizer_path`, so clients load it like any other (`AutoTokenizer`)."""
-    from ..runtime_ext.engine.models import build_byte_tokenizer
-
-    tok = build_byte_tokenizer(("<s>", "</s>"), eos_token="</s>", pad_token=None, bos_token="<s>", chat_template=None)
-    assert tok.bos_token_id == BOS_ID and tok.eos_token_id == EOS_ID
-    return tok
-
-
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    m = np.max(z[np.isfinite(z)]) if np.any(np.isfinite(z)) else 0.0
-    e = np.exp(z - m)
-    return z - m - np.log(np.sum(e))
-
-
-class FakeByteModel:
-    """Deterministic next-token logits over the byte vocabulary (float64)."""
-
-    def __init__(self, seed: int = 0, scale: float = 2.0) -> None:
-        rng = np.random.default_rng(seed)
-        self.table = rng.normal(0.0, scale, size=(VOCAB_SIZE, VOCAB_SIZE))
-        self.position_term = rng.normal(0.0, 0.5, size=(64, VOCAB_SIZE))
-        # EOS rarely wins: tests that want full lengths still pass ignore_eos
-        self.table[:, EOS_ID] -= 4.0
-
-    def logits(self, prefix: Sequence[int]) -> np.ndarray:
-        """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty)."""
-        if len(prefix) == 0:
-            raise ValueError("the fake model needs a non-empty prefix")
-        return self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
-
-    def logp0(self, prefix: Sequence[int]) -> np.ndarray:
-        """log p0(· | prefix)."""
-        return _log_softmax(self.logits(prefix))
-
-    def entropy(self, prefix: Sequence[int]) -> float:
-        """H(p0(· | prefix)) in nats."""
-        lp = self.logp0(prefix)
-        return float(-np.sum(np.exp(lp) * lp))
-
-    def logq(self, prefix: Sequence[int], temperature: float) -> np.ndarray:
-        """log q_τ(· | prefix) = log_softmax(z / τ), what SGLang reports (τ = 0: greedy, reports log p0).
-
-        As in SGLang's sampler, the reported logprobs are taken before top-k / top-p truncation.
-        """
-        if temperature == 0:
-            return self.logp0(prefix)
-        return _log_softmax(self.logits(prefix) / temperature)
-
-    def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
-                          top_p: float = 1.0) -> np.ndarray:
-        """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
-        lq = self.logq(prefix, temperature)
-        if 0 < top_k < VOCAB_SIZE:
-            kth = np.sort(lq)[-top_k]
-            lq = np.where(lq >= kth, lq, -np.inf)
-        if top_p < 1.0:
-            order = np.argsort(-lq, kind="stable")
-            cum = np.cumsum(np.exp(lq[order]))
-            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
-            mask = np.full_like(lq, -np.inf)
-            mask[keep] = lq[keep]
-            lq = mask
-        return _log_softmax(lq)
-
-    def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int) -> int:
-        """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
-        (seed, position)."""
-        if temperature == 0:
-            return int(np.argmax(self.logits(prefix)))
-        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p)
-        rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
-        g = rng.gumbel(size=VOCAB_SIZE)
-        return int(np.argmax(lq + g))
-
-
-class _Trie:
-    """Token-prefix set (the fake's radix cache): longest cached prefix of a sequence."""
-
-    def __init__(self) -> None:
-        self.root: dict[int, dict] = {}
-        self.lock = threading.Lock()
-
-    def match(self, ids: Sequence[int]) -> int:
-        with self.lock:
-            node, n = self.root, 0
-            for t in ids:
-                if t not in node:
-                    break
-                node, n = node[t], n + 1
-            return n
-
-    def insert(self, ids: Sequence[int]) -> None:
-        with self.lock:
-            node = self.root
-            for t in ids:
-                node = node.setdefault(int(t), {})
-
-    def clear(self) -> None:
-        with self.lock:
-            self.root = {}
+__all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "FakeByteModel", "FakeSGLangServer", "fake_tokenizer",
+           "unused_port"]
 
 
 @dataclass
@@ -189,7 +87,7 @@ class FakeSGLangServer:
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
         self.requests: list[tuple[str, Any]] = []
-        self.cache = _Trie()
+        self.cache = PrefixTrie()
         self.sessions: dict[str, int] = {}
         self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
                          "num_requests_total": 0}
@@ -334,185 +232,184 @@ class FakeSGLangServer:
 
     def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, return_logprob: bool,
                       logprob_start_len: int, top_logprobs_num: int, return_text: bool) -> dict[str, Any]:
-        max_new = int(sp.get("max_new_tokens", 128))
-        temperature = float(sp.get("temperature", 1.0))
-        top_k = int(sp.get("top_k", -1))
-        top_p = float(sp.get("top_p", 1.0))
-        ignore_eos = bool(sp.get("ignore_eos", False))
-        min_new = int(sp.get("min_new_tokens", 0))
-        stop_ids = {int(t) for t in (sp.get("stop_token_ids") or [])}
-        seed = sp.get("sampling_seed")
-        if seed is None:
-            seed = int(self._seed_rng.integers(0, 2**62))
-        if max_new < 0 or temperature < 0:
-            raise _HTTPError(400, "max_new_tokens and temperature must be >= 0")
-        m = self.model
+        sampling = self._sampling(sp)
         tok = self.tokenizer
 
         def text_of(t: int) -> str | None:
             return tok.decode([t]) if return_text else None
 
         cached = self.cache.match(ids)
-        out_ids: list[int] = []
-        out_logq: list[float] = []
-        out_top: list[list] = []
-        out_logp0: list[float] = []
-        out_ent: list[float] = []
-        finish: dict[str, Any] = {"type": "length", "length": max_new}
-        seq = list(ids)
-        for _ in range(max_new):
-            lq = m.logq(seq, temperature)
-            t = m.sample(seq, temperature, top_k, top_p, seed)
-            out_ids.append(t)
-            out_logq.append(float(lq[t]))
-            if top_logprobs_num > 0:
-                top = np.argsort(-lq, kind="stable")[:top_logprobs_num]
-                out_top.append([[float(lq[j]), int(j), text_of(int(j))] for j in top])
-            lp0 = m.logp0(seq)
-            out_logp0.append(float(lp0[t]))
-            out_ent.append(m.entropy(seq))
-            seq.append(t)
-            if len(out_ids) >= min_new:
-                if t == EOS_ID and not ignore_eos:
-                    finish = {"type": "stop", "matched": EOS_ID}
-                    break
-                if t in stop_ids:
-                    finish = {"type": "stop", "matched": t}
-                    break
-        self.cache.insert(seq)
+        gen = fake_generate(self.model, ids, sampling, top_logprobs_num, text_of)
+        self.cache.insert(list(ids) + gen.ids)
         with self._lock:
             self.counters["prompt_tokens_total"] += len(ids)
             self.counters["cached_tokens_total"] += cached
-            self.counters["generation_tokens_total"] += len(out_ids)
+            self.counters["generation_tokens_total"] += len(gen.ids)
             self.counters["num_requests_total"] += 1
         meta: dict[str, Any] = {
             "id": rid,
-            "finish_reason": finish,
+            "finish_reason": gen.finish,
             "prompt_tokens": len(ids),
             "weight_version": "default",
             "num_retractions": 0,
             "reasoning_tokens": 0,
-            "completion_tokens": len(out_ids),
+            "completion_tokens": len(gen.ids),
             "cached_tokens": cached,
             "e2e_latency": 0.0,
         }
         if return_logprob:
-            start = len(ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(ids) - 1)
-            in_lp: list[list] = [[None, ids[start], text_of(ids[start])]]
-            in_top: list[Any] = [None]
-            for j in range(start + 1, len(ids)):
-                lp0 = m.logp0(ids[:j])
-                in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])
-                if top_logprobs_num > 0:
-                    top = np.argsort(-lp0, kind="stable")[:top_logprobs_num]
-                    in_top.append([[float(lp0[k]), int(k), text_of(int(k))] for k in top])
-            meta["input_token_logprobs"] = in_lp
-            meta["output_token_logprobs"] = [[lq, t, text_of(t)] for lq, t in zip(out_logq, out_ids)]
-            meta["output_token_logprobs_length"] = len(out_ids)
-            if top_logprobs_num > 0:
-                meta["input_top_logprobs"] = in_top
-                meta["output_top_logprobs"] = out_top
+            meta.update(self._logprob_meta(ids, gen, logprob_start_len, top_logprobs_num, text_of))
         if self.plugin_keys:
-            meta["output_token_logp0"] = out_logp0
-            meta["output_token_entropy"] = out_ent
-        return {"text": tok.decode(out_ids), "output_ids": out_ids, "meta_info": meta}
+            meta["output_token_logp0"] = gen.logp0
+            meta["output_token_entropy"] = gen.entropy
+        return {"text": tok.decode(gen.ids), "output_ids": gen.ids, "meta_info": meta}
+
+    def _sampling(self, sp: dict[str, Any]) -> FakeSampling:
+        """SGLang's sampling_params with its defaults; a missing sampling_seed draws a fresh one."""
+        fields = dict(
+            max_new_tokens=int(sp.get("max_new_tokens", 128)),
+            temperature=float(sp.get("temperature", 1.0)),
+            top_k=int(sp.get("top_k", -1)),
+            top_p=float(sp.get("top_p", 1.0)),
+            ignore_eos=bool(sp.get("ignore_eos", False)),
+            min_new_tokens=int(sp.get("min_new_tokens", 0)),
+            stop_token_ids=frozenset(int(t) for t in (sp.get("stop_token_ids") or [])),
+        )
+        seed = sp.get("sampling_seed")
+        if seed is None:
+            seed = int(self._seed_rng.integers(0, 2**62))
+        if fields["max_new_tokens"] < 0 or fields["temperature"] < 0:
+            raise _HTTPError(400, "max_new_tokens and temperature must be >= 0")
+        return FakeSampling(seed=seed, **fields)
+
+    def _logprob_meta(self, ids: list[int], gen: FakeGeneration, logprob_start_len: int, top_logprobs_num: int,
+                      text_of: Any) -> dict[str, Any]:
+        """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries."""
+        m = self.model
+        start = len(ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(ids) - 1)
+        in_lp: list[list] = [[None, ids[start], text_of(ids[start])]]
+        in_top: list[Any] = [None]
+        for j in range(start + 1, len(ids)):
+            lp0 = m.logp0(ids[:j])
+            in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])
+            if top_logprobs_num > 0:
+                top = np.argsort(-lp0, kind="stable")[:top_logprobs_num]
+                in_top.append([[float(lp0[k]), int(k), text_of(int(k))] for k in top])
+        meta: dict[str, Any] = {
+            "input_token_logprobs": in_lp,
+            "output_token_logprobs": [[lq, t, text_of(t)] for lq, t in zip(gen.logq, gen.ids)],
+            "output_token_logprobs_length": len(gen.ids),
+        }
+        if top_logprobs_num > 0:
+            meta["input_top_logprobs"] = in_top
+            meta["output_top_logprobs"] = gen.top
+        return meta
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """The HTTP side of a FakeSGLangServer (`fake`, set on the subclass `_make_handler` builds)."""
+
+    protocol_version = "HTTP/1.1"
+    fake: FakeSGLangServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else (
+            payload.encode() if isinstance(payload, str) and content_type != "application/json"
+            else json.dumps(payload).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _HTTPError(400, f"invalid JSON body: {e}") from e
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        server = self.fake
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._body() if method == "POST" else None
+            with server._lock:
+                server.requests.append((path, body))
+            if path == "/generate":
+                self._generate(body)
+            elif path in ("/server_info", "/get_server_info"):
+                self._send(200, server.server_info())
+            elif path in ("/health", "/health_generate", "/ready"):
+                self._send(200, b"", "text/plain")
+            elif path == "/flush_cache":
+                server.cache.clear()
+                self._send(200, "Cache flushed.\n", "text/plain")
+            elif path == "/open_session":
+                self._open_session(body or {})
+            elif path == "/close_session":
+                self._close_session(body or {})
+            elif path == "/metrics":
+                self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
+            else:
+                self._send(404, {"detail": "Not Found"})
+        except _HTTPError as e:
+            self._send(e.status, {"error": {"message": str(e)}})
+
+    def _open_session(self, body: dict[str, Any]) -> None:
+        if "capacity_of_str_len" not in body:
+            raise _HTTPError(422, "capacity_of_str_len: field required")
+        sid = body.get("session_id") or uuid.uuid4().hex
+        if sid in self.fake.sessions:
+            raise _HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
+        self.fake.sessions[sid] = int(body["capacity_of_str_len"])
+        self._send(200, sid)
+
+    def _close_session(self, body: dict[str, Any]) -> None:
+        sid = body.get("session_id")
+        if sid not in self.fake.sessions:
+            raise _HTTPError(400, f"session id {sid} does not exist")
+        del self.fake.sessions[sid]
+        self._send(200, b"", "text/plain")
+
+    def _generate(self, body: Any) -> None:
+        server = self.fake
+        mode = server._take_failure()
+        if mode in ("500", "429", "400", "503"):
+            raise _HTTPError(int(mode), f"injected failure {mode}")
+        if mode == "disconnect":
+            self.close_connection = True
+            self.connection.close()
+            return
+        if mode == "hang":
+            server._stop.wait(timeout=60)
+            self.close_connection = True
+            return
+        out = server.handle_generate(body)
+        if mode == "abort":
+            for o in (out if isinstance(out, list) else [out]):
+                o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",
+                                                   "status_code": None, "err_type": None}
+        self._send(200, out)
 
 
 def _make_handler(server: FakeSGLangServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
-        def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
-            data = payload if isinstance(payload, bytes) else (
-                payload.encode() if isinstance(payload, str) and content_type != "application/json"
-                else json.dumps(payload).encode())
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> Any:
-            n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
-            if not raw:
-                return {}
-            try:
-                return json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise _HTTPError(400, f"invalid JSON body: {e}") from e
-
-        def do_GET(self) -> None:
-            self._dispatch("GET")
-
-        def do_POST(self) -> None:
-            self._dispatch("POST")
-
-        def do_PUT(self) -> None:
-            self._dispatch("POST")
-
-        def _dispatch(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
-            try:
-                body = self._body() if method == "POST" else None
-                with server._lock:
-                    server.requests.append((path, body))
-                if path == "/generate":
-                    self._generate(body)
-                elif path in ("/server_info", "/get_server_info"):
-                    self._send(200, server.server_info())
-                elif path in ("/health", "/health_generate", "/ready"):
-                    self._send(200, b"", "text/plain")
-                elif path == "/flush_cache":
-                    server.cache.clear()
-                    self._send(200, "Cache flushed.\n", "text/plain")
-                elif path == "/open_session":
-                    self._open_session(body or {})
-                elif path == "/close_session":
-                    sid = (body or {}).get("session_id")
-                    if sid not in server.sessions:
-                        raise _HTTPError(400, f"session id {sid} does not exist")
-                    del server.sessions[sid]
-                    self._send(200, b"", "text/plain")
-                elif path == "/metrics":
-                    self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
-                else:
-                    self._send(404, {"detail": "Not Found"})
-            except _HTTPError as e:
-                self._send(e.status, {"error": {"message": str(e)}})
-
-        def _open_session(self, body: dict[str, Any]) -> None:
-            if "capacity_of_str_len" not in body:
-                raise _HTTPError(422, "capacity_of_str_len: field required")
-            sid = body.get("session_id") or uuid.uuid4().hex
-            if sid in server.sessions:
-                raise _HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
-            server.sessions[sid] = int(body["capacity_of_str_len"])
-            self._send(200, sid)
-
-        def _generate(self, body: Any) -> None:
-            mode = server._take_failure()
-            if mode in ("500", "429", "400", "503"):
-                raise _HTTPError(int(mode), f"injected failure {mode}")
-            if mode == "disconnect":
-                self.close_connection = True
-                self.connection.close()
-                return
-            if mode == "hang":
-                server._stop.wait(timeout=60)
-                self.close_connection = True
-                return
-            out = server.handle_generate(body)
-            if mode == "abort":
-                for o in (out if isinstance(out, list) else [out]):
-                    o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",
-                                                       "status_code": None, "err_type": None}
-            self._send(200, out)
-
-    return Handler
+    return type("Handler", (_Handler,), {"fake": server})
 
 
 def unused_port() -> int:

@@ -49,17 +49,7 @@ def synthetic_node_records(
                 kappa_of[2 * node + 1], kappa_of[2 * node + 2] = cut, kappa
                 accepts_of[2 * node + 1], accepts_of[2 * node + 2] = accepts + 1, accepts
                 frac = cut / horizon
-                logits = np.array([signal * (0.5 - frac), signal * (frac - 0.5), -0.3])
-                logits = np.where(np.isin(np.arange(3), allowed), logits, -np.inf)
-                probs = np.exp(logits - logits.max())
-                probs /= probs.sum()
-                label = int(rng.choice(3, p=probs))
-                if label == 0:
-                    a = float(rng.uniform(0.0, epsilon))
-                elif label == 1:
-                    a = float(rng.uniform(1.0 - epsilon, 1.0))
-                else:
-                    a = float(rng.uniform(epsilon * 1.01, 1.0 - epsilon * 1.01))
+                label, a = _draw_class(rng, frac, allowed, signal, epsilon)
                 records.append(
                     NodeRecord(
                         prompt_id=f"p{p}",
@@ -77,3 +67,18 @@ def synthetic_node_records(
                     )
                 )
     return records
+
+
+def _draw_class(rng: np.random.Generator, frac: float, allowed: Sequence[int], signal: float,
+                epsilon: float) -> tuple[int, float]:
+    """(class index, acceptance probability in that class's range) for a node with cut fraction `frac`."""
+    logits = np.array([signal * (0.5 - frac), signal * (frac - 0.5), -0.3])
+    logits = np.where(np.isin(np.arange(3), allowed), logits, -np.inf)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    label = int(rng.choice(3, p=probs))
+    if label == 0:
+        return label, float(rng.uniform(0.0, epsilon))
+    if label == 1:
+        return label, float(rng.uniform(1.0 - epsilon, 1.0))
+    return label, float(rng.uniform(epsilon * 1.01, 1.0 - epsilon * 1.01))

@@ -34,10 +34,6 @@ class RadixNode:
     lock_ref: int = 0
     last_access: int = 0
 
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
 
 @dataclass(frozen=True)
 class PrefixMatch:
@@ -57,11 +53,6 @@ class RadixCache:
         self.max_total_tokens = int(max_total_tokens)
         self.token_axis = token_axis
         self._clock = itertools.count(1)
-        self.reset()
-
-    # ----------------------------------------------------------------------------------- basics
-    def reset(self) -> None:
-        """Drop every node (locks included: call only when nothing runs)."""
         self.root = RadixNode(key=(), kv=None, parent=None)
         self.root.lock_ref = 1  # never evicted
         self.total_tokens = 0
@@ -72,6 +63,7 @@ class RadixCache:
         self.inserted_tokens = 0
         self.skipped_tokens = 0
 
+    # ----------------------------------------------------------------------------------- basics
     def _touch(self, node: RadixNode) -> None:
         t = next(self._clock)
         while node is not None:
@@ -98,11 +90,9 @@ class RadixCache:
         return head
 
     # ----------------------------------------------------------------------------------- lookup
-    def match_prefix(self, ids: Sequence[int], *, max_len: int | None = None, record: bool = True) -> PrefixMatch:
-        """Longest cached prefix of `ids[:max_len]` (a partially matched node is split at the match).
-
-        `record` counts the query in the hit-rate statistics (hit tokens / queried tokens).
-        """
+    def match_prefix(self, ids: Sequence[int], *, max_len: int | None = None) -> PrefixMatch:
+        """Longest cached prefix of `ids[:max_len]` (a partially matched node is split at the match); the
+        query counts in the hit-rate statistics (hit tokens / queried tokens)."""
         ids = tuple(int(i) for i in ids)
         limit = len(ids) if max_len is None else max(0, min(int(max_len), len(ids)))
         node = self.root
@@ -124,9 +114,8 @@ class RadixCache:
             pos += n
             if n < len(key):
                 break
-        if record:
-            self.hit_tokens += pos
-            self.queried_tokens += limit
+        self.hit_tokens += pos
+        self.queried_tokens += limit
         self._touch(node)
         return PrefixMatch(node=node, length=pos, segments=tuple(segments))
 
@@ -191,9 +180,6 @@ class RadixCache:
         return node, pos
 
     # ----------------------------------------------------------------------------------- eviction
-    def evictable_tokens(self) -> int:
-        return sum(len(n.key) for n in self._nodes() if n.lock_ref == 0)
-
     def _nodes(self):
         stack = list(self.root.children.values())
         while stack:

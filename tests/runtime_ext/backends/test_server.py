@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forerun.runtime_ext.backends import server as server_backend
+from forerun.programs.proposals import ProgramProposalModel, SuffixRequest
+from forerun.runtime_ext.backends import server_client
 from forerun.testing.fake_sglang_server import BOS_ID, fake_tokenizer, FakeSGLangServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
-from forerun.runtime_ext.backends.server import SGLangServerBackend, SGLangServerError, ServerConfig
+from forerun.runtime_ext.backends.server import SGLangServerBackend
+from forerun.runtime_ext.backends.server_client import SGLangServerError, ServerConfig
 from forerun.runtime_ext.backends.sglang_frontend import function, gen, runtime_installed
 from forerun.runtime_ext.backends.token_markers import sampling_seed, token_ids
 
@@ -225,7 +227,7 @@ def test_tokenizer_loaded_from_server_info(srv, monkeypatch):
         seen.append(path)
         return fake_tokenizer()
 
-    monkeypatch.setattr(server_backend, "_load_tokenizer", fake_load)
+    monkeypatch.setattr(server_client, "_load_tokenizer", fake_load)
     SGLangServerBackend(srv.url, config=FAST)
     SGLangServerBackend(srv.url, "/some/local/tokenizer", config=FAST)
     assert seen == [srv.tokenizer_path, "/some/local/tokenizer"]
@@ -234,7 +236,7 @@ def test_tokenizer_loaded_from_server_info(srv, monkeypatch):
 def test_unloadable_tokenizer_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(EngineError, match="tokenizer"):
-        server_backend._load_tokenizer(str(tmp_path / "missing"))
+        server_client._load_tokenizer(str(tmp_path / "missing"))
 
 
 # -- sessions -------------------------------------------------------------------------------------
@@ -442,11 +444,14 @@ def test_launcher_rejects_bad_port():
     assert res.returncode == 1 and "--port must be a number" in res.stderr
 
 
-def test_require_output_entropy(srv, backend):
+def test_entropy_of_p0_only_through_a_plugin(srv, backend):
+    """A stock server reports no per-token entropy of p0, and a sampler that needs it (EntropyCut's
+    ProgramProposalModel) fails clearly; a sampler plugin's entropy comes through."""
     out = backend.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, temperature=0.5, return_logprob=True), rid="e1")
-    with pytest.raises(EngineError, match="rid=e1 has no per-token entropy"):
-        server_backend.require_output_entropy(out)
+    assert out.output_entropy is None and "output_token_entropy" not in out.meta_info
+    with pytest.raises(EngineError, match="needs the entropy of p0"):
+        ProgramProposalModel(backend).generate([SuffixRequest((BOS_ID, 1), 2, 0.5, 1)])
     with FakeSGLangServer(plugin_keys=True) as plug:
         b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
         out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))
-        assert len(server_backend.require_output_entropy(out)) == 2
+        assert len(out.output_entropy) == 2 and len(out.meta_info["output_token_entropy"]) == 2

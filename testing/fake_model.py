@@ -1,0 +1,188 @@
+"""The fake SGLang server's model: a tiny deterministic numpy "model" over a byte vocabulary, its tokenizer
+and its prefix cache.  Tests recompute every number the fake server reports from `FakeByteModel`:
+
+    paper / SGLang                        fake
+    vocabulary                            256 byte tokens + BOS (256) + EOS (257)
+    logits z(· | x_<t)                    FakeByteModel.logits(prefix): a fixed random bigram table row
+                                          of the last token plus a small position term (seed 0)
+    log p0(· | x_<t)                      log_softmax(z)
+    log q_τ(· | x_<t) (reported)          log_softmax(z / τ), before top-k / top-p, as SGLang's sampler
+                                          reports it (τ = 0: greedy, reports log p0)
+    sampled distribution                  log q_τ restricted to top-k / top-p and renormalised
+    sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
+    cached_tokens                         PrefixTrie.match: longest prefix of the prompt already inserted
+                                          (prompt + output inserted after each request)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+BOS_ID = 256
+EOS_ID = 257
+VOCAB_SIZE = 258
+
+
+def fake_tokenizer() -> Any:
+    """The fake model's tokenizer, a real Hugging Face fast tokenizer: token i < 256 is byte i; BOS 256
+    (prepended when encoding with special tokens), EOS 257.  The server saves it to a folder and reports
+    that folder as its `tokenizer_path`, so clients load it like any other (`AutoTokenizer`)."""
+    from ..runtime_ext.engine.models import build_byte_tokenizer
+
+    tok = build_byte_tokenizer(("<s>", "</s>"), eos_token="</s>", pad_token=None, bos_token="<s>", chat_template=None)
+    assert tok.bos_token_id == BOS_ID and tok.eos_token_id == EOS_ID
+    return tok
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    m = np.max(z[np.isfinite(z)]) if np.any(np.isfinite(z)) else 0.0
+    e = np.exp(z - m)
+    return z - m - np.log(np.sum(e))
+
+
+class FakeByteModel:
+    """Deterministic next-token logits over the byte vocabulary (float64)."""
+
+    def __init__(self, seed: int = 0, scale: float = 2.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.table = rng.normal(0.0, scale, size=(VOCAB_SIZE, VOCAB_SIZE))
+        self.position_term = rng.normal(0.0, 0.5, size=(64, VOCAB_SIZE))
+        # EOS rarely wins: tests that want full lengths still pass ignore_eos
+        self.table[:, EOS_ID] -= 4.0
+
+    def logits(self, prefix: Sequence[int]) -> np.ndarray:
+        """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty)."""
+        if len(prefix) == 0:
+            raise ValueError("the fake model needs a non-empty prefix")
+        return self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
+
+    def logp0(self, prefix: Sequence[int]) -> np.ndarray:
+        """log p0(· | prefix)."""
+        return _log_softmax(self.logits(prefix))
+
+    def entropy(self, prefix: Sequence[int]) -> float:
+        """H(p0(· | prefix)) in nats."""
+        lp = self.logp0(prefix)
+        return float(-np.sum(np.exp(lp) * lp))
+
+    def logq(self, prefix: Sequence[int], temperature: float) -> np.ndarray:
+        """log q_τ(· | prefix) = log_softmax(z / τ), what SGLang reports (τ = 0: greedy, reports log p0).
+
+        As in SGLang's sampler, the reported logprobs are taken before top-k / top-p truncation.
+        """
+        if temperature == 0:
+            return self.logp0(prefix)
+        return _log_softmax(self.logits(prefix) / temperature)
+
+    def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
+                          top_p: float = 1.0) -> np.ndarray:
+        """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
+        lq = self.logq(prefix, temperature)
+        if 0 < top_k < VOCAB_SIZE:
+            kth = np.sort(lq)[-top_k]
+            lq = np.where(lq >= kth, lq, -np.inf)
+        if top_p < 1.0:
+            order = np.argsort(-lq, kind="stable")
+            cum = np.cumsum(np.exp(lq[order]))
+            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
+            mask = np.full_like(lq, -np.inf)
+            mask[keep] = lq[keep]
+            lq = mask
+        return _log_softmax(lq)
+
+    def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int) -> int:
+        """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
+        (seed, position)."""
+        if temperature == 0:
+            return int(np.argmax(self.logits(prefix)))
+        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p)
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
+        g = rng.gumbel(size=VOCAB_SIZE)
+        return int(np.argmax(lq + g))
+
+
+class PrefixTrie:
+    """Token-prefix set (the fake's radix cache): longest cached prefix of a sequence."""
+
+    def __init__(self) -> None:
+        self.root: dict[int, dict] = {}
+        self.lock = threading.Lock()
+
+    def match(self, ids: Sequence[int]) -> int:
+        with self.lock:
+            node, n = self.root, 0
+            for t in ids:
+                if t not in node:
+                    break
+                node, n = node[t], n + 1
+            return n
+
+    def insert(self, ids: Sequence[int]) -> None:
+        with self.lock:
+            node = self.root
+            for t in ids:
+                node = node.setdefault(int(t), {})
+
+    def clear(self) -> None:
+        with self.lock:
+            self.root = {}
+
+
+@dataclass(frozen=True)
+class FakeSampling:
+    """One request's sampling parameters (SGLang's `sampling_params`, resolved)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    ignore_eos: bool
+    min_new_tokens: int
+    stop_token_ids: frozenset[int]
+    seed: int
+
+
+@dataclass
+class FakeGeneration:
+    """What one generation produced, per token: id, reported log q_τ, top-k of log q_τ as
+    [logprob, id, text] (when asked), log p0, entropy of p0; and SGLang's finish_reason."""
+
+    ids: list[int] = field(default_factory=list)
+    logq: list[float] = field(default_factory=list)
+    top: list[list] = field(default_factory=list)
+    logp0: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    finish: dict[str, Any] = field(default_factory=dict)
+
+
+def fake_generate(model: FakeByteModel, prompt: Sequence[int], sampling: FakeSampling, top_logprobs_num: int,
+                  text_of: Callable[[int], str | None]) -> FakeGeneration:
+    """Decode up to max_new_tokens after `prompt`; EOS (unless ignore_eos) and stop ids end it once
+    min_new_tokens are out (and are kept, as SGLang does)."""
+    s = sampling
+    out = FakeGeneration(finish={"type": "length", "length": s.max_new_tokens})
+    seq = list(prompt)
+    for _ in range(s.max_new_tokens):
+        lq = model.logq(seq, s.temperature)
+        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed)
+        out.ids.append(t)
+        out.logq.append(float(lq[t]))
+        if top_logprobs_num > 0:
+            top = np.argsort(-lq, kind="stable")[:top_logprobs_num]
+            out.top.append([[float(lq[j]), int(j), text_of(int(j))] for j in top])
+        lp0 = model.logp0(seq)
+        out.logp0.append(float(lp0[t]))
+        out.entropy.append(model.entropy(seq))
+        seq.append(t)
+        if len(out.ids) >= s.min_new_tokens:
+            if t == EOS_ID and not s.ignore_eos:
+                out.finish = {"type": "stop", "matched": EOS_ID}
+                break
+            if t in s.stop_token_ids:
+                out.finish = {"type": "stop", "matched": t}
+                break
+    return out

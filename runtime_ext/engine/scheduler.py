@@ -35,7 +35,7 @@ import torch
 from ..protocol import EngineError, GenerateOutput, SamplingParams
 from .batch import RunningBatch
 from .config import EngineConfig
-from .kernels import TOKEN_AXIS, forward_on_buffer, install_engine_kernels
+from .kernels import TOKEN_AXIS, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
 from .output import build_output
@@ -61,10 +61,9 @@ class EmbeddedEngine:
         self.num_layers = int(cfg.num_hidden_layers)
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        self.kv_dtype = model.dtype
-        bi = config.batch_invariant
-        self.batch_invariant = (model.dtype == torch.float64) if bi is None else bool(bi)
-        install_engine_kernels(self.model)
+        self.plan = plan_forward(self.model, config.batch_invariant)
+        self.kv_dtype = self.plan.kv_dtype
+        self.batch_invariant = self.plan.batch_invariant
         self._template = torch.empty((self.num_layers, 2, self.num_kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
         self.radix = RadixCache(config.max_total_tokens, token_axis=TOKEN_AXIS)
         self._cv = threading.Condition()
@@ -170,6 +169,9 @@ class EmbeddedEngine:
             "model_path": m.path or m.name,
             "served_model_name": m.name,
             "dtype": str(m.dtype).replace("torch.", ""),
+            "kv_dtype": str(self.kv_dtype).replace("torch.", ""),
+            "kernels": self.plan.path,
+            "batch_invariant": self.batch_invariant,
             "max_context": m.max_context,
             "vocab_size": self.vocab_size,
             "eos_token_ids": list(m.eos_token_ids),
@@ -217,7 +219,8 @@ class EmbeddedEngine:
 
     def _wait(self, req: Request) -> Any:
         deadline = None if self.config.request_timeout_s is None else time.monotonic() + self.config.request_timeout_s
-        while not req.done.wait(timeout=0.5):
+        poll = 0.5 if deadline is None else min(0.5, self.config.request_timeout_s)
+        while not req.done.wait(timeout=poll):
             if not self._worker.is_alive():
                 raise EngineError(f"request {req.rid}: engine worker stopped ({self._worker_error!r})")
             if deadline is not None and time.monotonic() > deadline:
@@ -381,6 +384,8 @@ class EmbeddedEngine:
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
                  attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int]) -> torch.Tensor:
         """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b])."""
+        if self.plan.lean is not None:
+            return self.plan.lean.forward(buf, length, input_ids, position_ids, logits_to_keep, row_starts)
         return forward_on_buffer(self.model, buf, length, input_ids, position_ids, attention_mask, logits_to_keep,
                                  row_starts, batch_invariant=self.batch_invariant)
 
@@ -396,7 +401,7 @@ class EmbeddedEngine:
     def _start_decode(self, r: Request, kv: PromptKV) -> list[torch.Tensor] | None:
         """GENERATE: prompt logprobs when asked; a scoring request (max_new_tokens = 0) finishes here."""
         if r.input_logprob_start >= 0:
-            fill_input_logprobs(r, kv, self.vocab_size, self.tokenizer)
+            fill_input_logprobs(r, kv, self.vocab_size, self.tokenizer, self.plan.kernels)
         if r.params.max_new_tokens == 0:
             self._finish(r, {"type": "length", "length": 0})
             return None
@@ -439,7 +444,7 @@ class EmbeddedEngine:
         self._counters["decode_rows"] += B
         self._counters["max_batch_rows"] = max(self._counters["max_batch_rows"], B)
         finished = sample_step(rows, logits, vocab_size=self.vocab_size, eos_token_ids=self.model_info.eos_token_ids,
-                               tokenizer=self.tokenizer)
+                               tokenizer=self.tokenizer, kernels=self.plan.kernels)
         self._counters["generated_tokens"] += B
         self._note_pool()
         if finished:

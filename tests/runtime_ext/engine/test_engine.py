@@ -3,6 +3,7 @@ direct log q_τ / entropy computations, alone-vs-batched invariance, radix reuse
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,9 +36,28 @@ def prompt(engine, text):
     return list(engine.tokenizer.encode(text))
 
 
+@contextlib.contextmanager
+def norms_in_model_dtype():
+    """transformers' LlamaRMSNorm computes in float32 even in a float64 model (an upcast meant for fp16);
+    the engine's float64 forward computes it in float64, and so does the oracle (the rest of transformers'
+    forward - attention, RoPE, MLP - is unchanged)."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaRMSNorm.forward
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    modeling_llama.LlamaRMSNorm.forward = forward
+    try:
+        yield
+    finally:
+        modeling_llama.LlamaRMSNorm.forward = original
+
+
 def full_logp(engine, ids):
-    """Oracle: log p0 at every position from one plain forward without any cache."""
-    with torch.inference_mode():
+    """Oracle: log p0 at every position from one plain transformers forward without any cache."""
+    with torch.inference_mode(), norms_in_model_dtype():
         logits = engine.model(input_ids=torch.tensor([list(ids)])).logits[0].double()
     return torch.log_softmax(logits, -1), logits
 
@@ -503,7 +523,7 @@ def test_staggered_joins_and_finishes_match_alone(batch_invariant):
 
 
 def test_request_timeout_and_closed_engine():
-    eng = EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0, request_timeout_s=0.1))
+    eng = EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0, request_timeout_s=0.02))
     with pytest.raises(EngineError, match="no result within"):
         eng.generate(list(b"slow"), SamplingParams(max_new_tokens=2000, ignore_eos=True, seed=1), rid="slow")
     out = eng.generate(list(b"fast"), SamplingParams(max_new_tokens=2, seed=1))  # the engine keeps serving

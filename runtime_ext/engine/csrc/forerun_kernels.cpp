@@ -1,0 +1,715 @@
+// forerun's native CPU kernels for the embedded engine: batch-invariant by construction.
+//
+// Every result of a row (a token) is computed by the same sequence of IEEE operations whatever the batch,
+// its size, the padding, the prefill chunking or the thread count:
+//
+//   dot(x, w) over K      16 accumulation lanes, lane l takes k = l, l+16, l+32, ... in ascending order with
+//                         one fused multiply-add each; then the fixed tree 16 -> 8 -> 4 -> 2 -> 1
+//                         (t8[l] = a[l] + a[l+8], t4[l] = t8[l] + t8[l+4], t2[l] = t4[l] + t4[l+2], t2[0] + t2[1]).
+//   linear y = x W^T + b  one dot per (row, output feature); the weights are read ONCE per call for all rows
+//                         (an output-feature block stays in L1 while every row visits it).
+//   attention             per query over exactly its own keys [row_start, position]; scores by dot(), softmax
+//                         with exp_det() and a sequential double sum, output = sequential fma over the keys.
+//   exp_det(x)            one fixed polynomial (Cephes expf), the same operations in the vector and scalar code.
+//   vocabulary statistics blocks of 16 summed by the same tree, blocks accumulated sequentially in double.
+//
+// The portable code below IS the definition; the AVX-512 code (when compiled with -mavx512f) performs the
+// identical operations on 16 lanes at once, so both give the same bits (a test checks it).  Build flags
+// include -ffp-contract=off so the compiler never fuses a multiply and an add that the definition keeps apart.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define FR_AVX512 1
+#else
+#define FR_AVX512 0
+#endif
+
+namespace {
+
+constexpr int LANES = 16;
+bool g_portable = false;  // tests: force the portable code path
+
+// ------------------------------------------------------------------------------------------ scalars
+inline float widen(float w) { return w; }
+inline double widen(double w) { return w; }
+inline float widen(c10::BFloat16 w) {
+  uint32_t bits = uint32_t(w.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float widen(c10::Half w) { return static_cast<float>(w); }
+
+template <typename A>
+inline A tree16(const A* a) {
+  A t8[8], t4[4], t2[2];
+  for (int l = 0; l < 8; ++l) t8[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
+  for (int l = 0; l < 2; ++l) t2[l] = t4[l] + t4[l + 2];
+  return t2[0] + t2[1];
+}
+
+template <typename A, typename W>
+inline A dot_ref(const A* x, const W* w, int64_t K) {
+  A acc[LANES] = {};
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
+  for (int l = 0; k + l < K; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
+  return tree16(acc);
+}
+
+// exp with a fixed polynomial (float) / the C library (double); x <= 88 finite (larger -> inf).
+inline float exp_det(float x) {
+  if (x != x) return x;
+  if (!(x > -87.33654f)) return 0.0f;
+  if (x > 88.0f) return std::numeric_limits<float>::infinity();
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  float r2 = r * r;
+  p = std::fma(p, r2, r);
+  p = p + 1.0f;
+  int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+inline double exp_det(double x) { return std::exp(x); }
+
+#if FR_AVX512
+// ------------------------------------------------------------------------------------------ AVX-512
+inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_w(const c10::BFloat16* p) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 load_w(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_w_mask(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_w_mask(const c10::BFloat16* p, __mmask16 m) {
+  __m256i v = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 load_w_mask(const c10::Half* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+inline float hsum_tree(__m512 a) {
+  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+  return _mm_cvtss_f32(t1);
+}
+
+inline __m512 exp_det(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.0f);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  __mmask16 small = _mm512_cmp_ps_mask(x, lo, _CMP_NGT_UQ);  // !(x > lo)
+  __mmask16 big = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  // n is clamped so that the exponent bits stay valid in the lanes that are replaced below
+  __m512 nc = _mm512_max_ps(_mm512_min_ps(n, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-126.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nc), _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+  y = _mm512_mask_mov_ps(y, big, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_mov_ps(y, nan, x);
+}
+
+template <int R, int F, typename W>
+inline void tile_avx512(const float* x, int64_t ldx, const W* const* wrow, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[R][F];
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES) {
+    __m512 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = load_w(wrow[f] + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_fmadd_ps(xv, wv[f], acc[r][f]);
+    }
+  }
+  if (k < K) {
+    __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = load_w_mask(wrow[f] + k, m);
+    for (int r = 0; r < R; ++r) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
+      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_mask3_fmadd_ps(xv, wv[f], acc[r][f], m);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+}
+
+template <int R, typename W>
+inline void rows_avx512(const float* x, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y, int64_t ldy) {
+  if (fn == 4) {
+    tile_avx512<R, 4>(x, ldx, wrow, K, y, ldy);
+  } else {
+    for (int f = 0; f < fn; ++f) tile_avx512<R, 1>(x, ldx, wrow + f, K, y + f, ldy);
+  }
+}
+
+template <typename W>
+inline void block_avx512(const float* x, int rn, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y,
+                         int64_t ldy) {
+  switch (rn) {
+    case 6: rows_avx512<6>(x, ldx, wrow, fn, K, y, ldy); break;
+    case 5: rows_avx512<5>(x, ldx, wrow, fn, K, y, ldy); break;
+    case 4: rows_avx512<4>(x, ldx, wrow, fn, K, y, ldy); break;
+    case 3: rows_avx512<3>(x, ldx, wrow, fn, K, y, ldy); break;
+    case 2: rows_avx512<2>(x, ldx, wrow, fn, K, y, ldy); break;
+    default: rows_avx512<1>(x, ldx, wrow, fn, K, y, ldy); break;
+  }
+}
+
+template <typename A, typename W>
+constexpr bool kVec = std::is_same<A, float>::value && !std::is_same<W, double>::value;
+#else
+template <typename A, typename W>
+constexpr bool kVec = false;
+#endif
+
+// ------------------------------------------------------------------------------------------ linear
+constexpr int TILE_ROWS = 6;
+constexpr int TILE_FEATURES = 4;
+
+// A virtual concatenation of weight matrices [N_i, K] along the output features.
+template <typename W>
+struct Rows {
+  std::vector<const W*> base;
+  std::vector<int64_t> start;  // first global feature of each matrix
+  int64_t K = 0, N = 0;
+  const W* row(int64_t n) const {
+    size_t i = base.size() - 1;
+    while (start[i] > n) --i;
+    return base[i] + (n - start[i]) * K;
+  }
+};
+
+template <typename A, typename W>
+void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y) {
+  const int64_t K = w.K, N = w.N;
+  const int64_t blocks = (N + TILE_FEATURES - 1) / TILE_FEATURES;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, TILE_FEATURES * M * K));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t fb = b0; fb < b1; ++fb) {
+      const int64_t f0 = fb * TILE_FEATURES;
+      const int fn = static_cast<int>(std::min<int64_t>(TILE_FEATURES, N - f0));
+      const W* wrow[TILE_FEATURES];
+      for (int f = 0; f < fn; ++f) wrow[f] = w.row(f0 + f);
+      for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
+        const int rn = static_cast<int>(std::min<int64_t>(TILE_ROWS, M - r0));
+#if FR_AVX512
+        if constexpr (kVec<A, W>) {
+          if (!g_portable) {
+            block_avx512<W>(x + r0 * K, rn, K, wrow, fn, K, y + r0 * N + f0, N);
+            continue;
+          }
+        }
+#endif
+        for (int r = 0; r < rn; ++r)
+          for (int f = 0; f < fn; ++f) y[(r0 + r) * N + f0 + f] = dot_ref<A, W>(x + (r0 + r) * K, wrow[f], K);
+      }
+      if (bias != nullptr)
+        for (int64_t r = 0; r < M; ++r)
+          for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+    }
+  });
+}
+
+template <typename A, typename W>
+torch::Tensor linear_typed(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                           const c10::optional<torch::Tensor>& bias) {
+  Rows<W> rows;
+  rows.K = x.size(1);
+  for (const auto& w : ws) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == rows.K && w.is_contiguous(), "linear: weight must be [N, K] contiguous");
+    rows.base.push_back(reinterpret_cast<const W*>(w.data_ptr()));
+    rows.start.push_back(rows.N);
+    rows.N += w.size(0);
+  }
+  const A* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == rows.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous(),
+                "linear: bias must be [N] in the activation dtype");
+    b = static_cast<const A*>(bias->data_ptr());
+  }
+  auto y = torch::empty({x.size(0), rows.N}, x.options());
+  linear_kernel<A, W>(static_cast<const A*>(x.data_ptr()), x.size(0), rows, b, static_cast<A*>(y.data_ptr()));
+  return y;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                     const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "linear: x must be [M, K] contiguous");
+  TORCH_CHECK(!ws.empty(), "linear: no weights");
+  const auto wt = ws[0].scalar_type();
+  for (const auto& w : ws) TORCH_CHECK(w.scalar_type() == wt, "linear: weights of one call share a dtype");
+  if (x.scalar_type() == torch::kDouble) {
+    TORCH_CHECK(wt == torch::kDouble, "linear: float64 activations need float64 weights");
+    return linear_typed<double, double>(x, ws, bias);
+  }
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear: activations must be float32 or float64");
+  switch (wt) {
+    case torch::kFloat: return linear_typed<float, float>(x, ws, bias);
+    case torch::kBFloat16: return linear_typed<float, c10::BFloat16>(x, ws, bias);
+    case torch::kHalf: return linear_typed<float, c10::Half>(x, ws, bias);
+    default: TORCH_CHECK(false, "linear: unsupported weight dtype");
+  }
+}
+
+// ------------------------------------------------------------------------------------------ vector helpers
+// exp over n values in place (AVX-512 for full blocks of 16, the scalar definition for the rest: same bits).
+template <typename A>
+inline void exp_inplace(A* v, int64_t n) {
+  int64_t i = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable)
+      for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(v + i, exp_det(_mm512_loadu_ps(v + i)));
+  }
+#endif
+  for (; i < n; ++i) v[i] = exp_det(v[i]);
+}
+
+// acc[d] = fma(s, v[d], acc[d]) for d < D (lane-wise: vectorizing over d keeps each lane's order).
+template <typename A>
+inline void axpy(A s, const A* v, A* acc, int64_t D) {
+  int64_t d = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 sv = _mm512_set1_ps(s);
+      for (; d + LANES <= D; d += LANES)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(sv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+    }
+  }
+#endif
+  for (; d < D; ++d) acc[d] = std::fma(s, v[d], acc[d]);
+}
+
+template <typename A>
+inline A dot_same(const A* x, const A* w, int64_t K) {
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      float out;
+      const float* rows[1] = {w};
+      tile_avx512<1, 1>(x, K, rows, K, &out, 1);
+      return out;
+    }
+  }
+#endif
+  return dot_ref<A, A>(x, w, K);
+}
+
+// ------------------------------------------------------------------------------------------ rms norm
+// y = w * (x * (1 / sqrt(dot(x, x) / K + eps)));  with `add`, first h += add (in place).
+template <typename A>
+void rmsnorm_kernel(A* h, const A* add, const A* w, A* y, int64_t M, int64_t K, double eps) {
+  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      A* hr = h + r * K;
+      if (add != nullptr)
+        for (int64_t k = 0; k < K; ++k) hr[k] = hr[k] + add[r * K + k];
+      A var = dot_same<A>(hr, hr, K) / A(K);
+      A inv = A(1) / std::sqrt(var + A(eps));
+      for (int64_t k = 0; k < K; ++k) y[r * K + k] = w[k] * (hr[k] * inv);
+    }
+  });
+}
+
+torch::Tensor rmsnorm(torch::Tensor h, const c10::optional<torch::Tensor>& add, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && w.is_contiguous() && w.numel() == h.size(1), "rmsnorm: shapes");
+  TORCH_CHECK(w.scalar_type() == h.scalar_type(), "rmsnorm: weight dtype must match");
+  if (add.has_value()) TORCH_CHECK(add->sizes() == h.sizes() && add->is_contiguous() && add->scalar_type() == h.scalar_type(),
+                                   "rmsnorm: add must match h");
+  auto y = torch::empty_like(h);
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "rmsnorm", [&] {
+    rmsnorm_kernel<scalar_t>(h.data_ptr<scalar_t>(), add.has_value() ? add->data_ptr<scalar_t>() : nullptr,
+                             w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h.size(0), h.size(1), eps);
+  });
+  return y;
+}
+
+// ------------------------------------------------------------------------------------------ silu * up
+// gu [M, 2I] = [gate | up] -> gate / (1 + exp(-gate)) * up
+torch::Tensor silu_mul(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "silu_mul: gu must be [M, 2I]");
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  auto y = torch::empty({M, I}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "silu_mul", [&] {
+    const scalar_t* g = gu.data_ptr<scalar_t>();
+    scalar_t* out = y.data_ptr<scalar_t>();
+    at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+      std::vector<scalar_t> e(I);
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* gr = g + r * 2 * I;
+        for (int64_t i = 0; i < I; ++i) e[i] = -gr[i];
+        exp_inplace<scalar_t>(e.data(), I);
+        for (int64_t i = 0; i < I; ++i) out[r * I + i] = gr[i] / (scalar_t(1) + e[i]) * gr[I + i];
+      }
+    });
+  });
+  return y;
+}
+
+// ------------------------------------------------------------------------------------------ attention
+// RoPE as transformers: out_i = x_i * cos_i + rotate_half(x)_i * sin_i (no fused multiply-add).
+template <typename A>
+inline void rope(const A* x, const A* c, const A* s, A* out, int64_t D) {
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; ++i) out[i] = x[i] * c[i] + (-x[i + h]) * s[i];
+  for (int64_t i = h; i < D; ++i) out[i] = x[i] * c[i] + x[i - h] * s[i];
+}
+
+template <typename A>
+struct AttnArgs {
+  const A* qkv; const A* cos; const A* sin; A* kc; A* vc; const int64_t* starts; A* out;
+  int64_t B, T, Hq, Hkv, D, length, sk0, sk1, sk2, sv0, sv1, sv2;
+  A scale;
+};
+
+template <typename A>
+void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
+  const int64_t M = a.B * a.T, W = (a.Hq + 2 * a.Hkv) * a.D;
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t b = m / a.T, col = a.length + m % a.T;
+      const A* row = a.qkv + m * W;
+      const A* c = a.cos + m * a.D;
+      const A* s = a.sin + m * a.D;
+      for (int64_t h = 0; h < a.Hq; ++h) rope(row + h * a.D, c, s, qrot + (m * a.Hq + h) * a.D, a.D);
+      for (int64_t h = 0; h < a.Hkv; ++h) {
+        rope(row + (a.Hq + h) * a.D, c, s, a.kc + b * a.sk0 + h * a.sk1 + col * a.sk2, a.D);
+        std::memcpy(a.vc + b * a.sv0 + h * a.sv1 + col * a.sv2, row + (a.Hq + a.Hkv + h) * a.D, a.D * sizeof(A));
+      }
+    }
+  });
+}
+
+// scores[g][c] = dot(q_g, k_c) for the G query heads of one KV head and keys c < n (row stride n): the same
+// dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
+template <typename A>
+void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc) {
+  const A* krow[TILE_FEATURES];
+  for (int64_t c0 = 0; c0 < n; c0 += TILE_FEATURES) {
+    const int fn = static_cast<int>(std::min<int64_t>(TILE_FEATURES, n - c0));
+    for (int f = 0; f < fn; ++f) krow[f] = kb + (c0 + f) * kstride;
+    for (int64_t g0 = 0; g0 < G; g0 += TILE_ROWS) {
+      const int gn = static_cast<int>(std::min<int64_t>(TILE_ROWS, G - g0));
+#if FR_AVX512
+      if constexpr (std::is_same<A, float>::value) {
+        if (!g_portable) {
+          block_avx512<float>(q + g0 * D, gn, D, krow, fn, D, sc + g0 * n + c0, n);
+          continue;
+        }
+      }
+#endif
+      for (int g = 0; g < gn; ++g)
+        for (int f = 0; f < fn; ++f) sc[(g0 + g) * n + c0 + f] = dot_ref<A, A>(q + (g0 + g) * D, krow[f], D);
+    }
+  }
+}
+
+// acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order (acc zeroed): the weighted values of
+// G heads (e rows of stride n).  The AVX-512 code keeps a (2 heads x 64 values) block in registers.
+#if FR_AVX512
+template <int GN, int DN>
+inline void wv_block(const float* e, int64_t n, const float* vb, int64_t vstride, float* acc, int64_t D) {
+  __m512 r[GN][DN];
+  for (int g = 0; g < GN; ++g)
+    for (int j = 0; j < DN; ++j) r[g][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; ++c) {
+    __m512 v[DN];
+    for (int j = 0; j < DN; ++j) v[j] = _mm512_loadu_ps(vb + c * vstride + 16 * j);
+    for (int g = 0; g < GN; ++g) {
+      __m512 w = _mm512_set1_ps(e[g * n + c]);
+      for (int j = 0; j < DN; ++j) r[g][j] = _mm512_fmadd_ps(w, v[j], r[g][j]);
+    }
+  }
+  for (int g = 0; g < GN; ++g)
+    for (int j = 0; j < DN; ++j) _mm512_storeu_ps(acc + g * D + 16 * j, r[g][j]);
+}
+
+template <int GN>
+inline void wv_rows(const float* e, int64_t n, const float* vb, int64_t vstride, float* acc, int64_t D, int dn) {
+  switch (dn) {
+    case 4: wv_block<GN, 4>(e, n, vb, vstride, acc, D); break;
+    case 3: wv_block<GN, 3>(e, n, vb, vstride, acc, D); break;
+    case 2: wv_block<GN, 2>(e, n, vb, vstride, acc, D); break;
+    default: wv_block<GN, 1>(e, n, vb, vstride, acc, D); break;
+  }
+}
+#endif
+
+template <typename A>
+void weighted_values(const A* e, int64_t G, int64_t n, const A* vb, int64_t vstride, int64_t D, A* acc) {
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable && D % LANES == 0) {
+      for (int64_t g0 = 0; g0 < G; g0 += 2)
+        for (int64_t d0 = 0; d0 < D; d0 += 4 * LANES) {
+          const int dn = static_cast<int>(std::min<int64_t>(4, (D - d0) / LANES));
+          if (G - g0 >= 2)
+            wv_rows<2>(e + g0 * n, n, vb + d0, vstride, acc + g0 * D + d0, D, dn);
+          else
+            wv_rows<1>(e + g0 * n, n, vb + d0, vstride, acc + g0 * D + d0, D, dn);
+        }
+      return;
+    }
+  }
+#endif
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * n + c], vb[c * vstride + d], acc[g * D + d]);
+}
+
+// The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
+template <typename A>
+void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const A* kb, const A* vb, int64_t start, int64_t end,
+                  A* out, std::vector<A>& sc, std::vector<A>& acc) {
+  const int64_t n = end - start, D = a.D;
+  sc.resize(G * n);
+  acc.assign(G * D, A(0));
+  scores_block<A>(q, G, kb + start * a.sk2, a.sk2, n, D, sc.data());
+  std::vector<double> sums(G, 0.0);
+  for (int64_t g = 0; g < G; ++g) {
+    A* s = sc.data() + g * n;
+    A mx = -std::numeric_limits<A>::infinity();
+    for (int64_t c = 0; c < n; ++c) {
+      s[c] = s[c] * a.scale;
+      mx = std::max(mx, s[c]);
+    }
+    for (int64_t c = 0; c < n; ++c) s[c] = s[c] - mx;
+    exp_inplace<A>(s, n);
+    for (int64_t c = 0; c < n; ++c) sums[g] += double(s[c]);
+  }
+  weighted_values<A>(sc.data(), G, n, vb + start * a.sv2, a.sv2, D, acc.data());
+  for (int64_t g = 0; g < G; ++g) {
+    const A denom = A(sums[g]);
+    // head g of this group is query head (first head of the group) + g: out rows are consecutive heads
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = acc[g * D + d] / denom;
+  }
+}
+
+template <typename A>
+void attention_kernel(const AttnArgs<A>& a) {
+  const int64_t M = a.B * a.T, groups = a.Hq / a.Hkv;
+  std::vector<A> qrot(M * a.Hq * a.D);
+  write_kv_and_rope_q(a, qrot.data());
+  const int64_t tasks = M * a.Hkv;
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<A> sc, acc;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
+      const int64_t end = a.length + m % a.T + 1, start = a.starts[b];
+      const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
+      attend_group<A>(a, qrot.data() + h0, groups, a.kc + b * a.sk0 + hk * a.sk1, a.vc + b * a.sv0 + hk * a.sv1,
+                      start, end, a.out + h0, sc, acc);
+    }
+  });
+}
+
+// qkv [B*T, (Hq + 2 Hkv) D] (q | k | v, before RoPE); cos, sin [B*T, D]; kc, vc [B, Hkv, cap, D] (views);
+// starts [B]: row b's first valid column; the T new tokens of row b go to columns length .. length+T-1.
+torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor kc,
+                        torch::Tensor vc, const torch::Tensor& starts, int64_t length, int64_t T, int64_t Hq,
+                        int64_t Hkv, double scale) {
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "attention: inputs contiguous");
+  TORCH_CHECK(kc.dim() == 4 && vc.dim() == 4 && kc.stride(3) == 1 && vc.stride(3) == 1, "attention: cache layout");
+  TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous(), "attention: starts int64");
+  const int64_t B = kc.size(0), D = kc.size(3);
+  TORCH_CHECK(qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D && Hq % Hkv == 0, "attention: qkv shape");
+  TORCH_CHECK(length + T <= kc.size(2) && starts.numel() == B, "attention: cache too small");
+  auto out = torch::empty({B * T, Hq * D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "attention", [&] {
+    AttnArgs<scalar_t> a{qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                         kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), starts.data_ptr<int64_t>(),
+                         out.data_ptr<scalar_t>(), B, T, Hq, Hkv, D, length, kc.stride(0), kc.stride(1), kc.stride(2),
+                         vc.stride(0), vc.stride(1), vc.stride(2), scalar_t(scale)};
+    attention_kernel<scalar_t>(a);
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------ vocabulary
+// Block sums: e[c] for a block of 16 summed by tree16 (missing lanes are +0), blocks accumulated in double.
+template <typename A>
+inline double block_sum(const A* e, int64_t n) {
+  A t[LANES] = {};
+  for (int64_t l = 0; l < n; ++l) t[l] = e[l];
+  return double(tree16(t));
+}
+
+// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite.
+template <typename A>
+void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& finite) {
+  m = -std::numeric_limits<A>::infinity();
+  finite = true;
+  for (int64_t c = 0; c < V; ++c) {
+    finite = finite && std::isfinite(l[c]);
+    m = std::max(m, l[c]);
+  }
+  if (!finite) return;
+  A e[LANES], d[LANES], ed[LANES];
+  double s = 0.0, sd = 0.0;
+  for (int64_t c0 = 0; c0 < V; c0 += LANES) {
+    const int64_t n = std::min<int64_t>(LANES, V - c0);
+    for (int64_t j = 0; j < n; ++j) d[j] = e[j] = l[c0 + j] - m;
+    exp_inplace<A>(e, n);
+    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] * d[j];
+    s += block_sum<A>(e, n);
+    sd += block_sum<A>(ed, n);
+  }
+  log_s = std::log(s);
+  ent = log_s - sd / s;
+}
+
+std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "vocab_stats: logits [B, V] contiguous");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  auto opt = logits.options();
+  auto mx = torch::empty({B}, opt);
+  auto log_s = torch::empty({B}, opt.dtype(torch::kDouble));
+  auto ent = torch::empty({B}, opt.dtype(torch::kDouble));
+  auto fin = torch::empty({B}, opt.dtype(torch::kBool));
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "vocab_stats", [&] {
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        bool f;
+        stats_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], log_s.data_ptr<double>()[r],
+                            ent.data_ptr<double>()[r], f);
+        fin.data_ptr<bool>()[r] = f;
+      }
+    });
+  });
+  return {mx, log_s, ent, fin};
+}
+
+// Inverse-CDF draw from q_tau in token order with one uniform u: e[c] = exp((l[c] - m) / tau); the total T and
+// the CDF follow the block scheme (blocks by tree16, accumulated in double; inside the chosen block, sequential
+// double sums from the block's start).  Returns the token and log T.
+template <typename A>
+void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, double& log_t, std::vector<double>& cum) {
+  const int64_t nb = (V + LANES - 1) / LANES;
+  cum.resize(nb);
+  A e[LANES];
+  double s = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
+    for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+    exp_inplace<A>(e, n);
+    s += block_sum<A>(e, n);
+    cum[b] = s;
+  }
+  log_t = std::log(s);
+  const double target = u * s;
+  int64_t b = std::upper_bound(cum.begin(), cum.end(), target) - cum.begin();
+  if (b >= nb) b = nb - 1;
+  while (b > 0 && cum[b] == cum[b - 1]) --b;  // never a block of zero mass
+  const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
+  for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+  exp_inplace<A>(e, n);
+  double run = b > 0 ? cum[b - 1] : 0.0;
+  token = -1;
+  for (int64_t j = 0; j < n; ++j) {
+    if (e[j] > A(0)) token = c0 + j;
+    run += double(e[j]);
+    if (e[j] > A(0) && run > target) break;
+  }
+}
+
+// rows [R] (int64): which logits rows; m [B] from vocab_stats; taus, us [R] (double).
+std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& mx, const torch::Tensor& rows,
+                                const torch::Tensor& taus, const torch::Tensor& us) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "draw: logits [B, V] contiguous");
+  const int64_t R = rows.numel(), V = logits.size(1);
+  auto tok = torch::empty({R}, rows.options());
+  auto log_t = torch::empty({R}, taus.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "draw", [&] {
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, R, 1, [&](int64_t i0, int64_t i1) {
+      std::vector<double> cum;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = rows.data_ptr<int64_t>()[i];
+        draw_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], scalar_t(taus.data_ptr<double>()[i]),
+                           us.data_ptr<double>()[i], tok.data_ptr<int64_t>()[i], log_t.data_ptr<double>()[i], cum);
+      }
+    });
+  });
+  return {tok, log_t};
+}
+
+// ------------------------------------------------------------------------------------------ misc
+// Streams `x` once (sum of float32 lanes) to measure the memory read bandwidth.
+double stream_read(const torch::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), "stream_read: float32 contiguous");
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel(), chunk = 1 << 16;
+  std::vector<double> part(at::get_num_threads() + 1, 0.0);
+  at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    float acc[LANES] = {};
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); i += LANES)
+        for (int l = 0; l < LANES && i + l < n; ++l) acc[l] += p[i + l];
+    part[at::get_thread_num()] += double(tree16(acc));
+  });
+  double s = 0.0;
+  for (double v : part) s += v;
+  return s;
+}
+
+void set_portable(bool on) { g_portable = on; }
+bool vectorized() { return FR_AVX512 && !g_portable; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over a virtual concatenation of weights");
+  m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");
+  m.def("silu_mul", &silu_mul, "[gate | up] -> silu(gate) * up");
+  m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
+  m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
+  m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");
+  m.def("stream_read", &stream_read, "read a float32 tensor once (bandwidth probe)");
+  m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
+  m.def("vectorized", &vectorized, "whether the AVX-512 path is in use");
+}

@@ -11,7 +11,9 @@ class EngineConfig:
     """Embedded engine settings."""
 
     max_total_tokens: int = 32768
-    """Token budget of the radix KV pool (cached prefixes); unlocked LRU leaves are evicted beyond it."""
+    """Token budget of ALL the KV the engine holds: cached prefixes plus the running rows' own KV.  A
+    decoding request is admitted only when its row's KV (prompt - 1 + max_new_tokens) fits, after evicting
+    unlocked LRU prefixes; otherwise it queues.  A request that could never fit fails at submission."""
     max_batch_size: int = 64
     """Most requests decoded together in one batched forward."""
     batch_window_ms: float = 2.0

@@ -55,6 +55,7 @@ class Request:
     aborted: bool = False
     # runtime
     node: RadixNode | None = None
+    reserved: int = 0
     cached_tokens: int = 0
     kv_len: int = 0
     next_token: int = 0

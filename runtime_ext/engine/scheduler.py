@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
+from .admission import check_fits_budget, take_admissible
+from .admission import release as release_reservation
 from .batch import RunningBatch
 from .config import EngineConfig
 from .kernels import TOKEN_AXIS, forward_on_buffer, plan_forward
@@ -199,8 +201,10 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------------------------- submission
     def _make_request(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None,
                       priority: int, mode: RequestMode) -> Request:
-        return make_request(input_ids, params, rid=rid, priority=priority, mode=mode,
-                            vocab_size=self.vocab_size, max_context=self.model_info.max_context)
+        r = make_request(input_ids, params, rid=rid, priority=priority, mode=mode,
+                         vocab_size=self.vocab_size, max_context=self.model_info.max_context)
+        check_fits_budget(r, self.config.max_total_tokens)
+        return r
 
     def _submit(self, reqs: Sequence[Request]) -> None:
         with self._cv:
@@ -308,6 +312,7 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------------------------- finishing
     def _release(self, req: Request) -> None:
+        release_reservation(self.radix, req)
         if req.node is not None:
             self.radix.unlock(req.node)
             req.node = None
@@ -365,20 +370,16 @@ class EmbeddedEngine:
         self._note_pool()
 
     def _take_admissible(self) -> list[Request]:
-        """Dequeue what starts now: normal requests up to the free rows (plus every non-decoding one);
-        background requests only when no normal request is queued or running."""
+        """Dequeue what starts now (see `admission.take_admissible`); fail what can never start."""
         with self._cv:
-            normal_waiting = [r for r in self._waiting if r.priority >= 0]
-            free = self.config.max_batch_size - len(self._normal)
-            take = normal_waiting[: max(free, 0)]
-            # non-generating requests (logits, pin, scoring) never occupy a batch row
-            take += [r for r in normal_waiting[len(take):] if not r.decodes]
-            if not normal_waiting and not self._normal.rows:
-                bg = [r for r in self._waiting if r.priority < 0]
-                free_bg = self.config.max_batch_size - len(self._background)
-                take += bg[: max(free_bg, 0)]
-            for r in take:
+            take, failed = take_admissible(
+                self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
+                free_background_rows=self.config.max_batch_size - len(self._background),
+                normal_running=bool(self._normal.rows))
+            for r in take + [r for r, _ in failed]:
                 self._waiting.remove(r)
+        for r, exc in failed:
+            self._fail(r, exc)
         return take
 
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -453,6 +454,7 @@ class EmbeddedEngine:
     def _retire(self, batch: RunningBatch, finished: Sequence[Finished]) -> None:
         """Cache the finished rows' KV, take them out of the batch, then finish or fail each."""
         for r, _, err in finished:
+            release_reservation(self.radix, r)  # the row's KV moves into the tree (as far as it fits)
             if err is None:
                 self._cache_finished(batch, r)
         batch.leave([r for r, _, _ in finished])

@@ -397,17 +397,20 @@ def test_concurrent_threads_mixed_requests_all_finish():
 
 
 def test_radix_reuse_eviction_and_pins():
-    with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=200, batch_window_ms=0)) as eng:
+    # the budget counts the running row's own KV too: the final request holds a copy of the pinned root
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=250, batch_window_ms=0)) as eng:
         root = list(range(40, 140))  # 100 tokens
         handle = eng.pin(root)
         st = eng.stats()
         assert st["radix_total_tokens"] == 100 and st["radix_locked_tokens"] == 100
-        for k in range(6):  # unrelated traffic overflows the 200-token budget
+        for k in range(6):  # unrelated traffic overflows the 250-token budget
             eng.generate([200 - k] * 60, SamplingParams(max_new_tokens=10, seed=k, ignore_eos=True))
-            assert eng.stats()["radix_total_tokens"] <= 200
+            assert eng.stats()["radix_total_tokens"] <= 250
         assert eng.stats()["radix_evicted_tokens"] > 0
         hit = eng.generate(root + [7], SamplingParams(max_new_tokens=2, seed=1, ignore_eos=True))
         assert hit.meta_info["cached_tokens"] == 100  # the pinned root survived eviction
+        with pytest.raises(EngineError, match="pinned"):  # 100 pinned + a 199-token row > 250, nothing running
+            eng.generate(root + [7], SamplingParams(max_new_tokens=99, seed=1, ignore_eos=True))
         eng.unpin(handle)
         with pytest.raises(EngineError, match="unknown pin handle"):
             eng.unpin(handle)
@@ -566,3 +569,49 @@ def test_late_stop_string_found_past_the_tail_window(engine):
         assert cut.text == text[: text.find(stop)]
         return
     pytest.skip("no clean 3-character stop string found after position 40")
+
+
+def _pool_tokens(eng):
+    """Independent count of the KV the engine holds: every tree node's KV tensor plus every running row."""
+    stack, cached = list(eng.radix.root.children.values()), 0
+    while stack:
+        node = stack.pop()
+        cached += node.kv.shape[3]
+        stack.extend(node.children.values())
+    return cached + sum(r.kv_len for b in (eng._normal, eng._background) for r in b.rows)
+
+
+def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
+    """8 threads of 50-370-token requests under a 600-token budget: the KV held (prefixes + running rows)
+    never exceeds it, requests queue instead, and every request finishes."""
+    budget = 600
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=budget, batch_window_ms=0)) as eng:
+        peaks, rows_seen = [], []
+        step, admit = eng._step, eng._admit
+
+        def watched_step(batch):
+            step(batch)
+            peaks.append(_pool_tokens(eng))
+            rows_seen.append(len(eng._normal) + len(eng._background))
+
+        def watched_admit():
+            admit()
+            peaks.append(_pool_tokens(eng))
+
+        eng._step, eng._admit = watched_step, watched_admit
+        rng = np.random.default_rng(0)
+        jobs = [(list(rng.integers(0, 250, int(rng.integers(20, 50)))), int(rng.integers(30, 320))) for _ in range(32)]
+
+        def run(i):
+            ids, n = jobs[i]
+            return eng.generate(ids, SamplingParams(max_new_tokens=n, seed=i, ignore_eos=True), priority=-(i % 3 == 0))
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(run, range(len(jobs))))
+        assert [len(o.output_ids) for o in outs] == [n for _, n in jobs]
+        assert max(peaks) <= budget and eng.stats()["peak_kv_pool_tokens"] <= budget
+        assert max(peaks) > budget // 2 and max(rows_seen) < 8  # the budget, not the threads, limited the rows
+        st = eng.stats()
+        assert st["radix_reserved_tokens"] == 0 and st["active_rows"] == 0 and st["queued"] == 0
+        with pytest.raises(EngineError, match="can never fit"):
+            eng.generate(list(range(100)), SamplingParams(max_new_tokens=502))

@@ -90,7 +90,8 @@ def _prefetch(args: argparse.Namespace, npf: int):
     from ..classifiers.certainty import CertaintyClassifier
 
     clf = CertaintyClassifier.load(args.classifier)
-    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=lambda f: float(clf.branch_prob_accept(f)))
+    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=clf.branch_prob_of,
+                          tree_position=clf.uses_tree_position)
 
 
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):

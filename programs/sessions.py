@@ -135,13 +135,6 @@ class _Session:
         self._pin_handle: Any = None
         self._pin()
 
-    @classmethod
-    def on_engine(cls, engine: Any, *, config: PrepositionConfig | None = None, tokenizer: Any = None,
-                  **kw: Any) -> Any:
-        """A session with its own prepositioner over `engine`."""
-        tok = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
-        return cls(Prepositioner(engine, config, tokenizer=tok), tokenizer=tok, **kw)
-
     def encode(self, text: str) -> list[int]:
         return _encode(self.tokenizer, text)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Sequence
 
 import numpy as np
 
@@ -82,10 +82,9 @@ def accepts_on_path(node: int) -> int:
     return sum(1 for v in path_from_root(node)[1:] if is_accept_child(v))
 
 
-def ancestors_in(node: int, nodes: Iterable[int] | frozenset[int]) -> bool:
+def ancestors_in(node: int, nodes: Container[int]) -> bool:
     """Whether every strict ancestor of `node` is in `nodes` (a traversal from the root can reach it)."""
-    chosen = nodes if isinstance(nodes, (set, frozenset)) else set(nodes)
-    return all(v in chosen for v in path_from_root(node)[:-1])
+    return all(v in nodes for v in path_from_root(node)[:-1])
 
 
 # -- κ and Condition 1 --------------------------------------------------------------------------------

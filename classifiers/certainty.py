@@ -4,8 +4,9 @@ Before a request is generated, a three-class logistic regression on standardized
 default only the cut fraction c_j/T) predicts whether the decision at the node will be an ε-certain
 reject (A <= ε), an ε-certain accept (A >= 1 - ε) or ε-uncertain; Eq. 14 turns the class
 probabilities into the predicted branch probability ĥ(v+; ε) that the DP of Proposition 2 uses.
-Cross-validation follows E.7: folds hold out whole prompts, out-of-fold predictions are pooled,
-and accuracy / macro-F1 / log loss are reported against constant baselines.
+The classifier supplies ĥ only: `branch_prob_of` is the callable the one planner
+(`programs.traversal.plan_prefetch`, used by the PreSTO sampler) takes.  Cross-validation is
+`cross_validation`.
 
     paper                                   code
     ε                                       CertaintyConfig.epsilon (0.01)
@@ -14,47 +15,31 @@ and accuracy / macro-F1 / log loss are reported against constant baselines.
     λ (L2 penalty, C = 1/λ)                 CertaintyConfig.l2_penalty (1.0)
     P̂(v is ε-certain reject / accept)       ClassProbabilities.p_reject / .p_accept
     P̂(v is ε-uncertain)                     ClassProbabilities.p_uncertain
-    ĥ(v+; ε)                                CertaintyClassifier.branch_prob_accept      (Eq. 14)
-    ℒ(𝒰) (pooled held-out log loss)          CrossValidationReport.log_loss              (Eq. 25)
-    majority / class-frequency baselines    CrossValidationReport.baseline_*
+    ĥ(v+; ε)                                CertaintyClassifier.branch_prob_accept      (Eq. 14,
+                                            programs.allocation.branch_prob_accept)
+    ĥ of a candidate node for the planner   CertaintyClassifier.branch_prob_of(node)
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .features import (
-    CLASSES,
-    DEFAULT_EPSILON,
-    POST_GENERATION_FIELDS,
-    NodeRecord,
-    class_index,
-    feature_matrix,
-    feature_vector,
-)
-from ..programs.allocation import (
-    Allocation,
-    NodeState,
-    optimal_allocation,
-    optimal_allocation_by_state,
-)
+from ..programs.acceptance import CLASSES, EPSILON
 from ..programs.allocation import branch_prob_accept as _branch_prob_accept
+from ..programs.records import NodeRecord
+from ..programs.traversal import CandidateNode
+from .features import POST_GENERATION_FIELDS, TREE_POSITION_FEATURES, class_index, feature_matrix, feature_vector
 
 __all__ = [
     "CertaintyConfig",
     "ClassProbabilities",
     "CertaintyClassifier",
-    "CrossValidationReport",
-    "cross_validate_certainty",
-    "certainty_cv_splits",
-    "format_cv_table",
-    "predictive_allocation",
     "MODEL_FORMAT",
 ]
 
@@ -66,7 +51,7 @@ _MODEL_VERSION = 1
 class CertaintyConfig:
     """Settings of the ε-certainty classifier."""
 
-    epsilon: float = DEFAULT_EPSILON
+    epsilon: float = EPSILON
     """ε in (0, 1/2): the certainty threshold the labels were made with (default 0.01, §3.3)."""
     features: tuple[str, ...] = ("cut_fraction",)
     """Feature names (classifiers.features); default Feature 1, the cut fraction c_j/T, as in E.7."""
@@ -106,7 +91,8 @@ class ClassProbabilities(NamedTuple):
     p_uncertain: float
 
 
-def _labels(records: Sequence[NodeRecord]) -> np.ndarray:
+def labels(records: Sequence[NodeRecord]) -> np.ndarray:
+    """Class indices (CLASSES order) of the records' labels."""
     return np.array([class_index(r.certainty_class) for r in records], dtype=int)
 
 
@@ -176,7 +162,7 @@ class CertaintyClassifier:
         model = cls(config)
         if not records:
             raise ValueError("class_prior needs at least one record")
-        y = _labels(records)
+        y = labels(records)
         counts = np.bincount(y, minlength=3)
         with np.errstate(divide="ignore"):
             intercept = np.log(counts / counts.sum())
@@ -193,7 +179,7 @@ class CertaintyClassifier:
         if not records:
             raise ValueError("cannot fit the certainty classifier on zero records")
         X = feature_matrix(records, self.features)
-        y = _labels(records)
+        y = labels(records)
         counts = np.bincount(y, minlength=3)
         named = {c: int(n) for c, n in zip(CLASSES, counts)}
         present = np.flatnonzero(counts)
@@ -270,7 +256,19 @@ class CertaintyClassifier:
     def branch_prob_accept(self, cut_fraction: float, **features: Any) -> float:
         """ĥ(v+; ε) = ½(1 + P̂_acc − P̂_rej) for one candidate (Eq. 14)."""
         p = self.predict_proba(cut_fraction, **features)
-        return _branch_prob_accept(min(p.p_reject, 1.0 - p.p_accept), p.p_accept)
+        return float(_branch_prob_accept(p.p_reject, p.p_accept))
+
+    def branch_prob_of(self, node: CandidateNode) -> float:
+        """ĥ(v+; ε) of a candidate node of the planner (`plan_prefetch(branch_prob=...)`,
+        `PrefetchConfig.branch_prob`): the features are read from what the planner knows about it."""
+        values = node.values()
+        return self.branch_prob_accept(values.pop("cut_fraction"), **values)
+
+    @property
+    def uses_tree_position(self) -> bool:
+        """Whether a feature reads the node's tree position (κ(v), accepts on the path): pass it as the
+        planner's `tree_position` so the DP runs over (depth, κ, accepts) states."""
+        return bool(set(self.features) & TREE_POSITION_FEATURES)
 
     def branch_prob_accept_many(self, cut_fractions: Sequence[float], **features: Sequence[Any]) -> np.ndarray:
         """ĥ(v+; ε) for several candidates at once (e.g. one per depth for the DP)."""
@@ -284,7 +282,7 @@ class CertaintyClassifier:
             [self._features_of(cf, {k: v[i] for k, v in features.items()}) for i, cf in enumerate(cfs)]
         ) if len(cfs) else np.empty((0, len(self.features)))
         p = self.predict_proba_matrix(X)
-        return np.clip(0.5 * (1.0 + p[:, 1] - p[:, 0]), 0.0, 1.0)
+        return _branch_prob_accept(p[:, 0], p[:, 1])
 
     # -- persistence -------------------------------------------------------------------------------
 
@@ -373,231 +371,3 @@ class CertaintyClassifier:
 
     def __repr__(self) -> str:
         return f"CertaintyClassifier(kind={self.kind!r}, features={self.features!r}, training_size={self.training_size})"
-
-
-# ------------------------------------------------------------------------------------------------
-# The predictive traversal rule end to end (App. C.3-C.4)
-# ------------------------------------------------------------------------------------------------
-
-_PER_DEPTH_FEATURES = frozenset({"cut_fraction", "cut", "depth"})
-
-
-def predictive_allocation(
-    classifier: CertaintyClassifier,
-    request_cuts: Sequence[int],
-    horizon: int,
-    budget: int,
-    *,
-    extra_features: Mapping[str, Sequence[float]] | None = None,
-) -> Allocation:
-    """Choose the requests of one prefetch call by the predictive traversal rule.
-
-    ĥ(v+; ε) comes from the classifier (Eq. 14) with the candidate's features: cut_fraction =
-    request_cuts[d] / T, cut = request_cuts[d], depth = d, parent_cut = κ(v), accepts_on_path,
-    plus ``extra_features[name][d]`` for per-depth extras (e.g. likelihood statistics at the cut).
-    Then the DP of Proposition 2 picks at most ``budget`` requests. A model that uses only
-    per-depth features runs the per-depth DP; one with tree-position features runs it over
-    NodeState (depth, κ, accepts).
-    """
-    cuts = [int(c) for c in request_cuts]
-    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
-        raise ValueError(f"horizon must be a positive integer (T), got {horizon!r}")
-    extra = {k: list(v) for k, v in (extra_features or {}).items()}
-    for name, vals in extra.items():
-        if len(vals) < len(cuts):
-            raise ValueError(f"extra_features[{name!r}] has {len(vals)} values for {len(cuts)} depths")
-
-    def values_at(d: int) -> dict[str, Any]:
-        out = {k: v[d] for k, v in extra.items()}
-        out.update(cut=cuts[d], depth=d)
-        return out
-
-    if set(classifier.features) <= _PER_DEPTH_FEATURES | set(extra):
-        probs = [classifier.branch_prob_accept(cuts[d] / horizon, **values_at(d)) for d in range(len(cuts))]
-        return optimal_allocation(cuts, horizon, probs, budget)
-
-    def by_state(state: NodeState) -> float:
-        d = state.depth
-        return classifier.branch_prob_accept(
-            cuts[d] / horizon, parent_cut=state.known_cut, accepts_on_path=state.accepts_on_path, **values_at(d)
-        )
-
-    return optimal_allocation_by_state(cuts, horizon, by_state, budget)
-
-
-# ------------------------------------------------------------------------------------------------
-# Cross-validation (App. E.7)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CrossValidationReport:
-    """Pooled out-of-fold metrics of the classifier and of the constant baselines (E.7)."""
-
-    n_records: int
-    n_prompts: int
-    folds: int
-    grouped_by_prompt: bool
-    features: tuple[str, ...]
-    class_counts: dict[str, int]
-    accuracy: float
-    macro_f1: float
-    log_loss: float
-    baseline_accuracy: float
-    """Always predicting the training fold's most frequent class."""
-    baseline_macro_f1: float
-    baseline_log_loss: float
-    """Predicting the training fold's class frequencies for every node."""
-    fold_metrics: tuple[dict[str, float], ...] = field(default_factory=tuple)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_records": self.n_records,
-            "n_prompts": self.n_prompts,
-            "folds": self.folds,
-            "grouped_by_prompt": self.grouped_by_prompt,
-            "features": list(self.features),
-            "class_counts": dict(self.class_counts),
-            "classifier": {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "log_loss": self.log_loss},
-            "baseline": {
-                "accuracy": self.baseline_accuracy,
-                "macro_f1": self.baseline_macro_f1,
-                "log_loss": self.baseline_log_loss,
-            },
-            "fold_metrics": [dict(m) for m in self.fold_metrics],
-        }
-
-
-def _metrics(y: np.ndarray, proba: np.ndarray) -> dict[str, float]:
-    from sklearn.metrics import accuracy_score, f1_score, log_loss
-
-    pred = np.argmax(proba, axis=1)
-    # clip before log loss so a class a fold never saw (probability 0) costs a large, finite loss
-    clipped = np.clip(proba, 1e-15, 1.0)
-    clipped /= clipped.sum(axis=1, keepdims=True)
-    return {
-        "accuracy": float(accuracy_score(y, pred)),
-        "macro_f1": float(f1_score(y, pred, labels=[0, 1, 2], average="macro", zero_division=0)),
-        "log_loss": float(log_loss(y, clipped, labels=[0, 1, 2])),
-    }
-
-
-def certainty_cv_splits(
-    records: Sequence[NodeRecord], *, folds: int = 5, seed: int = 0, group_by_prompt: bool = True
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, test) index arrays of the E.7 cross-validation: ``StratifiedGroupKFold`` with the
-    prompt as the group (whole prompts held out), or ``StratifiedKFold`` over nodes."""
-    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
-
-    records = list(records)
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
-    y = _labels(records)
-    X = np.zeros((len(records), 1))
-    if group_by_prompt:
-        groups = np.array([r.prompt_id for r in records])
-        n_prompts = len(set(groups.tolist()))
-        if n_prompts < folds:
-            raise ValueError(
-                f"holding out whole prompts with {folds} folds needs at least {folds} distinct prompt_id values, "
-                f"got {n_prompts}; use fewer folds or group_by_prompt=False (CLI: --no-group)"
-            )
-        splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
-        return [(tr, te) for tr, te in splitter.split(X, y, groups)]
-    if len(records) < folds:
-        raise ValueError(f"cross-validation with {folds} folds needs at least {folds} records, got {len(records)}")
-    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return [(tr, te) for tr, te in splitter.split(X, y)]
-
-
-def cross_validate_certainty(
-    records: Sequence[NodeRecord],
-    config: CertaintyConfig | None = None,
-    *,
-    folds: int = 5,
-    seed: int = 0,
-    group_by_prompt: bool = True,
-    progress: bool = False,
-) -> CrossValidationReport:
-    """k-fold cross-validation as in E.7: whole prompts held out (``StratifiedGroupKFold`` on
-    ``prompt_id``), out-of-fold probabilities pooled over all records, accuracy / macro-F1 / log loss
-    against the majority-class and class-frequency baselines fitted on the same training folds.
-
-    ``group_by_prompt=False`` uses ``StratifiedKFold`` over nodes instead. Folds whose training part
-    lacks a class are fitted on the classes present (the absent class gets probability 0).
-    """
-    from tqdm import tqdm
-
-    config = config or CertaintyConfig()
-    records = list(records)
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
-    if len(records) < folds:
-        raise ValueError(f"cross-validation with {folds} folds needs at least {folds} records, got {len(records)}")
-    y = _labels(records)
-    counts = np.bincount(y, minlength=3)
-    if np.count_nonzero(counts) < 2:
-        raise ValueError(f"records contain a single certainty class (counts {dict(zip(CLASSES, counts.tolist()))}): nothing to classify")
-    n_prompts = len({r.prompt_id for r in records})
-    feature_matrix(records, config.features)  # fail early on a missing or non-numeric feature
-    splits = certainty_cv_splits(records, folds=folds, seed=seed, group_by_prompt=group_by_prompt)
-
-    fold_config = CertaintyConfig(
-        epsilon=config.epsilon,
-        features=config.features,
-        l2_penalty=config.l2_penalty,
-        max_iter=config.max_iter,
-        allow_missing_classes=True,
-    )
-    proba = np.zeros((len(records), 3))
-    base = np.zeros((len(records), 3))
-    fold_metrics: list[dict[str, float]] = []
-    for k, (train, test) in enumerate(tqdm(splits, desc="cv folds", disable=not progress)):
-        train_records = [records[i] for i in train]
-        test_records = [records[i] for i in test]
-        if len(set(y[train].tolist())) < 2:
-            model = CertaintyClassifier.class_prior(train_records, fold_config)
-        else:
-            model = CertaintyClassifier(fold_config).fit(train_records)
-        proba[test] = model.predict_proba_records(test_records)
-        base[test] = CertaintyClassifier.class_prior(train_records, fold_config).predict_proba_records(test_records)
-        m = _metrics(y[test], proba[test])
-        fold_metrics.append({"fold": k, "n_test": int(len(test)), **m})
-
-    clf = _metrics(y, proba)
-    # the class-frequency baseline's most likely class is the training fold's majority class
-    bl = _metrics(y, base)
-    return CrossValidationReport(
-        n_records=len(records),
-        n_prompts=n_prompts,
-        folds=folds,
-        grouped_by_prompt=group_by_prompt,
-        features=config.features,
-        class_counts={c: int(n) for c, n in zip(CLASSES, counts)},
-        accuracy=clf["accuracy"],
-        macro_f1=clf["macro_f1"],
-        log_loss=clf["log_loss"],
-        baseline_accuracy=bl["accuracy"],
-        baseline_macro_f1=bl["macro_f1"],
-        baseline_log_loss=bl["log_loss"],
-        fold_metrics=tuple(fold_metrics),
-    )
-
-
-def format_cv_table(report: CrossValidationReport) -> str:
-    """Plain-text table of a cross-validation report."""
-    counts = ", ".join(f"{c} {n}" for c, n in report.class_counts.items())
-    split = "whole prompts held out" if report.grouped_by_prompt else "nodes (not grouped by prompt)"
-    lines = [
-        f"records {report.n_records} from {report.n_prompts} prompts; classes: {counts}",
-        f"{report.folds}-fold cross-validation, {split}; features: {', '.join(report.features)}",
-        "",
-        f"{'metric':<10} {'classifier':>11} {'baseline':>10}",
-        f"{'accuracy':<10} {report.accuracy:>11.3f} {report.baseline_accuracy:>10.3f}",
-        f"{'macro-F1':<10} {report.macro_f1:>11.3f} {report.baseline_macro_f1:>10.3f}",
-        f"{'log loss':<10} {report.log_loss:>11.3f} {report.baseline_log_loss:>10.3f}",
-        "",
-        "baseline: majority class of the training fold (accuracy, macro-F1); its class frequencies (log loss)",
-    ]
-    return "\n".join(lines)
-

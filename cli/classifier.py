@@ -3,7 +3,7 @@
     forerun classifier train --records FILE... --out PATH [--features cut_fraction,...] [--json]
     forerun classifier cv    --records FILE... [--folds 5] [--features ...] [--no-group] [--json]
 
-Records are the JSONL scored-node lines the PreSTO samplers write (classifiers/features.py).
+Records are the JSONL scored-node lines the PreSTO samplers write (programs/records.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import json
 import sys
 from typing import Any
 
-from ..classifiers.certainty import (
-    CertaintyClassifier,
-    CertaintyConfig,
-    cross_validate_certainty,
-    format_cv_table,
-)
-from ..classifiers.features import DEFAULT_EPSILON, FEATURE_SETS, NodeRecord, drop_unreachable, read_node_records
+from ..classifiers.certainty import CertaintyClassifier, CertaintyConfig
+from ..classifiers.cross_validation import cross_validate_certainty, format_cv_table
+from ..classifiers.features import FEATURE_SETS, drop_unreachable
+from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
+from ..programs.records import NodeRecord, read_node_records
 
 __all__ = ["register", "train_command", "cv_command"]
 
@@ -103,8 +101,8 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
     """Records from --records (filtered by --sampler), and how many --drop-unreachable removed."""
     records = read_node_records(args.records, epsilon=args.epsilon)
     if args.sampler is not None:
-        found = sorted({str(r.extra.get("sampler")) for r in records})
-        records = [r for r in records if r.extra.get("sampler") == args.sampler]
+        found = sorted({str(r.sampler) for r in records})
+        records = [r for r in records if r.sampler == args.sampler]
         if not records:
             raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
     if not args.drop_unreachable:

@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from ..programs.prompts import chat_prompt_ids
 from .args import add_model_arguments, nonnegative_float, nonnegative_int
 
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments"]
@@ -113,10 +114,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def _prompt_ids(tok: Any, prompt: str, raw: bool) -> list[int]:
-    if not raw and getattr(tok, "chat_template", None):
-        return list(tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                            add_generation_prompt=True, return_dict=False))
-    return list(tok.encode(prompt))
+    return list(tok.encode(prompt)) if raw else chat_prompt_ids(tok, prompt)
 
 
 def bench_engine_command(args: argparse.Namespace) -> int:

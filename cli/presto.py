@@ -90,7 +90,8 @@ def _prefetch(args: argparse.Namespace, npf: int):
     from ..classifiers.certainty import CertaintyClassifier
 
     clf = CertaintyClassifier.load(args.classifier)
-    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=lambda f: float(clf.branch_prob_accept(f)))
+    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=clf.branch_prob_of,
+                          tree_position=clf.uses_tree_position)
 
 
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
@@ -128,7 +129,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def sample_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import prompt_ids_for, proposal_model_for
+    from ..eval.bench_presto import proposal_model_for
+    from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
     from ..programs.samplers import make_sampler
 
@@ -147,9 +149,9 @@ def sample_command(args: argparse.Namespace) -> int:
             if args.index < 0 or args.index >= len(prompts):
                 raise ValueError(f"--index {args.index} out of range for {args.dataset} ({len(prompts)} prompts)")
             prompt = prompts[args.index]
-            pid, ids = f"{args.dataset}/{prompt.id}", prompt_ids_for(runtime.tokenizer, prompt.messages())
+            pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
-            pid, ids = "prompt", prompt_ids_for(runtime.tokenizer, text=args.prompt)
+            pid, ids = "prompt", chat_prompt_ids(runtime.tokenizer, args.prompt)
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         result = sampler.run(ids, prompt_id=pid)
@@ -178,7 +180,8 @@ def sample_command(args: argparse.Namespace) -> int:
 
 
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import format_table, prompt_ids_for, proposal_model_for, run_pairs, timestamp
+    from ..eval.bench_presto import format_table, proposal_model_for, run_pairs, timestamp
+    from ..programs.prompts import chat_prompt_ids
     from ..eval.datasets import load_prompts
     from ..programs.records import RecordWriter
 
@@ -191,7 +194,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
         if len(prompts) < args.prompts:
             raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
-        items = [(f"{args.dataset}/{p.id}", prompt_ids_for(runtime.tokenizer, p.messages())) for p in prompts]
+        items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
         writer = RecordWriter(args.records) if args.records else None
         models = [proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures) for cfg in configs]
         bar = _progress(2 * len(items) * len(configs), "bench presto")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..programs.prompts import chat_prompt_ids
 from ..runtime_ext.engine import EngineConfig
 from ..runtime_ext.protocol import SamplingParams
 from ..runtime_ext.runtime import open_runtime
@@ -60,13 +61,6 @@ class EngineBenchConfig:
             raise ValueError(f"root_tokens ({self.root_tokens}) must exceed num_suffixes + 1 to hold distinct cuts")
 
 
-def _prompt_ids(tokenizer: Any) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": BENCH_PROMPT}], tokenize=True,
-                                                  add_generation_prompt=True, return_dict=False))
-    return list(tokenizer.encode(BENCH_PROMPT))
-
-
 def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[int]]:
     model = loaded.model
     x = torch.tensor([ids])
@@ -84,7 +78,7 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
     loaded, engine = runtime.loaded, runtime.engine
     bar = tqdm(total=2 * (config.repeats + 1) + 2 * (config.repeats + 1), desc="bench engine", disable=not progress)
     try:
-        prompt = _prompt_ids(loaded.tokenizer)
+        prompt = chat_prompt_ids(loaded.tokenizer, BENCH_PROMPT)
         n = config.decode_tokens
         if len(prompt) + max(n, config.root_tokens + config.suffix_tokens) > loaded.max_context:
             raise ValueError("bench sizes exceed the model context")

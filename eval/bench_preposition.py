@@ -48,7 +48,6 @@ from ..runtime_ext.protocol import SamplingParams
 from ..runtime_ext.preposition.ready_cache import GateConfig, SessionState
 
 ARMS = ("cold", "fast", "fall_0", "fall_entry")
-ALT_QUESTION = "Which way are prices moving?"
 
 
 @dataclass(frozen=True)

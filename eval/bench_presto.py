@@ -115,15 +115,5 @@ def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = 
                                 require_entropy=kind == "entropy-cut")
 
 
-def prompt_ids_for(tokenizer: Any, messages: list[dict[str, str]] | None = None, text: str | None = None) -> list[int]:
-    """Prompt ids: the chat template when the tokenizer has one, else the plain encoding."""
-    if messages is None:
-        messages = [{"role": "user", "content": text or ""}]
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer.encode(messages[-1]["content"])]
-
-
 def timestamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

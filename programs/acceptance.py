@@ -13,7 +13,8 @@ positions [0, c) and resamples [c, T).  π_α(x) ∝ p0(x)^α (Eq. 2, 4).
     H_t (entropy of p0, App. D.3)           entropy[t]
     ΔH_t                                    entropy_jumps(entropy)[t]
     ρ_x(c) ∝ max(ΔH_c, 0)^β (β = 4)         entropy_cut_law(entropy, beta)
-    ε-certain reject / accept / uncertain   epsilon_class(A, eps)
+    ε (0.01)                                EPSILON
+    ε-certain reject / accept / uncertain   epsilon_class(A, epsilon) ∈ CLASSES (App. C.3 order)
     MTM weight w(y) = π(y)/Q(y|x_{0:c})     mtm_log_weight(...)
     Q = (1/|𝒯|) Σ_τ q_τ (mixture proposal)  mixture_log_density(logq_by_temp, cut)
 
@@ -63,9 +64,10 @@ import numpy as np
 from scipy.special import logsumexp
 
 EPSILON = 0.01
-"""ε of the ε-certainty classes (Table 6b)."""
+"""ε of the ε-certainty classes (§3.3, Table 6b)."""
 
-CERTAINTY_CLASSES = ("reject", "accept", "uncertain")
+CLASSES: tuple[str, str, str] = ("reject", "accept", "uncertain")
+"""The three ε-certainty classes, in the order of App. C.3 / E.7 (class indices 0, 1, 2)."""
 
 
 def _as_array(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
@@ -124,17 +126,18 @@ def accept_decision(log_u: float, log_accept: float) -> bool:
     return log_u < log_accept
 
 
-def epsilon_class(accept_prob: float, eps: float = EPSILON) -> str:
+def epsilon_class(accept_prob: float, epsilon: float = EPSILON) -> str:
     """ε-certainty class of a decision (§3.3): reject if A ≤ ε, accept if A ≥ 1 − ε, else uncertain."""
-    if not (0.0 < eps < 0.5):
-        raise ValueError(f"epsilon must be in (0, 0.5), got {eps}")
+    if not (0.0 < epsilon < 0.5):
+        raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon}")
     if not (0.0 <= accept_prob <= 1.0):
         raise ValueError(f"accept_prob (the acceptance probability A) must be in [0, 1], got {accept_prob}")
-    if accept_prob <= eps:
-        return "reject"
-    if accept_prob >= 1.0 - eps:
-        return "accept"
-    return "uncertain"
+    reject, accept, uncertain = CLASSES
+    if accept_prob <= epsilon:
+        return reject
+    if accept_prob >= 1.0 - epsilon:
+        return accept
+    return uncertain
 
 
 # -- EntropyCut ---------------------------------------------------------------------------------------

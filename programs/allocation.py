@@ -1,30 +1,23 @@
-"""Prefetch-tree selection under a request budget: the predictive traversal rule (PreSTO §3.3, App. C).
+"""The predictive traversal rule of PreSTO (§3.3, App. C): Eq. 14, Lemma 1/2, the DP of Proposition 2.
 
 Given the transitions of the current block (one request cut per depth) and a predicted branch
-probability per depth, choose at most ``N_pf`` requests (expanded nodes) that maximise the predicted
+probability per node, choose at most ``N_pf`` requests (expanded nodes) that maximise the predicted
 number of completed MH transitions (Eq. 17), by the dynamic program of Proposition 2 (Eq. 19).
-The default BFS traversal of §3.2 is here too, for side-by-side comparisons.
-
-Tree conventions (shared with ``programs/prefetch_tree.py``): heap indexing, root 0; node ``i`` has
-acceptance child ``2i+1`` (costs one request, the proposal) and rejection child ``2i+2`` (keeps the
-state of ``i``, no request). Every node at depth ``d`` represents the same MH transition and shares its
-request cut ``request_cuts[d]``. Known cut: κ(root) = T, κ(2i+1) = request_cuts[depth(i)],
-κ(2i+2) = κ(i). Condition 1: ``i`` is expandable iff depth(i) < K' = len(request_cuts) and
-request_cuts[depth(i)] <= κ(i); a candidate is an expandable node whose strict ancestors are all
-expandable.
+The tree itself - heap indexing, κ, Condition 1, I_max, BFS, the walk - is ``prefetch_tree``; the
+round's planner that chooses between BFS and this rule is ``traversal``.
 
     paper                       code
-    v0, v, v+, v-               root 0, node i, accept_child(i) = 2i+1, reject_child(i) = 2i+2
-    d(v)                        heap_depth(i)
-    c_i (known cut of v_i)      known_cut(i, request_cuts, horizon)       (κ above)
-    c_j (cut of request at v+)  request_cuts[heap_depth(i)]
+    v0, v, v+, v-               root 0, node i, accept_child(i), reject_child(i)      (prefetch_tree)
+    d(v)                        node_depth(i)                                          (prefetch_tree)
+    c_i (known cut of v_i)      known_cut(i, request_cuts, horizon) = κ(i)             (prefetch_tree)
+    c_j (cut of request at v+)  request_cuts[node_depth(i)]
     T                           horizon
     K'                          len(request_cuts)  (depth cap)
-    I_max                       candidate_nodes(...), is_candidate(...)
+    I_max                       candidate_nodes(...), is_candidate(...)               (prefetch_tree)
     I (selection)               Allocation.selected
     N_pf, b                     budget
     P̂_rej, P̂_acc                p_reject, p_accept
-    ĥ(v+; ε), ĥ(v-; ε)          branch_prob_accept(...), 1 - branch_prob_accept(...)
+    ĥ(v+; ε), ĥ(v-; ε)          branch_prob_accept(...), 1 - branch_prob_accept(...)  (Eq. 14)
     R(v; ε)                     reaching_weight / reaching_weights          (Eq. 11)
     F_I(v0; ε)                  expected_transitions                        (Eq. 12, Lemma 1)
     F_I(v; ε) recursive         expected_transitions_recursive              (Eq. 13, Lemma 2)
@@ -35,22 +28,24 @@ expandable.
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from .prefetch_tree import (
+    accept_child,
+    ancestors_in,
+    check_node,
+    check_request_cuts,
+    is_accept_child,
+    node_depth,
+    parent_of,
+    reject_child,
+)
+
 __all__ = [
     "Allocation",
-    "accept_child",
-    "reject_child",
-    "parent",
-    "heap_depth",
-    "known_cut",
-    "is_expandable",
-    "is_candidate",
-    "candidate_nodes",
     "branch_prob_accept",
     "depth_accept_probs",
     "reaching_weight",
@@ -61,119 +56,12 @@ __all__ = [
     "optimal_allocation_by_state",
     "optimal_allocation_general",
     "NodeState",
-    "bfs_order_allocation",
 ]
 
 # Relative tolerance when comparing predicted transition counts (sums of products of probabilities).
 _VALUE_TOL = 1e-12
 
 AcceptProbByNode = Mapping[int, float] | Callable[[int], float]
-
-
-# --------------------------------------------------------------------------------------------------
-# Heap-indexed tree helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _check_node(node: int) -> int:
-    if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or node < 0:
-        raise ValueError(f"node must be a non-negative heap index, got {node!r}")
-    return int(node)
-
-
-def accept_child(node: int) -> int:
-    """Acceptance child v+ of node v (heap index 2i+1); expanding v issues its proposal request."""
-    return 2 * _check_node(node) + 1
-
-
-def reject_child(node: int) -> int:
-    """Rejection child v- of node v (heap index 2i+2); it keeps v's state and needs no request."""
-    return 2 * _check_node(node) + 2
-
-
-def parent(node: int) -> int:
-    """Parent of a non-root node."""
-    node = _check_node(node)
-    if node == 0:
-        raise ValueError("the root (node 0) has no parent")
-    return (node - 1) // 2
-
-
-def heap_depth(node: int) -> int:
-    """Depth d(v) of a heap index: floor(log2(i + 1)); the root has depth 0."""
-    return (_check_node(node) + 1).bit_length() - 1
-
-
-def _is_accept_child(node: int) -> bool:
-    return node % 2 == 1
-
-
-def _validate_cuts(request_cuts: Sequence[int], horizon: int) -> tuple[int, ...]:
-    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
-        raise ValueError(f"horizon must be a positive integer (T), got {horizon!r}")
-    cuts: list[int] = []
-    for d, c in enumerate(request_cuts):
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-            raise ValueError(f"request_cuts[{d}] must be an integer cut index, got {c!r}")
-        if not 0 <= c <= horizon:
-            raise ValueError(f"request_cuts[{d}] = {c} must lie in [0, horizon] = [0, {horizon}]")
-        cuts.append(int(c))
-    return tuple(cuts)
-
-
-def known_cut(node: int, request_cuts: Sequence[int], horizon: int) -> int:
-    """Known cut κ(v): T at the root, the request cut of the transition that created v for an
-    acceptance child, the parent's κ for a rejection child (the cut c_i of Condition 1)."""
-    node = _check_node(node)
-    cuts = _validate_cuts(request_cuts, horizon)
-    return _known_cut(node, cuts, horizon)
-
-
-def _known_cut(node: int, cuts: Sequence[int], horizon: int) -> int:
-    # Walk up until the first acceptance edge: that edge's transition set the state's cut.
-    while node != 0:
-        if _is_accept_child(node):
-            return cuts[heap_depth(parent(node))]
-        node = parent(node)
-    return horizon
-
-
-def is_expandable(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
-    """Condition 1 at v: d(v) < K' and the request at v+ has cut c_j <= c_i = κ(v)."""
-    node = _check_node(node)
-    cuts = _validate_cuts(request_cuts, horizon)
-    d = heap_depth(node)
-    return d < len(cuts) and cuts[d] <= _known_cut(node, cuts, horizon)
-
-
-def is_candidate(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
-    """v ∈ I_max: v and all of its strict ancestors are expandable (App. C.1)."""
-    node = _check_node(node)
-    cuts = _validate_cuts(request_cuts, horizon)
-    while True:
-        d = heap_depth(node)
-        if not (d < len(cuts) and cuts[d] <= _known_cut(node, cuts, horizon)):
-            return False
-        if node == 0:
-            return True
-        node = parent(node)
-
-
-def candidate_nodes(request_cuts: Sequence[int], horizon: int, max_depth: int | None = None) -> frozenset[int]:
-    """I_max restricted to depth < max_depth (default K'); exponential in depth: small trees only."""
-    cuts = _validate_cuts(request_cuts, horizon)
-    cap = len(cuts) if max_depth is None else min(len(cuts), max_depth)
-    out: set[int] = set()
-    stack = [(0, horizon)]
-    while stack:
-        node, kappa = stack.pop()
-        d = heap_depth(node)
-        if d >= cap or cuts[d] > kappa:
-            continue
-        out.add(node)
-        stack.append((accept_child(node), cuts[d]))
-        stack.append((reject_child(node), kappa))
-    return frozenset(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,25 +76,30 @@ def _check_prob(name: str, p: float) -> float:
     return p
 
 
-def branch_prob_accept(p_reject: float, p_accept: float) -> float:
+def branch_prob_accept(p_reject: float | np.ndarray, p_accept: float | np.ndarray) -> float | np.ndarray:
     """Predicted branch probability ĥ(v+; ε) = ½(1 + P̂_acc − P̂_rej) (Eq. 14; midpoint of Lemma 3).
 
     ``p_reject`` and ``p_accept`` are the predicted probabilities of the ε-certain reject and
-    ε-certain accept classes; the ε-uncertain class gets the rest and counts ½.
+    ε-certain accept classes; the ε-uncertain class gets the rest and counts ½.  Scalars give a float,
+    arrays (one entry per candidate node) an array.
     """
-    p_reject = _check_prob("p_reject", p_reject)
-    p_accept = _check_prob("p_accept", p_accept)
-    if p_reject + p_accept > 1.0 + 1e-9:
-        raise ValueError(f"p_reject + p_accept must be at most 1, got {p_reject} + {p_accept}")
-    return min(1.0, max(0.0, 0.5 * (1.0 + p_accept - p_reject)))
+    pr = np.asarray(p_reject, dtype=float)
+    pa = np.asarray(p_accept, dtype=float)
+    for name, p in (("p_reject", pr), ("p_accept", pa)):
+        if not np.all((p >= 0.0) & (p <= 1.0)):
+            raise ValueError(f"{name} must be a probability in [0, 1], got {p.tolist()!r}")
+    if np.any(pr + pa > 1.0 + 1e-9):
+        raise ValueError(f"p_reject + p_accept must be at most 1, got {pr.tolist()} + {pa.tolist()}")
+    h = np.clip(0.5 * (1.0 + pa - pr), 0.0, 1.0)
+    return float(h) if h.ndim == 0 else h
 
 
 def depth_accept_probs(accept_prob: Sequence[float]) -> Callable[[int], float]:
-    """Per-node ĥ(v+) from per-depth values: node i gets ``accept_prob[heap_depth(i)]``."""
+    """Per-node ĥ(v+) from per-depth values: node i gets ``accept_prob[node_depth(i)]``."""
     probs = tuple(_check_prob(f"accept_prob[{d}]", p) for d, p in enumerate(accept_prob))
 
     def by_node(node: int) -> float:
-        d = heap_depth(node)
+        d = node_depth(node)
         if d >= len(probs):
             raise ValueError(f"no accept_prob for node {node} at depth {d} (only {len(probs)} depths given)")
         return probs[d]
@@ -230,12 +123,12 @@ def _lookup(accept_prob_by_node: AcceptProbByNode) -> Callable[[int], float]:
 
 def reaching_weight(node: int, accept_prob_by_node: AcceptProbByNode) -> float:
     """R(v; ε): product of the branch probabilities on the path from the root to v (Eq. 11)."""
-    node = _check_node(node)
+    node = check_node(node)
     h = _lookup(accept_prob_by_node)
     weight = 1.0
     while node != 0:
-        up = parent(node)
-        weight *= h(up) if _is_accept_child(node) else 1.0 - h(up)
+        up = parent_of(node)
+        weight *= h(up) if is_accept_child(node) else 1.0 - h(up)
         node = up
     return weight
 
@@ -243,10 +136,10 @@ def reaching_weight(node: int, accept_prob_by_node: AcceptProbByNode) -> float:
 def _reachable_part(selected: Iterable[int]) -> list[int]:
     """Nodes of ``selected`` whose strict ancestors are all selected (the ones a traversal can reach),
     in breadth-first (= heap index) order."""
-    chosen = {_check_node(v) for v in selected}
+    chosen = {check_node(v) for v in selected}
     reachable: set[int] = set()
     for v in sorted(chosen):
-        if v == 0 or parent(v) in reachable:
+        if v == 0 or parent_of(v) in reachable:
             reachable.add(v)
     return sorted(reachable)
 
@@ -263,8 +156,8 @@ def reaching_weights(selected: Iterable[int], accept_prob_by_node: AcceptProbByN
         if v == 0:
             weights[v] = 1.0
         else:
-            up = parent(v)
-            weights[v] = weights[up] * (h(up) if _is_accept_child(v) else 1.0 - h(up))
+            up = parent_of(v)
+            weights[v] = weights[up] * (h(up) if is_accept_child(v) else 1.0 - h(up))
     return weights
 
 
@@ -282,7 +175,7 @@ def expected_transitions_recursive(
 ) -> float:
     """F_I(v; ε) by the recursion of Lemma 2 (Eq. 13): 0 for v ∉ I, else
     1 + ĥ(v+) F_I(v+) + ĥ(v-) F_I(v-)."""
-    chosen = frozenset(_check_node(v) for v in selected)
+    chosen = frozenset(check_node(v) for v in selected)
     h = _lookup(accept_prob_by_node)
 
     def f(v: int) -> float:
@@ -291,7 +184,7 @@ def expected_transitions_recursive(
         p = h(v)
         return 1.0 + p * f(accept_child(v)) + (1.0 - p) * f(reject_child(v))
 
-    return f(_check_node(node))
+    return f(check_node(node))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,17 +200,9 @@ class Allocation:
     """I: heap indices of the expanded nodes; each issues one request, for the proposal at v+."""
     value: float
     """F̂_I(v0; ε): predicted expected number of completed MH transitions (Eq. 12 / Eq. 19)."""
-    unreachable: frozenset[int] = field(default_factory=frozenset)
-    """Selected nodes below an unselected (deferred) node: their requests are issued but the MH walk
-    of this call never reaches them. Always empty for the predictive rule; BFS may produce some."""
 
     def __post_init__(self) -> None:
-        selected = frozenset(_check_node(v) for v in self.selected)
-        object.__setattr__(self, "selected", selected)
-        unreachable = frozenset(_check_node(v) for v in self.unreachable)
-        if not unreachable <= selected:
-            raise ValueError("unreachable must be a subset of selected")
-        object.__setattr__(self, "unreachable", unreachable)
+        object.__setattr__(self, "selected", frozenset(check_node(v) for v in self.selected))
         if not (self.value >= 0.0) or math.isinf(self.value):
             raise ValueError(f"value must be a finite non-negative number, got {self.value!r}")
 
@@ -325,6 +210,12 @@ class Allocation:
     def requests(self) -> int:
         """Number of requests issued, |I| (Remark in App. C.2)."""
         return len(self.selected)
+
+    @property
+    def unreachable(self) -> frozenset[int]:
+        """Selected nodes below an unselected one, which no traversal reaches (always empty for the DP's
+        ancestor-closed selections)."""
+        return frozenset(v for v in self.selected if not ancestors_in(v, self.selected))
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -418,7 +309,7 @@ class _CallbackView:
         self._expandable, self._accept_prob, self.max_depth = expandable, accept_prob, max_depth
 
     def expandable(self, key: int) -> bool:
-        if self.max_depth is not None and heap_depth(key) >= self.max_depth:
+        if self.max_depth is not None and node_depth(key) >= self.max_depth:
             return False
         return bool(self._expandable(key))
 
@@ -457,7 +348,7 @@ class _Solver:
 
     def reconstruct(self, key: Hashable, node: int, budget: int, into: set[int]) -> None:
         """Add to ``into`` a smallest selection below ``node`` that attains V(key, budget)."""
-        depth = heap_depth(node)
+        depth = node_depth(node)
         vals = self.values(key, depth)
         budget = min(budget, len(vals) - 1)
         if budget <= 0 or vals[budget] <= 0.0:
@@ -513,7 +404,7 @@ def optimal_allocation(
     O(min(K', N_pf)^2 · N_pf^2) instead of exponential in K'. Among optimal selections the returned
     one issues the fewest requests (no request is spent where it adds no predicted transition).
     """
-    cuts = _validate_cuts(request_cuts, horizon)
+    cuts = check_request_cuts(request_cuts, horizon)
     budget = _check_budget(budget)
     if len(accept_prob) < len(cuts):
         raise ValueError(
@@ -545,7 +436,7 @@ def optimal_allocation_by_state(
     depends on the state (EntropyCut), where only nodes still holding the root's state can be
     expanded now: ``expandable=lambda s: s.accepts_on_path == 0``.
     """
-    cuts = _validate_cuts(request_cuts, horizon)
+    cuts = check_request_cuts(request_cuts, horizon)
     budget = _check_budget(budget)
     solver = _Solver(_StateView(cuts, accept_prob, expandable), budget)
     root = NodeState(0, int(horizon), 0)
@@ -574,46 +465,3 @@ def optimal_allocation_general(
     selected: set[int] = set()
     solver.reconstruct(0, 0, budget, selected)
     return Allocation(selected=frozenset(selected), value=value)
-
-
-# --------------------------------------------------------------------------------------------------
-# The default BFS traversal (§3.2), for comparisons
-# --------------------------------------------------------------------------------------------------
-
-
-def bfs_order_allocation(
-    request_cuts: Sequence[int], horizon: int, accept_prob: Sequence[float] | None, budget: int
-) -> Allocation:
-    """What the default BFS traversal of §3.2 requests: the first N_pf feasible requests in
-    breadth-first order.
-
-    Popping node v at depth d < K': if request_cuts[d] <= κ(v) (Condition 1) the request is added
-    and v+ is enqueued, otherwise the request is deferred; the rejection child v- is enqueued in both
-    cases, as in the paper's implementation, so BFS may spend requests below a deferred node
-    (``Allocation.unreachable``). ``value`` is the predicted expected transition count of the
-    traversal (Definition 1) with ĥ = ``accept_prob[d]``; pass ``accept_prob=None`` to skip it (0).
-    """
-    cuts = _validate_cuts(request_cuts, horizon)
-    budget = _check_budget(budget)
-    selected: list[int] = []
-    queue: deque[tuple[int, int]] = deque([(0, int(horizon))])
-    while queue and len(selected) < budget:
-        node, kappa = queue.popleft()
-        d = heap_depth(node)
-        if d >= len(cuts):
-            continue
-        if cuts[d] <= kappa:
-            selected.append(node)
-            queue.append((accept_child(node), cuts[d]))
-        queue.append((reject_child(node), kappa))
-    reachable = set(_reachable_part(selected))
-    unreachable = frozenset(v for v in selected if v not in reachable)
-    if accept_prob is None:
-        value = 0.0
-    else:
-        if len(accept_prob) < len(cuts):
-            raise ValueError(
-                f"accept_prob has {len(accept_prob)} entries but request_cuts has {len(cuts)}: one ĥ per depth is needed"
-            )
-        value = expected_transitions(selected, depth_accept_probs(accept_prob[: len(cuts)]))
-    return Allocation(selected=frozenset(selected), value=value, unreachable=unreachable)

@@ -1,4 +1,4 @@
-"""The prefetching tree of PreSTO (§3.2, App. C.1): heap indexing, Condition 1, BFS collection, the walk.
+"""The prefetching tree of PreSTO (§3.2, App. C.1): heap indexing, κ, Condition 1, BFS collection, the walk.
 
 Nodes use heap indexing: the round's root (current MH state after k transitions) is 0; node i's
 acceptance child is 2i+1 (its state is a new proposal: expanding i costs one request) and its rejection
@@ -10,9 +10,13 @@ transition j = k + d and share its random inputs, in particular its request cut 
     d(v)                                    node_depth(i)
     c_v ("cut index" of a node; root: T)    known_cut κ(i): κ(0) = T, κ(2i+1) = c of its request,
                                             κ(2i+2) = κ(i); positions [0, κ) equal the root state's
+    c_j (cut of the request at v+)          request_cuts[node_depth(i)]
+    T                                       horizon
     Condition 1: c' ≤ c                     is_feasible(request_cut, known_cut)
+    v expandable (Condition 1, d(v) < K')   is_expandable(i, request_cuts, horizon)
+    I_max (App. C.1)                        candidate_nodes(...), is_candidate(...)
     N_pf                                    budget
-    K' = K − k (depth cap)                  depth_cap
+    K' = K − k (depth cap)                  depth_cap (BFS); len(request_cuts) (I_max)
     (v_i, c_i) request                      PrefetchRequest
     MHTransition                            mh_transition
 
@@ -25,23 +29,34 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Container, Iterable, Sequence
+
+import numpy as np
+
+
+# -- heap indexing ------------------------------------------------------------------------------------
+def check_node(node: int) -> int:
+    """`node` as an int, or ValueError unless it is a non-negative heap index."""
+    if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or node < 0:
+        raise ValueError(f"node must be a non-negative heap index, got {node!r}")
+    return int(node)
 
 
 def accept_child(node: int) -> int:
-    """Heap index of v+ (acceptance child)."""
-    return 2 * node + 1
+    """Heap index of v+ (acceptance child, 2i+1); expanding v issues its proposal request."""
+    return 2 * check_node(node) + 1
 
 
 def reject_child(node: int) -> int:
-    """Heap index of v− (rejection child)."""
-    return 2 * node + 2
+    """Heap index of v− (rejection child, 2i+2); it keeps v's state and needs no request."""
+    return 2 * check_node(node) + 2
 
 
 def parent_of(node: int) -> int:
-    if node <= 0:
+    """Parent of a non-root node."""
+    if check_node(node) == 0:
         raise ValueError(f"the root has no parent (node {node})")
-    return (node - 1) // 2
+    return (int(node) - 1) // 2
 
 
 def is_accept_child(node: int) -> bool:
@@ -49,10 +64,8 @@ def is_accept_child(node: int) -> bool:
 
 
 def node_depth(node: int) -> int:
-    """Depth of a heap index (root 0)."""
-    if node < 0:
-        raise ValueError(f"node must be >= 0, got {node}")
-    return (node + 1).bit_length() - 1
+    """Depth d(v) of a heap index: floor(log2(i + 1)); the root has depth 0."""
+    return (check_node(node) + 1).bit_length() - 1
 
 
 def path_from_root(node: int) -> list[int]:
@@ -69,11 +82,88 @@ def accepts_on_path(node: int) -> int:
     return sum(1 for v in path_from_root(node)[1:] if is_accept_child(v))
 
 
+def ancestors_in(node: int, nodes: Container[int]) -> bool:
+    """Whether every strict ancestor of `node` is in `nodes` (a traversal from the root can reach it)."""
+    return all(v in nodes for v in path_from_root(node)[:-1])
+
+
+# -- κ and Condition 1 --------------------------------------------------------------------------------
+def check_request_cuts(request_cuts: Sequence[int], horizon: int) -> tuple[int, ...]:
+    """The per-depth request cuts as ints in [0, T], or ValueError naming the bad entry."""
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise ValueError(f"horizon must be a positive integer (T), got {horizon!r}")
+    cuts: list[int] = []
+    for d, c in enumerate(request_cuts):
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+            raise ValueError(f"request_cuts[{d}] must be an integer cut index, got {c!r}")
+        if not 0 <= c <= horizon:
+            raise ValueError(f"request_cuts[{d}] = {c} must lie in [0, horizon] = [0, {horizon}]")
+        cuts.append(int(c))
+    return tuple(cuts)
+
+
+def _known_cut(node: int, cuts: Sequence[int], horizon: int) -> int:
+    # Walk up until the first acceptance edge: that edge's transition set the state's cut.
+    while node != 0:
+        if is_accept_child(node):
+            return cuts[node_depth(parent_of(node))]
+        node = parent_of(node)
+    return horizon
+
+
+def known_cut(node: int, request_cuts: Sequence[int], horizon: int) -> int:
+    """Known cut κ(v): T at the root, the request cut of the transition that created v for an
+    acceptance child, the parent's κ for a rejection child (the cut c_i of Condition 1)."""
+    return _known_cut(check_node(node), check_request_cuts(request_cuts, horizon), int(horizon))
+
+
+def known_cuts(nodes: Sequence[int], request_cuts: Sequence[int], horizon: int) -> dict[int, int]:
+    """κ for the given nodes and their ancestors."""
+    cuts = check_request_cuts(request_cuts, horizon)
+    out = {0: int(horizon)}
+    out.update((v, _known_cut(v, cuts, int(horizon))) for n in nodes for v in path_from_root(check_node(n)))
+    return out
+
+
 def is_feasible(request_cut: int, known_cut: int) -> bool:
     """Condition 1: the request at v's acceptance child (cut c') can be generated now iff c' ≤ κ(v)."""
     return request_cut <= known_cut
 
 
+def _expandable(node: int, cuts: Sequence[int], horizon: int) -> bool:
+    d = node_depth(node)
+    return d < len(cuts) and is_feasible(cuts[d], _known_cut(node, cuts, horizon))
+
+
+def is_expandable(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
+    """Condition 1 at v and the depth cap: d(v) < K' and the request at v+ has cut c_j <= κ(v)."""
+    return _expandable(check_node(node), check_request_cuts(request_cuts, horizon), int(horizon))
+
+
+def is_candidate(node: int, request_cuts: Sequence[int], horizon: int) -> bool:
+    """v ∈ I_max: v and all of its strict ancestors are expandable (App. C.1)."""
+    cuts = check_request_cuts(request_cuts, horizon)
+    return all(_expandable(v, cuts, int(horizon)) for v in path_from_root(check_node(node)))
+
+
+def candidate_nodes(request_cuts: Sequence[int], horizon: int, max_depth: int | None = None) -> frozenset[int]:
+    """I_max restricted to depth < max_depth (default K'); exponential in depth: small trees only."""
+    cuts = check_request_cuts(request_cuts, horizon)
+    cap = len(cuts) if max_depth is None else min(len(cuts), max_depth)
+    out: set[int] = set()
+    stack = [(0, int(horizon))]
+    while stack:
+        node, kappa = stack.pop()
+        d = node_depth(node)
+        if d >= cap or not is_feasible(cuts[d], kappa):
+            continue
+        out.add(node)
+        stack.append((accept_child(node), cuts[d]))
+        stack.append((reject_child(node), kappa))
+    return frozenset(out)
+
+
+# -- one round's requests -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrefetchRequest:
     """One suffix-resampling request (v+, c): the proposal at `node` = accept_child(parent)."""
@@ -97,17 +187,20 @@ class PrefetchPlan:
     requests: tuple[PrefetchRequest, ...]
     deferred: frozenset[int] = frozenset()
     known_cut: dict[int, int] = field(default_factory=dict)
+    predicted_transitions: float | None = None
+    """F̂_I(v0; ε) of the selection (Eq. 12 / 19) when the predictive rule chose it; None for BFS."""
 
+    @property
+    def expanded(self) -> frozenset[int]:
+        """I: the expanded nodes v (one request each, for the proposal at v+)."""
+        return frozenset(r.parent for r in self.requests)
 
-def known_cuts(nodes: Sequence[int], request_cuts: Sequence[int], horizon: int) -> dict[int, int]:
-    """κ for the given nodes (and their ancestors) from the per-depth request cuts."""
-    out: dict[int, int] = {0: horizon}
-    for node in sorted(set(v for n in nodes for v in path_from_root(n))):
-        if node == 0:
-            continue
-        par = parent_of(node)
-        out[node] = request_cuts[node_depth(par)] if is_accept_child(node) else out[par]
-    return out
+    @property
+    def unreachable(self) -> frozenset[int]:
+        """Expanded nodes below a node that was not expanded (BFS below a deferred request, §3.2): their
+        requests are issued, but the walk of this round stops above them.  Empty for the predictive rule."""
+        expanded = self.expanded
+        return frozenset(v for v in expanded if not ancestors_in(v, expanded))
 
 
 def bfs_collect(
@@ -124,7 +217,7 @@ def bfs_collect(
     drawn from the ROOT state's law, valid only at nodes whose state is the root's (κ = T); elsewhere the
     request is deferred.  As in the paper's implementation, the rejection child is enqueued even when the
     node's own request (at its acceptance child) is deferred: requests placed below it are issued but the
-    walk of this round stops at the deferred node and never reaches them.
+    walk of this round stops at the deferred node and never reaches them (`PrefetchPlan.unreachable`).
     """
     if budget < 1:
         raise ValueError(f"budget N_pf must be >= 1, got {budget}")
@@ -156,10 +249,11 @@ def bfs_collect(
 
 
 def plan_from_selection(
-    selected: Sequence[int], request_cuts: Sequence[int], horizon: int
+    selected: Iterable[int], request_cuts: Sequence[int], horizon: int,
+    *, predicted_transitions: float | None = None,
 ) -> PrefetchPlan:
     """Requests for an explicit selection ℐ of expanded nodes (e.g. the predictive DP's), in BFS order."""
-    sel = sorted(set(int(i) for i in selected), key=lambda i: (node_depth(i), i))
+    sel = sorted(set(check_node(i) for i in selected), key=lambda i: (node_depth(i), i))
     known = known_cuts(sel, request_cuts, horizon)
     requests = []
     for node in sel:
@@ -173,9 +267,10 @@ def plan_from_selection(
                                         parent_cut=known[node]))
         known[accept_child(node)] = cut
         known[reject_child(node)] = known[node]
-    return PrefetchPlan(requests=tuple(requests), known_cut=known)
+    return PrefetchPlan(requests=tuple(requests), known_cut=known, predicted_transitions=predicted_transitions)
 
 
+# -- the walk -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WalkStep:
     node: int

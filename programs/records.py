@@ -2,54 +2,198 @@
 
 One `CallRecord` per model call (wall time of the program run, requests issued, transitions realized) and,
 inside it, one `NodeRecord` per scored node of that call's prefetched subtree (a sequential call is a
-subtree with one scored node).  `RecordWriter` appends them as JSONL, one line per scored node (the
-classifier's training format) or per call.
+subtree with one scored node).  This module owns the one node-record schema: `RecordWriter` appends
+records as JSONL, one line per scored node (stamped with the model's name), and `read_node_records` reads
+them back for the classifier, with errors that name the file and line.
 
     paper                              code (NodeRecord field)
     v+ (heap index of the proposal)    node_id
     d(v) (transition offset in round)  depth
+    j (transition within the block)    transition
     c_j                                cut
     c_v = κ(v) of the parent           parent_cut
     c_j / T                            cut_fraction
     accepts on the root→v path         accepts_on_path
-    A(v+, v)                           accept_prob
-    ε-class (ε = 0.01)                 certainty_class ∈ {"reject", "accept", "uncertain"}
-    on the realized MH path            realized
+    A(v+, v), log A                    accept_prob, log_accept
+    ε-class (ε = 0.01)                 certainty_class ∈ acceptance.CLASSES
+    on the realized MH path            realized (and the decision there: accepted)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from .acceptance import CLASSES, epsilon_class
 
 
-@dataclass(frozen=True)
+class RecordError(ValueError):
+    """A malformed node record; the message names the file and line."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeRecord:
+    """One scored node of a prefetched subtree (one JSONL line).  Fields with a default are written by the
+    samplers but optional when reading (hand-made or older lines)."""
+
     prompt_id: str
-    sampler: str
-    block: int
+    """Prompt the chain belongs to (the cross-validation group)."""
+    sampler: str | None = None
+    """Sampler that scored the node, e.g. "presto-power-mh"."""
+    model: str | None = None
+    """Model the chain ran on (stamped by `RecordWriter(path, model=...)`)."""
+    block: int | None = None
+    """Block ℓ (1-based) of the blockwise sampler."""
     call_index: int
+    """Index of the batched model call (prefetch round) within the prompt's run."""
     node_id: int
+    """Heap index of the proposal v+ = 2i+1 in the call's prefetched subtree (the expanded node v = i is
+    its parent)."""
     depth: int
-    transition: int
+    """d(v): depth of the expanded node v (transition offset within the round)."""
+    transition: int | None = None
     """Index j of the MH transition this node decides, within its block."""
     cut: int
+    """c_j: cut index of the request at the acceptance child v+."""
     parent_cut: int
+    """c_i: cut index (known cut κ) of v itself."""
     cut_fraction: float
+    """c_j / T in [0, 1] (Feature 1)."""
     accepts_on_path: int
+    """Number of acceptance edges on the path from the root to v."""
     accept_prob: float
-    log_accept: float
+    """A(v+, v), realized after scoring."""
+    log_accept: float | None = None
+    """log A (−inf when A = 0)."""
     certainty_class: str
+    """"reject" | "accept" | "uncertain" (the classifier's label)."""
     realized: bool
-    accepted: bool | None
+    """Whether the MH walk of the call visited v."""
+    accepted: bool | None = None
     """The MH decision if realized, else None."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Any further fields of a line (e.g. likelihood statistics), usable as classifier features by name."""
+
+    def __post_init__(self) -> None:
+        if self.certainty_class not in CLASSES:
+            raise ValueError(f"certainty_class must be one of {list(CLASSES)}, got {self.certainty_class!r}")
+        if not 0.0 <= self.cut_fraction <= 1.0:
+            raise ValueError(f"cut_fraction must lie in [0, 1], got {self.cut_fraction!r}")
+        if not 0.0 <= self.accept_prob <= 1.0:
+            raise ValueError(f"accept_prob must lie in [0, 1], got {self.accept_prob!r}")
+        for name in ("call_index", "node_id", "depth", "cut", "parent_cut", "accepts_on_path"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)!r}")
+        clash = sorted(set(self.extra) & _SCHEMA)
+        if clash:
+            raise ValueError(f"extra fields {clash} are schema fields; set them as fields")
+
+    def values(self) -> dict[str, Any]:
+        """Every field that has a value, extra fields flattened in (what a classifier feature may read)."""
+        out = {k: v for k in _FIELDS if (v := getattr(self, k)) is not None}
+        out.update(self.extra)
+        return out
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSONL object of this record (extra fields flattened in)."""
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
+
+
+# name -> (kind, required); every schema field except `extra`
+_FIELDS: dict[str, tuple[str, bool]] = {
+    "prompt_id": ("id", True), "sampler": ("str", False), "model": ("str", False), "block": ("int", False),
+    "call_index": ("int", True), "node_id": ("int", True), "depth": ("int", True), "transition": ("int", False),
+    "cut": ("int", True), "parent_cut": ("int", True), "cut_fraction": ("float", True),
+    "accepts_on_path": ("int", True), "accept_prob": ("float", True), "log_accept": ("logprob", False),
+    "certainty_class": ("class", True), "realized": ("bool", True), "accepted": ("bool", False),
+}
+_SCHEMA = frozenset(_FIELDS) | {"extra"}
+assert _SCHEMA == {f.name for f in dataclasses.fields(NodeRecord)}
+
+
+def _convert(name: str, kind: str, value: Any) -> Any:
+    if kind in ("id", "str"):
+        ok = isinstance(value, str) or (kind == "id" and isinstance(value, int) and not isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"field {name!r} must be a string{' or integer' if kind == 'id' else ''}, got {value!r}")
+        return str(value)
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"field {name!r} must be an integer, got {value!r}")
+        return value
+    if kind in ("float", "logprob"):
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if kind == "float" and not (number and math.isfinite(value)):
+            raise ValueError(f"field {name!r} must be a finite number, got {value!r}")
+        if kind == "logprob" and not (number and value <= 0.0):
+            raise ValueError(f"field {name!r} must be a log-probability (<= 0, -inf allowed), got {value!r}")
+        return float(value)
+    if kind == "bool":
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"field {name!r} must be true/false, got {value!r}")
+    if value not in CLASSES:  # "class"
+        raise ValueError(f"field {name!r} must be one of {list(CLASSES)}, got {value!r}")
+    return value
+
+
+def parse_node_record(obj: Any, *, epsilon: float | None = None) -> NodeRecord:
+    """A NodeRecord from one decoded JSON object.
+
+    With ``epsilon`` given, the label is recomputed from ``accept_prob`` (the recorded
+    ``certainty_class`` is then optional and ignored); otherwise the recorded class is the label.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    data = dict(obj)
+    if epsilon is not None and "accept_prob" in data:
+        data["certainty_class"] = epsilon_class(_convert("accept_prob", "float", data["accept_prob"]), epsilon)
+    missing = [k for k, (_, required) in _FIELDS.items() if required and k not in data]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    values = {k: _convert(k, kind, data.pop(k)) for k, (kind, required) in _FIELDS.items()
+              if k in data and (required or data[k] is not None)}
+    data = {k: v for k, v in data.items() if k not in _FIELDS}  # optional fields written as null
+    return NodeRecord(**values, extra=data)
+
+
+def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *,
+                      epsilon: float | None = None) -> list[NodeRecord]:
+    """Node records from one or more JSONL files; blank lines are skipped.
+
+    A malformed line raises RecordError naming the file and the 1-based line number.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    records: list[NodeRecord] = []
+    for path in map(Path, paths):
+        try:
+            handle = path.open("r", encoding="utf-8")
+        except OSError as exc:
+            raise RecordError(f"{path}: cannot read records file ({exc.strerror or exc})") from exc
+        with handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                try:
+                    records.append(parse_node_record(obj, epsilon=epsilon))
+                except ValueError as exc:
+                    raise RecordError(f"{path}:{lineno}: {exc}") from exc
+    return records
 
 
 @dataclass(frozen=True)
@@ -80,32 +224,26 @@ class CallRecord:
 
 
 class RecordWriter:
-    """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`)."""
+    """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`), each stamped with
+    `model` when it is given."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, model: str | None = None) -> None:
         self.path = Path(path)
+        self.model = model
         if self.path.exists() and self.path.is_dir():
             raise ValueError(f"records path is a directory: {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
     def write_calls(self, calls: Iterable[CallRecord]) -> int:
-        lines = [json.dumps(node.to_json()) for call in calls for node in call.nodes]
+        """Append the scored nodes of `calls`; returns the number of lines written."""
+        return self.write_nodes(node for call in calls for node in call.nodes)
+
+    def write_nodes(self, nodes: Iterable[NodeRecord]) -> int:
+        """Append `nodes`; returns the number of lines written."""
+        stamp = (lambda n: n) if self.model is None else (lambda n: dataclasses.replace(n, model=self.model))
+        lines = [json.dumps(stamp(node).to_json()) for node in nodes]
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             for line in lines:
                 fh.write(line + "\n")
         return len(lines)
-
-
-def read_node_records(path: str | os.PathLike[str]) -> list[NodeRecord]:
-    """Read node records back (malformed line -> ValueError naming file and line)."""
-    out = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(NodeRecord(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: malformed node record ({exc})") from exc
-    return out

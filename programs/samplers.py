@@ -10,8 +10,8 @@ transition), so with the same seed both variants produce the identical chain (Pr
     paper                               code
     n, B, K, α, τ = 1/α                 SamplerConfig.response_length, block_size, steps_per_block, alpha, temperature
     β (EntropyCut), M, 𝒯 (MultiTryMH)   SamplerConfig.beta, mtm_candidates, mtm_temperatures
-    N_pf, traversal rule                PrefetchConfig.budget, traversal
-    x^(k) (MH state)                    ChainState
+    N_pf, traversal rule, ĥ(v+; ε)      PrefetchConfig.budget, traversal, branch_prob (traversal.plan_prefetch)
+    x^(k) (MH state)                    kernels.ChainState
     PrefetchAndScore                    PrestoSampler._round (collect, one model call, score every node)
     MHTransition                        prefetch_tree.mh_transition
     k_Δ                                 transitions realized by one call (CallRecord.transitions)
@@ -25,41 +25,27 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .acceptance import (
-    EPSILON,
-    accept_decision,
-    cut_from_law,
-    entropy_cut_law,
-    entropy_cut_log_ratio,
-    epsilon_class,
-    log_acceptance,
-    log_mh_ratio,
-    mtm_log_ratio,
-    mtm_log_weight,
-    mtm_select,
-)
+from .acceptance import EPSILON, accept_decision, epsilon_class
+from .kernels import ChainState, Decision, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
 from .prefetch_tree import (
     PrefetchPlan,
     accept_child,
     accepts_on_path,
-    bfs_collect,
+    is_accept_child,
     mh_transition,
     node_depth,
     parent_of,
-    is_accept_child,
-    plan_from_selection,
 )
 from .proposals import ProposalModel, Suffix, SuffixRequest
-from .random_streams import DecisionStream, prompt_key, uniform_cut
+from .random_streams import DecisionStream, prompt_key
 from .records import CallRecord, NodeRecord
+from .traversal import TRAVERSALS, BranchProb, plan_prefetch
 
-SamplerKind = Literal["power-mh", "entropy-cut", "multitry-mh"]
 SAMPLER_KINDS: tuple[str, ...] = ("power-mh", "entropy-cut", "multitry-mh")
-TRAVERSALS: tuple[str, ...] = ("bfs", "predictive")
 
 
 @dataclass(frozen=True)
@@ -130,8 +116,12 @@ class PrefetchConfig:
     """N_pf: decisions (proposal requests; MultiTryMH: transitions) per prefetch round.  Table 6: 20."""
     traversal: str = "bfs"
     """Tree traversal rule: "bfs" (default) or "predictive" (DP of Prop. 2, needs branch_prob)."""
-    branch_prob: Callable[[float], float] | None = None
-    """ĥ(v+) as a function of the cut fraction c_j/T (predictive rule only)."""
+    branch_prob: BranchProb | None = None
+    """ĥ(v+; ε) of a candidate node (`traversal.CandidateNode`: cut fraction c_j/T, depth, ...), e.g.
+    `CertaintyClassifier.branch_prob_of` (predictive rule only)."""
+    tree_position: bool = False
+    """Whether branch_prob reads the node's tree position (κ(v), accepts on the path): the DP then runs
+    over (depth, κ, accepts) states, e.g. `CertaintyClassifier.uses_tree_position`."""
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -139,140 +129,7 @@ class PrefetchConfig:
         if self.traversal not in TRAVERSALS:
             raise ValueError(f"traversal must be one of {TRAVERSALS}, got {self.traversal!r}")
         if self.traversal == "predictive" and self.branch_prob is None:
-            raise ValueError("traversal='predictive' needs branch_prob (cut fraction -> ĥ)")
-
-
-# -- states ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ChainState:
-    """An MH state: the response and its per-position log q_τ, log p0, entropy (and log q per τ' ∈ 𝒯)."""
-
-    tokens: np.ndarray
-    logq: np.ndarray
-    logp0: np.ndarray
-    entropy: np.ndarray
-    logq_by_temp: np.ndarray | None = None
-
-    @classmethod
-    def empty(cls, n_temps: int | None = None) -> "ChainState":
-        z = np.zeros(0)
-        return cls(np.zeros(0, dtype=np.int64), z, z, z, None if n_temps is None else np.zeros((n_temps, 0)))
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def splice(self, cut: int, suffix: Suffix) -> "ChainState":
-        """(x_{0:c}, y_{c:T}): keep [0, cut) of this state, then the generated suffix."""
-        if cut < 0 or cut > self.length:
-            raise ValueError(f"cut {cut} outside [0, {self.length}]")
-        by_temp = None
-        if self.logq_by_temp is not None:
-            if suffix.logq_by_temp is None:
-                raise ValueError("suffix lacks log q per temperature needed by this state")
-            by_temp = np.concatenate([self.logq_by_temp[:, :cut], suffix.logq_by_temp], axis=1)
-        return ChainState(
-            tokens=np.concatenate([self.tokens[:cut], suffix.ids]),
-            logq=np.concatenate([self.logq[:cut], suffix.logq]),
-            logp0=np.concatenate([self.logp0[:cut], suffix.logp0]),
-            entropy=np.concatenate([self.entropy[:cut], suffix.entropy]),
-            logq_by_temp=by_temp,
-        )
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A scored proposal: log A and the state the chain moves to if it accepts."""
-
-    log_accept: float
-    proposal: ChainState
-
-
-# -- kernels -----------------------------------------------------------------------------------------
-class TransitionKernel(Protocol):
-    state_dependent_cut: bool
-
-    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int: ...
-
-    def requests(self, prefix_ids: tuple[int, ...], cut: int, horizon: int, j: int,
-                 stream: DecisionStream) -> list[SuffixRequest]: ...
-
-    def decide(self, state: ChainState, cut: int, suffixes: Sequence[Suffix], j: int,
-               stream: DecisionStream) -> Decision: ...
-
-
-@dataclass(frozen=True)
-class PowerMHKernel:
-    """Uniform cut over the response, suffix from q_τ, Eq. 6."""
-
-    alpha: float
-    tau: float
-    state_dependent_cut: bool = False
-
-    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
-        return uniform_cut(stream.cut_uniform(j), state.length)
-
-    def requests(self, prefix_ids, cut, horizon, j, stream):
-        return [SuffixRequest(prefix_ids, horizon - cut, self.tau, stream.suffix_seed(j))]
-
-    def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
-        return log_mh_ratio(state.logq, state.logp0, proposal.logq, proposal.logp0, cut, self.alpha)
-
-    def decide(self, state, cut, suffixes, j, stream):
-        (suffix,) = suffixes
-        proposal = state.splice(cut, suffix)
-        return Decision(log_acceptance(self.log_ratio(state, proposal, cut)), proposal)
-
-
-@dataclass(frozen=True)
-class EntropyCutKernel(PowerMHKernel):
-    """Cut by inverse CDF of ρ_x ∝ max(ΔH, 0)^β at the transition's uniform; Eq. 6 + cut-law correction."""
-
-    beta: float = 4.0
-    state_dependent_cut: bool = True
-
-    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
-        return cut_from_law(entropy_cut_law(state.entropy, self.beta), stream.cut_uniform(j))
-
-    def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
-        return entropy_cut_log_ratio(state.logq, state.logp0, state.entropy, proposal.logq, proposal.logp0,
-                                     proposal.entropy, cut, self.alpha, self.beta)
-
-
-@dataclass(frozen=True)
-class MultiTryKernel:
-    """Multiple-try Metropolis with the temperature-mixture proposal (see `acceptance`)."""
-
-    alpha: float
-    temperatures: tuple[float, ...]
-    candidates: int = 4
-    state_dependent_cut: bool = False
-
-    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
-        return uniform_cut(stream.cut_uniform(j), state.length)
-
-    def requests(self, prefix_ids, cut, horizon, j, stream):
-        n = len(self.temperatures)
-        out = [SuffixRequest(prefix_ids, horizon - cut, self.temperatures[stream.slot_choice(j, i, n)],
-                             stream.suffix_seed(j, i)) for i in range(self.candidates)]
-        out += [SuffixRequest(prefix_ids, horizon - cut,
-                              self.temperatures[stream.slot_choice(j, i, n, reference=True)],
-                              stream.reference_seed(j, i)) for i in range(self.candidates - 1)]
-        return out
-
-    def decide(self, state, cut, suffixes, j, stream):
-        m = self.candidates
-        if len(suffixes) != 2 * m - 1:
-            raise ValueError(f"MultiTryMH expects {2 * m - 1} suffixes, got {len(suffixes)}")
-        if state.logq_by_temp is None:
-            raise ValueError("MultiTryMH states need log q per temperature")
-        cands = [state.splice(cut, s) for s in suffixes[:m]]
-        refs = [state.splice(cut, s) for s in suffixes[m:]]
-        lw = [mtm_log_weight(y.logp0, y.logq_by_temp, cut, self.alpha) for y in cands]
-        chosen = mtm_select(lw, stream.select_uniform(j))
-        ref_lw = [mtm_log_weight(r.logp0, r.logq_by_temp, cut, self.alpha) for r in refs]
-        ref_lw.append(mtm_log_weight(state.logp0, state.logq_by_temp, cut, self.alpha))
-        return Decision(log_acceptance(mtm_log_ratio(lw, ref_lw)), cands[chosen])
+            raise ValueError("traversal='predictive' needs branch_prob (candidate node -> ĥ)")
 
 
 def make_kernel(cfg: SamplerConfig) -> TransitionKernel:
@@ -455,27 +312,10 @@ class PrestoSampler(BlockwiseSampler):
 
     def plan(self, root: ChainState, k: int, cap: int, stream: DecisionStream) -> PrefetchPlan:
         """Collect the round's requests (BFS or predictive) with per-depth cuts of transitions k + d."""
-        horizon = root.length
-        depth_n = min(cap, self.prefetch.budget)
-        cuts = [self.kernel.cut(root, k + d, stream) for d in range(depth_n)]
-        dependent = self.kernel.state_dependent_cut
-        if self.prefetch.traversal == "bfs":
-            return bfs_collect(cuts, horizon, self.prefetch.budget, cap, state_dependent_cut=dependent)
-        from .allocation import optimal_allocation, optimal_allocation_by_state  # Prop. 2, another module
-
-        hhat = [float(self.prefetch.branch_prob(c / horizon)) for c in cuts]  # type: ignore[misc]
-        if not dependent:
-            alloc = optimal_allocation(cuts, horizon, hhat, self.prefetch.budget)
-            return plan_from_selection(sorted(alloc.selected), cuts, horizon)
-        # A state-dependent cut law is computable only at nodes holding the root's state (no acceptance on
-        # the path): Condition 1 always holds there (κ = T), so pass cuts of T plus that extra condition.
-        feas_cuts = [horizon] * depth_n
-        alloc = optimal_allocation_by_state(feas_cuts, horizon, lambda st: hhat[st.depth], self.prefetch.budget,
-                                            expandable=lambda st: st.accepts_on_path == 0)
-        plan = plan_from_selection(sorted(alloc.selected), feas_cuts, horizon)
-        reqs = tuple(type(r)(node=r.node, parent=r.parent, depth=r.depth, cut=cuts[r.depth], parent_cut=r.parent_cut)
-                     for r in plan.requests)
-        return PrefetchPlan(requests=reqs, deferred=plan.deferred, known_cut=plan.known_cut)
+        pf = self.prefetch
+        cuts = [self.kernel.cut(root, k + d, stream) for d in range(min(cap, pf.budget))]
+        return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
+                             tree_position=pf.tree_position, state_dependent_cut=self.kernel.state_dependent_cut)
 
     def _run_block(self, result, stream, block):
         K = self.config.steps_per_block

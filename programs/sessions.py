@@ -15,10 +15,11 @@ releases it on close.
   post-tool-call envelope (the tool-result framing; or the whole envelope up to the next assistant turn
   when the caller expects a known result).  `tool_result(payload)` resumes delta-only from it.
 
-Both run on any engine with `generate(ids, params, *, priority)` (the embedded engine, the SGLang server
-client) and as `@sgl.function` programs: `decision_point` (the 1-token temperature-0 generation with
-`top_logprobs_num=2` from the session's ids, written as `token_ids(...)` markers) and `session_turn`;
-`ProgramEngine` runs the prepositioner through those programs on any token-exact SGLang backend.
+Both run on any `PrepositionEngine` (`runtime_ext.preposition.engines`): an engine with
+`generate(ids, params, *, priority)` (the embedded engine, the SGLang server client) through
+`EngineAdapter`, or any token-exact SGLang backend through `ProgramEngine`, whose two requests are the
+`@sgl.function` programs `decision_point` (the 1-token temperature-0 generation with `top_logprobs_num=2`
+from the session's ids, written as `token_ids(...)` markers) and `session_turn`.
 
     paper                                 code
     n_s, version t                        session.state.live_end, session.state.version
@@ -34,7 +35,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner, ServeResult, generate_on
+from ..runtime_ext.preposition.engines import PrepositionEngine, TopLogprobs, top_logprobs_at_decision_point
+from ..runtime_ext.preposition.prepositioner import Prepositioner, ServeResult
 from ..runtime_ext.protocol import GenerateOutput, SamplingParams
 from ..runtime_ext.preposition.ready_cache import SessionState
 from ..runtime_ext.backends.sglang_frontend import function, gen
@@ -58,27 +60,33 @@ def session_turn(s, state_ids: Sequence[int], entry_ids: Sequence[int], max_toke
     s += gen("answer", max_tokens=max_tokens, temperature=0.0, return_logprob=True)
 
 
-class ProgramEngine:
-    """An engine that answers through the `@sgl.function` programs above on a token-exact SGLang backend.
+class ProgramEngine(PrepositionEngine):
+    """`PrepositionEngine` on a token-exact SGLang backend: the ready distribution through `decision_point`,
+    greedy generation through `session_turn`.
 
     The SGLang frontend carries no request priority, so pre-positions sent this way run at the backend's
-    normal priority (use the backend's engine directly to get `priority=-1`).
+    normal priority (use the backend's engine, through `EngineAdapter`, to get `priority=-1`).
     """
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.tokenizer = getattr(backend, "tokenizer", None)
 
-    def generate(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
-                 priority: int = 0) -> GenerateOutput:
+    def ready_distribution(self, input_ids: Sequence[int], *, priority: int = -1) -> TopLogprobs:
         ids = list(input_ids)
-        if params.top_logprobs_num >= 2 and params.max_new_tokens == 1:
-            state = decision_point.run(state_ids=ids[:-1], entry_ids=ids[-1:], backend=self.backend)
-            name = "ready"
-        else:
-            state = session_turn.run(state_ids=ids[:-1], entry_ids=ids[-1:], max_tokens=params.max_new_tokens,
-                                     backend=self.backend)
-            name = "answer"
+        state = decision_point.run(state_ids=ids[:-1], entry_ids=ids[-1:], backend=self.backend)
+        return top_logprobs_at_decision_point(self._output(state, "ready", ids))
+
+    def generate(self, input_ids: Sequence[int], params: SamplingParams, *, priority: int = 0) -> GenerateOutput:
+        if params.temperature != 0.0:
+            raise ValueError(f"ProgramEngine runs greedy session turns only (temperature 0), got {params.temperature}")
+        ids = list(input_ids)
+        state = session_turn.run(state_ids=ids[:-1], entry_ids=ids[-1:], max_tokens=params.max_new_tokens,
+                                 backend=self.backend)
+        return self._output(state, "answer", ids)
+
+    @staticmethod
+    def _output(state: Any, name: str, ids: list[int]) -> GenerateOutput:
         meta = state.get_meta_info(name) or {}
         out_ids = tuple(int(e[1]) for e in meta.get("output_token_logprobs") or ())
         return GenerateOutput(input_ids=tuple(ids), output_ids=out_ids, text=state[name], meta_info=dict(meta))
@@ -135,13 +143,6 @@ class _Session:
         self._pin_handle: Any = None
         self._pin()
 
-    @classmethod
-    def on_engine(cls, engine: Any, *, config: PrepositionConfig | None = None, tokenizer: Any = None,
-                  **kw: Any) -> Any:
-        """A session with its own prepositioner over `engine`."""
-        tok = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
-        return cls(Prepositioner(engine, config, tokenizer=tok), tokenizer=tok, **kw)
-
     def encode(self, text: str) -> list[int]:
         return _encode(self.tokenizer, text)
 
@@ -167,7 +168,8 @@ class _Session:
         if max_new_tokens <= 1:
             return first, result.text
         ids = list(result.state) + list(result.entry) + first
-        out = generate_on(self.pp.engine, ids, SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0), 0)
+        out = self.pp.runner.generate(ids, SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0),
+                                      priority=0)
         return first + list(out.output_ids), self.tokenizer.decode(first + list(out.output_ids))
 
     def close(self) -> None:

@@ -6,7 +6,47 @@ from typing import Sequence
 
 import numpy as np
 
-from ..classifiers.features import CLASSES, DEFAULT_EPSILON, NodeRecord, class_index
+from ..classifiers.features import class_index
+from ..programs.acceptance import CLASSES, EPSILON
+from ..programs.prefetch_tree import accept_child, node_depth, reject_child
+from ..programs.records import NodeRecord
+
+
+def _labelled_accept_prob(rng: np.random.Generator, frac: float, signal: float, allowed: Sequence[int],
+                          epsilon: float) -> tuple[int, float]:
+    """A class index (late cuts lean to accept, early ones to reject) and an A inside that class."""
+    logits = np.array([signal * (0.5 - frac), signal * (frac - 0.5), -0.3])
+    logits = np.where(np.isin(np.arange(3), allowed), logits, -np.inf)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    label = int(rng.choice(3, p=probs))
+    if label == 0:
+        return label, float(rng.uniform(0.0, epsilon))
+    if label == 1:
+        return label, float(rng.uniform(1.0 - epsilon, 1.0))
+    return label, float(rng.uniform(epsilon * 1.01, 1.0 - epsilon * 1.01))
+
+
+def _call_records(rng: np.random.Generator, prompt: str, call: int, nodes: int, horizon: int, signal: float,
+                  allowed: Sequence[int], epsilon: float) -> list[NodeRecord]:
+    """One call expanding heap nodes 0..nodes-1, with κ and accepts following the tree conventions."""
+    kappa_of: dict[int, int] = {0: horizon}  # κ(v), the known cut of each node
+    accepts_of: dict[int, int] = {0: 0}
+    out = []
+    for node in range(nodes):
+        kappa, accepts = kappa_of[node], accepts_of[node]
+        cut = min(int(rng.integers(0, horizon)), kappa)  # a feasible request (Condition 1)
+        kappa_of[accept_child(node)], kappa_of[reject_child(node)] = cut, kappa
+        accepts_of[accept_child(node)], accepts_of[reject_child(node)] = accepts + 1, accepts
+        frac = cut / horizon
+        label, a = _labelled_accept_prob(rng, frac, signal, allowed, epsilon)
+        out.append(NodeRecord(
+            prompt_id=prompt, call_index=call, node_id=accept_child(node), depth=node_depth(node), cut=cut,
+            parent_cut=kappa, cut_fraction=frac, accepts_on_path=accepts, accept_prob=a,
+            certainty_class=CLASSES[label], realized=bool(rng.random() < 0.5),
+            extra={"loglik_mean": float(rng.normal())},
+        ))
+    return out
 
 
 def synthetic_node_records(
@@ -15,7 +55,7 @@ def synthetic_node_records(
     nodes_per_call: int = 8,
     *,
     horizon: int = 64,
-    epsilon: float = DEFAULT_EPSILON,
+    epsilon: float = EPSILON,
     signal: float = 3.0,
     seed: int = 0,
     classes: Sequence[str] = CLASSES,
@@ -36,49 +76,5 @@ def synthetic_node_records(
     if not allowed:
         raise ValueError("classes must not be empty")
     rng = np.random.default_rng(seed)
-    records: list[NodeRecord] = []
-    for p in range(n_prompts):
-        for call in range(calls_per_prompt):
-            kappa_of: dict[int, int] = {0: horizon}  # κ(v), the known cut of each node
-            accepts_of: dict[int, int] = {0: 0}
-            for node in range(nodes_per_call):
-                depth = (node + 1).bit_length() - 1
-                kappa = kappa_of[node]
-                accepts = accepts_of[node]
-                cut = min(int(rng.integers(0, horizon)), kappa)  # a feasible request (Condition 1)
-                kappa_of[2 * node + 1], kappa_of[2 * node + 2] = cut, kappa
-                accepts_of[2 * node + 1], accepts_of[2 * node + 2] = accepts + 1, accepts
-                frac = cut / horizon
-                label, a = _draw_class(rng, frac, allowed, signal, epsilon)
-                records.append(
-                    NodeRecord(
-                        prompt_id=f"p{p}",
-                        call_index=call,
-                        node_id=2 * node + 1,
-                        depth=depth,
-                        cut=cut,
-                        parent_cut=kappa,
-                        cut_fraction=frac,
-                        accepts_on_path=accepts,
-                        accept_prob=a,
-                        certainty_class=CLASSES[label],
-                        realized=bool(rng.random() < 0.5),
-                        extra={"loglik_mean": float(rng.normal())},
-                    )
-                )
-    return records
-
-
-def _draw_class(rng: np.random.Generator, frac: float, allowed: Sequence[int], signal: float,
-                epsilon: float) -> tuple[int, float]:
-    """(class index, acceptance probability in that class's range) for a node with cut fraction `frac`."""
-    logits = np.array([signal * (0.5 - frac), signal * (frac - 0.5), -0.3])
-    logits = np.where(np.isin(np.arange(3), allowed), logits, -np.inf)
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    label = int(rng.choice(3, p=probs))
-    if label == 0:
-        return label, float(rng.uniform(0.0, epsilon))
-    if label == 1:
-        return label, float(rng.uniform(1.0 - epsilon, 1.0))
-    return label, float(rng.uniform(epsilon * 1.01, 1.0 - epsilon * 1.01))
+    return [record for p in range(n_prompts) for call in range(calls_per_prompt)
+            for record in _call_records(rng, f"p{p}", call, nodes_per_call, horizon, signal, allowed, epsilon)]

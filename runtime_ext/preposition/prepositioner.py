@@ -2,9 +2,9 @@
 
 After each session update the `Prepositioner` queues one background job at the lowest priority
 (engine requests with `priority=-1`, which any arriving request pre-empts): one forward pass over
-state ‖ E — a 1-token temperature-0 generation with `top_logprobs_num=2`, or the raw logit vector when the
-engine offers `next_token_logits` and `keep_logits` is set — whose last-position output is the ready
-distribution.  It is recorded on the session only if the state is still the one the job read.  A request
+state ‖ E — `PrepositionEngine.ready_distribution` (a 1-token temperature-0 request with
+`top_logprobs_num=2`), or the raw logit vector when the engine offers `next_token_logits` and
+`keep_logits` is set — whose last-position output is the ready distribution.  It is recorded on the session only if the state is still the one the job read.  A request
 then either gets one cached token (gate fired) or falls through to the engine, whose radix cache restores
 the pre-paid entry so that only the delta Δ is prefilled (Eq. 5).
 
@@ -20,18 +20,18 @@ the pre-paid entry so that only the delta Δ is prefilled (Eq. 5).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import queue
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
 from ..protocol import GenerateOutput, SamplingParams
+from .engines import PrepositionEngine, as_preposition_engine
 from .ready_cache import (
     GateConfig,
     PrepositionCounters,
@@ -43,14 +43,6 @@ from .ready_cache import (
 )
 
 ServePath = Literal["fast", "fast_relaxed", "fall", "cold"]
-
-
-class PrepositionEngine(Protocol):
-    """What pre-positioning needs from an engine (the embedded engine; `ProgramEngine` wraps a backend)."""
-
-    def generate(
-        self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None, priority: int = 0
-    ) -> GenerateOutput: ...
 
 
 @dataclass(frozen=True)
@@ -99,20 +91,6 @@ class ServeResult:
     output: GenerateOutput | None = field(default=None, repr=False)
 
 
-def generate_on(engine: Any, ids: Sequence[int], params: SamplingParams, priority: int) -> GenerateOutput:
-    """engine.generate(ids, params, priority=...) or a token-exact backend's run(ids, params[, priority])."""
-    from ..backends.token_exact import TokenExactBackend
-
-    if isinstance(engine, TokenExactBackend):
-        run = engine.run
-        try:
-            takes_priority = "priority" in inspect.signature(run).parameters
-        except (TypeError, ValueError):
-            takes_priority = False
-        return run(list(ids), params, priority=priority) if takes_priority else run(list(ids), params)
-    return engine.generate(list(ids), params, priority=priority)
-
-
 def kv_headroom(engine: Any) -> Callable[[], int]:
     """B from an engine's `stats()`: KV-pool tokens not held by live state (pinned/locked prefixes and
     running requests), i.e. what a pre-position may use without evicting live state (Algorithm 1 line 2).
@@ -133,11 +111,6 @@ def kv_headroom(engine: Any) -> Callable[[], int]:
     return headroom
 
 
-def ready_request_params() -> SamplingParams:
-    """The decision-point request: one temperature-0 token with the top-2 of p0 (server-compatible)."""
-    return SamplingParams(max_new_tokens=1, temperature=0.0, return_logprob=True, top_logprobs_num=2)
-
-
 class Prepositioner:
     """Runs Algorithm 1 in idle time and Algorithm 2 on arrival, for any number of sessions."""
 
@@ -146,6 +119,9 @@ class Prepositioner:
         headroom_fn: Callable[[], int] | None = None,
     ) -> None:
         self.engine = engine
+        """The engine as given (its optional `next_token_logits`, `pin`/`unpin`, `stats` are used as is)."""
+        self.runner: PrepositionEngine = as_preposition_engine(engine)
+        """Where the requests go: `engine` itself if it is a `PrepositionEngine`, else `EngineAdapter(engine)`."""
         self.config = config or PrepositionConfig()
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.headroom_fn = headroom_fn
@@ -245,11 +221,8 @@ class Prepositioner:
                 raise ValueError("keep_logits needs an engine with next_token_logits(ids)")
             logits = np.asarray(logits_fn(list(ids)))
             return ready_from_logits(version, state, entry, logits, keep_logits=True, header_len=header_len)
-        out = generate_on(self.engine, ids, ready_request_params(), self.config.background_priority)
-        top = out.meta_info.get("output_top_logprobs")
-        if not top or not top[0]:
-            raise ValueError("engine returned no output_top_logprobs for the decision point (top_logprobs_num=2)")
-        return ready_from_top_logprobs(version, state, entry, top[0], header_len=header_len)
+        top = self.runner.ready_distribution(ids, priority=self.config.background_priority)
+        return ready_from_top_logprobs(version, state, entry, top, header_len=header_len)
 
     # -- Algorithm 2 ----------------------------------------------------------------------------------
     def serve(
@@ -295,7 +268,7 @@ class Prepositioner:
             path = "cold"
             delta = len(realized)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
-        out = generate_on(self.engine, look.state + realized, params, 0)
+        out = self.runner.generate(look.state + realized, params, priority=0)
         if not out.output_ids:
             raise RuntimeError("engine returned no output token for a served request")
         latency = time.perf_counter() - t0

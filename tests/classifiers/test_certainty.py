@@ -12,28 +12,25 @@ from sklearn.metrics import log_loss
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from forerun.classifiers.certainty import (
-    CertaintyClassifier,
-    CertaintyConfig,
-    ClassProbabilities,
-    certainty_cv_splits,
-    cross_validate_certainty,
-    format_cv_table,
-    predictive_allocation,
-)
-from forerun.classifiers.features import CLASSES, class_index, feature_matrix
+from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig, ClassProbabilities
+from forerun.classifiers.cross_validation import certainty_cv_splits, cross_validate_certainty, format_cv_table
+from forerun.classifiers.features import class_index, feature_matrix
+from forerun.programs.acceptance import CLASSES
 from forerun.testing.synthetic_records import synthetic_node_records
 from forerun.programs.allocation import (
-    bfs_order_allocation,
     branch_prob_accept,
     expected_transitions,
-    heap_depth,
-    is_expandable,
-    known_cut,
     optimal_allocation,
     optimal_allocation_general,
-    parent,
 )
+from forerun.programs.prefetch_tree import bfs_collect, is_expandable, known_cut, node_depth, parent_of
+from forerun.programs.traversal import plan_prefetch
+
+
+def predictive_plan(model, cuts, T, budget, **kw):
+    """The one planner with the classifier's ĥ (what the PreSTO sampler runs with --traversal predictive)."""
+    return plan_prefetch(cuts, T, budget, traversal="predictive", branch_prob=model.branch_prob_of,
+                         tree_position=model.uses_tree_position, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -235,18 +232,18 @@ def test_cross_validation_tolerates_a_class_missing_from_a_fold():
     assert math.isfinite(report.log_loss)
 
 
-def test_predictive_allocation_with_cut_fraction_model(fitted):
+def test_predictive_plan_with_cut_fraction_model(fitted):
     rng = np.random.default_rng(0)
     T = 64
     cuts = [int(c) for c in rng.integers(0, T, size=30)]
-    alloc = predictive_allocation(fitted, cuts, T, 12)
+    plan = predictive_plan(fitted, cuts, T, 12)
     probs = fitted.branch_prob_accept_many([c / T for c in cuts])
     ref = optimal_allocation(cuts, T, list(probs), 12)
-    assert alloc == ref
-    assert 1 <= alloc.requests <= 12
+    assert (plan.expanded, plan.predicted_transitions) == (ref.selected, ref.value)
+    assert 1 <= len(plan.requests) <= 12
 
 
-def test_predictive_allocation_with_tree_position_features(records):
+def test_predictive_plan_with_tree_position_features(records):
     model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "cut_gap", "accepts_on_path"))).fit(records)
     rng = np.random.default_rng(1)
     T = 64
@@ -258,24 +255,25 @@ def test_predictive_allocation_with_tree_position_features(records):
             accepts, u = 0, v
             while u:
                 accepts += u % 2
-                u = parent(u)
-            d = heap_depth(v)
+                u = parent_of(u)
+            d = node_depth(v)
             return model.branch_prob_accept(
                 cuts[d] / T, cut=cuts[d], parent_cut=known_cut(v, cuts, T), accepts_on_path=accepts
             )
 
-        alloc = predictive_allocation(model, cuts, T, budget)
+        assert model.uses_tree_position
+        plan = predictive_plan(model, cuts, T, budget)
         ref = optimal_allocation_general(lambda v: is_expandable(v, cuts, T), h, budget, max_depth=len(cuts))
-        assert math.isclose(alloc.value, ref.value, rel_tol=1e-9)
-        assert math.isclose(expected_transitions(alloc.selected, h), alloc.value, rel_tol=1e-9)
+        assert math.isclose(plan.predicted_transitions, ref.value, rel_tol=1e-9)
+        assert math.isclose(expected_transitions(plan.expanded, h), plan.predicted_transitions, rel_tol=1e-9)
 
 
-def test_predictive_allocation_extra_features_per_depth(records):
+def test_predictive_plan_extra_features_per_depth(records):
     model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "loglik_mean"))).fit(records)
     with pytest.raises(ValueError, match="'loglik_mean'"):
-        predictive_allocation(model, [5, 3], 10, 2)
-    alloc = predictive_allocation(model, [5, 3], 10, 2, extra_features={"loglik_mean": [0.1, -0.2]})
-    assert alloc.requests == 2
+        predictive_plan(model, [5, 3], 10, 2)
+    plan = predictive_plan(model, [5, 3], 10, 2, depth_features={"loglik_mean": [0.1, -0.2]})
+    assert len(plan.requests) == 2
 
 
 def test_predictive_rule_realizes_more_transitions_than_bfs_in_a_toy_world():
@@ -289,10 +287,10 @@ def test_predictive_rule_realizes_more_transitions_than_bfs_in_a_toy_world():
     T, depth, budget, eps = 64, 8, 10, 0.01
     n_nodes = 2 ** (depth + 1) - 1
 
-    node_depth = np.array([heap_depth(v) for v in range(n_nodes)])
+    depths = np.array([node_depth(v) for v in range(n_nodes)])
 
     def toy_accept_probs(cuts) -> np.ndarray:  # the law synthetic_node_records draws from
-        frac = np.array([cuts[d] / T if d < depth else 0.0 for d in node_depth])
+        frac = np.array([cuts[d] / T if d < depth else 0.0 for d in depths])
         logits = np.stack([3.0 * (0.5 - frac), 3.0 * (frac - 0.5), np.full(n_nodes, -0.3)], axis=1)
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         cdf = np.cumsum(p / p.sum(axis=1, keepdims=True), axis=1)
@@ -313,9 +311,9 @@ def test_predictive_rule_realizes_more_transitions_than_bfs_in_a_toy_world():
         cuts = [int(c) for c in rng.integers(0, T, size=depth)]
         A = toy_accept_probs(cuts)
         U = rng.random(n_nodes)
-        pred = predictive_allocation(model, cuts, T, budget)
-        bfs = bfs_order_allocation(cuts, T, None, budget)
-        assert pred.requests <= budget and bfs.requests <= budget
-        pred_total += walk(pred.selected, A, U)
-        bfs_total += walk(bfs.selected, A, U)  # the walk stops at a deferred node by itself
+        pred = predictive_plan(model, cuts, T, budget)
+        bfs = bfs_collect(cuts, T, budget, depth)
+        assert len(pred.requests) <= budget and len(bfs.requests) <= budget
+        pred_total += walk(pred.expanded, A, U)
+        bfs_total += walk(bfs.expanded, A, U)  # the walk stops at a deferred node by itself
     assert pred_total > 1.03 * bfs_total, (pred_total, bfs_total)

@@ -6,19 +6,14 @@ import json
 
 import pytest
 
-from forerun.classifiers.features import (
-    CLASSES,
-    FEATURE_SETS,
-    RecordError,
-    certainty_class,
-    drop_unreachable,
-    feature_matrix,
-    feature_vector,
-    parse_node_record,
-    read_node_records,
-    write_node_records,
-)
+from forerun.classifiers.features import FEATURE_SETS, drop_unreachable, feature_matrix, feature_vector
+from forerun.programs.acceptance import CLASSES, epsilon_class
+from forerun.programs.records import RecordError, RecordWriter, parse_node_record, read_node_records
 from forerun.testing.synthetic_records import synthetic_node_records
+
+
+def write_node_records(path, records) -> int:
+    return RecordWriter(path).write_nodes(records)
 
 
 def _line(**over):
@@ -39,16 +34,16 @@ def _line(**over):
     return base
 
 
-def test_certainty_class_thresholds_inclusive():
-    assert certainty_class(0.0) == "reject"
-    assert certainty_class(0.01) == "reject"
-    assert certainty_class(0.0100001) == "uncertain"
-    assert certainty_class(0.99) == "accept"
-    assert certainty_class(0.5, epsilon=0.1) == "uncertain"
+def test_epsilon_class_thresholds_inclusive():
+    assert epsilon_class(0.0) == "reject"
+    assert epsilon_class(0.01) == "reject"
+    assert epsilon_class(0.0100001) == "uncertain"
+    assert epsilon_class(0.99) == "accept"
+    assert epsilon_class(0.5, epsilon=0.1) == "uncertain"
     with pytest.raises(ValueError, match="epsilon"):
-        certainty_class(0.5, epsilon=0.6)
+        epsilon_class(0.5, epsilon=0.6)
     with pytest.raises(ValueError, match="accept_prob"):
-        certainty_class(1.2)
+        epsilon_class(1.2)
 
 
 def test_read_roundtrip_and_blank_lines(tmp_path):
@@ -131,7 +126,7 @@ def test_synthetic_records_follow_tree_conventions():
                 assert r.parent_cut == (up.cut if i % 2 == 1 else up.parent_cut)
                 assert r.accepts_on_path == up.accepts_on_path + (i % 2)
     # accept_prob agrees with the label
-    assert all(certainty_class(r.accept_prob) == r.certainty_class for r in recs)
+    assert all(epsilon_class(r.accept_prob) == r.certainty_class for r in recs)
     # no signal -> cut fraction does not move the class mix much; with signal it does
     strong = synthetic_node_records(n_prompts=20, seed=1, signal=6.0)
     late = [r.certainty_class for r in strong if r.cut_fraction > 0.7]
@@ -140,14 +135,14 @@ def test_synthetic_records_follow_tree_conventions():
 
 
 def test_drop_unreachable_matches_bfs_unreachable_requests():
-    from forerun.programs.allocation import accept_child, bfs_order_allocation
+    from forerun.programs.prefetch_tree import accept_child, bfs_collect
 
     # BFS defers node 1 (cut 6 > κ(1) = 5) and expands 4 below it; the walk never reaches 4
-    alloc = bfs_order_allocation([5, 6, 2], 10, None, 10)
-    recs = [parse_node_record(_line(node_id=accept_child(v), call_index=0)) for v in alloc.nodes]
+    plan = bfs_collect([5, 6, 2], 10, 10, 3)
+    recs = [parse_node_record(_line(node_id=accept_child(v), call_index=0)) for v in sorted(plan.expanded)]
     recs += [parse_node_record(_line(node_id=accept_child(4), call_index=1))]  # other call: no ancestors
     kept = drop_unreachable(recs)
-    reachable = alloc.selected - alloc.unreachable
+    reachable = plan.expanded - plan.unreachable
     assert {(r.node_id - 1) // 2 for r in kept if r.call_index == 0} == set(reachable)
     assert all(r.call_index == 0 for r in kept)
     with pytest.raises(ValueError, match="acceptance child"):
@@ -155,7 +150,7 @@ def test_drop_unreachable_matches_bfs_unreachable_requests():
 
 
 def test_reads_the_sampler_record_format(tmp_path):
-    """The line format of programs/records.py (extra fields kept, -inf log acceptance accepted)."""
+    """The line format of programs/records.py (the writer's fields typed, -inf log acceptance accepted)."""
     line = _line(
         node_id=1, depth=0, sampler="presto-power-mh", block=1, transition=0, log_accept=float("-inf"),
         accept_prob=0.0, certainty_class="reject", accepted=None,
@@ -163,5 +158,5 @@ def test_reads_the_sampler_record_format(tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text(json.dumps(line) + "\n")
     (r,) = read_node_records(path)
-    assert r.extra["sampler"] == "presto-power-mh" and r.extra["log_accept"] == float("-inf")
+    assert r.sampler == "presto-power-mh" and r.log_accept == float("-inf") and r.extra == {}
     assert r.certainty_class == "reject"

@@ -8,9 +8,13 @@ import json
 import pytest
 
 from forerun.classifiers.certainty import CertaintyClassifier
-from forerun.classifiers.features import write_node_records
+from forerun.programs.records import RecordWriter
 from forerun.testing.synthetic_records import synthetic_node_records
 from forerun.cli import classifier as cli_classifier, main as cli
+
+
+def write_node_records(path, records) -> int:
+    return RecordWriter(path).write_nodes(records)
 
 
 def run(argv: list[str]) -> int:
@@ -89,12 +93,12 @@ def test_errors_are_reported_not_raised(tmp_path, record_files, capsys):
 
 
 def test_sampler_filter(tmp_path, capsys):
-    from forerun.classifiers.features import NodeRecord
+    from forerun.programs.records import NodeRecord
     import dataclasses
 
     recs = synthetic_node_records(n_prompts=6, calls_per_prompt=4, nodes_per_call=8, seed=9)
     tagged = [
-        dataclasses.replace(r, extra={**r.extra, "sampler": "presto-power-mh" if i % 2 else "presto-entropy-cut"})
+        dataclasses.replace(r, sampler="presto-power-mh" if i % 2 else "presto-entropy-cut")
         for i, r in enumerate(recs)
     ]
     assert isinstance(tagged[0], NodeRecord)

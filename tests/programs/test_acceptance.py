@@ -208,7 +208,7 @@ def test_epsilon_classes_and_decision():
 
 
 def _state(model, x, tau):
-    from forerun.programs.samplers import ChainState
+    from forerun.programs.kernels import ChainState
 
     lq, lp, ent, byt = arrays(model, x, tau)
     return ChainState(np.array(x), lq, lp, ent, byt)

@@ -1,4 +1,4 @@
-"""Tests for the predictive traversal rule: Lemma 1/2, Eq. 14, the DP of Proposition 2, BFS."""
+"""Tests for the predictive traversal rule: Lemma 1/2, Eq. 14, the DP of Proposition 2, BFS (prefetch_tree)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,26 @@ import pytest
 
 from forerun.programs.allocation import (
     Allocation,
-    accept_child,
-    bfs_order_allocation,
     branch_prob_accept,
-    candidate_nodes,
     depth_accept_probs,
     expected_transitions,
     expected_transitions_recursive,
-    heap_depth,
-    is_candidate,
-    is_expandable,
-    known_cut,
     NodeState,
     optimal_allocation,
     optimal_allocation_by_state,
     optimal_allocation_general,
-    parent,
     reaching_weight,
     reaching_weights,
+)
+from forerun.programs.prefetch_tree import (
+    accept_child,
+    bfs_collect,
+    candidate_nodes,
+    is_candidate,
+    is_expandable,
+    known_cut,
+    node_depth,
+    parent_of,
     reject_child,
 )
 
@@ -47,7 +49,7 @@ def ancestor_closed_sets(candidates: frozenset[int], max_size: int) -> set[froze
             for v in candidates:
                 if v in s:
                     continue
-                if v == 0 or parent(v) in s:
+                if v == 0 or parent_of(v) in s:
                     nxt.add(s | {v})
         nxt -= found
         found |= nxt
@@ -80,13 +82,13 @@ def random_instance(rng: np.random.Generator, max_depth: int = 5, max_budget: in
 
 
 def test_heap_helpers():
-    assert [heap_depth(i) for i in range(8)] == [0, 1, 1, 2, 2, 2, 2, 3]
+    assert [node_depth(i) for i in range(8)] == [0, 1, 1, 2, 2, 2, 2, 3]
     assert accept_child(0) == 1 and reject_child(0) == 2 and accept_child(2) == 5
-    assert parent(5) == 2 and parent(1) == 0
+    assert parent_of(5) == 2 and parent_of(1) == 0
     with pytest.raises(ValueError, match="root"):
-        parent(0)
+        parent_of(0)
     with pytest.raises(ValueError, match="node"):
-        heap_depth(-1)
+        node_depth(-1)
 
 
 def test_known_cut_follows_convention():
@@ -111,9 +113,9 @@ def test_condition_1_and_candidates_are_ancestor_closed():
     cands = candidate_nodes(cuts, T)
     assert cands == frozenset({0, 2, 5, 6})
     for v in cands:
-        assert v == 0 or parent(v) in cands
+        assert v == 0 or parent_of(v) in cands
     # depth cap K' = len(request_cuts)
-    assert all(heap_depth(v) < len(cuts) for v in cands)
+    assert all(node_depth(v) < len(cuts) for v in cands)
     assert not is_expandable(7, cuts, T)
 
 
@@ -232,7 +234,7 @@ def test_dp_selection_is_feasible_and_attains_its_value():
         assert not alloc.unreachable
         for v in alloc.selected:
             assert is_candidate(v, cuts, T), "Condition 1 / depth cap violated"
-            assert v == 0 or parent(v) in alloc.selected, "not ancestor-closed"
+            assert v == 0 or parent_of(v) in alloc.selected, "not ancestor-closed"
         h = depth_accept_probs(probs)
         assert math.isclose(expected_transitions(alloc.selected, h), alloc.value, rel_tol=1e-9, abs_tol=1e-12)
         assert math.isclose(
@@ -289,8 +291,8 @@ def node_state(v: int, cuts, T) -> NodeState:
     accepts, u = 0, v
     while u:
         accepts += u % 2
-        u = parent(u)
-    return NodeState(heap_depth(v), known_cut(v, cuts, T), accepts)
+        u = parent_of(u)
+    return NodeState(node_depth(v), known_cut(v, cuts, T), accepts)
 
 
 def test_by_state_variant_equals_brute_force():
@@ -342,7 +344,7 @@ def test_cut_equal_to_horizon_is_feasible_only_where_kappa_is_T():
 def _ancestors(v: int) -> list[int]:
     out = []
     while v:
-        v = parent(v)
+        v = parent_of(v)
         out.append(v)
     return out
 
@@ -366,23 +368,28 @@ def test_dp_is_polynomial_at_depth_cap_100_budget_20():
 # ------------------------------------------------------------------------------------------------
 
 
+def bfs_expanded(cuts, horizon, budget) -> frozenset[int]:
+    """The nodes the paper's BFS (prefetch_tree.bfs_collect, depth cap K' = len(cuts)) expands."""
+    return bfs_collect(cuts, horizon, budget, len(cuts)).expanded if budget else frozenset()
+
+
 def test_bfs_order_follows_paper():
     # all feasible: BFS takes heap indices 0, 1, 2, 3, ... (level order)
-    alloc = bfs_order_allocation([9, 8, 7, 6], 10, None, 5)
-    assert alloc.nodes == (0, 1, 2, 3, 4)
-    assert not alloc.unreachable
+    plan = bfs_collect([9, 8, 7, 6], 10, 5, 4)
+    assert sorted(plan.expanded) == [0, 1, 2, 3, 4]
+    assert not plan.unreachable
 
 
 def test_bfs_enqueues_reject_child_of_deferred_node():
     # depth-1 cut 6 > κ(1) = 5: node 1 defers; its rejection child 4 is still enqueued and expanded
     # at depth 2 (cut 2 <= κ(4) = 5), a request the walk never reaches.
-    alloc = bfs_order_allocation([5, 6, 2], 10, [0.5, 0.5, 0.5], 10)
-    assert 1 not in alloc.selected
-    assert 4 in alloc.selected and 4 in alloc.unreachable
-    assert 3 not in alloc.selected  # accept child of a deferred node is not enqueued
+    plan = bfs_collect([5, 6, 2], 10, 10, 3)
+    assert 1 not in plan.expanded
+    assert 4 in plan.expanded and 4 in plan.unreachable
+    assert 3 not in plan.expanded  # accept child of a deferred node is not enqueued
     # predictive never selects below a deferred node
     pred = optimal_allocation([5, 6, 2], 10, [0.5, 0.5, 0.5], 10)
-    assert not (pred.selected & alloc.unreachable)
+    assert not (pred.selected & plan.unreachable)
 
 
 def test_predictive_beats_bfs_when_accepts_are_likely():
@@ -390,8 +397,8 @@ def test_predictive_beats_bfs_when_accepts_are_likely():
     # BFS spreads its budget over rejection branches that are rarely reached.
     cuts, T, probs, budget = [9, 8, 7, 6, 5, 4, 3, 2], 10, [0.95] * 8, 6
     pred = optimal_allocation(cuts, T, probs, budget)
-    bfs = bfs_order_allocation(cuts, T, probs, budget)
-    assert pred.value > bfs.value + 1.0
+    bfs = expected_transitions(bfs_expanded(cuts, T, budget), depth_accept_probs(probs))
+    assert pred.value > bfs + 1.0
     assert pred.nodes == (0, 1, 3, 7, 15, 31)
 
 
@@ -400,6 +407,6 @@ def test_predictive_never_worse_than_bfs():
     for _ in range(200):
         cuts, T, probs, budget = random_instance(rng, max_depth=6, max_budget=8)
         pred = optimal_allocation(cuts, T, probs, budget)
-        bfs = bfs_order_allocation(cuts, T, probs, budget)
-        assert bfs.requests <= budget
-        assert pred.value >= bfs.value - 1e-12
+        bfs = bfs_expanded(cuts, T, budget)
+        assert len(bfs) <= budget
+        assert pred.value >= expected_transitions(bfs, depth_accept_probs(probs)) - 1e-12

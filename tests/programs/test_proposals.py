@@ -166,12 +166,13 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
 
 @pytest.mark.slow
 def test_default_model_identical_chain_one_prompt():
-    from forerun.eval.bench_presto import prompt_ids_for, proposal_model_for
+    from forerun.eval.bench_presto import proposal_model_for
+    from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime
 
     runtime = open_runtime("default")
     backend = runtime.backend
-    ids = prompt_ids_for(runtime.tokenizer, text="What is 7 times 8? Answer briefly.")
+    ids = chat_prompt_ids(runtime.tokenizer, "What is 7 times 8? Answer briefly.")
     for kind in ("power-mh", "entropy-cut", "multitry-mh"):  # MultiTryMH on the 49 152-token vocabulary
         cfg = SamplerConfig(kind=kind, response_length=16, block_size=16, steps_per_block=6, seed=10086)
         pm = proposal_model_for(backend, kind, cfg.mtm_temperatures)

@@ -32,3 +32,19 @@ def test_malformed_line_names_file_and_line(tmp_path):
         read_node_records(path)
     with pytest.raises(ValueError, match="directory"):
         RecordWriter(tmp_path)
+
+
+def test_writer_stamps_the_model_and_the_reader_keeps_extra_fields(tmp_path):
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=4, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=3)).run([1, 2], prompt_id="p0")
+    path = tmp_path / "nodes.jsonl"
+    n = RecordWriter(path, model="SmolLM2-135M-Instruct").write_calls(res.calls)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == n and all(line["model"] == "SmolLM2-135M-Instruct" for line in lines)
+    assert all(line["sampler"] == "presto-power-mh" for line in lines)
+    back = read_node_records(path)
+    assert all(r.model == "SmolLM2-135M-Instruct" and r.sampler == "presto-power-mh" and r.extra == {} for r in back)
+    with path.open("a") as fh:
+        fh.write(json.dumps({**lines[0], "loglik_mean": -1.5}) + "\n")
+    assert read_node_records(path)[-1].extra == {"loglik_mean": -1.5}

@@ -9,8 +9,8 @@ import pytest
 
 from forerun.programs.prefetch_tree import node_depth
 from forerun.testing.logit_table_model import LogitTableModel
+from forerun.programs.kernels import ChainState
 from forerun.programs.samplers import (
-    ChainState,
     PrefetchConfig,
     PrestoSampler,
     SamplerConfig,
@@ -128,7 +128,7 @@ def test_predictive_traversal_keeps_the_chain():
             seq = make_sampler(model, cfg).run([1, 2])
             pre = make_sampler(model, cfg, presto=True,
                                prefetch=PrefetchConfig(budget=5, traversal="predictive",
-                                                       branch_prob=lambda f: 0.2 + 0.6 * f)).run([1, 2])
+                                                       branch_prob=lambda node: 0.2 + 0.6 * node.cut_fraction)).run([1, 2])
             assert seq.response_ids == pre.response_ids and seq.history == pre.history
 
 

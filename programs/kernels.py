@@ -1,0 +1,168 @@
+"""MH states and the transition kernels of the three power samplers (PowerMH, EntropyCut, MultiTryMH).
+
+A kernel draws the cut of transition j from the decision stream, builds the engine requests of the
+proposal at that cut, and scores the generated suffixes into a `Decision` (log A and the proposed state);
+the acceptance rules themselves are the pure functions of `acceptance`.  The sequential and the PreSTO
+samplers (`samplers`) drive the same kernels, which is what keeps their chains identical (Proposition 1).
+
+    paper                                   code
+    x^(k) (MH state: tokens, log q_τ,       ChainState (tokens, logq, logp0, entropy, logq_by_temp)
+      log p0, H per position)
+    (x_{0:c}, y_{c:T})                      ChainState.splice(cut, suffix)
+    c ~ Unif{0..T−1} / ρ_x(c) (EntropyCut)  kernel.cut(state, j, stream)
+    log A(y, x)                             Decision.log_accept
+    M candidates + M − 1 references         MultiTryKernel.requests (2M − 1 requests, one prefix x_{0:c})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .acceptance import (
+    cut_from_law,
+    entropy_cut_law,
+    entropy_cut_log_ratio,
+    log_acceptance,
+    log_mh_ratio,
+    mtm_log_ratio,
+    mtm_log_weight,
+    mtm_select,
+)
+from .proposals import Suffix, SuffixRequest
+from .random_streams import DecisionStream, uniform_cut
+
+
+# -- states ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChainState:
+    """An MH state: the response and its per-position log q_τ, log p0, entropy (and log q per τ' ∈ 𝒯)."""
+
+    tokens: np.ndarray
+    logq: np.ndarray
+    logp0: np.ndarray
+    entropy: np.ndarray
+    logq_by_temp: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, n_temps: int | None = None) -> "ChainState":
+        z = np.zeros(0)
+        return cls(np.zeros(0, dtype=np.int64), z, z, z, None if n_temps is None else np.zeros((n_temps, 0)))
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def splice(self, cut: int, suffix: Suffix) -> "ChainState":
+        """(x_{0:c}, y_{c:T}): keep [0, cut) of this state, then the generated suffix."""
+        if cut < 0 or cut > self.length:
+            raise ValueError(f"cut {cut} outside [0, {self.length}]")
+        by_temp = None
+        if self.logq_by_temp is not None:
+            if suffix.logq_by_temp is None:
+                raise ValueError("suffix lacks log q per temperature needed by this state")
+            by_temp = np.concatenate([self.logq_by_temp[:, :cut], suffix.logq_by_temp], axis=1)
+        return ChainState(
+            tokens=np.concatenate([self.tokens[:cut], suffix.ids]),
+            logq=np.concatenate([self.logq[:cut], suffix.logq]),
+            logp0=np.concatenate([self.logp0[:cut], suffix.logp0]),
+            entropy=np.concatenate([self.entropy[:cut], suffix.entropy]),
+            logq_by_temp=by_temp,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A scored proposal: log A and the state the chain moves to if it accepts."""
+
+    log_accept: float
+    proposal: ChainState
+
+
+# -- kernels -----------------------------------------------------------------------------------------
+class TransitionKernel(Protocol):
+    state_dependent_cut: bool
+
+    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int: ...
+
+    def requests(self, prefix_ids: tuple[int, ...], cut: int, horizon: int, j: int,
+                 stream: DecisionStream) -> list[SuffixRequest]: ...
+
+    def decide(self, state: ChainState, cut: int, suffixes: Sequence[Suffix], j: int,
+               stream: DecisionStream) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class PowerMHKernel:
+    """Uniform cut over the response, suffix from q_τ, Eq. 6."""
+
+    alpha: float
+    tau: float
+    state_dependent_cut: bool = False
+
+    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
+        return uniform_cut(stream.cut_uniform(j), state.length)
+
+    def requests(self, prefix_ids, cut, horizon, j, stream):
+        return [SuffixRequest(prefix_ids, horizon - cut, self.tau, stream.suffix_seed(j))]
+
+    def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
+        return log_mh_ratio(state.logq, state.logp0, proposal.logq, proposal.logp0, cut, self.alpha)
+
+    def decide(self, state, cut, suffixes, j, stream):
+        (suffix,) = suffixes
+        proposal = state.splice(cut, suffix)
+        return Decision(log_acceptance(self.log_ratio(state, proposal, cut)), proposal)
+
+
+@dataclass(frozen=True)
+class EntropyCutKernel(PowerMHKernel):
+    """Cut by inverse CDF of ρ_x ∝ max(ΔH, 0)^β at the transition's uniform; Eq. 6 + cut-law correction."""
+
+    beta: float = 4.0
+    state_dependent_cut: bool = True
+
+    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
+        return cut_from_law(entropy_cut_law(state.entropy, self.beta), stream.cut_uniform(j))
+
+    def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
+        return entropy_cut_log_ratio(state.logq, state.logp0, state.entropy, proposal.logq, proposal.logp0,
+                                     proposal.entropy, cut, self.alpha, self.beta)
+
+
+@dataclass(frozen=True)
+class MultiTryKernel:
+    """Multiple-try Metropolis with the temperature-mixture proposal (see `acceptance`)."""
+
+    alpha: float
+    temperatures: tuple[float, ...]
+    candidates: int = 4
+    state_dependent_cut: bool = False
+
+    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
+        return uniform_cut(stream.cut_uniform(j), state.length)
+
+    def requests(self, prefix_ids, cut, horizon, j, stream):
+        n = len(self.temperatures)
+        out = [SuffixRequest(prefix_ids, horizon - cut, self.temperatures[stream.slot_choice(j, i, n)],
+                             stream.suffix_seed(j, i)) for i in range(self.candidates)]
+        out += [SuffixRequest(prefix_ids, horizon - cut,
+                              self.temperatures[stream.slot_choice(j, i, n, reference=True)],
+                              stream.reference_seed(j, i)) for i in range(self.candidates - 1)]
+        return out
+
+    def decide(self, state, cut, suffixes, j, stream):
+        m = self.candidates
+        if len(suffixes) != 2 * m - 1:
+            raise ValueError(f"MultiTryMH expects {2 * m - 1} suffixes, got {len(suffixes)}")
+        if state.logq_by_temp is None:
+            raise ValueError("MultiTryMH states need log q per temperature")
+        cands = [state.splice(cut, s) for s in suffixes[:m]]
+        refs = [state.splice(cut, s) for s in suffixes[m:]]
+        lw = [mtm_log_weight(y.logp0, y.logq_by_temp, cut, self.alpha) for y in cands]
+        chosen = mtm_select(lw, stream.select_uniform(j))
+        ref_lw = [mtm_log_weight(r.logp0, r.logq_by_temp, cut, self.alpha) for r in refs]
+        ref_lw.append(mtm_log_weight(state.logp0, state.logq_by_temp, cut, self.alpha))
+        return Decision(log_acceptance(mtm_log_ratio(lw, ref_lw)), cands[chosen])

@@ -28,6 +28,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -227,14 +230,16 @@ void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y)
   const int64_t K = w.K, N = w.N;
   const int64_t blocks = (N + TILE_FEATURES - 1) / TILE_FEATURES;
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, TILE_FEATURES * M * K));
+  // rows per tile: as even as possible (20 rows -> 4 x 5, not 6+6+6+2); a row's result never depends on it
+  const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t fb = b0; fb < b1; ++fb) {
       const int64_t f0 = fb * TILE_FEATURES;
       const int fn = static_cast<int>(std::min<int64_t>(TILE_FEATURES, N - f0));
       const W* wrow[TILE_FEATURES];
       for (int f = 0; f < fn; ++f) wrow[f] = w.row(f0 + f);
-      for (int64_t r0 = 0; r0 < M; r0 += TILE_ROWS) {
-        const int rn = static_cast<int>(std::min<int64_t>(TILE_ROWS, M - r0));
+      for (int64_t r0 = 0; r0 < M; r0 += per_tile) {
+        const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
 #if FR_AVX512
         if constexpr (kVec<A, W>) {
           if (!g_portable) {
@@ -679,22 +684,50 @@ std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor
 }
 
 // ------------------------------------------------------------------------------------------ misc
-// Streams `x` once (sum of float32 lanes) to measure the memory read bandwidth.
+// Streams `x` once (a sum of float32 lanes) to measure the memory read bandwidth.
 double stream_read(const torch::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), "stream_read: float32 contiguous");
   const float* p = x.data_ptr<float>();
   const int64_t n = x.numel(), chunk = 1 << 16;
   std::vector<double> part(at::get_num_threads() + 1, 0.0);
   at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t lo = c0 * chunk, hi = std::min(n, c1 * chunk);
+    int64_t i = lo;
+    double s = 0.0;
+#if FR_AVX512
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 64 <= hi; i += 64) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+    }
+    s += double(hsum_tree(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+#endif
     float acc[LANES] = {};
-    for (int64_t c = c0; c < c1; ++c)
-      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); i += LANES)
-        for (int l = 0; l < LANES && i + l < n; ++l) acc[l] += p[i + l];
-    part[at::get_thread_num()] += double(tree16(acc));
+    for (; i + LANES <= hi; i += LANES)
+      for (int l = 0; l < LANES; ++l) acc[l] += p[i + l];
+    for (; i < hi; ++i) acc[0] += p[i];
+    part[at::get_thread_num()] += s + double(tree16(acc));
   });
   double s = 0.0;
   for (double v : part) s += v;
   return s;
+}
+
+// A copy of `src` in 2 MiB-aligned memory advised for transparent huge pages (Linux; elsewhere a plain copy):
+// streaming 0.5 GB of weights per step through 4 KiB pages costs a page walk every 4 KiB.
+torch::Tensor huge_page_copy(const torch::Tensor& src) {
+  TORCH_CHECK(src.is_contiguous(), "huge_page_copy: contiguous tensors only");
+  constexpr size_t align = size_t(2) << 20;
+  const size_t bytes = std::max<size_t>(src.nbytes(), 1), size = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size);
+  TORCH_CHECK(p != nullptr, "huge_page_copy: out of memory");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(p, size, MADV_HUGEPAGE);
+#endif
+  std::memcpy(p, src.data_ptr(), src.nbytes());
+  return torch::from_blob(p, src.sizes(), [](void* q) { std::free(q); }, src.options());
 }
 
 void set_portable(bool on) { g_portable = on; }
@@ -710,6 +743,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
   m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");
   m.def("stream_read", &stream_read, "read a float32 tensor once (bandwidth probe)");
+  m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
   m.def("vectorized", &vectorized, "whether the AVX-512 path is in use");
 }

@@ -423,9 +423,10 @@ def test_radix_reuse_eviction_and_pins():
 
 @pytest.mark.slow
 def test_default_model_batched_matches_alone_and_plain_forward():
-    """SmolLM2 in float32 (SDPA over left-padded KV): batched decode matches alone and a plain forward."""
+    """SmolLM2 in float32 (native kernels): batched decode is bit-identical to alone and matches a plain
+    transformers forward to float32 accuracy."""
     with EmbeddedEngine.from_spec("default") as eng:
-        assert not eng.batch_invariant
+        assert eng.batch_invariant and eng.plan.path == "native"
         prompts = [prompt(eng, t) for t in ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,")]
         p = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
         alone = []
@@ -435,8 +436,7 @@ def test_default_model_batched_matches_alone_and_plain_forward():
         eng.flush_cache()
         batched = eng.generate_batch([(ids, p) for ids in prompts])
         for a, b in zip(alone, batched):
-            assert a.output_ids == b.output_ids
-            np.testing.assert_allclose(a.output_logp0, b.output_logp0, atol=1e-4)
+            assert a.output_ids == b.output_ids and a.output_logp0 == b.output_logp0
             check = full_logp(eng, list(a.input_ids) + list(a.output_ids))[0]
             n = len(a.input_ids)
             np.testing.assert_allclose(a.output_logp0, [float(check[n - 1 + t, y]) for t, y in enumerate(a.output_ids)],

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -64,8 +65,22 @@ inline A tree16(const A* a) {
   return t2[0] + t2[1];
 }
 
+// bf16 weights pair up: lane l takes, for each chunk of 32 (k0 = 0, 32, ...), k0 + 2l then k0 + 2l + 1 (a bf16
+// pair is one 32-bit word: a shift and a mask widen both halves in place, no lane-crossing shuffle).
+inline float dot_ref_pairs(const float* x, const c10::BFloat16* w, int64_t K) {
+  float acc[LANES] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES)
+    for (int l = 0; l < LANES; ++l) {
+      const int64_t ke = k0 + 2 * l, ko = ke + 1;
+      if (ke < K) acc[l] = std::fma(x[ke], widen(w[ke]), acc[l]);
+      if (ko < K) acc[l] = std::fma(x[ko], widen(w[ko]), acc[l]);
+    }
+  return tree16(acc);
+}
+
 template <typename A, typename W>
 inline A dot_ref(const A* x, const W* w, int64_t K) {
+  if constexpr (std::is_same<W, c10::BFloat16>::value) return dot_ref_pairs(x, w, K);
   A acc[LANES] = {};
   int64_t k = 0;
   for (; k + LANES <= K; k += LANES)
@@ -179,25 +194,101 @@ inline void tile_avx512(const float* x, int64_t ldx, const W* const* wrow, int64
     for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
 }
 
-template <int R, typename W>
+template <int R, typename W, int FW = 4>
 inline void rows_avx512(const float* x, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y, int64_t ldy) {
-  if (fn == 4) {
-    tile_avx512<R, 4>(x, ldx, wrow, K, y, ldy);
+  if (fn == FW) {
+    tile_avx512<R, FW>(x, ldx, wrow, K, y, ldy);
   } else {
     for (int f = 0; f < fn; ++f) tile_avx512<R, 1>(x, ldx, wrow + f, K, y + f, ldy);
   }
 }
 
-template <typename W>
-inline void block_avx512(const float* x, int rn, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y,
-                         int64_t ldy) {
+// bf16 weights (see dot_ref_pairs): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
+// 16 odd-k values, zero past K); a weight chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
+template <int R, int F>
+inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int64_t K, float* y,
+                       int64_t ldy) {
+  __m512 acc[R][F];
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES) {
+    __m512 xe[R], xo[R];
+    for (int r = 0; r < R; ++r) {
+      xe[r] = _mm512_loadu_ps(xd + r * ldx + k0);
+      xo[r] = _mm512_loadu_ps(xd + r * ldx + k0 + LANES);
+    }
+    if (k0 + 2 * LANES <= K) {
+      for (int f = 0; f < F; ++f) {
+        const __m512i wv = _mm512_loadu_si512(wrow[f] + k0);
+        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        for (int r = 0; r < R; ++r) {
+          acc[r][f] = _mm512_fmadd_ps(xe[r], we, acc[r][f]);
+          acc[r][f] = _mm512_fmadd_ps(xo[r], wo, acc[r][f]);
+        }
+      }
+    } else {
+      const int64_t left = K - k0;
+      const __mmask32 m32 = static_cast<__mmask32>((left >= 32 ? 0xFFFFFFFFull : ((1ull << left) - 1)));
+      __mmask16 me = 0, mo = 0;
+      for (int l = 0; l < LANES; ++l) {
+        if (2 * l < left) me |= static_cast<__mmask16>(1u << l);
+        if (2 * l + 1 < left) mo |= static_cast<__mmask16>(1u << l);
+      }
+      for (int f = 0; f < F; ++f) {
+        const __m512i wv = _mm512_maskz_loadu_epi16(m32, wrow[f] + k0);
+        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        for (int r = 0; r < R; ++r) {
+          acc[r][f] = _mm512_mask3_fmadd_ps(xe[r], we, acc[r][f], me);
+          acc[r][f] = _mm512_mask3_fmadd_ps(xo[r], wo, acc[r][f], mo);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+}
+
+template <int R>
+inline void rows_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K, float* y,
+                       int64_t ldy) {
+  if (fn == 6) {
+    tile_pairs<R, 6>(xd, ldx, wrow, K, y, ldy);
+  } else {
+    for (int f = 0; f < fn; ++f) tile_pairs<R, 1>(xd, ldx, wrow + f, K, y + f, ldy);
+  }
+}
+
+inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K,
+                        float* y, int64_t ldy) {
   switch (rn) {
-    case 6: rows_avx512<6>(x, ldx, wrow, fn, K, y, ldy); break;
-    case 5: rows_avx512<5>(x, ldx, wrow, fn, K, y, ldy); break;
-    case 4: rows_avx512<4>(x, ldx, wrow, fn, K, y, ldy); break;
-    case 3: rows_avx512<3>(x, ldx, wrow, fn, K, y, ldy); break;
-    case 2: rows_avx512<2>(x, ldx, wrow, fn, K, y, ldy); break;
-    default: rows_avx512<1>(x, ldx, wrow, fn, K, y, ldy); break;
+    case 3: rows_pairs<3>(xd, ldx, wrow, fn, K, y, ldy); return;
+    case 2: rows_pairs<2>(xd, ldx, wrow, fn, K, y, ldy); return;
+    default: rows_pairs<1>(xd, ldx, wrow, fn, K, y, ldy); return;
+  }
+}
+
+// A tile of rn rows x fn features: 4 features per tile with up to 6 rows, or 6 features with up to 4 rows.
+template <typename W>
+inline void block_avx512(const float* x, int rn, int64_t ldx, const W* const* wrow, int fn, int features, int64_t K,
+                         float* y, int64_t ldy) {
+  if (features == 6) {
+    switch (rn) {
+      case 4: rows_avx512<4, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      case 3: rows_avx512<3, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      case 2: rows_avx512<2, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      default: rows_avx512<1, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+    }
+  }
+  switch (rn) {
+    case 6: rows_avx512<6>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 5: rows_avx512<5>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 4: rows_avx512<4>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 3: rows_avx512<3>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 2: rows_avx512<2>(x, ldx, wrow, fn, K, y, ldy); return;
+    default: rows_avx512<1>(x, ldx, wrow, fn, K, y, ldy); return;
   }
 }
 
@@ -211,6 +302,26 @@ constexpr bool kVec = false;
 // ------------------------------------------------------------------------------------------ linear
 constexpr int TILE_ROWS = 6;
 constexpr int TILE_FEATURES = 4;
+
+// Tile shape (rows, features) by the number of rows M, measured on Zen 5 (CPU time, weights from DRAM):
+// 6 features per tile stream more weight rows at once (1-4 rows, and 7+ rows in tiles of <= 4), 4 features
+// keep 5-6 rows in one tile.  The shape never changes a result (every (row, feature) is one dot()).
+inline std::pair<int64_t, int64_t> tile_shape(int64_t M, bool pairs) {
+  if (pairs) return {3, 6};  // bf16 pair tiles hold 2 x-vectors per row
+  if (M == 5 || M == 6) return {6, 4};
+  return {4, 6};
+}
+
+// x [M, K] -> xd [M, Kp] (Kp = K rounded up to 32): per chunk of 32, the even-k values then the odd-k values.
+inline std::vector<float> deinterleave_pairs(const float* x, int64_t M, int64_t K, int64_t Kp) {
+  std::vector<float> xd(M * Kp, 0.0f);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t k0 = k / (2 * LANES) * (2 * LANES), j = k - k0;
+      xd[r * Kp + k0 + (j % 2) * LANES + j / 2] = x[r * K + k];
+    }
+  return xd;
+}
 
 // A virtual concatenation of weight matrices [N_i, K] along the output features.
 template <typename W>
@@ -228,22 +339,35 @@ struct Rows {
 template <typename A, typename W>
 void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y) {
   const int64_t K = w.K, N = w.N;
-  const int64_t blocks = (N + TILE_FEATURES - 1) / TILE_FEATURES;
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, TILE_FEATURES * M * K));
+  constexpr bool pairs = FR_AVX512 && std::is_same<W, c10::BFloat16>::value;
+  const bool use_pairs = pairs && !g_portable;
+  const auto [RT, FT] = tile_shape(M, use_pairs);
+  const int64_t Kp = (K + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
+  const std::vector<float> xd = use_pairs ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
+                                          : std::vector<float>();
+  const int64_t blocks = (N + FT - 1) / FT;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, FT * M * K));
   // rows per tile: as even as possible (20 rows -> 4 x 5, not 6+6+6+2); a row's result never depends on it
-  const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
+  const int64_t tiles = (M + RT - 1) / RT, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t fb = b0; fb < b1; ++fb) {
-      const int64_t f0 = fb * TILE_FEATURES;
-      const int fn = static_cast<int>(std::min<int64_t>(TILE_FEATURES, N - f0));
-      const W* wrow[TILE_FEATURES];
+      const int64_t f0 = fb * FT;
+      const int fn = static_cast<int>(std::min<int64_t>(FT, N - f0));
+      const W* wrow[8];
       for (int f = 0; f < fn; ++f) wrow[f] = w.row(f0 + f);
       for (int64_t r0 = 0; r0 < M; r0 += per_tile) {
         const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
 #if FR_AVX512
-        if constexpr (kVec<A, W>) {
+        if constexpr (pairs) {
+          if (use_pairs) {
+            block_pairs(xd.data() + r0 * Kp, rn, Kp, reinterpret_cast<const c10::BFloat16* const*>(wrow), fn, K,
+                        reinterpret_cast<float*>(y) + r0 * N + f0, N);
+            continue;
+          }
+        }
+        if constexpr (kVec<A, W> && !pairs) {
           if (!g_portable) {
-            block_avx512<W>(x + r0 * K, rn, K, wrow, fn, K, y + r0 * N + f0, N);
+            block_avx512<W>(x + r0 * K, rn, K, wrow, fn, static_cast<int>(FT), K, y + r0 * N + f0, N);
             continue;
           }
         }
@@ -442,7 +566,7 @@ void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n
 #if FR_AVX512
       if constexpr (std::is_same<A, float>::value) {
         if (!g_portable) {
-          block_avx512<float>(q + g0 * D, gn, D, krow, fn, D, sc + g0 * n + c0, n);
+          block_avx512<float>(q + g0 * D, gn, D, krow, fn, TILE_FEATURES, D, sc + g0 * n + c0, n);
           continue;
         }
       }

@@ -6,7 +6,8 @@
     one cached `root_tokens`-token root, divided by the time of one such suffix alone (PreSTO's batched
     prefetch call vs one proposal);
 (c) the prefix-cache hit rate of that call (cached prompt tokens / reusable prompt tokens);
-(d) the peak KV-pool use (radix tree + running rows), tokens and MiB.
+(d) the peak KV-pool use (radix tree + running rows), tokens and MiB;
+(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`bench_roofline`).
 Timings are medians over `repeats` runs after one warm-up.
 """
 
@@ -25,6 +26,7 @@ from ..programs.prompts import chat_prompt_ids
 from ..runtime_ext.engine import EngineConfig
 from ..runtime_ext.protocol import SamplingParams
 from ..runtime_ext.runtime import open_runtime
+from .bench_roofline import RooflineConfig, format_roofline, roofline_goals, run_roofline
 
 BENCH_PROMPT = (
     "Explain, step by step, how a radix tree can be used to share the key-value cache of a language model "
@@ -160,6 +162,7 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
             "peak_kv_pool_mib": max(pool_peaks) * bytes_per_token / 2**20,
             "kv_bytes_per_token": bytes_per_token,
         }
+        roofline = run_roofline(engine, prompt, RooflineConfig(decode_tokens=n, repeats=config.repeats))  # (e)
         st = engine.stats()
     finally:
         bar.close()
@@ -171,8 +174,9 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
         "config": asdict(config),
         "decode": decode,
         "fork": fork,
+        "roofline": roofline,
         "goals": {
-            "decode_speedup>=1.0": decode["speedup_vs_transformers_generate"] >= 1.0,
+            **roofline_goals(decode["speedup_vs_transformers_generate"], roofline),
             "batched_over_single<=4": fork["batched_over_single"] <= 4.0,
             "prefix_hit_rate>=0.9": fork["prefix_hit_rate"] >= 0.9,
         },
@@ -186,10 +190,11 @@ def format_engine_bench(r: dict[str, Any]) -> str:
         f"embedded engine bench — model {r['model']} ({r['dtype']}), torch threads {r['torch_threads']}",
         f"(a) single-stream decode ({d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt): "
         f"engine {d['engine_tokens_per_s']:.1f} tok/s vs transformers generate {d['transformers_tokens_per_s']:.1f} tok/s "
-        f"-> {d['speedup_vs_transformers_generate']:.2f}x (goal >= 1.0x); greedy tokens identical: {d['greedy_tokens_identical']}",
+        f"-> {d['speedup_vs_transformers_generate']:.2f}x (goal >= 2.0x); greedy tokens identical: {d['greedy_tokens_identical']}",
         f"(b) {f['num_suffixes']} suffixes x {f['suffix_tokens']} tokens from cuts of a {f['root_tokens']}-token root in one call: "
         f"{f['batched_call_s']:.2f} s vs one suffix {f['single_suffix_s']:.2f} s -> {f['batched_over_single']:.2f}x (goal <= 4x)",
         f"(c) prefix hit rate of that call: {100 * f['prefix_hit_rate']:.1f}% (goal >= 90%)",
         f"(d) peak KV-pool use: {f['peak_kv_pool_tokens']} tokens = {f['peak_kv_pool_mib']:.1f} MiB",
+        format_roofline(r["roofline"]),
     ]
     return "\n".join(lines)

@@ -132,6 +132,15 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
             "batch_invariant": engine.batch_invariant, f"step_{max(by_rows)}_rows_over_{min(by_rows)}_row": ratio}
 
 
+def roofline_goals(speedup_vs_generate: float, r: dict[str, Any]) -> dict[str, bool]:
+    """Issue 14's goals: single stream >= 2x transformers generate and >= 70 % of the bound (float32);
+    20 rows <= 2.5x one row per step."""
+    one = next(row for row in r["rows"] if row["rows"] == 1)
+    key = next(k for k in r if k.startswith("step_") and k.endswith("_row"))
+    return {"decode_speedup>=2.0": speedup_vs_generate >= 2.0, "single_row_fraction_of_bound>=0.7":
+            one["fraction_of_bound"] >= 0.7, f"{key}<=2.5": r[key] <= 2.5}
+
+
 def format_roofline(r: dict[str, Any]) -> str:
     bw = r["bandwidth_gb_s"]
     probes = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in bw.items() if k != "best")

@@ -22,6 +22,7 @@ The engine runs one of three forwards (`ForwardPlan.path`):
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -31,6 +32,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import native
 from .lean import LeanForward, activation_dtype, unsupported_reason
+
+log = logging.getLogger(__name__)
 
 TOKEN_AXIS = 3
 """Token axis of a KV segment [layers, 2, kv_heads, tokens, head_dim]."""
@@ -193,4 +196,9 @@ def plan_forward(model: torch.nn.Module, batch_invariant: bool | None) -> Forwar
         return ForwardPlan("native", activation_dtype(model.dtype), k, LeanForward(model, k), None)
     install_engine_kernels(model)
     rowwise = batch_invariant if batch_invariant is not None else model.dtype == torch.float64
+    if not rowwise:
+        log.warning("embedded engine: transformers' SDPA forward in %s is NOT batch-invariant (%s): a row's "
+                    "log-probs depend on its batch, so sequential and PreSTO chains may differ; they are proven "
+                    "identical only with batch-invariant kernels (float64 row by row here)",
+                    str(model.dtype).replace("torch.", ""), why)
     return ForwardPlan("rowwise" if rowwise else "sdpa", model.dtype, k, None, why)

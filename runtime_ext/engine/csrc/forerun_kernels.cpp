@@ -140,6 +140,37 @@ inline float hsum_tree(__m512 a) {
   return _mm_cvtss_f32(t1);
 }
 
+// Lane j of the result = hsum_tree(a[j]) for the 16 vectors a[0..15]: the same tree (t8, t4, t2, t1) for
+// each, computed for 16 vectors at once with shuffles (15 adds instead of 16 x 4).
+inline __m512 hsum16(const __m512* a) {
+  __m512 r8[8], r4[4], r2[2];
+  for (int i = 0; i < 8; ++i)
+    r8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    r4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)
+    r2[i] = _mm512_add_ps(_mm512_shuffle_ps(r4[2 * i], r4[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(r4[2 * i], r4[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r1 = _mm512_add_ps(_mm512_shuffle_ps(r2[0], r2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(r2[0], r2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // r1 lane 4k + m holds vector 4m + k
+  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(idx, r1);
+}
+
+// scores[c] = dot(q, k_c) for 16 keys at once (D a multiple of 16): one accumulator per key, then hsum16.
+inline void scores16(const float* q, const float* kb, int64_t kstride, int64_t D, float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += LANES) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + j * kstride + d), acc[j]);
+  }
+  _mm512_storeu_ps(out, hsum16(acc));
+}
+
 inline __m512 exp_det(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.0f);
   __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
@@ -302,6 +333,9 @@ constexpr bool kVec = false;
 // ------------------------------------------------------------------------------------------ linear
 constexpr int TILE_ROWS = 6;
 constexpr int TILE_FEATURES = 4;
+// Fewest multiply-adds a parallel task gets: smaller calls run on the calling thread alone (a parallel region
+// costs microseconds on a quiet machine and a scheduler time slice on a busy one).
+constexpr int64_t MIN_TASK_WORK = int64_t(1) << 17;
 
 // Tile shape (rows, features) by the number of rows M, measured on Zen 5 (CPU time, weights from DRAM):
 // 6 features per tile stream more weight rows at once (1-4 rows, and 7+ rows in tiles of <= 4), 4 features
@@ -346,7 +380,7 @@ void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y)
   const std::vector<float> xd = use_pairs ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
                                           : std::vector<float>();
   const int64_t blocks = (N + FT - 1) / FT;
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, FT * M * K));
+  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, FT * M * K));
   // rows per tile: as even as possible (20 rows -> 4 x 5, not 6+6+6+2); a row's result never depends on it
   const int64_t tiles = (M + RT - 1) / RT, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
@@ -472,7 +506,7 @@ inline A dot_same(const A* x, const A* w, int64_t K) {
 // y = w * (x * (1 / sqrt(dot(x, x) / K + eps)));  with `add`, first h += add (in place).
 template <typename A>
 void rmsnorm_kernel(A* h, const A* add, const A* w, A* y, int64_t M, int64_t K, double eps) {
-  at::parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, K)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       A* hr = h + r * K;
       if (add != nullptr)
@@ -506,7 +540,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "silu_mul", [&] {
     const scalar_t* g = gu.data_ptr<scalar_t>();
     scalar_t* out = y.data_ptr<scalar_t>();
-    at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / (8 * I)), [&](int64_t r0, int64_t r1) {
       std::vector<scalar_t> e(I);
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* gr = g + r * 2 * I;
@@ -538,7 +572,7 @@ struct AttnArgs {
 template <typename A>
 void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
   const int64_t M = a.B * a.T, W = (a.Hq + 2 * a.Hkv) * a.D;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  at::parallel_for(0, M, std::max<int64_t>(16, MIN_TASK_WORK / std::max<int64_t>(1, W)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const int64_t b = m / a.T, col = a.length + m % a.T;
       const A* row = a.qkv + m * W;
@@ -557,24 +591,16 @@ void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
 // dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
 template <typename A>
 void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc) {
-  const A* krow[TILE_FEATURES];
-  for (int64_t c0 = 0; c0 < n; c0 += TILE_FEATURES) {
-    const int fn = static_cast<int>(std::min<int64_t>(TILE_FEATURES, n - c0));
-    for (int f = 0; f < fn; ++f) krow[f] = kb + (c0 + f) * kstride;
-    for (int64_t g0 = 0; g0 < G; g0 += TILE_ROWS) {
-      const int gn = static_cast<int>(std::min<int64_t>(TILE_ROWS, G - g0));
+  int64_t c0 = 0;
 #if FR_AVX512
-      if constexpr (std::is_same<A, float>::value) {
-        if (!g_portable) {
-          block_avx512<float>(q + g0 * D, gn, D, krow, fn, TILE_FEATURES, D, sc + g0 * n + c0, n);
-          continue;
-        }
-      }
-#endif
-      for (int g = 0; g < gn; ++g)
-        for (int f = 0; f < fn; ++f) sc[(g0 + g) * n + c0 + f] = dot_ref<A, A>(q + (g0 + g) * D, krow[f], D);
-    }
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable && D % LANES == 0)
+      for (; c0 + 16 <= n; c0 += 16)
+        for (int64_t g = 0; g < G; ++g) scores16(q + g * D, kb + c0 * kstride, kstride, D, sc + g * n + c0);
   }
+#endif
+  for (; c0 < n; ++c0)
+    for (int64_t g = 0; g < G; ++g) sc[g * n + c0] = dot_same<A>(q + g * D, kb + c0 * kstride, D);
 }
 
 // acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order (acc zeroed): the weighted values of
@@ -663,8 +689,8 @@ void attention_kernel(const AttnArgs<A>& a) {
   const int64_t M = a.B * a.T, groups = a.Hq / a.Hkv;
   std::vector<A> qrot(M * a.Hq * a.D);
   write_kv_and_rope_q(a, qrot.data());
-  const int64_t tasks = M * a.Hkv;
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t tasks = M * a.Hkv, work = std::max<int64_t>(1, 2 * groups * (a.length + a.T) * a.D);
+  at::parallel_for(0, tasks, std::max<int64_t>(1, MIN_TASK_WORK / work), [&](int64_t t0, int64_t t1) {
     std::vector<A> sc, acc;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
@@ -741,7 +767,7 @@ std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
   auto fin = torch::empty({B}, opt.dtype(torch::kBool));
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "vocab_stats", [&] {
     const scalar_t* l = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, B, std::max<int64_t>(1, MIN_TASK_WORK / (8 * V)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         bool f;
         stats_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], log_s.data_ptr<double>()[r],
@@ -795,7 +821,7 @@ std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor
   auto log_t = torch::empty({R}, taus.options());
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "draw", [&] {
     const scalar_t* l = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, R, 1, [&](int64_t i0, int64_t i1) {
+    at::parallel_for(0, R, std::max<int64_t>(1, MIN_TASK_WORK / (8 * V)), [&](int64_t i0, int64_t i1) {
       std::vector<double> cum;
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t r = rows.data_ptr<int64_t>()[i];

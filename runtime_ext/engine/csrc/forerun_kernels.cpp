@@ -65,6 +65,14 @@ inline A tree16(const A* a) {
   return t2[0] + t2[1];
 }
 
+// Block sums: e[c] for a block of 16 summed by tree16 (missing lanes are +0), blocks accumulated in double.
+template <typename A>
+inline double block_sum(const A* e, int64_t n) {
+  A t[LANES] = {};
+  for (int64_t l = 0; l < n; ++l) t[l] = e[l];
+  return double(tree16(t));
+}
+
 // bf16 weights pair up: lane l takes, for each chunk of 32 (k0 = 0, 32, ...), k0 + 2l then k0 + 2l + 1 (a bf16
 // pair is one 32-bit word: a shift and a mask widen both halves in place, no lane-crossing shuffle).
 inline float dot_ref_pairs(const float* x, const c10::BFloat16* w, int64_t K) {
@@ -604,7 +612,7 @@ void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n
 }
 
 // acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order (acc zeroed): the weighted values of
-// G heads (e rows of stride n).  The AVX-512 code keeps a (2 heads x 64 values) block in registers.
+// G heads (e rows of stride n).  The AVX-512 code keeps a (<= 4 heads x 64 values) block in registers.
 #if FR_AVX512
 template <int GN, int DN>
 inline void wv_block(const float* e, int64_t n, const float* vb, int64_t vstride, float* acc, int64_t D) {
@@ -639,13 +647,17 @@ void weighted_values(const A* e, int64_t G, int64_t n, const A* vb, int64_t vstr
 #if FR_AVX512
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0) {
-      for (int64_t g0 = 0; g0 < G; g0 += 2)
+      for (int64_t g0 = 0; g0 < G; g0 += 4)
         for (int64_t d0 = 0; d0 < D; d0 += 4 * LANES) {
           const int dn = static_cast<int>(std::min<int64_t>(4, (D - d0) / LANES));
-          if (G - g0 >= 2)
-            wv_rows<2>(e + g0 * n, n, vb + d0, vstride, acc + g0 * D + d0, D, dn);
-          else
-            wv_rows<1>(e + g0 * n, n, vb + d0, vstride, acc + g0 * D + d0, D, dn);
+          const float* eg = e + g0 * n;
+          float* ag = acc + g0 * D + d0;
+          switch (std::min<int64_t>(4, G - g0)) {
+            case 4: wv_rows<4>(eg, n, vb + d0, vstride, ag, D, dn); break;
+            case 3: wv_rows<3>(eg, n, vb + d0, vstride, ag, D, dn); break;
+            case 2: wv_rows<2>(eg, n, vb + d0, vstride, ag, D, dn); break;
+            default: wv_rows<1>(eg, n, vb + d0, vstride, ag, D, dn); break;
+          }
         }
       return;
     }
@@ -654,6 +666,44 @@ void weighted_values(const A* e, int64_t G, int64_t n, const A* vb, int64_t vstr
   for (int64_t c = 0; c < n; ++c)
     for (int64_t g = 0; g < G; ++g)
       for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * n + c], vb[c * vstride + d], acc[g * D + d]);
+}
+
+// s[c] <- exp(s[c] * scale - max_c(s[c] * scale)) in place; returns the denominator: blocks of 16 summed by
+// tree16 (in A), the blocks accumulated in double, in order (the max is exact in any order).
+template <typename A>
+double softmax_numerators(A* s, int64_t n, A scale) {
+  A mx = -std::numeric_limits<A>::infinity();
+  int64_t c = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 mv = _mm512_set1_ps(mx);
+      const __m512 sv = _mm512_set1_ps(scale);
+      for (; c + LANES <= n; c += LANES) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + c), sv);
+        _mm512_storeu_ps(s + c, v);
+        mv = _mm512_max_ps(mv, v);
+      }
+      mx = _mm512_reduce_max_ps(mv);
+    }
+  }
+#endif
+  for (; c < n; ++c) {
+    s[c] = s[c] * scale;
+    mx = std::max(mx, s[c]);
+  }
+  for (c = 0; c < n; ++c) s[c] = s[c] - mx;
+  exp_inplace<A>(s, n);
+  double sum = 0.0;
+  c = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable)
+      for (; c + LANES <= n; c += LANES) sum += double(hsum_tree(_mm512_loadu_ps(s + c)));
+  }
+#endif
+  for (; c < n; c += LANES) sum += block_sum<A>(s + c, std::min<int64_t>(LANES, n - c));
+  return sum;
 }
 
 // The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
@@ -665,17 +715,7 @@ void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const A* kb, cons
   acc.assign(G * D, A(0));
   scores_block<A>(q, G, kb + start * a.sk2, a.sk2, n, D, sc.data());
   std::vector<double> sums(G, 0.0);
-  for (int64_t g = 0; g < G; ++g) {
-    A* s = sc.data() + g * n;
-    A mx = -std::numeric_limits<A>::infinity();
-    for (int64_t c = 0; c < n; ++c) {
-      s[c] = s[c] * a.scale;
-      mx = std::max(mx, s[c]);
-    }
-    for (int64_t c = 0; c < n; ++c) s[c] = s[c] - mx;
-    exp_inplace<A>(s, n);
-    for (int64_t c = 0; c < n; ++c) sums[g] += double(s[c]);
-  }
+  for (int64_t g = 0; g < G; ++g) sums[g] = softmax_numerators<A>(sc.data() + g * n, n, a.scale);
   weighted_values<A>(sc.data(), G, n, vb + start * a.sv2, a.sv2, D, acc.data());
   for (int64_t g = 0; g < G; ++g) {
     const A denom = A(sums[g]);
@@ -725,27 +765,49 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, cons
 }
 
 // ------------------------------------------------------------------------------------------ vocabulary
-// Block sums: e[c] for a block of 16 summed by tree16 (missing lanes are +0), blocks accumulated in double.
-template <typename A>
-inline double block_sum(const A* e, int64_t n) {
-  A t[LANES] = {};
-  for (int64_t l = 0; l < n; ++l) t[l] = e[l];
-  return double(tree16(t));
-}
 
 // Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite.
 template <typename A>
 void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& finite) {
   m = -std::numeric_limits<A>::infinity();
   finite = true;
-  for (int64_t c = 0; c < V; ++c) {
-    finite = finite && std::isfinite(l[c]);
-    m = std::max(m, l[c]);
+  int64_t c0 = 0;
+  double s = 0.0, sd = 0.0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 mv = _mm512_set1_ps(m);
+      __mmask16 bad = 0;
+      for (; c0 + LANES <= V; c0 += LANES) {
+        const __m512 v = _mm512_loadu_ps(l + c0);
+        bad |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN or infinity
+        mv = _mm512_max_ps(mv, v);
+      }
+      m = _mm512_reduce_max_ps(mv);
+      finite = bad == 0;
+    }
+  }
+#endif
+  for (; c0 < V; ++c0) {
+    finite = finite && std::isfinite(l[c0]);
+    m = std::max(m, l[c0]);
   }
   if (!finite) return;
+  c0 = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      const __m512 mv = _mm512_set1_ps(m);
+      for (; c0 + LANES <= V; c0 += LANES) {
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(l + c0), mv), e = exp_det(d);
+        s += double(hsum_tree(e));
+        sd += double(hsum_tree(_mm512_mul_ps(e, d)));
+      }
+    }
+  }
+#endif
   A e[LANES], d[LANES], ed[LANES];
-  double s = 0.0, sd = 0.0;
-  for (int64_t c0 = 0; c0 < V; c0 += LANES) {
+  for (; c0 < V; c0 += LANES) {
     const int64_t n = std::min<int64_t>(LANES, V - c0);
     for (int64_t j = 0; j < n; ++j) d[j] = e[j] = l[c0 + j] - m;
     exp_inplace<A>(e, n);
@@ -788,7 +850,19 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   cum.resize(nb);
   A e[LANES];
   double s = 0.0;
-  for (int64_t b = 0; b < nb; ++b) {
+  int64_t b0 = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(tau);
+      for (; (b0 + 1) * LANES <= V; ++b0) {
+        s += double(hsum_tree(exp_det(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(l + b0 * LANES), mv), tv))));
+        cum[b0] = s;
+      }
+    }
+  }
+#endif
+  for (int64_t b = b0; b < nb; ++b) {
     const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
     for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
     exp_inplace<A>(e, n);

@@ -25,7 +25,7 @@ quantities are computed with torch in float64.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -94,10 +94,22 @@ class VocabStats:
     entropy: list[float]
     finite: list[bool]
     kernels: Any = None
+    max_values: list[float] = field(default_factory=list)
+    """`max` as Python floats."""
+    _shifted: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def shifted(self, row: int, token: int) -> float:
         """l_token - m in double."""
-        return float(self.logits[row, token]) - float(self.max[row])
+        key = (row, token)
+        if key not in self._shifted:
+            self._shifted[key] = float(self.logits[row, token]) - self.max_values[row]
+        return self._shifted[key]
+
+    def gather(self, rows: Sequence[int], tokens: Sequence[int]) -> None:
+        """Read l_token - m for many (row, token) pairs in one indexing (`shifted` then finds them)."""
+        vals = self.logits[torch.tensor(list(rows), dtype=torch.long), torch.tensor(list(tokens), dtype=torch.long)]
+        for r, t, v in zip(rows, tokens, vals.tolist()):
+            self._shifted[(r, t)] = v - self.max_values[r]
 
     def logp0(self, row: int, token: int) -> float:
         return self.shifted(row, token) - self.log_s[row]
@@ -108,7 +120,7 @@ class VocabStats:
     def top(self, row: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(log p0 values [k] float64, token ids [k]) of the k most likely tokens."""
         vals, idx = torch.topk(self.logits[row], k)
-        return (vals.to(torch.float64) - float(self.max[row])) - self.log_s[row], idx
+        return (vals.to(torch.float64) - self.max_values[row]) - self.log_s[row], idx
 
 
 def vocab_stats(logits: torch.Tensor, kernels: Any = None) -> VocabStats:
@@ -116,7 +128,7 @@ def vocab_stats(logits: torch.Tensor, kernels: Any = None) -> VocabStats:
     if kernels is not None:
         lg = logits.contiguous()
         m, log_s, ent, fin = kernels.vocab_stats(lg)
-        return VocabStats(lg, m, log_s.tolist(), ent.tolist(), fin.tolist(), kernels)
+        return VocabStats(lg, m, log_s.tolist(), ent.tolist(), fin.tolist(), kernels, m.tolist())
     lg = logits.to(torch.float64)
     finite_mask = torch.isfinite(lg)
     finite = finite_mask.all(dim=-1).tolist()
@@ -126,7 +138,7 @@ def vocab_stats(logits: torch.Tensor, kernels: Any = None) -> VocabStats:
     d = lg - m[:, None]
     log_s = torch.logsumexp(d, dim=-1)
     ent = entropy_from_log_probs(d - log_s[:, None])
-    return VocabStats(lg.contiguous(), m, log_s.tolist(), ent.tolist(), finite, None)
+    return VocabStats(lg.contiguous(), m, log_s.tolist(), ent.tolist(), finite, None, m.tolist())
 
 
 def log_totals(stats: VocabStats, rows: Sequence[int], temperatures: Sequence[float]) -> list[float]:
@@ -145,7 +157,7 @@ def _draw_filtered(stats: VocabStats, row: int, p: SamplingParams, u: float) -> 
     """The torch path: top-k / top-p requests, or every request without the native kernels."""
     lg = stats.logits[row].to(torch.float64)
     if p.temperature == 1.0 and p.top_k < 0 and p.top_p >= 1.0:
-        lq = (lg - float(stats.max[row])) - stats.log_s[row]  # = log p0, element for element
+        lq = (lg - stats.max_values[row]) - stats.log_s[row]  # = log p0, element for element
     else:
         lq = sampling_log_probs(lg, p.temperature, p.top_k, p.top_p)
     token = sample_inverse_cdf(lq, u)
@@ -176,6 +188,8 @@ def draw_tokens(stats: VocabStats, requests: Sequence[tuple[int, SamplingParams,
         rows, taus, us = zip(*plain)
         tokens, log_t = stats.kernels.draw(stats.logits, stats.max, torch.tensor(rows, dtype=torch.long),
                                            torch.tensor(taus, dtype=torch.float64), torch.tensor(us, dtype=torch.float64))
-        for row, tau, token, lt in zip(rows, taus, tokens.tolist(), log_t.tolist()):
+        tokens = tokens.tolist()
+        stats.gather(rows, tokens)
+        for row, tau, token, lt in zip(rows, taus, tokens, log_t.tolist()):
             out[row] = (token, stats.logq(row, token, tau, lt))
     return out

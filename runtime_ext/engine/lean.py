@@ -72,6 +72,25 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+_NO_SEGMENTS = torch.empty(0, dtype=torch.long)
+
+
+def segment_table(segments: Sequence[Sequence[torch.Tensor]] | None, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seg [S, 2] = (address, tokens), seg_off [B + 1]) of each row's prefix segments, for the attention
+    kernel; empty tensors when no row has any.  The caller keeps the tensors alive during the call."""
+    if not segments or not any(len(row) for row in segments):
+        return _NO_SEGMENTS, _NO_SEGMENTS
+    table, off = [], [0]
+    for row in segments:
+        for t in row:
+            if not t.is_contiguous() or t.dtype != dtype or t.dim() != 5:
+                raise ValueError("KV segments must be contiguous [layers, 2, H, tokens, D] tensors of the KV dtype")
+            table.append((t.data_ptr(), t.shape[3]))
+        off.append(len(table))
+    return torch.tensor(table, dtype=torch.long).reshape(-1, 2), torch.tensor(off, dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class _Layer:
     ln1: torch.Tensor
@@ -157,11 +176,14 @@ class LeanForward:
         return sum(w.numel() * w.element_size() for w in mats)
 
     def forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                logits_to_keep: int, row_starts: Sequence[int]) -> torch.Tensor:
+                logits_to_keep: int, row_starts: Sequence[int],
+                segments: Sequence[Sequence[torch.Tensor]] | None = None) -> torch.Tensor:
         """Logits [B, keep, V] of the last `logits_to_keep` of T new tokens per row; appends their KV to
-        buf [layers, 2, B, H, cap, D] at columns length .. length+T-1 (row b's keys start at row_starts[b])."""
+        buf [layers, 2, B, H, cap, D] at columns length .. length+T-1.  Row b's keys: its prefix `segments[b]`
+        (contiguous [layers, 2, H, tokens, D] KV tensors, read in place), then buf columns row_starts[b] ..."""
         k = self.k
         B, T = input_ids.shape
+        seg, seg_off = segment_table(segments, self.dtype)
         h = torch.nn.functional.embedding(input_ids.reshape(-1), self.embed).to(self.dtype).contiguous()
         cos, sin = self.rope.lookup(position_ids.reshape(-1))
         starts = torch.tensor(list(row_starts), dtype=torch.long)
@@ -169,7 +191,7 @@ class LeanForward:
         for i, L in enumerate(self.layers):
             qkv = k.linear(y, L.qkv, L.qkv_bias)
             a = k.attention(qkv, cos, sin, buf[i, 0], buf[i, 1], starts, length, T, self.num_heads,
-                            self.num_kv_heads, self.scale)
+                            self.num_kv_heads, self.scale, seg, seg_off, i)
             y = k.rmsnorm(h, k.linear(a, L.o, None), L.ln2, self.eps)
             d = k.linear(k.silu_mul(k.linear(y, L.gate_up, None)), L.down, None)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.final_norm

@@ -79,9 +79,10 @@ class PromptKV:
 
 
 def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward: Forward,
-                      template: torch.Tensor, counters: dict[str, Any]) -> PromptKV:
+                      template: torch.Tensor, counters: dict[str, Any], *, share_prefix: bool = False) -> PromptKV:
     """Reuse the longest cached prefix (at most span.limit tokens) and compute the KV of the rest of
-    [0, span.need) in one forward; insert it into the radix tree.  r holds a lock on its deepest node."""
+    [0, span.need) in one forward; insert it into the radix tree.  r holds a lock on its deepest node.
+    With `share_prefix` the forward reads the cached prefix in place (no copy into the prefill buffer)."""
     ids, need = r.input_ids, span.need
     match = radix.match_prefix(ids, max_len=span.limit)
     radix.lock(match.node)
@@ -91,15 +92,20 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     if need <= m:
         return PromptKV(segments, covered=m, logits=None, logits_from=need)
     keep = max(need - max(span.first_logit, m), 1)
-    buf = empty_kv_buffer(template, 1, need)
-    end = copy_segments(buf, 0, 0, segments)
-    assert end == m
     x = torch.tensor([ids[m:need]], dtype=torch.long)
     positions = torch.arange(m, need, dtype=torch.long).unsqueeze(0)
-    logits = forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]
+    if share_prefix:
+        buf = empty_kv_buffer(template, 1, need - m)
+        logits = forward(buf, 0, x, positions, None, keep, [0], segments=[segments])[0]  # [keep, V]
+        new_kv = buf[:, :, 0]  # [layers, 2, H, need - m, D], contiguous
+    else:
+        buf = empty_kv_buffer(template, 1, need)
+        end = copy_segments(buf, 0, 0, segments)
+        assert end == m
+        logits = forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]
+        new_kv = buf[:, :, 0, :, m:need]
     counters["prefill_tokens"] += need - m
     counters["prefill_calls"] += 1
-    new_kv = buf[:, :, 0, :, m:need]
     if not bool(torch.isfinite(logits).all()) or not bool(torch.isfinite(new_kv).all()):
         raise EngineError(f"request {r.rid}: the model produced NaN/inf logits or KV during prefill")
     node, covered = radix.insert(ids[:need], new_kv, offset=m)

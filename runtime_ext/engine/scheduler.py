@@ -72,8 +72,9 @@ class EmbeddedEngine:
         self._waiting: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], Request]] = deque()
         self._by_rid: dict[str, Request] = {}
-        self._normal = RunningBatch(self._template, config.max_batch_size)
-        self._background = RunningBatch(self._template, config.max_batch_size)
+        share = self.plan.lean is not None  # the native forward reads cached prefixes in place
+        self._normal = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
+        self._background = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
         self._pins: dict[int, RadixNode] = {}
         self._pin_ids = itertools.count(1)
         self._closed = False
@@ -313,6 +314,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------------------------- finishing
     def _release(self, req: Request) -> None:
         release_reservation(self.radix, req)
+        req.prefix = []  # KV segments held by reference
         if req.node is not None:
             self.radix.unlock(req.node)
             req.node = None
@@ -383,10 +385,13 @@ class EmbeddedEngine:
         return take
 
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int]) -> torch.Tensor:
-        """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b])."""
+                 attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int],
+                 segments: Sequence[Sequence[torch.Tensor]] | None = None) -> torch.Tensor:
+        """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b], after
+        its prefix `segments[b]` read in place - native forward only)."""
         if self.plan.lean is not None:
-            return self.plan.lean.forward(buf, length, input_ids, position_ids, logits_to_keep, row_starts)
+            return self.plan.lean.forward(buf, length, input_ids, position_ids, logits_to_keep, row_starts, segments)
+        assert segments is None
         return forward_on_buffer(self.model, buf, length, input_ids, position_ids, attention_mask, logits_to_keep,
                                  row_starts, batch_invariant=self.batch_invariant)
 
@@ -395,7 +400,8 @@ class EmbeddedEngine:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
         span = prefill_span(r)
-        kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters)
+        kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters,
+                               share_prefix=self._normal.share_prefix)
         r.kv_len = span.need
         return self._after_prefill[r.mode](r, kv)
 
@@ -438,7 +444,7 @@ class EmbeddedEngine:
         batch.ensure_step_room()  # capacity covers max_new_tokens; kept as a guard
         rows = list(batch.rows)
         x, positions, mask, row_starts = batch.step_inputs()
-        logits = self._forward(batch.active, batch.end, x, positions, mask, 1, row_starts)[:, -1, :]
+        logits = self._forward(batch.active, batch.end, x, positions, mask, 1, row_starts, batch.prefixes())[:, -1, :]
         batch.advance()
         B = len(rows)
         self._counters["decode_steps"] += 1
@@ -468,11 +474,15 @@ class EmbeddedEngine:
         """Insert prompt + output KV (all fed tokens) into the radix tree; move the request's lock there."""
         seq = r.input_ids + tuple(r.output_ids[:-1])
         assert len(seq) == r.kv_len
-        kv = batch.row_kv(r)
+        kv = batch.row_kv(r)  # tokens [prefix_len, kv_len): the row's own KV
         if not bool(torch.isfinite(kv[:, :, :, -len(r.output_ids):]).all()):
             return
-        node, _ = self.radix.insert(seq, kv, offset=0)
+        try:
+            node, _ = self.radix.insert(seq, kv, offset=r.prefix_len)
+        except ValueError:  # part of the prefix is not in the tree (it did not fit): give all the KV
+            node, _ = self.radix.insert(seq, torch.cat([*r.prefix, kv], dim=TOKEN_AXIS), offset=0)
         self.radix.lock(node)
         if r.node is not None:
             self.radix.unlock(r.node)
         r.node = node
+        r.prefix = []

@@ -575,7 +575,14 @@ struct AttnArgs {
   const A* qkv; const A* cos; const A* sin; A* kc; A* vc; const int64_t* starts; A* out;
   int64_t B, T, Hq, Hkv, D, length, sk0, sk1, sk2, sv0, sv1, sv2;
   A scale;
+  // prefix segments held by reference (row b: seg[seg_off[b] .. seg_off[b+1]) of (address, tokens)), each a
+  // contiguous [layers, 2, Hkv, tokens, D] tensor; this call is layer `layer`
+  const int64_t* seg; const int64_t* seg_off; int64_t layer;
 };
+
+// A KV piece: keys at k (row stride ks), values at v (row stride vs), n tokens.
+template <typename A>
+struct Piece { const A* k; const A* v; int64_t ks, vs, n; };
 
 template <typename A>
 void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
@@ -598,32 +605,32 @@ void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
 // scores[g][c] = dot(q_g, k_c) for the G query heads of one KV head and keys c < n (row stride n): the same
 // dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
 template <typename A>
-void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc) {
+void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld) {
   int64_t c0 = 0;
 #if FR_AVX512
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0)
       for (; c0 + 16 <= n; c0 += 16)
-        for (int64_t g = 0; g < G; ++g) scores16(q + g * D, kb + c0 * kstride, kstride, D, sc + g * n + c0);
+        for (int64_t g = 0; g < G; ++g) scores16(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
   }
 #endif
   for (; c0 < n; ++c0)
-    for (int64_t g = 0; g < G; ++g) sc[g * n + c0] = dot_same<A>(q + g * D, kb + c0 * kstride, D);
+    for (int64_t g = 0; g < G; ++g) sc[g * ld + c0] = dot_same<A>(q + g * D, kb + c0 * kstride, D);
 }
 
-// acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order (acc zeroed): the weighted values of
-// G heads (e rows of stride n).  The AVX-512 code keeps a (<= 4 heads x 64 values) block in registers.
+// acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order, continuing from acc: the weighted values of
+// G heads (e rows of stride lde); keys held in several pieces are accumulated piece after piece.  The AVX-512 code keeps a (<= 4 heads x 64 values) block in registers.
 #if FR_AVX512
 template <int GN, int DN>
-inline void wv_block(const float* e, int64_t n, const float* vb, int64_t vstride, float* acc, int64_t D) {
+inline void wv_block(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D) {
   __m512 r[GN][DN];
   for (int g = 0; g < GN; ++g)
-    for (int j = 0; j < DN; ++j) r[g][j] = _mm512_setzero_ps();
+    for (int j = 0; j < DN; ++j) r[g][j] = _mm512_loadu_ps(acc + g * D + 16 * j);
   for (int64_t c = 0; c < n; ++c) {
     __m512 v[DN];
     for (int j = 0; j < DN; ++j) v[j] = _mm512_loadu_ps(vb + c * vstride + 16 * j);
     for (int g = 0; g < GN; ++g) {
-      __m512 w = _mm512_set1_ps(e[g * n + c]);
+      __m512 w = _mm512_set1_ps(e[g * lde + c]);
       for (int j = 0; j < DN; ++j) r[g][j] = _mm512_fmadd_ps(w, v[j], r[g][j]);
     }
   }
@@ -632,31 +639,32 @@ inline void wv_block(const float* e, int64_t n, const float* vb, int64_t vstride
 }
 
 template <int GN>
-inline void wv_rows(const float* e, int64_t n, const float* vb, int64_t vstride, float* acc, int64_t D, int dn) {
+inline void wv_rows(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D,
+                    int dn) {
   switch (dn) {
-    case 4: wv_block<GN, 4>(e, n, vb, vstride, acc, D); break;
-    case 3: wv_block<GN, 3>(e, n, vb, vstride, acc, D); break;
-    case 2: wv_block<GN, 2>(e, n, vb, vstride, acc, D); break;
-    default: wv_block<GN, 1>(e, n, vb, vstride, acc, D); break;
+    case 4: wv_block<GN, 4>(e, n, lde, vb, vstride, acc, D); break;
+    case 3: wv_block<GN, 3>(e, n, lde, vb, vstride, acc, D); break;
+    case 2: wv_block<GN, 2>(e, n, lde, vb, vstride, acc, D); break;
+    default: wv_block<GN, 1>(e, n, lde, vb, vstride, acc, D); break;
   }
 }
 #endif
 
 template <typename A>
-void weighted_values(const A* e, int64_t G, int64_t n, const A* vb, int64_t vstride, int64_t D, A* acc) {
+void weighted_values(const A* e, int64_t G, int64_t n, int64_t lde, const A* vb, int64_t vstride, int64_t D, A* acc) {
 #if FR_AVX512
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0) {
       for (int64_t g0 = 0; g0 < G; g0 += 4)
         for (int64_t d0 = 0; d0 < D; d0 += 4 * LANES) {
           const int dn = static_cast<int>(std::min<int64_t>(4, (D - d0) / LANES));
-          const float* eg = e + g0 * n;
+          const float* eg = e + g0 * lde;
           float* ag = acc + g0 * D + d0;
           switch (std::min<int64_t>(4, G - g0)) {
-            case 4: wv_rows<4>(eg, n, vb + d0, vstride, ag, D, dn); break;
-            case 3: wv_rows<3>(eg, n, vb + d0, vstride, ag, D, dn); break;
-            case 2: wv_rows<2>(eg, n, vb + d0, vstride, ag, D, dn); break;
-            default: wv_rows<1>(eg, n, vb + d0, vstride, ag, D, dn); break;
+            case 4: wv_rows<4>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            case 3: wv_rows<3>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            case 2: wv_rows<2>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            default: wv_rows<1>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
           }
         }
       return;
@@ -665,7 +673,7 @@ void weighted_values(const A* e, int64_t G, int64_t n, const A* vb, int64_t vstr
 #endif
   for (int64_t c = 0; c < n; ++c)
     for (int64_t g = 0; g < G; ++g)
-      for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * n + c], vb[c * vstride + d], acc[g * D + d]);
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * lde + c], vb[c * vstride + d], acc[g * D + d]);
 }
 
 // s[c] <- exp(s[c] * scale - max_c(s[c] * scale)) in place; returns the denominator: blocks of 16 summed by
@@ -708,20 +716,47 @@ double softmax_numerators(A* s, int64_t n, A scale) {
 
 // The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
 template <typename A>
-void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const A* kb, const A* vb, int64_t start, int64_t end,
-                  A* out, std::vector<A>& sc, std::vector<A>& acc) {
-  const int64_t n = end - start, D = a.D;
+void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector<Piece<A>>& pieces, A* out,
+                  std::vector<A>& sc, std::vector<A>& acc) {
+  const int64_t D = a.D;
+  int64_t n = 0;
+  for (const auto& p : pieces) n += p.n;
   sc.resize(G * n);
   acc.assign(G * D, A(0));
-  scores_block<A>(q, G, kb + start * a.sk2, a.sk2, n, D, sc.data());
+  int64_t off = 0;
+  for (const auto& p : pieces) {
+    scores_block<A>(q, G, p.k, p.ks, p.n, D, sc.data() + off, n);
+    off += p.n;
+  }
   std::vector<double> sums(G, 0.0);
   for (int64_t g = 0; g < G; ++g) sums[g] = softmax_numerators<A>(sc.data() + g * n, n, a.scale);
-  weighted_values<A>(sc.data(), G, n, vb + start * a.sv2, a.sv2, D, acc.data());
+  off = 0;
+  for (const auto& p : pieces) {
+    weighted_values<A>(sc.data() + off, G, p.n, n, p.v, p.vs, D, acc.data());
+    off += p.n;
+  }
   for (int64_t g = 0; g < G; ++g) {
     const A denom = A(sums[g]);
     // head g of this group is query head (first head of the group) + g: out rows are consecutive heads
     for (int64_t d = 0; d < D; ++d) out[g * D + d] = acc[g * D + d] / denom;
   }
+}
+
+// Row b's keys for KV head hk and query j (0-based among the T new tokens): its prefix segments, then its
+// buffer columns [starts[b], length + j].
+template <typename A>
+void row_pieces(const AttnArgs<A>& a, int64_t b, int64_t hk, int64_t j, std::vector<Piece<A>>& pieces) {
+  pieces.clear();
+  if (a.seg_off != nullptr)
+    for (int64_t s = a.seg_off[b]; s < a.seg_off[b + 1]; ++s) {
+      const A* base = reinterpret_cast<const A*>(a.seg[2 * s]);
+      const int64_t n = a.seg[2 * s + 1];
+      pieces.push_back({base + ((a.layer * 2 + 0) * a.Hkv + hk) * n * a.D,
+                        base + ((a.layer * 2 + 1) * a.Hkv + hk) * n * a.D, a.D, a.D, n});
+    }
+  const int64_t start = a.starts[b], end = a.length + j + 1;
+  pieces.push_back({a.kc + b * a.sk0 + hk * a.sk1 + start * a.sk2, a.vc + b * a.sv0 + hk * a.sv1 + start * a.sv2,
+                    a.sk2, a.sv2, end - start});
 }
 
 template <typename A>
@@ -732,33 +767,42 @@ void attention_kernel(const AttnArgs<A>& a) {
   const int64_t tasks = M * a.Hkv, work = std::max<int64_t>(1, 2 * groups * (a.length + a.T) * a.D);
   at::parallel_for(0, tasks, std::max<int64_t>(1, MIN_TASK_WORK / work), [&](int64_t t0, int64_t t1) {
     std::vector<A> sc, acc;
+    std::vector<Piece<A>> pieces;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
-      const int64_t end = a.length + m % a.T + 1, start = a.starts[b];
       const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
-      attend_group<A>(a, qrot.data() + h0, groups, a.kc + b * a.sk0 + hk * a.sk1, a.vc + b * a.sv0 + hk * a.sv1,
-                      start, end, a.out + h0, sc, acc);
+      row_pieces<A>(a, b, hk, m % a.T, pieces);
+      attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc);
     }
   });
 }
 
 // qkv [B*T, (Hq + 2 Hkv) D] (q | k | v, before RoPE); cos, sin [B*T, D]; kc, vc [B, Hkv, cap, D] (views);
 // starts [B]: row b's first valid column; the T new tokens of row b go to columns length .. length+T-1.
+// seg [S, 2] int64 (address, tokens) and seg_off [B + 1]: prefix segments read before the buffer columns
+// (contiguous [layers, 2, Hkv, tokens, D] tensors the caller keeps alive); empty seg_off: none.
 torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor kc,
                         torch::Tensor vc, const torch::Tensor& starts, int64_t length, int64_t T, int64_t Hq,
-                        int64_t Hkv, double scale) {
+                        int64_t Hkv, double scale, const torch::Tensor& seg, const torch::Tensor& seg_off,
+                        int64_t layer) {
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "attention: inputs contiguous");
   TORCH_CHECK(kc.dim() == 4 && vc.dim() == 4 && kc.stride(3) == 1 && vc.stride(3) == 1, "attention: cache layout");
   TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous(), "attention: starts int64");
   const int64_t B = kc.size(0), D = kc.size(3);
   TORCH_CHECK(qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D && Hq % Hkv == 0, "attention: qkv shape");
   TORCH_CHECK(length + T <= kc.size(2) && starts.numel() == B, "attention: cache too small");
+  const bool segmented = seg_off.numel() > 0;
+  TORCH_CHECK(!segmented || (seg_off.numel() == B + 1 && seg_off.scalar_type() == torch::kLong &&
+                             seg.scalar_type() == torch::kLong && seg.is_contiguous() && seg_off.is_contiguous()),
+              "attention: seg [S, 2] and seg_off [B + 1] int64");
   auto out = torch::empty({B * T, Hq * D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "attention", [&] {
     AttnArgs<scalar_t> a{qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
                          kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), starts.data_ptr<int64_t>(),
                          out.data_ptr<scalar_t>(), B, T, Hq, Hkv, D, length, kc.stride(0), kc.stride(1), kc.stride(2),
-                         vc.stride(0), vc.stride(1), vc.stride(2), scalar_t(scale)};
+                         vc.stride(0), vc.stride(1), vc.stride(2), scalar_t(scale),
+                         segmented ? seg.data_ptr<int64_t>() : nullptr,
+                         segmented ? seg_off.data_ptr<int64_t>() : nullptr, layer};
     attention_kernel<scalar_t>(a);
   });
   return out;

@@ -47,6 +47,9 @@ def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype,
     assert (fast.double() - ref).abs().max() < 1e-3
 
 
+NONE = torch.empty(0, dtype=torch.long)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_attention_vector_path_is_the_portable_definition(dtype):
     g = torch.Generator().manual_seed(1)
@@ -58,15 +61,42 @@ def test_attention_vector_path_is_the_portable_definition(dtype):
 
     def run():
         kv = cache.clone()
-        return [K.attention(qkv, cos, sin, kv[0], kv[1], starts, length, T, Hq, Hkv, 0.17), kv]
+        return [K.attention(qkv, cos, sin, kv[0], kv[1], starts, length, T, Hq, Hkv, 0.17, NONE, NONE, 0), kv]
 
     fast, slow = both_paths(run)
     assert_same(fast, slow)
     # the same row alone (its own keys only) gives the same bits
     kv = cache[:, 1:2].clone()
     alone = K.attention(qkv[T : 2 * T].contiguous(), cos[T : 2 * T].contiguous(), sin[T : 2 * T].contiguous(),
-                        kv[0], kv[1], starts[1:2].contiguous(), length, T, Hq, Hkv, 0.17)
+                        kv[0], kv[1], starts[1:2].contiguous(), length, T, Hq, Hkv, 0.17, NONE, NONE, 0)
     assert torch.equal(alone, fast[0][T : 2 * T])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_over_prefix_segments_equals_the_same_keys_in_the_buffer(dtype):
+    """Keys read in place from prefix segments (radix-cache KV) give the bits of the same keys in the buffer."""
+    g = torch.Generator().manual_seed(3)
+    layers, layer, T, Hq, Hkv, D = 2, 1, 3, 4, 2, 32
+    pieces = [torch.randn(layers, 2, Hkv, n, D, generator=g, dtype=dtype) for n in (17, 5, 40)]
+    prefix = torch.cat(pieces, dim=3)  # [layers, 2, Hkv, 62, D]
+    P, own = prefix.shape[3], 4
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g, dtype=dtype)
+    cos, sin = torch.randn(T, D, generator=g, dtype=dtype), torch.randn(T, D, generator=g, dtype=dtype)
+    tail = torch.randn(2, 1, Hkv, own + T, D, generator=g, dtype=dtype)
+    full = torch.zeros(2, 1, Hkv, P + own + T, D, dtype=dtype)  # the same keys, all in the buffer
+    full[:, 0, :, :P] = prefix[layer]
+    full[:, 0, :, P : P + own] = tail[:, 0, :, :own]
+    seg = torch.tensor([[t.data_ptr(), t.shape[3]] for t in pieces], dtype=torch.long)
+    off = torch.tensor([0, len(pieces)], dtype=torch.long)
+    for portable in (False, True):
+        K.set_portable(portable)
+        try:
+            a = K.attention(qkv, cos, sin, full[0], full[1], torch.tensor([0]), P + own, T, Hq, Hkv, 0.2, NONE, NONE, 0)
+            b = K.attention(qkv, cos, sin, tail[0], tail[1], torch.tensor([0]), own, T, Hq, Hkv, 0.2, seg, off, layer)
+        finally:
+            K.set_portable(False)
+        assert torch.equal(a, b)
+        assert torch.equal(full[:, 0, :, P + own :], tail[:, 0, :, own:])  # the new keys land alike
 
 
 def test_norm_silu_and_vocabulary_math_vector_path_is_the_portable_definition():

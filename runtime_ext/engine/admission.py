@@ -1,8 +1,9 @@
 """Admission under the KV budget: a request starts decoding only when its KV fits (SGLang-style queueing).
 
 `EngineConfig.max_total_tokens` bounds ALL the KV the engine holds, in tokens: the radix tree's cached
-prefixes plus every running row's own KV (a row holds a copy of its prefix in the batch buffer, so a
-locked prefix counts in both, as the memory does).  A decoding request reserves the most KV its row will
+prefixes plus every running row's own KV.  A row is charged for its whole prompt as if it held a copy (the
+transformers fallback does copy it; the native forward reads the cached part in place, so the charge is
+an upper bound there).  A decoding request reserves the most KV its row will
 ever hold when it is admitted and releases it when it leaves; the radix tree only caches what the
 reservations leave free (`RadixCache.reserved`), so
 

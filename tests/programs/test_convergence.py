@@ -86,7 +86,8 @@ def _cut_laws(model, states, kind, T):
 
 
 def oracle_mh_matrix(model, kind: str, T: int) -> tuple[list, np.ndarray]:
-    """PowerMH / EntropyCut: P(x, y) = Σ_c ρ_x(c) q_τ(y_{c:}|x_{0:c}) min(1, π(y)ρ_y(c)q(x|y,c) / π(x)ρ_x(c)q(y|x,c))."""
+    """PowerMH / EntropyCut:
+    P(x, y) = Σ_c ρ_x(c) q_τ(y_{c:}|x_{0:c}) min(1, π(y)ρ_y(c)q(x|y,c) / π(x)ρ_x(c)q(y|x,c))."""
     V, tau = model.vocab_size, 1.0 / ALPHA
     states = list(itertools.product(range(V), repeat=T))
     index = {s: i for i, s in enumerate(states)}

@@ -272,7 +272,7 @@ def test_sampler_kernels_draw_the_oracle_rows(case):
     kind, model, T, states, P, _ = case
     kernel = code_kernel(kind, T)
     index = {s: i for i, s in enumerate(states)}
-    n = 1500
+    n = 1000
     for x in (states[0], states[len(states) // 2], states[-1]):
         xs = code_state(model, x, 1 / ALPHA)
         counts = np.zeros(len(states))

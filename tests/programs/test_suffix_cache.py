@@ -42,7 +42,7 @@ def chain(kind, seed, *, presto, reuse=True, npf=20, unit="request"):
 def test_reuse_removes_repeats_and_keeps_the_chain(kind, unit):
     without = with_reuse = 0
     reused = 0
-    for seed in range(6):
+    for seed in range(4):
         _, seq = chain(kind, seed, presto=False)
         m0, plain = chain(kind, seed, presto=True, reuse=False, unit=unit)
         m1, pre = chain(kind, seed, presto=True, unit=unit)

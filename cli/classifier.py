@@ -53,8 +53,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drop-unreachable",
-        action="store_true",
-        help="drop scored nodes below an unexpanded node of the same call (BFS requests the walk cannot reach), as in App. E.7",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drop scored nodes below an unexpanded node of the same call (requests BFS placed below a deferred "
+        "node, which the walk cannot reach): the paper's training data (App. E.7), on by default; "
+        "--no-drop-unreachable keeps them",
     )
     p.add_argument("--l2-penalty", type=float, default=1.0, help="λ of the L2 penalty (scikit-learn C = 1/λ); default 1")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")

@@ -1,6 +1,6 @@
 """`forerun sample` and `forerun bench presto`: power samplers and their PreSTO variants from the command line.
 
-    forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N]
+    forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N --budget-unit {request,node}]
                    (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed]
                    [--model M | --backend URL [--tokenizer PATH]] [--records FILE] [--json]
     forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ...]
@@ -21,6 +21,7 @@ from typing import Any
 
 from .args import add_model_arguments, positive_float, positive_int
 from .engine import add_backend_arguments
+from ..programs.call_cost import BUDGET_UNITS
 from ..runtime_ext.protocol import EngineError
 
 __all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
@@ -42,6 +43,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_backend_arguments(p)
     p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
+    p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
+                   help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
+    p.add_argument("--max-nodes", type=positive_int, default=None,
+                   help="request unit: most nodes scored per round (default 256)")
+    p.add_argument("--call-overhead", type=positive_float, default=None,
+                   help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
+                        "predicted transitions / (κ0 + requests) instead of predicted transitions")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve requests a chain already generated from its suffix cache (default on)")
     p.add_argument("--records", default=None, help="append per-node records (JSONL) to this file")
     p.add_argument("--data-dir", default=None, help="dataset directory (default: packaged / FORERUN_DATA_DIR)")
     p.add_argument("--json", action="store_true", help="print a JSON object on stdout")
@@ -83,14 +93,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _prefetch(args: argparse.Namespace, npf: int):
     from ..programs.samplers import PrefetchConfig
 
+    cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, call_overhead=args.call_overhead,
+                **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if args.traversal == "bfs":
-        return PrefetchConfig(budget=npf)
+        return PrefetchConfig(**cost)
     if not args.classifier:
         raise ValueError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
     from ..classifiers.certainty import CertaintyClassifier
 
     clf = CertaintyClassifier.load(args.classifier)
-    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=clf.branch_prob_of,
+    return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
                           tree_position=clf.uses_tree_position)
 
 
@@ -167,7 +179,9 @@ def sample_command(args: argparse.Namespace) -> int:
     out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location,
                response=runtime.tokenizer.decode(list(result.response_ids)),
                call_times_s=[c.wall_time for c in result.mh_calls],
-               transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
+               transitions_per_call_list=[c.transitions for c in result.mh_calls],
+               transitions_per_reuse_round=[c.transitions for c in result.rounds if c.kind == "reuse"],
+               history=result.history)
     if args.json:
         print(json.dumps(_json_safe(out)))
     else:
@@ -212,15 +226,17 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         if runtime is not None:
             runtime.close()
     meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": runtime.location,
-            "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal}
+            "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal,
+            "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead}
     if args.json:
         print(json.dumps(_json_safe({"meta": meta, "rows": rows})))
     else:
         print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
               f"{args.dataset} × {len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
-              f"N_pf={st['npf']} seed={st['seed']} traversal={args.traversal}")
-        print("cells: sequential/PreSTO; speedup = Eq. 20 (ratio of mean call time); calls÷ = reduction in calls; "
-              "t/call× = increase in time per call")
+              f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} traversal={args.traversal}")
+        print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
+              "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
+              "nodes,req/call = PreSTO nodes scored and requests generated per call")
         print(format_table(rows))
     not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
     if not_identical:

@@ -195,3 +195,15 @@ def test_repeated_request_with_empty_output_text_keeps_exact_ids():
     first, second = pm.generate([req])[0], pm.generate([req])[0]
     assert [ids for ids, _ in backend.seen] == [(1, 2, 3), (1, 2, 3)]
     assert np.array_equal(first.ids, second.ids)
+
+
+def test_tiny_engine_entropy_cut_resamples_the_first_token(tiny_backend):
+    """ΔH_0 = H_0: an EntropyCut chain on the tiny engine draws cut 0 (before: never), sequential and PreSTO."""
+    loaded, backend = tiny_backend
+    pm = ProgramProposalModel(backend)
+    prompt = loaded.tokenizer.encode("wörld")
+    cfg = SamplerConfig(kind="entropy-cut", response_length=6, block_size=6, steps_per_block=6, seed=3)
+    for presto in (False, True):
+        res = make_sampler(pm, cfg, presto=presto, prefetch=PrefetchConfig(budget=4)).run(prompt)
+        cuts = [n.cut for c in res.mh_calls for n in c.nodes]
+        assert 0 in cuts, f"presto={presto}: cuts {cuts}"

@@ -80,20 +80,22 @@ class CallRecord:
 
 
 class RecordWriter:
-    """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`)."""
+    """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`); with `model`, each line
+    also carries a "model" field (the model that produced it)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, model: str | None = None) -> None:
         self.path = Path(path)
+        self.model = model
         if self.path.exists() and self.path.is_dir():
             raise ValueError(f"records path is a directory: {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
     def write_calls(self, calls: Iterable[CallRecord]) -> int:
-        lines = [json.dumps(node.to_json()) for call in calls for node in call.nodes]
+        stamp = {} if self.model is None else {"model": self.model}
+        lines = [json.dumps({**node.to_json(), **stamp}) for call in calls for node in call.nodes]
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line + "\n")
+            fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
         return len(lines)
 
 
@@ -105,7 +107,9 @@ def read_node_records(path: str | os.PathLike[str]) -> list[NodeRecord]:
             if not line.strip():
                 continue
             try:
-                out.append(NodeRecord(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
+                obj = json.loads(line)
+                obj.pop("model", None)  # stamped by RecordWriter(model=...), not a NodeRecord field
+                out.append(NodeRecord(**obj))
+            except (json.JSONDecodeError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: malformed node record ({exc})") from exc
     return out

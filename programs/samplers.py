@@ -362,6 +362,7 @@ class BlockwiseSampler:
         self.config = config
         self.kernel = make_kernel(config)
         self.clock = clock
+        self._progress: Callable[[int], None] | None = None
 
     @property
     def name(self) -> str:
@@ -399,7 +400,10 @@ class BlockwiseSampler:
                           certainty_class=epsilon_class(a, self.config.epsilon), realized=realized,
                           accepted=accepted)
 
-    def run(self, prompt_ids: Sequence[int], prompt_id: str = "") -> ChainResult:
+    def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
+            progress: Callable[[int], None] | None = None) -> ChainResult:
+        """Run the chain; `progress(k)` (optional) is called after every k realized MH transitions."""
+        self._progress = progress
         prompt = tuple(int(t) for t in prompt_ids)
         key = prompt_key(prompt)
         n_temps = len(self.config.mtm_temperatures) if self.config.kind == "multitry-mh" else None
@@ -413,6 +417,10 @@ class BlockwiseSampler:
 
     def _run_block(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         raise NotImplementedError
+
+    def _advanced(self, transitions: int) -> None:
+        if self._progress is not None:
+            self._progress(transitions)
 
 
 class SequentialSampler(BlockwiseSampler):
@@ -437,6 +445,7 @@ class SequentialSampler(BlockwiseSampler):
             result.history.append(accepted)
             if accepted:
                 result.state = decision.proposal
+            self._advanced(1)
 
 
 class PrestoSampler(BlockwiseSampler):
@@ -481,7 +490,9 @@ class PrestoSampler(BlockwiseSampler):
         K = self.config.steps_per_block
         k = 0
         while k < K:
-            k += self._round(result, stream, block, k, K - k)
+            steps = self._round(result, stream, block, k, K - k)
+            k += steps
+            self._advanced(steps)
 
     def _round(self, result: ChainResult, stream: DecisionStream, block: int, k: int, cap: int) -> int:
         root = result.state

@@ -16,6 +16,7 @@ from typing import Any
 
 from .engine import EmbeddedEngine, EngineConfig
 from .engine.models import LoadedModel, load_model
+from .shutdown import close_at_exit
 
 
 @dataclass
@@ -72,6 +73,6 @@ def open_runtime(model: str = "default", dtype: str | None = None, *, backend_ur
     from .backends.embedded import EmbeddedBackend
 
     loaded = load_model(model, dtype=dtype)
-    engine = EmbeddedEngine(loaded, engine_config or EngineConfig())
+    engine = close_at_exit(EmbeddedEngine(loaded, engine_config or EngineConfig()))
     return Runtime(name=loaded.name, dtype=str(loaded.dtype).replace("torch.", ""), tokenizer=loaded.tokenizer,
                    engine=engine, backend=EmbeddedBackend(engine), loaded=loaded)

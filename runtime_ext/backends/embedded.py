@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from ..engine import EmbeddedEngine
 from ..protocol import GenerateOutput, SamplingParams
+from ..shutdown import close_at_exit
 from .sglang_frontend import sgl
 from .token_exact import TokenExactBackend
 
@@ -39,7 +40,7 @@ class EmbeddedBackend(TokenExactBackend):
         if not isinstance(engine, EmbeddedEngine):
             raise TypeError(f"EmbeddedBackend needs an EmbeddedEngine, got {type(engine).__name__}")
         super().__init__(engine.tokenizer, memory_size=memory_size)
-        self.engine = engine
+        self.engine = close_at_exit(engine)  # an unclosed engine must not abort the interpreter at exit
         self.chat_template = chat_template_for(engine)
 
     def run(self, input_ids: Sequence[int], params: SamplingParams) -> GenerateOutput:

@@ -219,15 +219,22 @@ class SGLangServerClient:
     # -- server state -----------------------------------------------------------------------
     def server_info(self) -> dict[str, Any]:
         """GET /server_info (falls back to the deprecated /get_server_info)."""
+        path = "/server_info"
         try:
-            info = self._request("GET", "/server_info").json()
+            resp = self._request("GET", path)
         except SGLangServerError as e:
             if e.status != 404:
                 raise
-            info = self._request("GET", "/get_server_info").json()
+            path = "/get_server_info"
+            resp = self._request("GET", path)
+        try:
+            info = resp.json()
+        except ValueError as e:  # requests' JSONDecodeError
+            raise SGLangServerError(f"SGLang server {self.base_url}{path} answered invalid JSON ({e}): "
+                                    f"{resp.text.strip()[:80]!r}", url=self.base_url + path) from None
         if not isinstance(info, dict):
-            raise SGLangServerError(f"SGLang server {self.base_url}/server_info returned {type(info).__name__}, "
-                                    "expected an object", url=self.base_url + "/server_info")
+            raise SGLangServerError(f"SGLang server {self.base_url}{path} returned {type(info).__name__}, "
+                                    "expected an object", url=self.base_url + path)
         return info
 
     get_server_info = server_info

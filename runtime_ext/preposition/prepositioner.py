@@ -32,6 +32,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 import numpy as np
 
 from ..protocol import GenerateOutput, SamplingParams
+from ..shutdown import close_at_exit
 from .ready_cache import (
     GateConfig,
     PrepositionCounters,
@@ -162,6 +163,8 @@ class Prepositioner:
         if self.config.background:
             self._worker = threading.Thread(target=self._work, name="forerun-preposition", daemon=True)
             self._worker.start()
+        close_at_exit(engine)  # an unclosed engine or prepositioner must not abort the interpreter at exit
+        close_at_exit(self)
 
     # -- Algorithm 1 ----------------------------------------------------------------------------------
     def preposition(self, session: SessionState, entry: Sequence[int], *, header_len: int = 0) -> bool:

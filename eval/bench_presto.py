@@ -82,9 +82,11 @@ def run_pairs(
     flush: Callable[[], None] | None = None,
     progress: Callable[[str], None] | None = None,
     on_result: Callable[[ChainResult], None] | None = None,
+    on_transitions: Callable[[int], None] | None = None,
 ) -> list[PairResult]:
     """Run every config sequentially and with PreSTO on every prompt; `flush` clears the prefix cache
-    before each chain so that neither variant reuses the other's KV."""
+    before each chain so that neither variant reuses the other's KV.  `progress(label)` is called after each
+    chain, `on_transitions(k)` after every k realized MH transitions (a progress bar's update)."""
     out = []
     for cfg in configs:
         pair = PairResult(sampler=cfg.kind)
@@ -92,7 +94,8 @@ def run_pairs(
             for presto in (False, True):
                 if flush is not None:
                     flush()
-                res = make_sampler(model, cfg, presto=presto, prefetch=prefetch).run(ids, prompt_id=pid)
+                sampler = make_sampler(model, cfg, presto=presto, prefetch=prefetch)
+                res = sampler.run(ids, prompt_id=pid, progress=on_transitions)
                 (pair.presto if presto else pair.sequential).append(res)
                 if on_result is not None:
                     on_result(res)

@@ -261,6 +261,5 @@ class RecordWriter:
         stamp = (lambda n: n) if self.model is None else (lambda n: dataclasses.replace(n, model=self.model))
         lines = [json.dumps(stamp(node).to_json()) for node in nodes]
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line + "\n")
+            fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
         return len(lines)

@@ -253,6 +253,7 @@ class BlockwiseSampler:
         self.config = config
         self.kernel = make_kernel(config)
         self.clock = clock
+        self._progress: Callable[[int], None] | None = None
 
     @property
     def name(self) -> str:
@@ -303,7 +304,10 @@ class BlockwiseSampler:
                           certainty_class=epsilon_class(a, self.config.epsilon), realized=realized,
                           accepted=accepted, extra=root_cut_features(root, cut))
 
-    def run(self, prompt_ids: Sequence[int], prompt_id: str = "") -> ChainResult:
+    def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
+            progress: Callable[[int], None] | None = None) -> ChainResult:
+        """Run the chain; `progress(k)` (optional) is called after every k realized MH transitions."""
+        self._progress = progress
         prompt = tuple(int(t) for t in prompt_ids)
         key = prompt_key(prompt)
         n_temps = len(self.config.mtm_temperatures) if self.config.kind == "multitry-mh" else None
@@ -317,6 +321,10 @@ class BlockwiseSampler:
 
     def _run_block(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         raise NotImplementedError
+
+    def _advanced(self, transitions: int) -> None:
+        if self._progress is not None:
+            self._progress(transitions)
 
 
 class SequentialSampler(BlockwiseSampler):
@@ -342,6 +350,7 @@ class SequentialSampler(BlockwiseSampler):
             result.history.append(accepted)
             if accepted:
                 result.state = decision.proposal
+            self._advanced(1)
 
 
 class PrestoSampler(BlockwiseSampler):
@@ -390,7 +399,9 @@ class PrestoSampler(BlockwiseSampler):
         while k < K:
             if cache is not None:
                 cache.prune(k)
-            k += self._round(result, stream, block, k, K - k, cache)
+            steps = self._round(result, stream, block, k, K - k, cache)
+            k += steps
+            self._advanced(steps)
 
     def _round(self, result: ChainResult, stream: DecisionStream, block: int, k: int, cap: int,
                cache: SuffixCache | None) -> int:

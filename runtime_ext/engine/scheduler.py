@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
+from ..shutdown import close_at_exit
 from .batch import RunningBatch
 from .config import EngineConfig
 from .kernels import TOKEN_AXIS, forward_on_buffer, install_engine_kernels
@@ -84,6 +85,7 @@ class EmbeddedEngine:
         self._worker = threading.Thread(target=self._loop, name="forerun-engine", daemon=True)
         self._worker_error: BaseException | None = None
         self._worker.start()
+        close_at_exit(self)  # an unclosed engine must not abort the interpreter at exit (runtime_ext.shutdown)
 
     @classmethod
     def from_spec(cls, spec: str = "default", *, dtype: str | torch.dtype | None = None, **config: Any) -> "EmbeddedEngine":

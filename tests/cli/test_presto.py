@@ -171,3 +171,18 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
     assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("forerun bench presto: ") and url in err and err.count("\n") == 1
+
+
+def test_prompt_runs_get_a_unique_prompt_id_and_records_carry_the_model(tmp_path, capsys):
+    from forerun.cli.presto import prompt_id_for_text
+
+    rec = tmp_path / "nodes.jsonl"
+    for text in ("first prompt", "second prompt"):
+        assert main(["sample", "--presto", "--prompt", text, "--model", "tiny", "--n", "6", "--K", "3",
+                     "--records", str(rec), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["prompt_id"] == prompt_id_for_text(text)
+    lines = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert {line["prompt_id"] for line in lines} == {prompt_id_for_text("first prompt"),
+                                                      prompt_id_for_text("second prompt")}
+    assert all(line["model"] == "tiny" for line in lines)
+    assert prompt_id_for_text("x") == "prompt/2d711642b726" and len(read_node_records(rec)) == len(lines)

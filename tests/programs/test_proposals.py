@@ -112,11 +112,11 @@ def test_short_output_and_missing_arrays_are_errors():
     pm = ProgramProposalModel(ToyBackend(LogitTableModel(4), by_temperature=False), tempered_temperatures=(0.5,))
     with pytest.raises(EngineError, match="output_token_logq_by_temperature"):
         pm.generate([SuffixRequest((1,), 2, 1.0, 1)])
-    # a backend without per-token entropy: an error only when the sampler needs it (EntropyCut)
+    # a backend without per-token entropy: an error only when the sampler needs it (EntropyCut asks for it)
     no_entropy = ToyBackend(LogitTableModel(4), entropy=False)
     with pytest.raises(EngineError, match="EntropyCut"):
-        ProgramProposalModel(no_entropy).generate([SuffixRequest((1,), 2, 1.0, 1)])
-    (s,) = ProgramProposalModel(no_entropy, require_entropy=False).generate([SuffixRequest((1,), 2, 1.0, 1)])
+        ProgramProposalModel(no_entropy, require_entropy=True).generate([SuffixRequest((1,), 2, 1.0, 1)])
+    (s,) = ProgramProposalModel(no_entropy).generate([SuffixRequest((1,), 2, 1.0, 1)])  # the default (PowerMH)
     assert len(s.ids) == 2 and np.all(np.isnan(s.entropy))
     with pytest.raises(ValueError, match="tempered_temperatures"):
         ProgramProposalModel(no_entropy, tempered_temperatures=(0.0,))

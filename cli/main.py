@@ -11,9 +11,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import classifier, engine, preposition, presto
+from . import classifier, engine, evaluate, preposition, presto
 
-COMMAND_MODULES = (engine, classifier, preposition, presto)
+COMMAND_MODULES = (engine, classifier, preposition, presto, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

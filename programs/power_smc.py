@@ -136,14 +136,17 @@ class Particle:
     entropy: list[float] = field(default_factory=list)
     log_w: float = 0.0
     finished: bool = False
+    """Done growing: it produced EOS or reached max_new_tokens."""
+    eos: bool = False
+    """It ended with EOS."""
 
     def copy(self) -> "Particle":
         return Particle(list(self.ids), list(self.logq), list(self.logp0), list(self.entropy), self.log_w,
-                        self.finished)
+                        self.finished, self.eos)
 
     def as_completion(self) -> Completion:
         return Completion(np.asarray(self.ids, dtype=np.int64), np.asarray(self.logq), np.asarray(self.logp0),
-                          np.asarray(self.entropy, dtype=np.float64), self.finished)
+                          np.asarray(self.entropy, dtype=np.float64), self.eos)
 
 
 class PowerSMC:
@@ -178,6 +181,7 @@ class PowerSMC:
             p.logq += [float(x) for x in out.logq]
             p.logp0 += [float(x) for x in out.logp0]
             p.entropy += [float(x) for x in out.entropy]
+            p.eos = out.finished
             p.finished = out.finished or len(p.ids) >= cfg.max_new_tokens
             p.log_w += log_weight_increment(before, float(np.sum(out.logq)), float(np.sum(out.logp0)), t0,
                                             len(p.ids), self._alpha_t, p.finished, cfg.alpha)

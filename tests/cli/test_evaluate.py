@@ -120,3 +120,21 @@ def test_resume_refuses_other_settings(tmp_path, capsys):
     assert main([*small[:-1], "5", "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "other settings" in err and err.count("\n") == 1
+
+
+def test_items_are_spread_over_every_backend_url(tmp_path, capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    run = tmp_path / "run.jsonl"
+    with FakeSGLangServer() as a, FakeSGLangServer() as b:
+        rc = main(["eval", "--backend", a.url, "--backend", b.url, "--datasets", "mmlu", "--methods",
+                   "greedy,power-mh,presto-power-mh,power-smc", "--limit", "2", "--n", "6", "--K", "2",
+                   "--smc-block", "3", "--out", str(run), "--json"])
+        urls = {a.url, b.url}
+    assert rc == 0, capsys.readouterr().err
+    recs = load_run(run)
+    assert len(recs) == 8 and not [r for r in recs if r.get("error")]
+    assert {r["backend"] for r in recs} == urls
+    pm = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "power-mh"}
+    pre = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "presto-power-mh"}
+    assert pm == pre  # identical chains, whichever server ran them

@@ -130,7 +130,7 @@ def tost(seq_values: Sequence[float], pre_values: Sequence[float]) -> dict[str, 
         out.update(p_eq=math.nan, equivalent=None, note="n < 2 or no spread under the sequential sampler")
         return out
     if np.allclose(x, y):
-        out.update(p_eq=math.nan, equivalent=True, note="identical: every difference is 0 (no test needed)")
+        out.update(p_eq=math.nan, equivalent=True, note="identical: every difference ≈ 0 (np.allclose), no test needed")
         return out
     p, _, _ = ttost_paired(x, y, -out["delta"], out["delta"])
     out.update(p_eq=float(p), equivalent=bool(p < TOST_LEVEL), note="")

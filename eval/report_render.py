@@ -97,6 +97,7 @@ def accuracy_latency_figure(summary: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     cells = [c for c in summary["cells"] if c["n"]]
     datasets = list(dict.fromkeys(c["dataset"] for c in cells))
@@ -112,6 +113,9 @@ def accuracy_latency_figure(summary: dict[str, Any], path: Path) -> None:
                         yerr=[[100 * (c["accuracy"] - lo)], [100 * (hi - c["accuracy"])]],
                         fmt="o", color=colors[c["method"]], capsize=3, label=c["method"])
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping minor labels
         ax.set_title(ds)
         ax.set_xlabel("mean generation time per item (s)")
         ax.set_ylabel("accuracy (%)")

@@ -14,6 +14,7 @@
                                     so only world-writable places (/tmp, /dev/shm) stay writable
     parent's environment unseen     cleared env; a new pid namespace with a fresh /proc (other processes are
                                     invisible); as nobody, other users' /proc/PID/environ is unreadable
+                                    (fallback as a non-root grader: same-uid processes stay readable)
     CPU, memory, files, processes   rlimits: CPU s, address space, file size, open files, processes, no core
     processes under root            privileges dropped to nobody (RLIMIT_NPROC is not enforced for root) and
                                     a watchdog that counts the session's processes and kills past the limit

@@ -88,14 +88,14 @@ def _silence_other_output() -> None:
         threading.excepthook = lambda args: None
 
 
-def _exit_interrupted() -> None:
+def _exit_interrupted(hint: str = "") -> None:
     stream = _real_stderr or sys.stderr
     try:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
     try:
-        stream.write("\r" + INTERRUPTED_MESSAGE + "\n")  # \r: after a progress bar's last frame
+        stream.write("\r" + INTERRUPTED_MESSAGE + (f"; {hint}" if hint else "") + "\n")  # \r: after a bar's frame
         stream.flush()
     finally:
         os._exit(130)
@@ -114,9 +114,9 @@ def run_guarded(command: str, handler: Callable[[], int | None]) -> int:
     previous = signal.signal(signal.SIGINT, _on_sigint) if main else None
     try:
         return int(handler() or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a command may re-raise it with a hint: KeyboardInterrupt("rerun with ...")
         _silence_other_output()
-        _exit_interrupted()
+        _exit_interrupted(one_line(exc) if exc.args else "")
         raise  # pragma: no cover - _exit_interrupted does not return
     except Exception as exc:  # noqa: BLE001 - the command line's boundary: one line, never a traceback
         if os.environ.get(TRACEBACK_ENV):

@@ -12,10 +12,10 @@ import argparse
 import sys
 from typing import NoReturn, Sequence
 
-from . import classifier, engine, preposition, presto
+from . import classifier, engine, evaluate, preposition, presto
 from .errors import run_guarded
 
-COMMAND_MODULES = (engine, classifier, preposition, presto)
+COMMAND_MODULES = (engine, classifier, preposition, presto, evaluate)
 
 
 class OneLineParser(argparse.ArgumentParser):

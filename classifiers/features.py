@@ -12,7 +12,10 @@ generated.  At prediction time the same features are read from a `programs.trave
     Feature 1: c_j / T                       "cut_fraction"                               (default)
     Feature 2: c_i, c_i - c_j, d(v_i),       "parent_cut", "cut_gap", "depth", "accepts_on_path"
                accepts on the root path      (TREE_POSITION_FEATURES: those that need κ(v) or the path)
-    Features 3/4 (likelihood / entropy)      any other numeric field of the record, by its name
+    Feature 3 (likelihood of the root state) "logq_at_cut", "logq_jump_in", "logq_jump_out", "logq_suffix_mean"
+    Feature 4 (entropy of the root state)    "entropy_at_cut", ..., "entropy_suffix_mean"  (programs.cut_statistics;
+                                             written into every record, handed to the planner per depth)
+    any other numeric field of a record      by its name
     E.7 dataset (walk-reachable nodes)       drop_unreachable
 """
 
@@ -24,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..programs.acceptance import CLASSES
+from ..programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES
 from ..programs.prefetch_tree import ancestors_in, is_accept_child, parent_of
 from ..programs.records import NodeRecord
 
@@ -81,12 +85,19 @@ BUILTIN_FEATURES: dict[str, Callable[[Mapping[str, float]], float]] = {
 }
 """Named features computed from a record's (or a candidate node's) fields."""
 
+_TREE = ("parent_cut", "cut_gap", "depth", "accepts_on_path")
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "1": ("cut_fraction",),
-    "2": ("parent_cut", "cut_gap", "depth", "accepts_on_path"),
-    "1+2": ("cut_fraction", "parent_cut", "cut_gap", "depth", "accepts_on_path"),
+    "2": _TREE,
+    "3": LIKELIHOOD_FEATURES,
+    "4": ENTROPY_FEATURES,
+    "1+2": ("cut_fraction", *_TREE),
+    "1+3": ("cut_fraction", *LIKELIHOOD_FEATURES),
+    "1-3": ("cut_fraction", *_TREE, *LIKELIHOOD_FEATURES),
+    "1-4": ("cut_fraction", *_TREE, *LIKELIHOOD_FEATURES, *ENTROPY_FEATURES),
 }
-"""Feature sets of App. E.7 that records always carry (sets 3/4 use the sampler's extra fields)."""
+"""Feature sets of App. E.7 (labels as in its Figure 18).  The samplers write every one of them into each
+record; Feature 4 needs the per-token entropy (absent where the backend does not report it)."""
 
 POST_GENERATION_FIELDS = frozenset({"accept_prob", "log_accept", "accepted", "realized", "certainty_class"})
 """Record fields known only after the proposal is generated and scored: never features."""

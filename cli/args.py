@@ -1,8 +1,14 @@
-"""Argument types shared by the `forerun` subcommands (argparse `type=` callables with clear messages)."""
+"""Argument types shared by the `forerun` subcommands (argparse `type=` callables with clear messages).
+
+A rejected value is reported by argparse as one line (`forerun sample: error: argument --tau: ...`)
+before any model is loaded.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 
 
 def _number(text: str, kind: type, lowest: float, inclusive: bool) -> int | float:
@@ -12,8 +18,8 @@ def _number(text: str, kind: type, lowest: float, inclusive: bool) -> int | floa
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text!r}") from None
-    if not (value >= lowest if inclusive else value > lowest):  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text}")
+    if not (value >= lowest if inclusive else value > lowest) or (kind is float and math.isinf(value)):
+        raise argparse.ArgumentTypeError(f"expected {noun} {bound}, got {text}")  # also rejects NaN and inf
     return value
 
 
@@ -31,6 +37,47 @@ def positive_float(text: str) -> float:
 
 def nonnegative_float(text: str) -> float:
     return float(_number(text, float, 0, True))
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (NaN and ±inf rejected)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def gate_threshold(text: str) -> float:
+    """τ of the logit-gap gate: a finite number, or `inf` (the gate never fires)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number (or inf: the gate never fires), got {text!r}") from None
+    if math.isnan(value) or value == -math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number (or inf: the gate never fires), got {text}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    """torch threads: 1 .. the number of CPUs of this machine."""
+    value = positive_int(text)
+    cpus = os.cpu_count() or 1
+    if value > cpus:
+        raise argparse.ArgumentTypeError(f"expected 1 to {cpus} (the CPUs of this machine), got {value}")
+    return value
+
+
+def dataset_name(text: str) -> str:
+    """A dataset name or alias of eval.datasets (the registry's canonical name is returned)."""
+    from ..eval.datasets import dataset_spec
+
+    try:
+        return dataset_spec(text).name
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(str(exc.args[0])) from None
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, default: str = "default",

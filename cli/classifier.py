@@ -9,8 +9,6 @@ Records are the JSONL scored-node lines the PreSTO samplers write (programs/reco
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ..classifiers.certainty import CertaintyClassifier, CertaintyConfig
@@ -18,6 +16,9 @@ from ..classifiers.cross_validation import cross_validate_certainty, format_cv_t
 from ..classifiers.features import FEATURE_SETS, drop_unreachable
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
+from .args import nonnegative_int
+from .errors import reports_errors
+from .output import output_file, print_json
 
 __all__ = ["register", "train_command", "cv_command"]
 
@@ -53,8 +54,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drop-unreachable",
-        action="store_true",
-        help="drop scored nodes below an unexpanded node of the same call (BFS requests the walk cannot reach), as in App. E.7",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drop scored nodes below an unexpanded node of the same call (requests BFS placed below a deferred "
+        "node, which the walk cannot reach): the paper's training data (App. E.7), on by default; "
+        "--no-drop-unreachable keeps them",
     )
     p.add_argument("--l2-penalty", type=float, default=1.0, help="λ of the L2 penalty (scikit-learn C = 1/λ); default 1")
     p.add_argument("--json", action="store_true", help="print JSON on stdout")
@@ -79,7 +83,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     cv = sub.add_parser("cv", help="cross-validate the classifier against constant baselines (App. E.7)")
     _add_common(cv)
     cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
-    cv.add_argument("--seed", type=int, default=0, help="fold shuffling seed (default 0)")
+    cv.add_argument("--seed", type=nonnegative_int, default=0, help="fold shuffling seed (default 0)")
     cv.add_argument(
         "--no-group",
         action="store_true",
@@ -111,19 +115,14 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
     return kept, len(records) - len(kept)
 
 
-def _fail(message: str) -> int:
-    print(f"forerun classifier: error: {message}", file=sys.stderr)
-    return 2
-
-
+@reports_errors("classifier train")
 def train_command(args: argparse.Namespace) -> int:
-    try:
-        config = _config(args, allow_missing=args.allow_missing_classes)
-        records, dropped = _read(args)
-        model = CertaintyClassifier(config).fit(records)
-        path = model.save(args.out)
-    except ValueError as exc:
-        return _fail(str(exc))
+    # bad input raises ValueError: one line on stderr, exit 2 (cli/errors.py)
+    out = output_file(args.out, "--out")
+    config = _config(args, allow_missing=args.allow_missing_classes)
+    records, dropped = _read(args)
+    model = CertaintyClassifier(config).fit(records)
+    path = model.save(out)
     summary = {
         "out": str(path),
         "training_size": model.training_size,
@@ -138,7 +137,7 @@ def train_command(args: argparse.Namespace) -> int:
         else None,
     }
     if args.json:
-        print(json.dumps({**summary, "model": model.to_dict()}, indent=2))
+        print_json({**summary, "model": model.to_dict()}, indent=2)
     else:
         counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
         if args.drop_unreachable:
@@ -155,22 +154,14 @@ def _branch_grid(model: CertaintyClassifier) -> list[float]:
     return [float(h) for h in model.branch_prob_accept_many([0.0, 0.25, 0.5, 0.75, 1.0])]
 
 
+@reports_errors("classifier cv")
 def cv_command(args: argparse.Namespace) -> int:
-    try:
-        config = _config(args)
-        records, dropped = _read(args)
-        report = cross_validate_certainty(
-            records,
-            config,
-            folds=args.folds,
-            seed=args.seed,
-            group_by_prompt=not args.no_group,
-            progress=True,
-        )
-    except ValueError as exc:
-        return _fail(str(exc))
+    config = _config(args)
+    records, dropped = _read(args)
+    report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
+                                      group_by_prompt=not args.no_group, progress=True)
     if args.json:
-        print(json.dumps({**report.to_dict(), "dropped_unreachable": dropped}, indent=2))
+        print_json({**report.to_dict(), "dropped_unreachable": dropped}, indent=2)
     else:
         if args.drop_unreachable:
             print(f"dropped {dropped} unreachable records")

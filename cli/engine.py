@@ -11,12 +11,12 @@ server (`scripts/launch_runtime`) through `SGLangServerBackend` instead of the e
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from ..programs.prompts import chat_prompt_ids
-from .args import add_model_arguments, nonnegative_float, nonnegative_int
+from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_int
+from .errors import CommandError, reports_errors
+from .output import print_json
 
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments"]
 
@@ -30,10 +30,6 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --backend: HF tokenizer name or folder (default: the one the server reports)")
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
     g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
@@ -41,9 +37,9 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     add_backend_arguments(g)
     g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")
     g.add_argument("--temperature", type=nonnegative_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
+    g.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus mass (default 1.0: off)")
     g.add_argument("--top-k", type=int, default=-1, help="top-k (default -1: off)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--seed", type=nonnegative_int, default=None, help="sampling seed (default: random)")
     g.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
     g.add_argument("--raw", action="store_true", help="send the prompt as is (no chat template)")
     g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
@@ -51,49 +47,34 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
     b = bench_subparsers.add_parser("engine", help="embedded engine: decode speed, fork batching, prefix hits")
     add_model_arguments(b)
-    b.add_argument("--root-tokens", type=int, default=256, help="root length for the fork measurement (256)")
-    b.add_argument("--suffixes", type=int, default=20, help="suffixes generated in one call (20)")
-    b.add_argument("--suffix-tokens", type=int, default=128, help="tokens per suffix (128)")
-    b.add_argument("--decode-tokens", type=int, default=128, help="tokens for the single-stream measurement (128)")
-    b.add_argument("--repeats", type=int, default=3, help="repetitions of each timing; the median is reported (3)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--root-tokens", type=positive_int, default=256, help="root length for the fork measurement (256)")
+    b.add_argument("--suffixes", type=positive_int, default=20, help="suffixes generated in one call (20)")
+    b.add_argument("--suffix-tokens", type=positive_int, default=128, help="tokens per suffix (128)")
+    b.add_argument("--decode-tokens", type=positive_int, default=128,
+                   help="tokens for the single-stream measurement (128)")
+    b.add_argument("--repeats", type=positive_int, default=3,
+                   help="repetitions of each timing; the median is reported (3)")
+    b.add_argument("--seed", type=nonnegative_int, default=0)
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_engine_command)
 
 
+@reports_errors("generate")
 def generate_command(args: argparse.Namespace) -> int:
-    from ..runtime_ext.protocol import EngineError, SamplingParams
-
     if not args.prompt:
-        print("forerun generate: --prompt must not be empty", file=sys.stderr)
-        return 2
-    try:
-        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
-    except ValueError as exc:
-        print(f"forerun generate: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError("--prompt must not be empty")
+    from ..runtime_ext.protocol import SamplingParams
     from ..runtime_ext.runtime import open_runtime
 
-    try:
-        runtime = open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
-    except (ValueError, OSError) as exc:
-        print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except EngineError as exc:
-        print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    with runtime:
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
+    # a bad model, URL or request: one line on stderr (ValueError: exit 2, EngineError: exit 1; cli/errors.py)
+    with open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer) as runtime:
         name = runtime.name
-        ids = _prompt_ids(runtime.tokenizer, args.prompt, args.raw)
-        try:
-            out = runtime.engine.generate(ids, params)
-        except EngineError as exc:
-            print(f"forerun generate: {_one_line(exc)}", file=sys.stderr)
-            return 1
+        out = runtime.engine.generate(_prompt_ids(runtime.tokenizer, args.prompt, args.raw), params)
     if args.json:
         meta = out.meta_info
-        print(json.dumps({
+        print_json({
             "model": name,
             "backend": args.backend or "embedded",
             "text": out.text,
@@ -107,7 +88,7 @@ def generate_command(args: argparse.Namespace) -> int:
             "output_token_logprobs": [e[0] for e in meta["output_token_logprobs"]],
             "output_token_logp0": meta.get("output_token_logp0"),
             "output_token_entropy": meta.get("output_token_entropy"),
-        }))
+        })
     else:
         print(out.text)
     return 0
@@ -117,15 +98,16 @@ def _prompt_ids(tok: Any, prompt: str, raw: bool) -> list[int]:
     return list(tok.encode(prompt)) if raw else chat_prompt_ids(tok, prompt)
 
 
+@reports_errors("bench engine")
 def bench_engine_command(args: argparse.Namespace) -> int:
     from ..eval.bench_engine import EngineBenchConfig, format_engine_bench, run_engine_bench
 
     config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
                                num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
                                decode_tokens=args.decode_tokens, repeats=args.repeats, seed=args.seed)
-    result = run_engine_bench(config, progress=True)
+    result = run_engine_bench(config, progress=True)  # a bad config or model: one line (cli/errors.py)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result, indent=2)
     else:
         print(format_engine_bench(result))
     return 0

@@ -14,16 +14,18 @@ samplers then stop with a clear error; PowerMH needs neither.
 from __future__ import annotations
 
 import argparse
-import json
-import math
+import contextlib
+import hashlib
 import sys
-from typing import Any
+from typing import Any, Iterator
 
-from .args import add_model_arguments, positive_float, positive_int
+from .args import add_model_arguments, dataset_name, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments
-from ..runtime_ext.protocol import EngineError
+from .errors import CommandError, reports_errors
+from .output import output_file, print_json
+from ..programs.call_cost import BUDGET_UNITS
 
-__all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS"]
+__all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS", "prompt_id_for_text"]
 
 SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
 
@@ -37,12 +39,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
     p.add_argument("--alpha", type=positive_float, default=None, help="power exponent α (default 4; τ = 1/α)")
     p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
-    p.add_argument("--seed", type=int, default=None, help="run seed (default 10086)")
+    p.add_argument("--seed", type=nonnegative_int, default=None, help="run seed (default 10086)")
     add_model_arguments(p, with_backend=True)
     add_backend_arguments(p)
     p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
-    p.add_argument("--records", default=None, help="append per-node records (JSONL) to this file")
+    p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
+                   help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
+    p.add_argument("--max-nodes", type=positive_int, default=None,
+                   help="request unit: most nodes scored per round (default 256)")
+    p.add_argument("--call-overhead", type=positive_float, default=None,
+                   help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
+                        "predicted transitions / (κ0 + requests) instead of predicted transitions")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve requests a chain already generated from its suffix cache (default on)")
+    p.add_argument("--records", default=None,
+                   help="append per-node records (JSONL, one line per scored node) to this file")
     p.add_argument("--data-dir", default=None, help="dataset directory (default: packaged / FORERUN_DATA_DIR)")
     p.add_argument("--json", action="store_true", help="print a JSON object on stdout")
 
@@ -54,13 +66,13 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     s.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
-    src.add_argument("--dataset", help="dataset name (with --index)")
-    s.add_argument("--index", type=int, default=0, help="prompt index in --dataset (default 0)")
+    src.add_argument("--dataset", type=dataset_name, help="dataset name (with --index)")
+    s.add_argument("--index", type=nonnegative_int, default=0, help="prompt index in --dataset (default 0)")
     _common(s)
     s.set_defaults(handler=sample_command)
 
     b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
-    b.add_argument("--dataset", default="math500")
+    b.add_argument("--dataset", type=dataset_name, default="math500")
     b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
     b.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
     b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
@@ -73,7 +85,10 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     base = dict(CPU_DEFAULTS)
     if getattr(args, "paper", False):
-        base.update(n=1024, block=1024, K=100, npf=20, alpha=4.0, seed=10086)
+        from ..eval.bench_presto import PAPER_SETTINGS as P
+
+        base.update(n=P["response_length"], block=P["block_size"], K=P["steps_per_block"], npf=P["budget"],
+                    alpha=P["alpha"], seed=P["seed"])
     n = args.n or base["n"]
     return dict(n=n, block=args.block or (base["block"] if args.n is None else n), K=args.K or base["K"],
                 npf=args.npf or base["npf"], alpha=args.alpha or base["alpha"],
@@ -83,14 +98,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _prefetch(args: argparse.Namespace, npf: int):
     from ..programs.samplers import PrefetchConfig
 
+    cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, call_overhead=args.call_overhead,
+                **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if args.traversal == "bfs":
-        return PrefetchConfig(budget=npf)
+        return PrefetchConfig(**cost)
     if not args.classifier:
-        raise ValueError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
+        raise CommandError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
     from ..classifiers.certainty import CertaintyClassifier
 
     clf = CertaintyClassifier.load(args.classifier)
-    return PrefetchConfig(budget=npf, traversal="predictive", branch_prob=clf.branch_prob_of,
+    return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
                           tree_position=clf.uses_tree_position)
 
 
@@ -101,14 +118,12 @@ def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
                           alpha=st["alpha"], beta=args.beta, seed=st["seed"]) for k in kinds]
 
 
-def _progress(total: int, desc: str):
+@contextlib.contextmanager
+def _bar(total: int, desc: str, unit: str = "transition") -> Iterator[Any]:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        yield bar
 
 
 def _open_runtime(args: argparse.Namespace):
@@ -117,113 +132,131 @@ def _open_runtime(args: argparse.Namespace):
     return open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN (e.g. the confidence of a chain whose backend reports no entropy) -> null, for strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+def prompt_id_for_text(text: str) -> str:
+    """The prompt_id of a `--prompt` run: `prompt/` + the first 12 hex digits of sha256(text), so records of
+    different prompts never share a prompt_id (prompt-grouped cross-validation holds whole prompts out)."""
+    return "prompt/" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
+def _dataset_prompt(args: argparse.Namespace) -> Any:
+    from ..eval.datasets import load_prompts
+
+    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
+    if args.index >= len(prompts):
+        raise CommandError(f"--index {args.index} is out of range: {args.dataset} has {len(prompts)} prompts "
+                           f"(valid: 0 to {len(prompts) - 1})")
+    return prompts[args.index]
+
+
+def _check_context(runtime: Any, prompt_lens: list[int], n: int) -> None:
+    """prompt + response must fit the model context (known for the embedded engine; a server says so itself)."""
+    if runtime.loaded is None:
+        return
+    longest, limit = max(prompt_lens) + n, runtime.loaded.max_context
+    if longest > limit:
+        raise CommandError(f"--n {n}: prompt ({max(prompt_lens)} tokens) + response ({n} tokens) = {longest} "
+                           f"exceeds the model context {limit}")
+
+
+def _checked_inputs(args: argparse.Namespace, kinds: list[str]) -> tuple[dict[str, Any], list[Any], Any]:
+    """Everything that can be wrong with the arguments, found before the model loads."""
+    output_file(args.records, "--records")
+    st = _settings(args)
+    return st, _configs(args, kinds, st), _prefetch(args, st["npf"])
+
+
+# sample / bench presto report an engine or server failure with exit 2 (their contract since the first release)
+@reports_errors("sample", engine_error_code=2)
 def sample_command(args: argparse.Namespace) -> int:
     from ..eval.bench_presto import proposal_model_for
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
     from ..programs.samplers import make_sampler
 
-    runtime = None
-    try:
-        st = _settings(args)
-        (cfg,) = _configs(args, [args.sampler], st)
-        prefetch = _prefetch(args, st["npf"])
-        if not args.dataset and not args.prompt:
-            raise ValueError("--prompt must not be empty")
-        runtime = _open_runtime(args)
-        if args.dataset:
-            from ..eval.datasets import load_prompts
-
-            prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
-            if args.index < 0 or args.index >= len(prompts):
-                raise ValueError(f"--index {args.index} out of range for {args.dataset} ({len(prompts)} prompts)")
-            prompt = prompts[args.index]
+    st, (cfg,), prefetch = _checked_inputs(args, [args.sampler])
+    if not args.dataset and not args.prompt:
+        raise CommandError("--prompt must not be empty")
+    prompt = _dataset_prompt(args) if args.dataset else None
+    with _open_runtime(args) as runtime:
+        if prompt is not None:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
-            pid, ids = "prompt", chat_prompt_ids(runtime.tokenizer, args.prompt)
+            pid, ids = prompt_id_for_text(args.prompt), chat_prompt_ids(runtime.tokenizer, args.prompt)
+        _check_context(runtime, [len(ids)], cfg.response_length)
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
-        result = sampler.run(ids, prompt_id=pid)
-    except (ValueError, OSError, EngineError) as exc:
-        print(f"forerun sample: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    finally:
-        if runtime is not None:
-            runtime.close()
-    if args.records:
-        RecordWriter(args.records).write_calls(result.calls)
+        with _bar(cfg.num_blocks * cfg.steps_per_block, sampler.name) as bar:
+            result = sampler.run(ids, prompt_id=pid, progress=bar.update)
+        if args.records:
+            RecordWriter(args.records, model=runtime.name).write_calls(result.calls)
+        response = runtime.tokenizer.decode(list(result.response_ids))
     out = result.summary()
-    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location,
-               response=runtime.tokenizer.decode(list(result.response_ids)),
+    out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location, response=response,
                call_times_s=[c.wall_time for c in result.mh_calls],
-               transitions_per_call_list=[c.transitions for c in result.mh_calls], history=result.history)
+               transitions_per_call_list=[c.transitions for c in result.mh_calls],
+               transitions_per_reuse_round=[c.transitions for c in result.rounds if c.kind == "reuse"],
+               history=result.history)
     if args.json:
-        print(json.dumps(_json_safe(out)))
-    else:
-        print(out["response"])
-        print(f"\ntoken ids: {out['response_ids']}")
-        print(f"{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
-              f"({result.transitions_per_call:.2f}/call), call time {result.call_time:.2f}s "
-              f"({result.time_per_call:.3f}s/call), accepts {sum(result.history)}")
+        print_json(out)
+        return 0
+    print(out["response"])
+    print(f"\ntoken ids: {out['response_ids']}")
+    print(f"{sampler.name}: {result.transitions} transitions in {result.num_calls} calls "
+          f"({result.transitions_per_call:.2f}/call), call time {result.call_time:.2f}s "
+          f"({result.time_per_call:.3f}s/call), accepts {sum(result.history)}")
     return 0
 
 
+@reports_errors("bench presto", engine_error_code=2)
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import format_table, proposal_model_for, run_pairs, timestamp
-    from ..programs.prompts import chat_prompt_ids
+    from ..eval.bench_presto import timestamp
     from ..eval.datasets import load_prompts
-    from ..programs.records import RecordWriter
 
-    runtime = None
-    try:
-        st = _settings(args)
-        configs = _configs(args, args.samplers, st)
-        prefetch = _prefetch(args, st["npf"])
-        runtime = _open_runtime(args)
-        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
-        if len(prompts) < args.prompts:
-            raise ValueError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
-        items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
-        writer = RecordWriter(args.records) if args.records else None
-        models = [proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures) for cfg in configs]
-        bar = _progress(2 * len(items) * len(configs), "bench presto")
-        rows = []
-        for cfg, model in zip(configs, models):
-            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=runtime.flush,
-                                progress=lambda msg: (bar.set_postfix_str(msg), bar.update(1)),
-                                on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
-            rows.append(pair.table_row())
-        bar.close()
-    except (ValueError, OSError, EngineError) as exc:
-        print(f"forerun bench presto: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    finally:
-        if runtime is not None:
-            runtime.close()
+    st, configs, prefetch = _checked_inputs(args, list(args.samplers))
+    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
+    if len(prompts) < args.prompts:
+        raise CommandError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
+    with _open_runtime(args) as runtime:
+        rows = _bench_rows(args, runtime, prompts, configs, prefetch)
     meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": runtime.location,
-            "dataset": args.dataset, "prompts": len(items), "settings": st, "traversal": args.traversal}
+            "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
+            "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead}
     if args.json:
-        print(json.dumps(_json_safe({"meta": meta, "rows": rows})))
+        print_json({"meta": meta, "rows": rows})
     else:
         print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
-              f"{args.dataset} × {len(items)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
-              f"N_pf={st['npf']} seed={st['seed']} traversal={args.traversal}")
-        print("cells: sequential/PreSTO; speedup = Eq. 20 (ratio of mean call time); calls÷ = reduction in calls; "
-              "t/call× = increase in time per call")
+              f"{args.dataset} × {len(prompts)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
+              f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} traversal={args.traversal}")
+        print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
+              "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
+              "nodes,req/call = PreSTO nodes scored and requests generated per call")
+        from ..eval.bench_presto import format_table
+
         print(format_table(rows))
     not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
     if not_identical:
         print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
         return 1
     return 0
+
+
+def _bench_rows(args: argparse.Namespace, runtime: Any, prompts: list[Any], configs: list[Any],
+                prefetch: Any) -> list[dict[str, Any]]:
+    """Every sampler and its PreSTO variant on every prompt; one progress bar over all MH transitions."""
+    from ..eval.bench_presto import proposal_model_for, run_pairs
+    from ..programs.prompts import chat_prompt_ids
+    from ..programs.records import RecordWriter
+
+    items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
+    _check_context(runtime, [len(ids) for _, ids in items], configs[0].response_length)
+    writer = RecordWriter(args.records, model=runtime.name) if args.records else None
+    total = 2 * len(items) * sum(cfg.num_blocks * cfg.steps_per_block for cfg in configs)
+    rows = []
+    with _bar(total, "bench presto") as bar:
+        for cfg in configs:
+            model = proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures)
+            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=runtime.flush,
+                                progress=bar.set_postfix_str, on_transitions=bar.update,
+                                on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
+            rows.append(pair.table_row())
+    return rows

@@ -14,9 +14,10 @@ Timings are medians over `repeats` runs after one warm-up.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -59,8 +60,15 @@ class EngineBenchConfig:
         for name in ("root_tokens", "num_suffixes", "suffix_tokens", "decode_tokens", "repeats"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.root_tokens < self.num_suffixes + 2:
-            raise ValueError(f"root_tokens ({self.root_tokens}) must exceed num_suffixes + 1 to hold distinct cuts")
+        if _cut_room(self.root_tokens) < self.num_suffixes + 1:
+            need = next(r for r in range(self.root_tokens, 4 * self.num_suffixes + 16) if _cut_room(r) > self.num_suffixes)
+            raise ValueError(f"root_tokens ({self.root_tokens}) too small for {self.num_suffixes + 1} distinct cuts "
+                             f"after the root's prompt part: use at least {need}")
+
+
+def _cut_room(root_tokens: int) -> int:
+    """Distinct cut positions in the generated part of a root (its first quarter, at most, is the prompt)."""
+    return root_tokens - max(1, root_tokens // 4) - 1
 
 
 def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[int]]:
@@ -74,99 +82,23 @@ def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[in
 
 
 def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progress: bool = True) -> dict[str, Any]:
-    """Run (a)-(d) in one process; returns a JSON-able dict (ratios computed from the same run)."""
+    """Run (a)-(e) in one process; returns a JSON-able dict (ratios computed from the same run)."""
     runtime = open_runtime(config.model, config.dtype,
                            engine_config=EngineConfig(max_total_tokens=max(32768, 4 * config.root_tokens * config.num_suffixes)))
     loaded, engine = runtime.loaded, runtime.engine
-    bar = tqdm(total=2 * (config.repeats + 1) + 2 * (config.repeats + 1), desc="bench engine", disable=not progress)
-    try:
+    with runtime:
         prompt = chat_prompt_ids(loaded.tokenizer, BENCH_PROMPT)
-        n = config.decode_tokens
-        if len(prompt) + max(n, config.root_tokens + config.suffix_tokens) > loaded.max_context:
-            raise ValueError("bench sizes exceed the model context")
-        greedy = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-        # (a) single stream, both cold (prompt prefilled each time), warm-up first
-        hf_times, eng_times = [], []
-        same_tokens = None
-        for rep in range(config.repeats + 1):
-            t_hf, hf_ids = _hf_generate_seconds(loaded, prompt, n)
-            bar.update(1)
-            engine.flush_cache()
-            t0 = time.perf_counter()
-            out = engine.generate(prompt, greedy)
-            t_eng = time.perf_counter() - t0
-            bar.update(1)
-            if rep > 0:
-                hf_times.append(t_hf)
-                eng_times.append(t_eng)
-            same_tokens = list(out.output_ids) == hf_ids
-        t_hf, t_eng = statistics.median(hf_times), statistics.median(eng_times)
-        decode = {
-            "prompt_tokens": len(prompt),
-            "new_tokens": n,
-            "transformers_generate_s": t_hf,
-            "engine_s": t_eng,
-            "transformers_tokens_per_s": n / t_hf,
-            "engine_tokens_per_s": n / t_eng,
-            "speedup_vs_transformers_generate": t_hf / t_eng,
-            "greedy_tokens_identical": bool(same_tokens),
-        }
-
-        # (b)-(d): one cached root, cuts over the generated part
-        engine.flush_cache()
-        root_out = engine.generate(prompt[: max(1, min(len(prompt), config.root_tokens // 4))],
-                                   SamplingParams(max_new_tokens=config.root_tokens - min(len(prompt), config.root_tokens // 4),
-                                                  seed=config.seed, ignore_eos=True))
-        root = list(root_out.input_ids) + list(root_out.output_ids)
-        assert len(root) == config.root_tokens
-        rng = np.random.default_rng(config.seed)
-        lo = len(root_out.input_ids) + 1
-        single_times, batch_times, hit_rates, pool_peaks = [], [], [], []
-        for rep in range(config.repeats + 1):
-            cuts = sorted(rng.choice(np.arange(lo, len(root)), size=config.num_suffixes + 1, replace=False).tolist())
-            single_cut, batch_cuts = cuts[0], cuts[1:]
-            p = lambda k: SamplingParams(max_new_tokens=config.suffix_tokens, seed=config.seed * 1000 + rep * 100 + k,
-                                         ignore_eos=True, return_logprob=True)
-            t0 = time.perf_counter()
-            engine.generate(root[:single_cut], p(0))
-            t_single = time.perf_counter() - t0
-            bar.update(1)
-            before = engine.stats()
-            t0 = time.perf_counter()
-            outs = engine.generate_batch([(root[:c], p(k + 1)) for k, c in enumerate(batch_cuts)])
-            t_batch = time.perf_counter() - t0
-            after = engine.stats()
-            bar.update(1)
-            cached = sum(o.meta_info["cached_tokens"] for o in outs)
-            reusable = sum(o.meta_info["prompt_tokens"] - 1 for o in outs)
-            if rep > 0:
-                single_times.append(t_single)
-                batch_times.append(t_batch)
-                hit_rates.append(cached / reusable)
-                pool_peaks.append(after["peak_kv_pool_tokens"])
-            # forget the suffixes (keep the root) so every repetition starts from the same cache state
-            engine.flush_cache()
-            engine.generate(root[:-1], SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))
-            del before
-        bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * loaded.dtype.itemsize
-        t_single, t_batch = statistics.median(single_times), statistics.median(batch_times)
-        fork = {
-            "root_tokens": config.root_tokens,
-            "num_suffixes": config.num_suffixes,
-            "suffix_tokens": config.suffix_tokens,
-            "single_suffix_s": t_single,
-            "batched_call_s": t_batch,
-            "batched_over_single": t_batch / t_single,
-            "prefix_hit_rate": float(np.mean(hit_rates)),
-            "peak_kv_pool_tokens": int(max(pool_peaks)),
-            "peak_kv_pool_mib": max(pool_peaks) * bytes_per_token / 2**20,
-            "kv_bytes_per_token": bytes_per_token,
-        }
-        roofline = run_roofline(engine, prompt, RooflineConfig(decode_tokens=n, repeats=config.repeats))  # (e)
+        longest = len(prompt) + max(config.decode_tokens, config.root_tokens + config.suffix_tokens)
+        if longest > loaded.max_context:
+            raise ValueError(f"bench sizes exceed the model context: {longest} tokens (prompt {len(prompt)} + "
+                             f"max(--decode-tokens, --root-tokens + --suffix-tokens)) > {loaded.max_context}")
+        with tqdm(total=4 * (config.repeats + 1), desc="bench engine", disable=not progress, file=sys.stderr,
+                  leave=False) as bar:
+            decode = _measure_decode(loaded, engine, prompt, config, bar.update)
+            fork = _measure_fork(loaded, engine, prompt, config, bar.update)
+        roofline = run_roofline(engine, prompt, RooflineConfig(decode_tokens=config.decode_tokens,
+                                                               repeats=config.repeats))  # (e)
         st = engine.stats()
-    finally:
-        bar.close()
-        engine.close()
     return {
         "model": loaded.name,
         "dtype": str(loaded.dtype).replace("torch.", ""),
@@ -182,6 +114,100 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
         },
         "engine_counters": {k: st[k] for k in ("decode_steps", "mean_batch_rows", "max_batch_rows", "rebuilds")},
     }
+
+
+def _measure_decode(loaded: Any, engine: Any, prompt: list[int], config: EngineBenchConfig,
+                    tick: Callable[[int], Any]) -> dict[str, Any]:
+    """(a) single stream, both cold (prompt prefilled each time), one warm-up repetition first."""
+    n = config.decode_tokens
+    greedy = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    hf_times, eng_times = [], []
+    same_tokens = None
+    for rep in range(config.repeats + 1):
+        t_hf, hf_ids = _hf_generate_seconds(loaded, prompt, n)
+        tick(1)
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        out = engine.generate(prompt, greedy)
+        t_eng = time.perf_counter() - t0
+        tick(1)
+        if rep > 0:
+            hf_times.append(t_hf)
+            eng_times.append(t_eng)
+        same_tokens = list(out.output_ids) == hf_ids
+    t_hf, t_eng = statistics.median(hf_times), statistics.median(eng_times)
+    return {
+        "prompt_tokens": len(prompt),
+        "new_tokens": n,
+        "transformers_generate_s": t_hf,
+        "engine_s": t_eng,
+        "transformers_tokens_per_s": n / t_hf,
+        "engine_tokens_per_s": n / t_eng,
+        "speedup_vs_transformers_generate": t_hf / t_eng,
+        "greedy_tokens_identical": bool(same_tokens),
+    }
+
+
+def _measure_fork(loaded: Any, engine: Any, prompt: list[int], config: EngineBenchConfig,
+                  tick: Callable[[int], Any]) -> dict[str, Any]:
+    """(b)-(d): one cached root, cuts over its generated part; one warm-up repetition first."""
+    engine.flush_cache()
+    head = max(1, min(len(prompt), config.root_tokens // 4))
+    root_out = engine.generate(prompt[:head], SamplingParams(max_new_tokens=config.root_tokens - head,
+                                                             seed=config.seed, ignore_eos=True))
+    root = list(root_out.input_ids) + list(root_out.output_ids)
+    assert len(root) == config.root_tokens
+    rng = np.random.default_rng(config.seed)
+    lo = len(root_out.input_ids) + 1
+    runs = []
+    for rep in range(config.repeats + 1):
+        cuts = sorted(rng.choice(np.arange(lo, len(root)), size=config.num_suffixes + 1, replace=False).tolist())
+        run = _fork_repetition(engine, root, cuts, config, rep, tick)
+        if rep > 0:
+            runs.append(run)
+        # forget the suffixes (keep the root) so every repetition starts from the same cache state
+        engine.flush_cache()
+        engine.generate(root[:-1], SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))
+    bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * loaded.dtype.itemsize
+    t_single = statistics.median(r["single_s"] for r in runs)
+    t_batch = statistics.median(r["batch_s"] for r in runs)
+    peak = max(r["pool_peak"] for r in runs)
+    return {
+        "root_tokens": config.root_tokens,
+        "num_suffixes": config.num_suffixes,
+        "suffix_tokens": config.suffix_tokens,
+        "single_suffix_s": t_single,
+        "batched_call_s": t_batch,
+        "batched_over_single": t_batch / t_single,
+        "prefix_hit_rate": float(np.mean([r["hit_rate"] for r in runs])),
+        "peak_kv_pool_tokens": int(peak),
+        "peak_kv_pool_mib": peak * bytes_per_token / 2**20,
+        "kv_bytes_per_token": bytes_per_token,
+    }
+
+
+def _fork_repetition(engine: Any, root: list[int], cuts: list[int], config: EngineBenchConfig, rep: int,
+                     tick: Callable[[int], Any]) -> dict[str, float]:
+    """One suffix alone from the first cut, then the other cuts' suffixes in one batched call."""
+    single_cut, batch_cuts = cuts[0], cuts[1:]
+
+    def params(k: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=config.suffix_tokens, seed=config.seed * 1000 + rep * 100 + k,
+                              ignore_eos=True, return_logprob=True)
+
+    t0 = time.perf_counter()
+    engine.generate(root[:single_cut], params(0))
+    t_single = time.perf_counter() - t0
+    tick(1)
+    t0 = time.perf_counter()
+    outs = engine.generate_batch([(root[:c], params(k + 1)) for k, c in enumerate(batch_cuts)])
+    t_batch = time.perf_counter() - t0
+    after = engine.stats()
+    tick(1)
+    cached = sum(o.meta_info["cached_tokens"] for o in outs)
+    reusable = sum(o.meta_info["prompt_tokens"] - 1 for o in outs)
+    return {"single_s": t_single, "batch_s": t_batch, "hit_rate": cached / reusable,
+            "pool_peak": after["peak_kv_pool_tokens"]}
 
 
 def format_engine_bench(r: dict[str, Any]) -> str:

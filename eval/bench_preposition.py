@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -246,7 +246,40 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
 
     micro = measure_prefill_and_decode(engine, vocab, cfg.prefill_lengths, rng)
     out["microbench"] = micro
+    arms, t_pp = _latency_arms(engine, tokenizer, cfg, rng, bar, out)
+    p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
+    consts = LatencyConstants(
+        prefill_ms_per_token=max(micro["prefill_ms_per_token"], 0.0), decode_ms=max(micro["decode_ms"], 0.0),
+        scan_ms=p50["fast"], restore_ms=max(p50["fall_0"] - micro["decode_ms"], 0.0),
+    )
+    L_entry = out["entry_len"]
+    out["constants"] = consts.as_dict()
+    out["restore_residual_ms"] = p50["fall_0"] - micro["decode_ms"]
+    out["closed_form"] = {
+        "l_cold_ms": float(l_cold(L_entry, consts)), "l_fall0_ms": float(l_fall(0, consts)),
+        "l_fall_entry_ms": float(l_fall(L_entry, consts)), "l_fast_ms": consts.scan_ms,
+    }
+    calib = _gate_calibration(engine, tokenizer, cfg, bar, plots_dir) if cfg.calib_windows else None
+    if calib is not None:
+        out["gate"] = calib
+    if cfg.trace_updates and cfg.rhos:
+        update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
+        out["trace"] = _live_traces(engine, tokenizer, cfg, rng, bar, update_cost)
+    g = calib["at_tau"]["coverage"] if calib else 0.0
+    out["expected_latency_ms"] = {
+        str(rho): float(expected_latency(hit_rate(rho), g, p50["fast"], p50["fall_0"], p50["cold"]))
+        for rho in cfg.rhos
+    }
+    out["gate_fire_probability_g"] = g
+    if plots_dir:
+        _plots(out, consts, g, plots_dir)
+    return out
 
+
+def _latency_arms(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, bar: Callable,
+                  out: dict[str, Any]) -> tuple[_Arms, list[float]]:
+    """The four first-token latency arms (HW-5), in rotating order; fills `out` with their statistics and
+    returns the arms (for the measured ingest times) and the pre-position times T_pp."""
     arms = _Arms(engine, tokenizer, rng)
     lat: dict[str, list[float]] = {a: [] for a in ARMS}
     t_pp: list[float] = []
@@ -264,78 +297,65 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
                     cached[arm].append(r.cached_tokens)
             tick()
     arms.close()
-    L_entry = len(arms.entry)
     stats = {a: _pct(v) for a, v in lat.items()}
     for a in ARMS:
         stats[a]["mean_delta"] = float(np.mean(deltas[a]))
         if cached[a]:
             stats[a]["mean_cached_tokens"] = float(np.mean(cached[a]))
-    out["entry_len"] = L_entry
+    p50 = {a: stats[a]["p50_ms"] for a in ARMS}
+    out["entry_len"] = len(arms.entry)
     out["entry_len_per_arm"] = {a: len(e) for a, e in arms.entries.items()}
     out["system_len"] = len(arms.system)
     out["latency"] = stats
     out["preposition_ms"] = _pct(t_pp)
     out["ingest_ms"] = _pct(arms.ingest_s)
-    p50 = {a: stats[a]["p50_ms"] for a in ARMS}
     out["ratios"] = {
         "cold_over_fast_p50": p50["cold"] / p50["fast"],
         "fall0_over_cold_p50": p50["fall_0"] / p50["cold"],
         "fall_entry_over_cold_p50": p50["fall_entry"] / p50["cold"],
     }
-    consts = LatencyConstants(
-        prefill_ms_per_token=max(micro["prefill_ms_per_token"], 0.0), decode_ms=max(micro["decode_ms"], 0.0),
-        scan_ms=p50["fast"], restore_ms=max(p50["fall_0"] - micro["decode_ms"], 0.0),
-    )
-    out["constants"] = consts.as_dict()
-    out["restore_residual_ms"] = p50["fall_0"] - micro["decode_ms"]
-    out["closed_form"] = {
-        "l_cold_ms": float(l_cold(L_entry, consts)), "l_fall0_ms": float(l_fall(0, consts)),
-        "l_fall_entry_ms": float(l_fall(L_entry, consts)), "l_fast_ms": consts.scan_ms,
-    }
+    return arms, t_pp
 
-    # gate calibration on the trend task
-    calib = None
-    if cfg.calib_windows:
-        windows = make_windows(cfg.calib_windows, seed=cfg.seed + 1)
-        with bar("trend-task calibration", len(windows)) as tick:
-            pairs = collect_pairs(engine, tokenizer, windows, progress=tick)
-        A = answer_tokens(tokenizer)
-        rep, points = report(pairs, tau=cfg.tau, r_max=cfg.r_max, answer_set_size=len(A))
-        calib = rep.as_dict()
-        calib["fast_tokens"] = _top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
-        calib["full_tokens"] = _top_counts([tokenizer.decode([p.full_token]) for p in pairs])
-        out["gate"] = calib
-        if plots_dir:
-            plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png",
-                               title=f"trend task, {len(pairs)} windows")
 
-    # live trace
-    if cfg.trace_updates and cfg.rhos:
-        update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
-        interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
-        gate = GateConfig(threshold=cfg.tau, fast_answer_set=frozenset(answer_tokens(tokenizer)))
-        traces = []
-        with bar("live trace", (cfg.trace_updates + 1) * len(cfg.rhos)) as tick:
-            for rho in cfg.rhos:
-                traces.append(run_trace(engine, tokenizer, rho, cfg.trace_updates, interval, gate, rng, tick,
-                                        delay_s=update_cost))
-        out["trace"] = {"interval_s": interval, "update_cost_s": update_cost, "points": traces}
-
-    g = calib["at_tau"]["coverage"] if calib else 0.0
-    out["expected_latency_ms"] = {
-        str(rho): float(expected_latency(hit_rate(rho), g, p50["fast"], p50["fall_0"], p50["cold"]))
-        for rho in cfg.rhos
-    }
-    out["gate_fire_probability_g"] = g
+def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable,
+                      plots_dir: str | None) -> dict[str, Any]:
+    """Gate calibration on the trend task (HW-3); Figure 7 with `plots_dir`."""
+    windows = make_windows(cfg.calib_windows, seed=cfg.seed + 1)
+    with bar("trend-task calibration", len(windows)) as tick:
+        pairs = collect_pairs(engine, tokenizer, windows, progress=tick)
+    rep, points = report(pairs, tau=cfg.tau, r_max=cfg.r_max, answer_set_size=len(answer_tokens(tokenizer)))
+    calib = rep.as_dict()
+    calib["fast_tokens"] = _top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
+    calib["full_tokens"] = _top_counts([tokenizer.decode([p.full_token]) for p in pairs])
     if plots_dir:
-        plot_latency_vs_entry(consts, f"{plots_dir}/fig4_latency_vs_entry.png", measured_entry=L_entry,
-                              measured_cold=[(L_entry, p50["cold"])])
-        plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
-                          measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
-        measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in out.get("trace", {}).get("points", [])]
-        plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured)
-        out["plots"] = plots_dir
-    return out
+        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows")
+    return calib
+
+
+def _live_traces(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, bar: Callable,
+                 update_cost: float) -> dict[str, Any]:
+    """The live trace (HW-4) at every ρ, with the mean update interval from the measured update cost."""
+    interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
+    gate = GateConfig(threshold=cfg.tau, fast_answer_set=frozenset(answer_tokens(tokenizer)))
+    traces = []
+    with bar("live trace", (cfg.trace_updates + 1) * len(cfg.rhos)) as tick:
+        for rho in cfg.rhos:
+            traces.append(run_trace(engine, tokenizer, rho, cfg.trace_updates, interval, gate, rng, tick,
+                                    delay_s=update_cost))
+    return {"interval_s": interval, "update_cost_s": update_cost, "points": traces}
+
+
+def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: str) -> None:
+    """Figures 4-6 from the measured constants (Figure 7 is drawn by the gate calibration)."""
+    p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
+    L_entry = out["entry_len"]
+    plot_latency_vs_entry(consts, f"{plots_dir}/fig4_latency_vs_entry.png", measured_entry=L_entry,
+                          measured_cold=[(L_entry, p50["cold"])])
+    plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
+                      measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
+    measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in out.get("trace", {}).get("points", [])]
+    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured)
+    out["plots"] = plots_dir
 
 
 def _top_counts(xs: Sequence[str], k: int = 5) -> dict[str, int]:

@@ -1,9 +1,11 @@
 """`forerun bench presto`: each sampler and its PreSTO variant on the same prompts, in ONE run.
 
-Prints the columns of PreSTO's Table 7 (App. D.2): total model-call time, MH transitions per call, time per
-call, the Eq. 20 speedup (ratio of mean cumulative call times), the reduction in calls and the increase in
-time per call (ratios of means, speedup = reduction / increase), the median per-prompt speedup, and
-whether the sequential and PreSTO chains were identical (same seed -> same tokens and accept/reject history).
+Prints the columns of PreSTO's Table 7 (App. D.2): total model-call time, MH transitions per call (the mean
+over prompts of K ÷ calls, and Table 2's K ÷ mean calls), time per call, the Eq. 20 speedup (ratio of mean
+cumulative call times), the reduction in calls and the increase in time per call (ratios of means, speedup =
+reduction / increase), the median per-prompt speedup, whether the sequential and PreSTO chains were identical
+(same seed -> same tokens and accept/reject history), and what a PreSTO call costs (nodes scored, distinct
+requests, requests and tokens generated per call).
 Block-extension calls are identical in both variants and excluded from the call metrics.
 """
 
@@ -51,6 +53,14 @@ class PairResult:
             "transitions_per_call": [self._mean(seq, "transitions_per_call"), self._mean(pre, "transitions_per_call")],
             "transitions_per_call_std": [self._std(seq, "transitions_per_call"),
                                          self._std(pre, "transitions_per_call")],
+            # Table 2 (App. E.2): K (transitions per chain) ÷ the mean number of calls over prompts
+            "transitions_per_call_table2": [self._mean(seq, "transitions") / self._mean(seq, "num_calls"),
+                                            self._mean(pre, "transitions") / self._mean(pre, "num_calls")],
+            # what a PreSTO call costs, per model call (means over prompts of per-chain totals ÷ calls)
+            "presto_per_call": {name: float(np.mean([r.total(name) / r.num_calls for r in pre]))
+                                for name in ("nodes_scored", "distinct_requests", "generated_requests",
+                                             "generated_tokens")},
+            "presto_reuse_rounds": float(np.mean([len(r.rounds) - r.num_calls for r in pre])),
             "time_per_call_s": [self._mean(seq, "time_per_call"), self._mean(pre, "time_per_call")],
             "calls": [self._mean(seq, "num_calls"), self._mean(pre, "num_calls")],
             "speedup_eq20": speedup,
@@ -72,9 +82,11 @@ def run_pairs(
     flush: Callable[[], None] | None = None,
     progress: Callable[[str], None] | None = None,
     on_result: Callable[[ChainResult], None] | None = None,
+    on_transitions: Callable[[int], None] | None = None,
 ) -> list[PairResult]:
     """Run every config sequentially and with PreSTO on every prompt; `flush` clears the prefix cache
-    before each chain so that neither variant reuses the other's KV."""
+    before each chain so that neither variant reuses the other's KV.  `progress(label)` is called after each
+    chain, `on_transitions(k)` after every k realized MH transitions (a progress bar's update)."""
     out = []
     for cfg in configs:
         pair = PairResult(sampler=cfg.kind)
@@ -82,7 +94,8 @@ def run_pairs(
             for presto in (False, True):
                 if flush is not None:
                     flush()
-                res = make_sampler(model, cfg, presto=presto, prefetch=prefetch).run(ids, prompt_id=pid)
+                sampler = make_sampler(model, cfg, presto=presto, prefetch=prefetch)
+                res = sampler.run(ids, prompt_id=pid, progress=on_transitions)
                 (pair.presto if presto else pair.sequential).append(res)
                 if on_result is not None:
                     on_result(res)
@@ -94,16 +107,18 @@ def run_pairs(
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Table 7 layout: sequential / PreSTO per cell, then the ratios."""
-    head = (f"{'sampler':<12} {'total time (s)':>22} {'transitions/call':>18} {'time/call (s)':>17} "
-            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10}")
+    head = (f"{'sampler':<12} {'total time (s)':>22} {'transitions/call':>18} {'K÷calls':>8} {'time/call (s)':>17} "
+            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10} {'nodes,req/call':>15}")
     lines = [head, "-" * len(head)]
     for r in rows:
         tt, tpc, tc = r["total_time_s"], r["transitions_per_call"], r["time_per_call_s"]
+        per_call = r["presto_per_call"]
         lines.append(
             f"{r['sampler']:<12} {tt[0]:>9.2f}±{r['total_time_std_s'][0]:<4.2f}/{tt[1]:>6.2f} "
-            f"{tpc[0]:>8.2f}/{tpc[1]:<9.2f} {tc[0]:>8.3f}/{tc[1]:<8.3f} "
+            f"{tpc[0]:>8.2f}/{tpc[1]:<9.2f} {r['transitions_per_call_table2'][1]:>8.2f} {tc[0]:>8.3f}/{tc[1]:<8.3f} "
             f"{r['speedup_eq20']:>7.2f}x {r['median_prompt_speedup']:>6.2f}x {r['reduction_in_calls']:>6.2f}x "
-            f"{r['increase_in_time_per_call']:>7.2f}x {r['identical_chains']:>4}/{r['prompts']:<5}"
+            f"{r['increase_in_time_per_call']:>7.2f}x {r['identical_chains']:>4}/{r['prompts']:<5} "
+            f"{per_call['nodes_scored']:>7.1f},{per_call['generated_requests']:<7.1f}"
         )
     return "\n".join(lines)
 

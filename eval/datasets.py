@@ -22,8 +22,8 @@ Where the files come from (`resolve_data_dir`): an explicit `data_dir` > env `FO
 `shared/datasets` found by walking up from this package's source folder (a checkout with `shared/`
 beside or inside it) > the packaged 20-prompt slices in `forerun/eval/data/` (MATH500, HumanEval, MBPP,
 MMLU, AIME 2024/2025 only; provenance in `data/PROVENANCE.md`).  GPQA and LCB are never packaged.
-`hub=True` reads the Hugging Face datasets of Table 3 instead, only when the `datasets` package is
-importable (it is not a forerun dependency) and the hub is reachable.
+`hub=True` reads the Hugging Face datasets of Table 3 instead (`datasets_hub.py`), only when the `datasets`
+package is importable (it is not a forerun dependency) and the hub is reachable.
 
 GPQA answer choices are shuffled at load time, per question, with a `random.Random` seeded from
 sha256(f"{seed}:{Record ID}") (default seed 10086, the paper's seed, Table 6): the order does not depend on
@@ -36,7 +36,6 @@ import argparse
 import csv
 import hashlib
 import importlib.resources
-import importlib.util
 import json
 import os
 import random
@@ -382,50 +381,6 @@ def _read_dir(spec: DatasetSpec, folder: Path, names: tuple[str, ...], gpqa_seed
     return out
 
 
-def _read_hub(spec: DatasetSpec, gpqa_seed: int) -> list[Prompt]:
-    if importlib.util.find_spec("datasets") is None:
-        raise DatasetError("hub=True needs the Hugging Face `datasets` package (pip install datasets); it is not "
-                           "a forerun dependency. Without it, point FORERUN_DATA_DIR at an offline copy.")
-    import datasets as hf  # type: ignore[import-not-found]
-
-    def rows(*args: Any, **kw: Any) -> list[dict[str, Any]]:
-        return [dict(r) for r in hf.load_dataset(*args, **kw)]
-
-    name = spec.name
-    if name == "math500":
-        return [_math500(r, f"hub:{spec.hf}[{i}]") for i, r in enumerate(rows("HuggingFaceH4/MATH-500", split="test"))]
-    if name in ("aime2024", "aime2025", "aime"):
-        out: list[Prompt] = []
-        if name in ("aime2024", "aime"):
-            out += [_aime2024(r, f"hub:Maxwell-Jia/AIME_2024[{i}]")
-                    for i, r in enumerate(rows("Maxwell-Jia/AIME_2024", split="train"))]
-        if name in ("aime2025", "aime"):
-            for i, r in enumerate(rows("MathArena/aime_2025", split="train")):
-                idx = int(r["problem_idx"])
-                r = {"id": f"2025-{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1}", "problem": r["problem"],
-                     "answer": str(r["answer"])}
-                out.append(_aime2025(r, f"hub:MathArena/aime_2025[{i}]"))
-        if name == "aime":
-            out = [Prompt("aime", p.id, p.question, p.answer, p.choices, p.extra) for p in out]
-        return out
-    if name == "humaneval":
-        return [_humaneval(r, f"hub:{spec.hf}[{i}]")
-                for i, r in enumerate(rows("openai/openai_humaneval", split="test"))]
-    if name == "mbpp":
-        got = [_mbpp(r, f"hub:{spec.hf}[{i}]")
-               for i, r in enumerate(rows("google-research-datasets/mbpp", "full", split="test"))]
-        return [p for p in got if 11 <= p.extra["task_id"] <= 510]
-    if name == "lcb-v5":
-        got = rows("livecodebench/code_generation_lite", split="test", version_tag="release_v5", trust_remote_code=True)
-        return [_lcb(r, f"hub:{spec.hf}[{i}]", i) for i, r in enumerate(got)]
-    if name == "gpqa":
-        return [_gpqa(r, f"hub:{spec.hf}[{i}]", gpqa_seed)
-                for i, r in enumerate(rows("Idavidrein/gpqa", "gpqa_diamond", split="train"))]
-    if name == "mmlu":
-        return [_mmlu(r, f"hub:{spec.hf}[{i}]", i) for i, r in enumerate(rows("cais/mmlu", "all", split="test"))]
-    raise DatasetError(f"no hub loader for {name!r}")  # pragma: no cover
-
-
 def load_prompts(name: str, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None,
                  hub: bool = False, gpqa_seed: int = GPQA_SHUFFLE_SEED) -> list[Prompt]:
     """The first `limit` prompts (all when None) of dataset `name`, in upstream order.
@@ -437,7 +392,9 @@ def load_prompts(name: str, *, data_dir: str | os.PathLike[str] | None = None, l
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     if hub:
-        prompts = _read_hub(spec, gpqa_seed)
+        from .datasets_hub import read_hub  # the online reader needs this module's row parsers
+
+        prompts = read_hub(spec, gpqa_seed)
         return prompts if limit is None else prompts[:limit]
     source = resolve_data_dir(data_dir)
     if source.packaged:

@@ -13,6 +13,7 @@ positions [0, c) and resamples [c, T).  π_α(x) ∝ p0(x)^α (Eq. 2, 4).
     H_t (entropy of p0, App. D.3)           entropy[t]
     ΔH_t                                    entropy_jumps(entropy)[t]
     ρ_x(c) ∝ max(ΔH_c, 0)^β (β = 4)         entropy_cut_law(entropy, beta)
+    c = argmax_t log ρ_x(t) + G_t           cut_by_gumbel_max(law, gumbels)
     ε (0.01)                                EPSILON
     ε-certain reject / accept / uncertain   epsilon_class(A, epsilon) ∈ CLASSES (App. C.3 order)
     MTM weight w(y) = π(y)/Q(y|x_{0:c})     mtm_log_weight(...)
@@ -28,15 +29,28 @@ prefix is shared.  Hence Eq. 6:
     log A = min(0, log r).  Each cut-conditional kernel is π_α-reversible, so is their mixture over c.
 
 EntropyCut (Zhou et al.).  The cut law depends on the state: ρ_x(c) ∝ max(ΔH_c(x), 0)^β with
-    ΔH_0 := 0,   ΔH_t := H_t − H_{t−1}  (t = 1..T−1),
+    ΔH_0 := H_0,   ΔH_t := H_t − H_{t−1}  (t = 1..T−1),
 where H_t is the natural-log entropy of p0(· | x_{0:t}) over the full vocabulary (the distribution response
-token t is drawn from), i.e. the jump of the base model's next-token entropy when moving to position t.
-If every weight is zero the law falls back to Unif{0..T−1} (documented fallback; it is a function of the
-state, so the correction below stays exact).  For detailed balance of the kernel Σ_c ρ_x(c) q(y|x,c) A,
-each c must satisfy π(x) ρ_x(c) q(y|x,c) A(y,x) = π(y) ρ_y(c) q(x|y,c) A(x,y), which gives
+token t is drawn from; H_0 is the entropy at the prompt's last position, the distribution that produced x_1).
+ΔH_0 = H_0 is the jump from 0: Zhou et al.'s reference implementation weights cuts by
+clip(diff(H, prepend=0), 0)^β, so cut 0 (resample the whole response) has weight H_0^β.  The PreSTO paper
+describes EntropyCut only as "cuts where the entropy increases" and does not say what happens at position 0.
+Setting ΔH_0 := 0 instead (this module's first version) gives cut 0 probability zero: x_1 then keeps its
+initial draw forever and the chain is reducible (tests/programs/test_convergence.py).
+If every weight is zero the law falls back to Unif{0..T−1} (a function of the state, so the correction below
+stays exact).  For detailed balance of the kernel Σ_c ρ_x(c) q(y|x,c) A, each c must satisfy
+π(x) ρ_x(c) q(y|x,c) A(y,x) = π(y) ρ_y(c) q(x|y,c) A(x,y), which gives
     log r_EC = log r_Eq.6 + log ρ_y(c) − log ρ_x(c).
-H_t for t ≤ c depends only on x_{0:t} = y_{0:t}, so the weights at t ≤ c agree; ρ_y(c) differs from ρ_x(c)
-through the normalizer (positions > c).  ρ_y(c) = 0 (possible only under the fallback) gives A = 0.
+Why the correction stays exact with ΔH_0 = H_0: the weight at t depends on H_0..H_t, and H_t depends only on
+the prefix x_{0:t}; for t ≤ c that prefix is shared by x and y = (x_{0:c}, y_{c:T}), so the weights at t ≤ c
+agree (H_0 depends on the prompt alone and is shared by every state).  ρ_y(c) differs from ρ_x(c) only
+through the normalizer (positions > c), which the correction evaluates exactly.  ρ_y(c) = 0 (possible only
+under the fallback) gives A = 0.
+The cut itself is drawn by Gumbel-max, c = argmax_t (log ρ_x(t) + G_t) with G_t i.i.d. standard Gumbel keyed
+by the transition (`cut_by_gumbel_max`): an exact draw from ρ_x.  Unlike the inverse CDF, it decides the cut
+from the weights at t ≤ c alone whenever c wins: a state y that shares x's prefix up to κ ≥ c has the same
+scores at t ≤ κ, so its cut is either c again or lies beyond κ.  PreSTO uses this to request EntropyCut
+proposals below acceptances and validate them after generation (`kernels.EntropyCutKernel`).
 
 MultiTryMH (simplified EGPS, Liu et al. 2000).  Fix the cut c (uniform, state-independent) and the prefix
 P = x_{0:c}.  Each candidate draws a temperature τ ~ Unif(𝒯), 𝒯 = {0.25, 0.5, 1.0}, then a suffix from
@@ -142,13 +156,11 @@ def epsilon_class(accept_prob: float, epsilon: float = EPSILON) -> str:
 
 # -- EntropyCut ---------------------------------------------------------------------------------------
 def entropy_jumps(entropy: Sequence[float]) -> np.ndarray:
-    """ΔH_0 = 0, ΔH_t = H_t − H_{t−1} for t ≥ 1 (see the module docstring)."""
+    """ΔH_0 = H_0, ΔH_t = H_t − H_{t−1} for t ≥ 1: Zhou et al.'s diff(H, prepend=0) (module docstring)."""
     h = _as_array(entropy, "entropy")
     if len(h) == 0:
         raise ValueError("entropy must be non-empty")
-    out = np.zeros_like(h)
-    out[1:] = h[1:] - h[:-1]
-    return out
+    return np.diff(h, prepend=0.0)
 
 
 def entropy_cut_law(entropy: Sequence[float], beta: float) -> np.ndarray:
@@ -177,6 +189,20 @@ def cut_from_law(law: Sequence[float] | np.ndarray, u: float) -> int:
     while probs[idx] <= 0.0 and idx > 0:  # u landed on a flat part at the top (rounding): step back
         idx -= 1
     return idx
+
+
+def cut_by_gumbel_max(law: Sequence[float] | np.ndarray, gumbels: Sequence[float] | np.ndarray) -> int:
+    """c = argmax_t (log ρ(t) + G_t): with G_t i.i.d. standard Gumbel, an exact draw from ρ (zero-probability
+    cuts never win).  Whenever the winner c lies at or before κ, it is decided by the scores at t ≤ κ alone."""
+    probs = _as_array(law, "law")
+    g = _as_array(gumbels, "gumbels")
+    if len(g) != len(probs):
+        raise ValueError(f"need one Gumbel per cut: {len(g)} for a law over {len(probs)} cuts")
+    if not np.any(probs > 0.0):
+        raise ValueError("the cut law has no positive entry")
+    with np.errstate(divide="ignore"):
+        scores = np.where(probs > 0.0, np.log(probs), -np.inf) + g
+    return int(np.argmax(scores))
 
 
 def entropy_cut_log_ratio(

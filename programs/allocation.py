@@ -4,7 +4,9 @@ Given the transitions of the current block (one request cut per depth) and a pre
 probability per node, choose at most ``N_pf`` requests (expanded nodes) that maximise the predicted
 number of completed MH transitions (Eq. 17), by the dynamic program of Proposition 2 (Eq. 19).
 The tree itself - heap indexing, κ, Condition 1, I_max, BFS, the walk - is ``prefetch_tree``; the
-round's planner that chooses between BFS and this rule is ``traversal``.
+round's planner that chooses between BFS and this rule is ``traversal``.  This is the paper's per-node
+budget (``budget_unit="node"``); under forerun's default budget of distinct requests, where nodes of an
+already-requested depth are free, the selection is ``call_cost.request_budget_allocation``.
 
     paper                       code
     v0, v, v+, v-               root 0, node i, accept_child(i), reject_child(i)      (prefetch_tree)

@@ -9,7 +9,7 @@ samplers (`samplers`) drive the same kernels, which is what keeps their chains i
     x^(k) (MH state: tokens, log q_τ,       ChainState (tokens, logq, logp0, entropy, logq_by_temp)
       log p0, H per position)
     (x_{0:c}, y_{c:T})                      ChainState.splice(cut, suffix)
-    c ~ Unif{0..T−1} / ρ_x(c) (EntropyCut)  kernel.cut(state, j, stream)
+    c ~ Unif{0..T−1} / ρ_x(c) (EntropyCut)  kernel.cut(state, j, stream); its law kernel.cut_law(state)
     log A(y, x)                             Decision.log_accept
     M candidates + M − 1 references         MultiTryKernel.requests (2M − 1 requests, one prefix x_{0:c})
 """
@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .acceptance import (
-    cut_from_law,
+    cut_by_gumbel_max,
     entropy_cut_law,
     entropy_cut_log_ratio,
     log_acceptance,
@@ -84,8 +84,15 @@ class Decision:
 # -- kernels -----------------------------------------------------------------------------------------
 class TransitionKernel(Protocol):
     state_dependent_cut: bool
+    """Whether the cut law depends on the state (EntropyCut).  Below an acceptance the node's state is not
+    known before the call, so PreSTO requests the proposal at the root's cut and keeps it only if the cut
+    drawn from the node's own state, once generated, is the same (see `EntropyCutKernel`)."""
+
+    def cut_law(self, state: ChainState) -> np.ndarray: ...
 
     def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int: ...
+
+    def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]: ...
 
     def requests(self, prefix_ids: tuple[int, ...], cut: int, horizon: int, j: int,
                  stream: DecisionStream) -> list[SuffixRequest]: ...
@@ -102,8 +109,14 @@ class PowerMHKernel:
     tau: float
     state_dependent_cut: bool = False
 
+    def cut_law(self, state: ChainState) -> np.ndarray:
+        return np.full(state.length, 1.0 / state.length)
+
     def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
         return uniform_cut(stream.cut_uniform(j), state.length)
+
+    def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
+        return [self.cut(state, j, stream) for j in transitions]
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         return [SuffixRequest(prefix_ids, horizon - cut, self.tau, stream.suffix_seed(j))]
@@ -119,13 +132,29 @@ class PowerMHKernel:
 
 @dataclass(frozen=True)
 class EntropyCutKernel(PowerMHKernel):
-    """Cut by inverse CDF of ρ_x ∝ max(ΔH, 0)^β at the transition's uniform; Eq. 6 + cut-law correction."""
+    """Cut c = argmax_t log ρ_x(t) + G_{j,t} (Gumbel-max, an exact draw from ρ_x ∝ max(ΔH, 0)^β, ΔH_0 = H_0);
+    Eq. 6 + cut-law correction.
+
+    Why PreSTO can prefetch below an acceptance exactly: a node v whose state shares the root's prefix up to
+    κ(v) has the root's weights at t ≤ κ(v) (H_t depends on x_{0:t} only) and the same Gumbels, so if the
+    root's cut c_j ≤ κ(v), v's own cut is c_j again or lies beyond κ(v).  The request at the root's c_j (the
+    one every node at that depth shares) is therefore v's request exactly when `cut(v's state)` returns c_j,
+    which is checked once v's state is generated; otherwise v's cut violates Condition 1 and the request is
+    deferred, as it would have been had it been known.  (The inverse CDF has no such property: its cut
+    depends on the normalizer of the law, i.e. on entropies after the cut generated in the same call.)"""
 
     beta: float = 4.0
     state_dependent_cut: bool = True
 
+    def cut_law(self, state: ChainState) -> np.ndarray:
+        return entropy_cut_law(state.entropy, self.beta)
+
     def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
-        return cut_from_law(entropy_cut_law(state.entropy, self.beta), stream.cut_uniform(j))
+        return cut_by_gumbel_max(self.cut_law(state), stream.cut_gumbels(j, state.length))
+
+    def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
+        law = self.cut_law(state)
+        return [cut_by_gumbel_max(law, stream.cut_gumbels(j, state.length)) for j in transitions]
 
     def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
         return entropy_cut_log_ratio(state.logq, state.logp0, state.entropy, proposal.logq, proposal.logp0,
@@ -141,8 +170,14 @@ class MultiTryKernel:
     candidates: int = 4
     state_dependent_cut: bool = False
 
+    def cut_law(self, state: ChainState) -> np.ndarray:
+        return np.full(state.length, 1.0 / state.length)
+
     def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
         return uniform_cut(stream.cut_uniform(j), state.length)
+
+    def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
+        return [self.cut(state, j, stream) for j in transitions]
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         n = len(self.temperatures)

@@ -15,14 +15,16 @@ transition j = k + d and share its random inputs, in particular its request cut 
     Condition 1: c' ≤ c                     is_feasible(request_cut, known_cut)
     v expandable (Condition 1, d(v) < K')   is_expandable(i, request_cuts, horizon)
     I_max (App. C.1)                        candidate_nodes(...), is_candidate(...)
-    N_pf                                    budget
+    N_pf                                    budget (nodes, or distinct requests: `call_cost`)
     K' = K − k (depth cap)                  depth_cap (BFS); len(request_cuts) (I_max)
     (v_i, c_i) request                      PrefetchRequest
     MHTransition                            mh_transition
 
-Every feasible request's prefix is root_state[:c] (Condition 1 and the prefix identity of §3.2).
-A request whose cut law depends on a state not yet generated (EntropyCut below an acceptance) is deferred
-like an infeasible one; its inputs are a pure function of j, so deferral keeps them (Prop. 1, A2).
+Every feasible request's prefix is root_state[:c] (Condition 1 and the prefix identity of §3.2), so all
+feasible nodes of one depth share one request.  A request whose cut law depends on a state not yet
+generated (EntropyCut below an acceptance) is made at the root's cut and validated after generation
+(`kernels.EntropyCutKernel`); one that fails is deferred like an infeasible one.  Deferred inputs are a pure
+function of j, so deferral keeps them (Prop. 1, A2).
 """
 
 from __future__ import annotations
@@ -196,6 +198,11 @@ class PrefetchPlan:
         return frozenset(r.parent for r in self.requests)
 
     @property
+    def depths(self) -> frozenset[int]:
+        """The depths requested: one distinct request (PowerMH, EntropyCut; 2M − 1 for MultiTryMH) each."""
+        return frozenset(r.depth for r in self.requests)
+
+    @property
     def unreachable(self) -> frozenset[int]:
         """Expanded nodes below a node that was not expanded (BFS below a deferred request, §3.2): their
         requests are issued, but the walk of this round stops above them.  Empty for the predictive rule."""
@@ -206,38 +213,49 @@ class PrefetchPlan:
 def bfs_collect(
     request_cuts: Sequence[int],
     horizon: int,
-    budget: int,
+    budget: float,
     depth_cap: int,
     *,
-    state_dependent_cut: bool = False,
+    depth_costs: Sequence[float] | None = None,
+    max_nodes: int | None = None,
 ) -> PrefetchPlan:
-    """BFS collection of at most N_pf feasible requests (§3.2 step 1, paper-faithful).
+    """BFS collection of feasible requests (§3.2 step 1).
 
-    `request_cuts[d]` is the cut of transition k + d; with `state_dependent_cut` (EntropyCut) it is the cut
-    drawn from the ROOT state's law, valid only at nodes whose state is the root's (κ = T); elsewhere the
-    request is deferred.  As in the paper's implementation, the rejection child is enqueued even when the
-    node's own request (at its acceptance child) is deferred: requests placed below it are issued but the
-    walk of this round stops at the deferred node and never reaches them (`PrefetchPlan.unreachable`).
+    Without `depth_costs` (the paper's count): at most N_pf = `budget` nodes.  With `depth_costs` (forerun's
+    request unit, `call_cost`): a node at a depth already requested is free, the first node at depth d costs
+    `depth_costs[d]`, BFS stops at the first depth the budget cannot pay (the root's depth is always paid, a
+    depth of cost 0 always fits) and after `max_nodes` nodes.
+    As in the paper's implementation, the rejection child is enqueued even when the node's own request (at
+    its acceptance child) is deferred under Condition 1: requests placed below it are issued but the walk of
+    this round stops at the deferred node and never reaches them (`PrefetchPlan.unreachable`).
     """
-    if budget < 1:
+    if not budget >= 1:
         raise ValueError(f"budget N_pf must be >= 1, got {budget}")
     if depth_cap < 1:
         raise ValueError(f"depth_cap K-k must be >= 1, got {depth_cap}")
-    if len(request_cuts) < min(depth_cap, budget):
-        raise ValueError(f"need request cuts for depths 0..{min(depth_cap, budget) - 1}, got {len(request_cuts)}")
+    per_node = depth_costs is None
+    need = min(depth_cap, int(budget)) if per_node else min(depth_cap, 1)
+    if len(request_cuts) < need:
+        raise ValueError(f"need request cuts for depths 0..{need - 1}, got {len(request_cuts)}")
+    cap = min(depth_cap, len(request_cuts))
+    limit = int(budget) if per_node else (len(request_cuts) * 2**cap if max_nodes is None else max_nodes)
     queue: deque[tuple[int, int]] = deque([(0, horizon)])
     known: dict[int, int] = {0: horizon}
     requests: list[PrefetchRequest] = []
     deferred: set[int] = set()
-    while queue and len(requests) < budget:
+    paid, spent = -1, 0.0
+    while queue and len(requests) < limit:
         node, kappa = queue.popleft()
         depth = node_depth(node)
-        if depth >= depth_cap or depth >= len(request_cuts):
+        if depth >= cap:
             continue
         cut = int(request_cuts[depth])
         plus, minus = accept_child(node), reject_child(node)
-        computable = (not state_dependent_cut) or kappa == horizon
-        if computable and is_feasible(cut, kappa):
+        if is_feasible(cut, kappa):
+            if not per_node and depth > paid:  # BFS meets depths in order: depth == paid + 1
+                if depth > 0 and depth_costs[depth] > 0 and spent + depth_costs[depth] > budget:
+                    break  # deeper nodes all sit below this unpaid depth
+                paid, spent = depth, spent + float(depth_costs[depth])
             requests.append(PrefetchRequest(node=plus, parent=node, depth=depth, cut=cut, parent_cut=kappa))
             known[plus] = cut
             queue.append((plus, cut))

@@ -174,12 +174,13 @@ class ProgramProposalModel:
 
     `tempered_temperatures` 𝒯 (MultiTryMH): every branch carries a `logprob_temperatures(𝒯)` marker and the
     engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine; a stock SGLang
-    server refuses such requests with a clear error).  `require_entropy` (default True; EntropyCut needs it):
-    a backend that does not report the entropy of p0 is an error; with False the entropy is NaN.
+    server refuses such requests with a clear error).  `require_entropy` (default False; EntropyCut callers
+    pass True): a backend that does not report the entropy of p0 is then an error; otherwise the entropy is
+    NaN (PowerMH and MultiTryMH do not use it), so PowerMH runs on a stock SGLang server.
     """
 
     def __init__(self, backend: Any, *, tempered_temperatures: Sequence[float] = (),
-                 require_entropy: bool = True) -> None:
+                 require_entropy: bool = False) -> None:
         self.backend = backend
         self.tempered_temperatures = tuple(float(t) for t in tempered_temperatures)
         if any(not t > 0 for t in self.tempered_temperatures):

@@ -12,6 +12,7 @@ inputs are recomputed from j.
     ℓ (block index, 1-based)               block
     j (transition index within the block)  transition
     c_j ~ Unif{0..T-1} (cut uniform)       DecisionStream.cut_uniform(j)
+    G_{j,t} (EntropyCut Gumbel-max cut)    DecisionStream.cut_gumbels(j, T)
     suffix-sampling randomness of y        DecisionStream.suffix_seed(j, slot)   (engine `sampling_seed`)
     u_j ~ Unif(0,1] (acceptance)           DecisionStream.accept_log_uniform(j) = log u_j
     MTM selection uniform                  DecisionStream.select_uniform(j)
@@ -47,6 +48,7 @@ class Purpose(IntEnum):
     SLOT_TEMPERATURE = 6
     REFERENCE_SEED = 7
     REFERENCE_TEMPERATURE = 8
+    CUT_GUMBEL = 9
 
 
 def prompt_key(prompt_ids: Sequence[int]) -> int:
@@ -94,6 +96,12 @@ class DecisionStream:
     def cut_uniform(self, transition: int) -> float:
         """U_j ~ Unif[0, 1): the cut is a function of it (uniform cut: floor(U_j T); EntropyCut: inverse CDF)."""
         return float(self._gen(transition, Purpose.CUT).random())
+
+    def cut_gumbels(self, transition: int, horizon: int) -> np.ndarray:
+        """G_{j,0..T-1} i.i.d. standard Gumbel: a state-dependent cut law is drawn as argmax_t log ρ(t) + G_t."""
+        if horizon < 1:
+            raise ValueError(f"horizon T must be >= 1, got {horizon}")
+        return self._gen(transition, Purpose.CUT_GUMBEL).gumbel(size=int(horizon))
 
     def suffix_seed(self, transition: int, slot: int = 0) -> int:
         """Sampling seed of the suffix proposal of transition j (slot: MTM candidate index)."""

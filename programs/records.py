@@ -1,8 +1,8 @@
 """Per-call records of the power samplers: the benchmark's timings and the certainty classifier's data.
 
-One `CallRecord` per model call (wall time of the program run, requests issued, transitions realized) and,
-inside it, one `NodeRecord` per scored node of that call's prefetched subtree (a sequential call is a
-subtree with one scored node).  This module owns the one node-record schema: `RecordWriter` appends
+One `CallRecord` per model call (wall time of the program run, nodes scored, distinct requests, requests
+and tokens generated, transitions realized) and, inside it, one `NodeRecord` per scored node of that
+call's prefetched subtree (a sequential call is a subtree with one scored node).  This module owns the one node-record schema: `RecordWriter` appends
 records as JSONL, one line per scored node (stamped with the model's name), and `read_node_records` reads
 them back for the classifier, with errors that name the file and line.
 
@@ -17,6 +17,7 @@ them back for the classifier, with errors that name the file and line.
     A(v+, v), log A                    accept_prob, log_accept
     ε-class (ε = 0.01)                 certainty_class ∈ acceptance.CLASSES
     on the realized MH path            realized (and the decision there: accepted)
+    Features 3/4 (root state at c_j)   extra: logq_at_cut, ..., entropy_suffix_mean (`cut_statistics`)
 """
 
 from __future__ import annotations
@@ -198,24 +199,40 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
 
 @dataclass(frozen=True)
 class CallRecord:
+    """One model call (or one prefetch round served from earlier calls) of a chain."""
+
     prompt_id: str
     sampler: str
     call_index: int
     kind: str
-    """"mh" for a proposal call, "extend" for a block extension (not counted in the MH metrics)."""
+    """"mh": a proposal call; "extend": a block extension (not counted in the MH metrics); "reuse": a PreSTO
+    round whose every request was generated in an earlier round of the chain (no model call)."""
     block: int
     wall_time: float
-    requests: int
-    """Distinct engine requests in the call (MultiTryMH: candidates + references; identical requests of
-    nodes that share a transition's inputs are generated once)."""
-    decisions: int
-    """Prefetched decisions (scored nodes) in the call."""
+    nodes_scored: int
+    """Scored nodes (prefetched decisions) of the round; the paper's N_pf counts these."""
+    distinct_requests: int
+    """Distinct suffix requests the scored nodes use (nodes of one depth share one request; MultiTryMH:
+    candidates + references), including those served from the chain's suffix cache."""
+    generated_requests: int
+    """Distinct requests the engine generated in this call (distinct_requests minus reused ones)."""
+    generated_tokens: int
+    """Tokens the engine generated in this call (Σ of T − c over the generated requests)."""
     transitions: int
     """MH transitions realized from this call."""
+    speculation_misses: int = 0
+    """EntropyCut proposals requested below an acceptance whose node's own cut, once its state was
+    generated, differed from the root's (not scored; the walk defers there)."""
     nodes: tuple[NodeRecord, ...] = field(default_factory=tuple)
+
+    @property
+    def reused_requests(self) -> int:
+        """Requests served from the chain's suffix cache instead of being generated again."""
+        return self.distinct_requests - self.generated_requests
 
     def to_json(self, with_nodes: bool = True) -> dict[str, Any]:
         out = asdict(self)
+        out["reused_requests"] = self.reused_requests
         if not with_nodes:
             out.pop("nodes")
         else:
@@ -244,6 +261,5 @@ class RecordWriter:
         stamp = (lambda n: n) if self.model is None else (lambda n: dataclasses.replace(n, model=self.model))
         lines = [json.dumps(stamp(node).to_json()) for node in nodes]
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line + "\n")
+            fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
         return len(lines)

@@ -3,21 +3,25 @@
 Both variants share the blockwise outer loop (Algorithms 1 and 2): for ℓ = 1..n/B, extend the response to
 T = ℓB tokens with q_τ (one model call), then realize K MH transitions.  The sequential sampler makes one
 model call per transition; the PreSTO variant makes one batched call per prefetch round (BFS or
-predictive traversal, at most N_pf decisions, depth cap K − k), then follows the realized path
+predictive traversal within the budget N_pf, depth cap K − k), then follows the realized path
 (`mh_transition`).  Every random input is drawn per decision from `DecisionStream` (seed, prompt, block,
 transition), so with the same seed both variants produce the identical chain (Proposition 1).
 
     paper                               code
     n, B, K, α, τ = 1/α                 SamplerConfig.response_length, block_size, steps_per_block, alpha, temperature
     β (EntropyCut), M, 𝒯 (MultiTryMH)   SamplerConfig.beta, mtm_candidates, mtm_temperatures
-    N_pf, traversal rule, ĥ(v+; ε)      PrefetchConfig.budget, traversal, branch_prob (traversal.plan_prefetch)
+    N_pf, traversal rule, ĥ(v+; ε)      PrefetchConfig.budget (+ budget_unit), traversal, branch_prob
     x^(k) (MH state)                    kernels.ChainState
-    PrefetchAndScore                    PrestoSampler._round (collect, one model call, score every node)
+    PrefetchAndScore                    PrestoSampler._round (plan, one model call, `prefetch_round.score_round`)
     MHTransition                        prefetch_tree.mh_transition
     k_Δ                                 transitions realized by one call (CallRecord.transitions)
 
-MultiTryMH costs one decision of the budget per transition but issues M + (M − 1) engine requests (the M
-candidates and the M − 1 reference points, all at the same prefix x_{0:c}; see `acceptance`).
+The budget counts distinct generated requests by default (`call_cost`): all nodes of a depth share their
+transition's request, so extra nodes there are free; MultiTryMH pays 2M − 1 per depth (the M candidates and
+the M − 1 reference points, all at the same prefix x_{0:c}; see `acceptance`); `budget_unit="node"` counts
+scored nodes as the paper does.  A request the chain generated in an earlier round of the block is served
+from `suffix_cache` and costs nothing; a round needing only such requests makes no model call
+(CallRecord.kind "reuse").
 """
 
 from __future__ import annotations
@@ -30,19 +34,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .acceptance import EPSILON, accept_decision, epsilon_class
-from .kernels import ChainState, Decision, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
-from .prefetch_tree import (
-    PrefetchPlan,
-    accept_child,
-    accepts_on_path,
-    is_accept_child,
-    mh_transition,
-    node_depth,
-    parent_of,
-)
+from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
+from .cut_statistics import root_cut_features
+from .kernels import ChainState, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
+from .prefetch_round import round_requests, score_round
+from .prefetch_tree import PrefetchPlan, accept_child, accepts_on_path, mh_transition, node_depth, parent_of
 from .proposals import ProposalModel, Suffix, SuffixRequest
 from .random_streams import DecisionStream, prompt_key
 from .records import CallRecord, NodeRecord
+from .suffix_cache import SuffixCache
 from .traversal import TRAVERSALS, BranchProb, plan_prefetch
 
 SAMPLER_KINDS: tuple[str, ...] = ("power-mh", "entropy-cut", "multitry-mh")
@@ -113,23 +113,42 @@ class PrefetchConfig:
     """PreSTO settings."""
 
     budget: int = 20
-    """N_pf: decisions (proposal requests; MultiTryMH: transitions) per prefetch round.  Table 6: 20."""
+    """N_pf: what one prefetch round may cost, in `budget_unit`s.  Table 6: 20."""
+    budget_unit: str = "request"
+    """What N_pf counts (`call_cost`): "request" - distinct suffix requests the call generates (one per
+    requested depth; MultiTryMH 2M − 1; requests the chain already generated are free), the default;
+    "node" - scored nodes, the paper's count (BFS over nodes, the DP of Proposition 2)."""
     traversal: str = "bfs"
-    """Tree traversal rule: "bfs" (default) or "predictive" (DP of Prop. 2, needs branch_prob)."""
+    """Tree traversal rule: "bfs" (default) or "predictive" (ĥ from branch_prob)."""
     branch_prob: BranchProb | None = None
-    """ĥ(v+; ε) of a candidate node (`traversal.CandidateNode`: cut fraction c_j/T, depth, ...), e.g.
-    `CertaintyClassifier.branch_prob_of` (predictive rule only)."""
+    """ĥ(v+; ε) of a candidate node (`traversal.CandidateNode`: cut fraction c_j/T, depth, Features 3/4,
+    ...), e.g. `CertaintyClassifier.branch_prob_of` (predictive rule only)."""
     tree_position: bool = False
-    """Whether branch_prob reads the node's tree position (κ(v), accepts on the path): the DP then runs
-    over (depth, κ, accepts) states, e.g. `CertaintyClassifier.uses_tree_position`."""
+    """Whether branch_prob reads the node's tree position (κ(v), accepts on the path): the node-unit DP then
+    runs over (depth, κ, accepts) states, e.g. `CertaintyClassifier.uses_tree_position`."""
+    max_nodes: int = DEFAULT_MAX_NODES
+    """Request unit: at most this many nodes scored per round (CPU work; free for the engine)."""
+    call_overhead: float | None = None
+    """κ0, request unit, predictive rule: the fixed cost of a call in request-equivalents.  None: maximise
+    the predicted transitions F̂ within the budget (Eq. 17); a number: maximise F̂ / (κ0 + requests)."""
+    reuse_suffixes: bool = True
+    """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
 
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")
+        if self.budget_unit not in BUDGET_UNITS:
+            raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {self.budget_unit!r}")
         if self.traversal not in TRAVERSALS:
             raise ValueError(f"traversal must be one of {TRAVERSALS}, got {self.traversal!r}")
         if self.traversal == "predictive" and self.branch_prob is None:
             raise ValueError("traversal='predictive' needs branch_prob (candidate node -> ĥ)")
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if self.call_overhead is not None and not (0 < self.call_overhead < math.inf):
+            raise ValueError(f"call_overhead κ0 must be a positive number, got {self.call_overhead!r}")
+        if self.call_overhead is not None and (self.budget_unit != "request" or self.traversal != "predictive"):
+            raise ValueError("call_overhead applies to the predictive rule under budget_unit='request' only")
 
 
 def make_kernel(cfg: SamplerConfig) -> TransitionKernel:
@@ -158,7 +177,17 @@ class ChainResult:
 
     @property
     def mh_calls(self) -> list[CallRecord]:
+        """The proposal calls of the engine (block extensions and rounds served from the cache excluded)."""
         return [c for c in self.calls if c.kind == "mh"]
+
+    @property
+    def rounds(self) -> list[CallRecord]:
+        """Every round that realized transitions: the model calls and the rounds served from the cache."""
+        return [c for c in self.calls if c.kind in ("mh", "reuse")]
+
+    def total(self, field_name: str) -> int:
+        """Sum of a CallRecord count over the rounds, e.g. "generated_requests", "nodes_scored"."""
+        return int(sum(getattr(c, field_name) for c in self.rounds))
 
     @property
     def transitions(self) -> int:
@@ -199,6 +228,11 @@ class ChainResult:
             "transitions": self.transitions,
             "accepts": int(sum(self.history)),
             "calls": self.num_calls,
+            "rounds": len(self.rounds),
+            "nodes_scored": self.total("nodes_scored"),
+            "distinct_requests": self.total("distinct_requests"),
+            "generated_requests": self.total("generated_requests"),
+            "generated_tokens": self.total("generated_tokens"),
             "call_time_s": self.call_time,
             "transitions_per_call": self.transitions_per_call,
             "time_per_call_s": self.time_per_call,
@@ -219,44 +253,61 @@ class BlockwiseSampler:
         self.config = config
         self.kernel = make_kernel(config)
         self.clock = clock
+        self._progress: Callable[[int], None] | None = None
 
     @property
     def name(self) -> str:
         return self.config.kind
 
-    def _call(self, requests: Sequence[SuffixRequest]) -> tuple[list[Suffix], float, int]:
-        """One timed model call; returns the suffixes in request order, the wall time and the number of
-        engine requests.  Identical requests (same prefix, seed, length, τ: nodes of one depth share their
-        transition's inputs) are generated once - their suffixes are identical by the engine contract."""
+    def _generate(self, requests: Sequence[SuffixRequest], cache: SuffixCache | None = None,
+                  transitions: Sequence[int] = ()) -> tuple[list[Suffix], float, tuple[int, int, int]]:
+        """One timed model call for the distinct requests not in `cache`; returns the suffixes in request
+        order, the wall time and (distinct, generated requests, generated tokens).  Identical requests (same
+        prefix, seed, length, τ: nodes of one depth share their transition's inputs) are generated once -
+        their suffixes are identical by the engine contract; no call is made when every one is cached."""
         unique = list(dict.fromkeys(requests))
-        start = self.clock()
-        out = self.model.generate(unique)
-        wall = self.clock() - start
-        if len(out) != len(unique):
-            raise RuntimeError(f"model returned {len(out)} suffixes for {len(unique)} requests")
-        by_request = dict(zip(unique, out))
-        return [by_request[r] for r in requests], wall, len(unique)
+        todo = [r for r in unique if cache is None or r not in cache]
+        by_request = {r: cache.get(r) for r in unique if cache is not None and r in cache}
+        wall = 0.0
+        if todo:
+            start = self.clock()
+            out = self.model.generate(todo)
+            wall = self.clock() - start
+            if len(out) != len(todo):
+                raise RuntimeError(f"model returned {len(out)} suffixes for {len(todo)} requests")
+            by_request.update(zip(todo, out))
+            if cache is not None:
+                serves = dict(zip(requests, transitions))
+                for r, suffix in zip(todo, out):
+                    cache.put(r, suffix, serves[r])
+        return [by_request[r] for r in requests], wall, (len(unique), len(todo), sum(r.max_tokens for r in todo))
 
     def _extend(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         cfg = self.config
         req = SuffixRequest(result.prompt_ids + result.response_ids, cfg.block_size, cfg.tau, stream.extend_seed())
-        (suffix,), wall, _ = self._call([req])
+        (suffix,), wall, _ = self._generate([req])
         result.state = result.state.splice(result.state.length, suffix)
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=len(result.calls),
-                                       kind="extend", block=block, wall_time=wall, requests=1, decisions=0,
+                                       kind="extend", block=block, wall_time=wall, nodes_scored=0,
+                                       distinct_requests=1, generated_requests=1, generated_tokens=cfg.block_size,
                                        transitions=0))
 
     def _node_record(self, result: ChainResult, block: int, call_index: int, node: int, parent_cut: int,
-                     cut: int, j: int, log_a: float, realized: bool, accepted: bool | None) -> NodeRecord:
+                     cut: int, j: int, log_a: float, realized: bool, accepted: bool | None,
+                     root: ChainState) -> NodeRecord:
+        """The record of a scored node; Features 3/4 are the ROOT state's statistics at the cut."""
         a = math.exp(log_a)
         return NodeRecord(prompt_id=result.prompt_id, sampler=self.name, block=block, call_index=call_index,
                           node_id=node, depth=node_depth(parent_of(node)), transition=j, cut=cut,
                           parent_cut=parent_cut, cut_fraction=cut / result.state.length,
                           accepts_on_path=accepts_on_path(parent_of(node)), accept_prob=a, log_accept=log_a,
                           certainty_class=epsilon_class(a, self.config.epsilon), realized=realized,
-                          accepted=accepted)
+                          accepted=accepted, extra=root_cut_features(root, cut))
 
-    def run(self, prompt_ids: Sequence[int], prompt_id: str = "") -> ChainResult:
+    def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
+            progress: Callable[[int], None] | None = None) -> ChainResult:
+        """Run the chain; `progress(k)` (optional) is called after every k realized MH transitions."""
+        self._progress = progress
         prompt = tuple(int(t) for t in prompt_ids)
         key = prompt_key(prompt)
         n_temps = len(self.config.mtm_temperatures) if self.config.kind == "multitry-mh" else None
@@ -271,6 +322,10 @@ class BlockwiseSampler:
     def _run_block(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         raise NotImplementedError
 
+    def _advanced(self, transitions: int) -> None:
+        if self._progress is not None:
+            self._progress(transitions)
+
 
 class SequentialSampler(BlockwiseSampler):
     """PowerMH / EntropyCut / MultiTryMH: one model call per MH transition (Algorithm 1)."""
@@ -282,18 +337,20 @@ class SequentialSampler(BlockwiseSampler):
             cut = self.kernel.cut(state, j, stream)
             reqs = self.kernel.requests(result.prompt_ids + tuple(int(t) for t in state.tokens[:cut]), cut, horizon,
                                         j, stream)
-            suffixes, wall, n_requests = self._call(reqs)
+            suffixes, wall, (distinct, generated, tokens) = self._generate(reqs)
             decision = self.kernel.decide(state, cut, suffixes, j, stream)
             accepted = accept_decision(stream.accept_log_uniform(j), decision.log_accept)
             call_index = len(result.calls)
             node = self._node_record(result, block, call_index, accept_child(0), horizon, cut, j,
-                                     decision.log_accept, True, accepted)
+                                     decision.log_accept, True, accepted, state)
             result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
-                                           kind="mh", block=block, wall_time=wall, requests=n_requests, decisions=1,
-                                           transitions=1, nodes=(node,)))
+                                           kind="mh", block=block, wall_time=wall, nodes_scored=1,
+                                           distinct_requests=distinct, generated_requests=generated,
+                                           generated_tokens=tokens, transitions=1, nodes=(node,)))
             result.history.append(accepted)
             if accepted:
                 result.state = decision.proposal
+            self._advanced(1)
 
 
 class PrestoSampler(BlockwiseSampler):
@@ -310,58 +367,61 @@ class PrestoSampler(BlockwiseSampler):
     def name(self) -> str:
         return f"presto-{self.config.kind}"
 
-    def plan(self, root: ChainState, k: int, cap: int, stream: DecisionStream) -> PrefetchPlan:
-        """Collect the round's requests (BFS or predictive) with per-depth cuts of transitions k + d."""
+    def plan(self, root: ChainState, k: int, cap: int, stream: DecisionStream, prompt_ids: tuple[int, ...],
+             cache: SuffixCache | None = None) -> PrefetchPlan:
+        """Collect the round's requests (BFS or predictive) with per-depth cuts of transitions k + d.  Under the
+        request unit a depth costs the requests of its transition not yet in the chain's cache."""
         pf = self.prefetch
-        cuts = [self.kernel.cut(root, k + d, stream) for d in range(min(cap, pf.budget))]
+        cuts = self.kernel.cuts(root, range(k, k + (cap if pf.budget_unit == "request" else min(cap, pf.budget))),
+                                stream)
+        costs = None
+        if pf.budget_unit == "request":
+            costs, spent = [], 0
+            for d, c in enumerate(cuts):  # only the affordable leading depths (and the root's) matter
+                prefix = prompt_ids + tuple(int(t) for t in root.tokens[:c])
+                cost = sum(1 for r in self.kernel.requests(prefix, c, root.length, k + d, stream)
+                           if cache is None or r not in cache)
+                if d and cost and spent + cost > pf.budget:
+                    break
+                costs.append(cost)
+                spent += cost
+            cuts = cuts[: len(costs)]
+        stats = [root_cut_features(root, c) for c in cuts]
+        features = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
         return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
-                             tree_position=pf.tree_position, state_dependent_cut=self.kernel.state_dependent_cut)
+                             tree_position=pf.tree_position, budget_unit=pf.budget_unit, depth_costs=costs,
+                             max_nodes=pf.max_nodes, call_overhead=pf.call_overhead, depth_features=features)
 
     def _run_block(self, result, stream, block):
         K = self.config.steps_per_block
+        cache = SuffixCache() if self.prefetch.reuse_suffixes else None
         k = 0
         while k < K:
-            k += self._round(result, stream, block, k, K - k)
+            if cache is not None:
+                cache.prune(k)
+            steps = self._round(result, stream, block, k, K - k, cache)
+            k += steps
+            self._advanced(steps)
 
-    def _round(self, result: ChainResult, stream: DecisionStream, block: int, k: int, cap: int) -> int:
+    def _round(self, result: ChainResult, stream: DecisionStream, block: int, k: int, cap: int,
+               cache: SuffixCache | None) -> int:
         root = result.state
-        horizon = root.length
-        plan = self.plan(root, k, cap, stream)
+        plan = self.plan(root, k, cap, stream, result.prompt_ids, cache)
         if not plan.requests:
             raise RuntimeError("prefetch round collected no request (the root's request is always feasible)")
-        all_reqs: list[SuffixRequest] = []
-        spans = []
-        for r in plan.requests:
-            if r.cut > r.parent_cut or (self.kernel.state_dependent_cut and accepts_on_path(r.parent) > 0):
-                raise RuntimeError(f"request at node {r.node} is not feasible this round (Condition 1)")
-            prefix = result.prompt_ids + tuple(int(t) for t in root.tokens[: r.cut])
-            reqs = self.kernel.requests(prefix, r.cut, horizon, k + r.depth, stream)
-            spans.append((len(all_reqs), len(all_reqs) + len(reqs)))
-            all_reqs.extend(reqs)
-        suffixes, wall, n_requests = self._call(all_reqs)
-
-        # Score every prefetched node: states follow the tree (v− keeps v's state, v+ is v's proposal).
-        states: dict[int, ChainState] = {0: root}
-
-        def state_of(node: int) -> ChainState:
-            if node not in states:
-                par = parent_of(node)
-                if is_accept_child(node):
-                    raise KeyError(f"acceptance child {node} was not generated")
-                states[node] = state_of(par)
-            return states[node]
-
-        decisions: dict[int, Decision] = {}
-        for r, (a, b) in zip(plan.requests, spans):  # BFS / depth order: a parent's state exists first
-            d = self.kernel.decide(state_of(r.parent), r.cut, suffixes[a:b], k + r.depth, stream)
-            decisions[r.node] = d
-            states[r.node] = d.proposal
+        by_depth = round_requests(self.kernel, result.prompt_ids, root, plan.requests, k, stream)
+        flat = [r for d in sorted(by_depth) for r in by_depth[d]]
+        serves = [k + d for d in sorted(by_depth) for _ in by_depth[d]]
+        suffixes, wall, (distinct, generated, tokens) = self._generate(flat, cache, serves)
+        suffix_of = dict(zip(flat, suffixes))
+        scored = score_round(self.kernel, root, plan.requests,
+                             [[suffix_of[q] for q in by_depth[r.depth]] for r in plan.requests], k, stream)
 
         def decide(node: int) -> bool | None:
             child = accept_child(node)
-            if child not in decisions:
+            if child not in scored.decisions:
                 return None
-            return accept_decision(stream.accept_log_uniform(k + node_depth(node)), decisions[child].log_accept)
+            return accept_decision(stream.accept_log_uniform(k + node_depth(node)), scored.decisions[child].log_accept)
 
         final, steps = mh_transition(decide, cap)
         if not steps:
@@ -370,14 +430,18 @@ class PrestoSampler(BlockwiseSampler):
         call_index = len(result.calls)
         nodes = tuple(
             self._node_record(result, block, call_index, r.node, r.parent_cut, r.cut, k + r.depth,
-                              decisions[r.node].log_accept, r.parent in taken, taken.get(r.parent))
-            for r in plan.requests
+                              scored.decisions[r.node].log_accept, r.parent in taken, taken.get(r.parent), root)
+            for r in plan.requests if r.node in scored.decisions
         )
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
-                                       kind="mh", block=block, wall_time=wall, requests=n_requests,
-                                       decisions=len(plan.requests), transitions=len(steps), nodes=nodes))
+                                       kind="mh" if generated else "reuse", block=block, wall_time=wall,
+                                       nodes_scored=len(nodes), distinct_requests=distinct,
+                                       generated_requests=generated, generated_tokens=tokens,
+                                       transitions=len(steps), speculation_misses=scored.misses, nodes=nodes))
         result.history.extend(s.accepted for s in steps)
-        result.state = state_of(final)
+        state = scored.state_of(final)
+        assert state is not None  # the walk only passes scored proposals
+        result.state = state
         return len(steps)
 
 

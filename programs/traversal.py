@@ -3,12 +3,14 @@ a callable on the candidate node's features.
 
 `plan_prefetch` is the one planner: the PreSTO sampler calls it every round, and anyone who wants the
 requests of a round (a benchmark, a classifier study) calls it with the same arguments.  The tree
-(κ, Condition 1, BFS) is `prefetch_tree`; the DP of Proposition 2 is `allocation`; a certainty classifier
-supplies ĥ only (`CertaintyClassifier.branch_prob_of`).
+(κ, Condition 1, BFS) is `prefetch_tree`; the DP of Proposition 2 is `allocation` (the paper's per-node
+budget, `budget_unit="node"`); the allocation under the request budget is `call_cost`; a certainty
+classifier supplies ĥ only (`CertaintyClassifier.branch_prob_of`).
 
     paper                                   code
     c_j of transitions k + d (per depth)    request_cuts[d]
     T, N_pf, K − k                          horizon, budget, depth_cap
+    what N_pf counts                        budget_unit: "request" (distinct requests, `call_cost`) | "node"
     candidate v before its request          CandidateNode(depth, cut, horizon, parent_cut, accepts_on_path)
     c_j / T (Feature 1)                     CandidateNode.cut_fraction
     κ(v), accepts on the path (Feature 2)   CandidateNode.parent_cut, .accepts_on_path (tree_position=True)
@@ -20,10 +22,11 @@ supplies ĥ only (`CertaintyClassifier.branch_prob_of`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .allocation import NodeState, optimal_allocation, optimal_allocation_by_state
+from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES, check_depth_costs, request_budget_allocation
 from .prefetch_tree import PrefetchPlan, bfs_collect, check_request_cuts, plan_from_selection
 
 TRAVERSALS: tuple[str, ...] = ("bfs", "predictive")
@@ -69,32 +72,58 @@ BranchProb = Callable[[CandidateNode], float]
 def plan_prefetch(
     request_cuts: Sequence[int],
     horizon: int,
-    budget: int,
+    budget: float,
     depth_cap: int | None = None,
     *,
     traversal: str = "bfs",
     branch_prob: BranchProb | None = None,
     tree_position: bool = False,
-    state_dependent_cut: bool = False,
+    budget_unit: str = "request",
+    depth_costs: Sequence[float] | None = None,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    call_overhead: float | None = None,
     depth_features: Mapping[str, Sequence[float]] | None = None,
 ) -> PrefetchPlan:
     """The requests of one prefetch round.
 
     `request_cuts[d]` is the cut of transition k + d; the depth cap K' is `depth_cap` (default: one depth
-    per cut).  "bfs" collects at most N_pf feasible requests breadth-first (§3.2).  "predictive" runs the
-    DP of Proposition 2 with ĥ = `branch_prob(node)`: per depth (d, κ memo) when ĥ reads only per-depth
-    values, over (depth, κ, accepts) when `tree_position` says it reads κ(v) or the accepts on the path.
-    A state-dependent cut law (EntropyCut) can be drawn only at nodes still holding the root's state: BFS
-    defers the others, the DP never expands them.  `depth_features[name][d]` adds per-depth values.
+    per cut).  `budget_unit` says what N_pf counts (`call_cost`): "request" (default) the distinct requests
+    the call generates - requesting depth d costs `depth_costs[d]` (default 1) once, further nodes there are
+    free, at most `max_nodes` nodes are scored; "node" the scored nodes, as in the paper.
+    "bfs" collects breadth-first (§3.2).  "predictive" uses ĥ = `branch_prob(node)`: under "node" the DP of
+    Proposition 2 (per depth, or over (depth, κ, accepts) when `tree_position` says ĥ reads κ(v) or the
+    accepts on the path); under "request" the best-first selection of `call_cost.request_budget_allocation`
+    (maximising F̂, or F̂ / (κ0 + cost) with `call_overhead` κ0).  `depth_features[name][d]` adds per-depth
+    values to the candidate nodes.
     """
     if traversal not in TRAVERSALS:
         raise ValueError(f"traversal must be one of {TRAVERSALS}, got {traversal!r}")
+    if budget_unit not in BUDGET_UNITS:
+        raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {budget_unit!r}")
     cap = len(request_cuts) if depth_cap is None else depth_cap
+    cuts = check_request_cuts(request_cuts, horizon)[: max(cap, 0)]
+    costs = None
+    if budget_unit == "request":
+        costs = check_depth_costs([1.0] * len(cuts) if depth_costs is None else depth_costs, len(cuts))
     if traversal == "bfs":
-        return bfs_collect(request_cuts, horizon, budget, cap, state_dependent_cut=state_dependent_cut)
+        return bfs_collect(request_cuts, horizon, budget, cap, depth_costs=costs, max_nodes=max_nodes)
     if branch_prob is None:
         raise ValueError("the predictive traversal needs branch_prob (candidate node -> ĥ)")
-    cuts = check_request_cuts(request_cuts, horizon)[: max(cap, 0)]
+    node_at = _candidate_factory(cuts, int(horizon), depth_features)
+    if costs is not None:
+        alloc, _ = request_budget_allocation(cuts, horizon, lambda s: float(branch_prob(node_at(s.depth, s))),
+                                             budget, costs, max_nodes=max_nodes, call_overhead=call_overhead)
+    elif not tree_position:
+        hhat = [float(branch_prob(node_at(d))) for d in range(len(cuts))]
+        alloc = optimal_allocation(cuts, horizon, hhat, int(budget))
+    else:
+        alloc = optimal_allocation_by_state(cuts, horizon, lambda s: float(branch_prob(node_at(s.depth, s))),
+                                            int(budget))
+    return plan_from_selection(alloc.selected, cuts, horizon, predicted_transitions=alloc.value)
+
+
+def _candidate_factory(cuts: Sequence[int], horizon: int, depth_features: Mapping[str, Sequence[float]] | None):
+    """node_at(d[, state]) -> CandidateNode with the per-depth features (and the state's tree position)."""
     extra = {k: list(v) for k, v in (depth_features or {}).items()}
     for name, vals in extra.items():
         if len(vals) < len(cuts):
@@ -103,24 +132,7 @@ def plan_prefetch(
     def node_at(d: int, state: NodeState | None = None) -> CandidateNode:
         at = {k: v[d] for k, v in extra.items()}
         if state is None:
-            return CandidateNode(d, cuts[d], int(horizon), features=at)
-        return CandidateNode(d, cuts[d], int(horizon), state.known_cut, state.accepts_on_path, at)
+            return CandidateNode(d, cuts[d], horizon, features=at)
+        return CandidateNode(d, cuts[d], horizon, state.known_cut, state.accepts_on_path, at)
 
-    if not (tree_position or state_dependent_cut):
-        hhat = [float(branch_prob(node_at(d))) for d in range(len(cuts))]
-        alloc = optimal_allocation(cuts, horizon, hhat, budget)
-        return plan_from_selection(alloc.selected, cuts, horizon, predicted_transitions=alloc.value)
-
-    def by_state(state: NodeState) -> float:
-        return float(branch_prob(node_at(state.depth, state)))
-
-    if not state_dependent_cut:
-        alloc = optimal_allocation_by_state(cuts, horizon, by_state, budget)
-        return plan_from_selection(alloc.selected, cuts, horizon, predicted_transitions=alloc.value)
-    # Only nodes holding the root's state (no acceptance on the path) can draw their cut now; Condition 1
-    # always holds there (κ = T), so the DP sees cuts of T plus that extra condition.
-    root_cuts = [int(horizon)] * len(cuts)
-    alloc = optimal_allocation_by_state(root_cuts, horizon, by_state, budget,
-                                        expandable=lambda s: s.accepts_on_path == 0)
-    plan = plan_from_selection(alloc.selected, root_cuts, horizon, predicted_transitions=alloc.value)
-    return replace(plan, requests=tuple(replace(r, cut=cuts[r.depth]) for r in plan.requests))
+    return node_at

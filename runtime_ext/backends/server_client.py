@@ -15,11 +15,9 @@ Requests are token ids: `POST /generate` always carries `input_ids` (never re-to
                                                                       (entry 0 is [None, id, text])
 
 Pass 2 is the exact two-pass recipe: max_new_tokens=0, logprob_start_len = len(prompt) - 1, log p0 of the
-output = input_token_logprobs[1:] (SGLang shift).
-If a plugin already returns log p0 of the output under `ServerConfig.logp0_key`, pass 2 is skipped; so it is
-at τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already (see
-`ServerConfig.reuse_logq_at_unit_temperature`; the server's top-k is then of p0 too).
-The radix cache makes pass 2 re-prefill only the generated suffix.  `cached_tokens` is the server's
+output = input_token_logprobs[1:] (SGLang shift).  It is skipped when a plugin returns log p0 under
+`ServerConfig.logp0_key`, and at τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already
+(`ServerConfig.reuse_logq_at_unit_temperature`).  The radix cache makes pass 2 re-prefill only the suffix.  `cached_tokens` is the server's
 per-request `meta_info.cached_tokens` of pass 1; pass 2's is in `meta_info["logp0_pass"]`.
 
 Errors (connection refused, timeout, HTTP 4xx/5xx, `finish_reason.type == "abort"`) raise
@@ -218,18 +216,23 @@ class SGLangServerClient:
     # -- server state -----------------------------------------------------------------------
     def server_info(self) -> dict[str, Any]:
         """GET /server_info (falls back to the deprecated /get_server_info)."""
+        path = "/server_info"
         try:
-            info = self._request("GET", "/server_info").json()
+            resp = self._request("GET", path)
         except SGLangServerError as e:
             if e.status != 404:
                 raise
-            info = self._request("GET", "/get_server_info").json()
+            path = "/get_server_info"
+            resp = self._request("GET", path)
+        try:
+            info = resp.json()
+        except ValueError as e:  # requests' JSONDecodeError
+            raise SGLangServerError(f"SGLang server {self.base_url}{path} answered invalid JSON ({e}): "
+                                    f"{resp.text.strip()[:80]!r}", url=self.base_url + path) from None
         if not isinstance(info, dict):
-            raise SGLangServerError(f"SGLang server {self.base_url}/server_info returned {type(info).__name__}, "
-                                    "expected an object", url=self.base_url + "/server_info")
+            raise SGLangServerError(f"SGLang server {self.base_url}{path} returned {type(info).__name__}, "
+                                    "expected an object", url=self.base_url + path)
         return info
-
-    get_server_info = server_info
 
     def health(self) -> bool:
         """True when GET /health answers 200 (no retries)."""

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
+from ..shutdown import close_at_exit
 from .admission import check_fits_budget, take_admissible
 from .admission import release as release_reservation
 from .batch import RunningBatch
@@ -86,6 +87,7 @@ class EmbeddedEngine:
         self._worker = threading.Thread(target=self._loop, name="forerun-engine", daemon=True)
         self._worker_error: BaseException | None = None
         self._worker.start()
+        close_at_exit(self)  # an unclosed engine must not abort the interpreter at exit (runtime_ext.shutdown)
 
     @classmethod
     def from_spec(cls, spec: str = "default", *, dtype: str | torch.dtype | None = None, **config: Any) -> "EmbeddedEngine":

@@ -31,6 +31,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from ..protocol import GenerateOutput, SamplingParams
+from ..shutdown import close_at_exit
 from .engines import PrepositionEngine, as_preposition_engine
 from .ready_cache import (
     GateConfig,
@@ -138,6 +139,7 @@ class Prepositioner:
         if self.config.background:
             self._worker = threading.Thread(target=self._work, name="forerun-preposition", daemon=True)
             self._worker.start()
+        close_at_exit(self)  # an unclosed prepositioner must not abort the interpreter at exit (runtime_ext.shutdown)
 
     # -- Algorithm 1 ----------------------------------------------------------------------------------
     def preposition(self, session: SessionState, entry: Sequence[int], *, header_len: int = 0) -> bool:

@@ -28,7 +28,9 @@ from forerun.programs.traversal import plan_prefetch
 
 
 def predictive_plan(model, cuts, T, budget, **kw):
-    """The one planner with the classifier's ĥ (what the PreSTO sampler runs with --traversal predictive)."""
+    """The one planner with the classifier's ĥ (what the PreSTO sampler runs with --traversal predictive),
+    under the paper's node budget (the DP of Proposition 2) unless told otherwise."""
+    kw.setdefault("budget_unit", "node")
     return plan_prefetch(cuts, T, budget, traversal="predictive", branch_prob=model.branch_prob_of,
                          tree_position=model.uses_tree_position, **kw)
 

@@ -77,6 +77,23 @@ def test_cv_table_and_json(record_files, capsys):
     assert json.loads(capsys.readouterr().out)["n_records"] == n
 
 
+def test_unreachable_records_are_dropped_by_default(tmp_path, capsys):
+    """App. E.7's training data leaves out the requests BFS placed below a deferred node: the default."""
+    import dataclasses
+
+    recs = synthetic_node_records(n_prompts=6, calls_per_prompt=4, nodes_per_call=8, seed=3)
+    stray = dataclasses.replace(recs[0], node_id=2 * 100 + 1, depth=6)  # parent 100: ancestors 11, 24 absent
+    path = tmp_path / "r.jsonl"
+    write_node_records(path, [*recs, stray])
+    out = tmp_path / "m.json"
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dropped_unreachable"] == 1
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--json",
+                "--no-drop-unreachable"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dropped_unreachable"] == 0 and data["training_size"] == len(recs) + 1
+
+
 def test_errors_are_reported_not_raised(tmp_path, record_files, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt_id": "x"}\n')
@@ -105,7 +122,8 @@ def test_sampler_filter(tmp_path, capsys):
     path = tmp_path / "mixed.jsonl"
     write_node_records(path, tagged)
     out = tmp_path / "m.json"
-    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "presto-power-mh", "--json"]) == 0
+    assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "presto-power-mh", "--json",
+                "--no-drop-unreachable"]) == 0
     assert json.loads(capsys.readouterr().out)["training_size"] == len(recs) // 2
     assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "nope"]) == 2
     assert "samplers found: presto-entropy-cut, presto-power-mh" in capsys.readouterr().err

@@ -37,7 +37,8 @@ def test_sample_json_and_records(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["sampler"] == "presto-power-mh" and len(out["response_ids"]) == 6 and out["transitions"] == 5
-    assert sum(out["transitions_per_call_list"]) == 5 and len(out["call_times_s"]) == out["calls"]
+    assert sum(out["transitions_per_call_list"]) + sum(out["transitions_per_reuse_round"]) == 5
+    assert len(out["call_times_s"]) == out["calls"] and out["generated_requests"] <= out["distinct_requests"]
     nodes = read_node_records(rec)
     assert nodes and sum(n.realized for n in nodes) == 5
     assert {"prompt_id", "call_index", "node_id", "depth", "cut", "parent_cut", "cut_fraction", "accepts_on_path",
@@ -53,7 +54,9 @@ def test_bench_presto_tiny_prints_table(capsys):
     assert set(rows) == {"power-mh", "entropy-cut"}
     for r in rows.values():
         assert r["identical_chains"] == r["prompts"] == 1
-        assert r["transitions_per_call"][0] == 1.0
+        assert r["transitions_per_call"][0] == r["transitions_per_call_table2"][0] == 1.0
+        assert r["transitions_per_call"][1] == pytest.approx(r["transitions_per_call_table2"][1])  # one prompt
+        assert r["presto_per_call"]["generated_requests"] <= 4
         assert r["reduction_in_calls"] == pytest.approx(r["speedup_eq20"] * r["increase_in_time_per_call"])
 
 
@@ -63,6 +66,17 @@ def test_sample_rejects_bad_input(capsys):
     assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--block", "4"]) == 2
     assert "block_size" in capsys.readouterr().err
     assert main(["sample", "--prompt", "x", "--model", "/nonexistent/model", "--n", "4"]) == 2
+
+
+def test_bench_presto_budget_unit_and_reuse_flags(capsys):
+    base = ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "6", "--K", "6", "--npf", "3", "--json"]
+    assert main(base + ["--budget-unit", "node", "--no-reuse"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["meta"]["budget_unit"] == "node" and out["meta"]["reuse"] is False
+    (row,) = out["rows"]
+    assert row["presto_per_call"]["nodes_scored"] <= 3 and row["identical_chains"] == 1
+    assert main(base + ["--call-overhead", "2"]) == 2  # κ0 needs the predictive rule
+    assert "call_overhead" in capsys.readouterr().err
 
 
 def test_table_ratios_from_one_run():
@@ -75,6 +89,8 @@ def test_table_ratios_from_one_run():
         pair.presto.append(make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=8)).run([1, 2], prompt_id=pid))
     row = pair.table_row()
     mean = lambda xs: sum(xs) / len(xs)
+    assert row["transitions_per_call_table2"][1] == pytest.approx(8 / mean([r.num_calls for r in pair.presto]))
+    assert row["transitions_per_call"][1] == pytest.approx(mean([8 / r.num_calls for r in pair.presto]))
     assert row["speedup_eq20"] == pytest.approx(mean([r.call_time for r in pair.sequential]) /
                                                 mean([r.call_time for r in pair.presto]))
     assert row["identical_chains"] == 2
@@ -155,3 +171,18 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
     assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("forerun bench presto: ") and url in err and err.count("\n") == 1
+
+
+def test_prompt_runs_get_a_unique_prompt_id_and_records_carry_the_model(tmp_path, capsys):
+    from forerun.cli.presto import prompt_id_for_text
+
+    rec = tmp_path / "nodes.jsonl"
+    for text in ("first prompt", "second prompt"):
+        assert main(["sample", "--presto", "--prompt", text, "--model", "tiny", "--n", "6", "--K", "3",
+                     "--records", str(rec), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["prompt_id"] == prompt_id_for_text(text)
+    lines = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert {line["prompt_id"] for line in lines} == {prompt_id_for_text("first prompt"),
+                                                      prompt_id_for_text("second prompt")}
+    assert all(line["model"] == "tiny" for line in lines)
+    assert prompt_id_for_text("x") == "prompt/2d711642b726" and len(read_node_records(rec)) == len(lines)

@@ -15,6 +15,7 @@ import pytest
 
 from forerun.programs.acceptance import (
     accept_decision,
+    cut_by_gumbel_max,
     cut_from_law,
     entropy_cut_law,
     entropy_cut_log_ratio,
@@ -179,13 +180,32 @@ def test_eq6_matches_direct_sequence_probabilities():
 
 def test_entropy_law_definition_and_fallback():
     h = np.array([1.0, 2.0, 1.5, 3.0])
-    assert list(entropy_jumps(h)) == [0.0, 1.0, -0.5, 1.5]
+    assert list(entropy_jumps(h)) == [1.0, 1.0, -0.5, 1.5]  # ΔH_0 = H_0 (Zhou et al.: diff(H, prepend=0))
     law = entropy_cut_law(h, 2.0)
-    assert law == pytest.approx(np.array([0, 1, 0, 2.25]) / 3.25)
-    assert list(entropy_cut_law([3.0, 2.0, 1.0], 4.0)) == pytest.approx([1 / 3] * 3)  # all-zero -> uniform
-    assert cut_from_law(law, 0.0) == 1 and cut_from_law(law, 0.999) == 3
+    assert law == pytest.approx(np.array([1, 1, 0, 2.25]) / 4.25)
+    assert list(entropy_cut_law([0.0, 0.0, 0.0], 4.0)) == pytest.approx([1 / 3] * 3)  # all-zero -> uniform
+    assert entropy_cut_law([3.0, 2.0, 1.0], 4.0) == pytest.approx([1.0, 0.0, 0.0])  # only the first jump is up
+    assert cut_from_law(law, 0.0) == 0 and cut_from_law(law, 0.999) == 3
     with pytest.raises(ValueError, match="beta"):
         entropy_cut_law(h, 0.0)
+
+
+def test_gumbel_max_cut_draws_the_law_and_never_a_zero_weight_cut():
+    rng = np.random.default_rng(1)
+    law = np.array([0.1, 0.0, 0.6, 0.3])
+    draws = np.bincount([cut_by_gumbel_max(law, rng.gumbel(size=4)) for _ in range(20000)], minlength=4) / 20000
+    assert draws[1] == 0 and draws == pytest.approx(law, abs=0.015)
+    # the winner at or before κ is decided by the scores at t <= κ: another law with the same weights there
+    # (other normalizer, other weights after κ) picks the same cut or one after κ
+    for _ in range(2000):
+        g, kappa = rng.gumbel(size=4), 2
+        c = cut_by_gumbel_max(law, g)
+        other = np.concatenate([law[: kappa + 1], rng.random(1)])
+        c_other = cut_by_gumbel_max(other / other.sum(), g)
+        if c <= kappa:
+            assert c_other == c or c_other > kappa
+    with pytest.raises(ValueError, match="one Gumbel per cut"):
+        cut_by_gumbel_max(law, [0.0])
 
 
 def test_inverse_cdf_matches_law():

@@ -30,18 +30,23 @@ def test_heap_indexing():
     assert is_feasible(3, 3) and not is_feasible(4, 3)
 
 
-def naive_bfs(cuts, horizon, budget, cap, dependent=False):
-    """Reference: the paper's BFS written with explicit node dictionaries."""
+def naive_bfs(cuts, horizon, budget, cap, costs=None, max_nodes=None):
+    """Reference: the paper's BFS written with explicit node dictionaries; with `costs` a node costs its
+    depth's cost the first time the depth is requested and nothing after (forerun's request unit)."""
     queue = [{"id": 0, "kappa": horizon}]
-    out = []
-    while queue and len(out) < budget:
+    out, paid = [], {}
+    limit = budget if costs is None else max_nodes
+    while queue and len(out) < limit:
         v = queue.pop(0)
         d = node_depth(v["id"])
         if d >= cap:
             continue
         c = cuts[d]
-        ok = c <= v["kappa"] and (not dependent or v["kappa"] == horizon)
-        if ok:
+        if c <= v["kappa"]:
+            if costs is not None and d not in paid:
+                if d > 0 and costs[d] > 0 and sum(paid.values()) + costs[d] > budget:
+                    break
+                paid[d] = costs[d]
             out.append((2 * v["id"] + 1, c))
             queue.append({"id": 2 * v["id"] + 1, "kappa": c})
         queue.append({"id": 2 * v["id"] + 2, "kappa": v["kappa"]})
@@ -55,17 +60,36 @@ def test_bfs_matches_reference_and_condition_1(seed):
     cap = rng.randint(1, 12)
     budget = rng.randint(1, 20)
     cuts = [rng.randrange(horizon) for _ in range(cap)]
-    dependent = seed % 3 == 0
-    plan = bfs_collect(cuts, horizon, budget, cap, state_dependent_cut=dependent)
-    assert [(r.node, r.cut) for r in plan.requests] == naive_bfs(cuts, horizon, budget, cap, dependent)
-    assert len(plan.requests) <= budget
+    by_request = seed % 2 == 1
+    costs = [rng.choice([0, 1, 1, 3]) for _ in range(cap)] if by_request else None
+    max_nodes = rng.randint(1, 60) if by_request else None
+    plan = bfs_collect(cuts, horizon, budget, cap, depth_costs=costs, max_nodes=max_nodes)
+    assert [(r.node, r.cut) for r in plan.requests] == naive_bfs(cuts, horizon, budget, cap, costs, max_nodes)
+    if by_request:
+        assert len(plan.requests) <= max_nodes
+        spent = sum(costs[d] for d in plan.depths)
+        assert (spent <= budget or spent == costs[0]) and plan.depths == set(range(len(plan.depths)))
+    else:
+        assert len(plan.requests) <= budget
     kappa = known_cuts([r.node for r in plan.requests], cuts, horizon)
     for r in plan.requests:
         assert r.cut <= r.parent_cut == kappa[r.parent]  # Condition 1
         assert r.depth == node_depth(r.parent) < cap
-        if dependent:
-            assert r.parent_cut == horizon
     assert plan.requests[0].node == 1  # the root's request is always feasible
+
+
+def test_bfs_by_request_takes_every_feasible_node_of_a_paid_depth():
+    cuts, horizon = [5, 3, 4, 1], 10
+    plan = bfs_collect(cuts, horizon, budget=3, depth_cap=4, depth_costs=[1, 1, 1, 1])
+    assert plan.depths == {0, 1, 2}  # the 4th depth does not fit
+    by_node = bfs_collect(cuts, horizon, budget=3, depth_cap=4)
+    assert len(by_node.requests) == 3 < len(plan.requests)
+    # every candidate node of depth < 3 (Condition 1 along its path) is in
+    from forerun.programs.prefetch_tree import candidate_nodes
+    assert plan.expanded == {v for v in candidate_nodes(cuts, horizon) if node_depth(v) < 3}
+    # a free (already generated) depth costs nothing; the root's depth is paid even above the budget
+    assert bfs_collect(cuts, horizon, 1, 4, depth_costs=[1, 0, 0, 5]).depths == {0, 1, 2}
+    assert bfs_collect(cuts, horizon, 1, 4, depth_costs=[7, 0, 1, 0]).depths == {0, 1}
 
 
 def test_bfs_enqueues_rejection_child_of_deferred_node():

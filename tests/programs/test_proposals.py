@@ -112,11 +112,11 @@ def test_short_output_and_missing_arrays_are_errors():
     pm = ProgramProposalModel(ToyBackend(LogitTableModel(4), by_temperature=False), tempered_temperatures=(0.5,))
     with pytest.raises(EngineError, match="output_token_logq_by_temperature"):
         pm.generate([SuffixRequest((1,), 2, 1.0, 1)])
-    # a backend without per-token entropy: an error only when the sampler needs it (EntropyCut)
+    # a backend without per-token entropy: an error only when the sampler needs it (EntropyCut asks for it)
     no_entropy = ToyBackend(LogitTableModel(4), entropy=False)
     with pytest.raises(EngineError, match="EntropyCut"):
-        ProgramProposalModel(no_entropy).generate([SuffixRequest((1,), 2, 1.0, 1)])
-    (s,) = ProgramProposalModel(no_entropy, require_entropy=False).generate([SuffixRequest((1,), 2, 1.0, 1)])
+        ProgramProposalModel(no_entropy, require_entropy=True).generate([SuffixRequest((1,), 2, 1.0, 1)])
+    (s,) = ProgramProposalModel(no_entropy).generate([SuffixRequest((1,), 2, 1.0, 1)])  # the default (PowerMH)
     assert len(s.ids) == 2 and np.all(np.isnan(s.entropy))
     with pytest.raises(ValueError, match="tempered_temperatures"):
         ProgramProposalModel(no_entropy, tempered_temperatures=(0.0,))
@@ -220,3 +220,15 @@ def test_repeated_request_with_empty_output_text_keeps_exact_ids():
     first, second = pm.generate([req])[0], pm.generate([req])[0]
     assert [ids for ids, _ in backend.seen] == [(1, 2, 3), (1, 2, 3)]
     assert np.array_equal(first.ids, second.ids)
+
+
+def test_tiny_engine_entropy_cut_resamples_the_first_token(tiny_backend):
+    """ΔH_0 = H_0: an EntropyCut chain on the tiny engine draws cut 0 (before: never), sequential and PreSTO."""
+    loaded, backend = tiny_backend
+    pm = ProgramProposalModel(backend)
+    prompt = loaded.tokenizer.encode("wörld")
+    cfg = SamplerConfig(kind="entropy-cut", response_length=6, block_size=6, steps_per_block=6, seed=3)
+    for presto in (False, True):
+        res = make_sampler(pm, cfg, presto=presto, prefetch=PrefetchConfig(budget=4)).run(prompt)
+        cuts = [n.cut for c in res.mh_calls for n in c.nodes]
+        assert 0 in cuts, f"presto={presto}: cuts {cuts}"

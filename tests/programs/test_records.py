@@ -5,6 +5,7 @@ import json
 import pytest
 
 from forerun.testing.logit_table_model import LogitTableModel
+from forerun.programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, root_cut_features
 from forerun.programs.records import RecordWriter, read_node_records
 from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
 
@@ -44,7 +45,31 @@ def test_writer_stamps_the_model_and_the_reader_keeps_extra_fields(tmp_path):
     assert len(lines) == n and all(line["model"] == "SmolLM2-135M-Instruct" for line in lines)
     assert all(line["sampler"] == "presto-power-mh" for line in lines)
     back = read_node_records(path)
-    assert all(r.model == "SmolLM2-135M-Instruct" and r.sampler == "presto-power-mh" and r.extra == {} for r in back)
+    features = set(LIKELIHOOD_FEATURES + ENTROPY_FEATURES)
+    assert all(r.model == "SmolLM2-135M-Instruct" and r.sampler == "presto-power-mh" and set(r.extra) == features
+               for r in back)
     with path.open("a") as fh:
         fh.write(json.dumps({**lines[0], "loglik_mean": -1.5}) + "\n")
-    assert read_node_records(path)[-1].extra == {"loglik_mean": -1.5}
+    assert read_node_records(path)[-1].extra == {**back[0].extra, "loglik_mean": -1.5}
+
+
+def test_records_carry_features_3_and_4_of_the_root_state_at_the_cut():
+    """Features 3/4 (App. E.7) are computed from the round's ROOT state before generation: a round's first
+    decision has the root the sequential chain had before that transition, and the same cut."""
+    model = LogitTableModel(4, seed=3)
+    cfg = SamplerConfig(kind="entropy-cut", response_length=7, block_size=7, steps_per_block=9, seed=2)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run([1, 2], prompt_id="p")
+    seq = make_sampler(model, cfg).run([1, 2], prompt_id="p")
+    by_transition = {c.nodes[0].transition: c.nodes[0] for c in seq.mh_calls}
+    for call in res.rounds:
+        first = min(call.nodes, key=lambda n: n.depth)
+        ref = by_transition[first.transition]
+        assert first.cut == ref.cut and first.extra == pytest.approx(ref.extra)
+        assert all(n.extra.keys() == ref.extra.keys() for n in call.nodes)
+    x = res.state
+    stats = root_cut_features(x, 2)
+    assert stats["logq_at_cut"] == x.logq[2] and stats["logq_jump_in"] == pytest.approx(x.logq[2] - x.logq[1])
+    assert stats["entropy_jump_out"] == pytest.approx(x.entropy[3] - x.entropy[2])
+    assert stats["entropy_suffix_mean"] == pytest.approx(x.entropy[2:].mean())
+    assert root_cut_features(x, 0)["entropy_jump_in"] == x.entropy[0]  # the jump from 0, as ΔH_0 = H_0
+    assert root_cut_features(x, 6)["logq_jump_out"] == 0.0

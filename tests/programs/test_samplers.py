@@ -25,44 +25,80 @@ def toy(kind: str, seed: int = 3, vocab: int = 5) -> LogitTableModel:
     return LogitTableModel(vocab, seed=seed, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
 
 
-def run_pair(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, model_seed=3, alpha=4.0):
+def run_pair(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, model_seed=3, alpha=4.0, unit="request", **prefetch):
     model = toy(kind, model_seed, vocab)
-    cfg = SamplerConfig(kind=kind, response_length=n, block_size=block, steps_per_block=K, seed=seed, alpha=alpha)
+    cfg = SamplerConfig(kind=kind, response_length=n, block_size=block, steps_per_block=K, seed=seed, alpha=alpha,
+                        mtm_candidates=prefetch.pop("mtm_candidates", 4))
     seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
-    pre = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=npf)).run([1, 2, 3], prompt_id="p")
+    pf = PrefetchConfig(budget=npf, budget_unit=unit, **prefetch)
+    pre = make_sampler(model, cfg, presto=True, prefetch=pf).run([1, 2, 3], prompt_id="p")
     return seq, pre
 
 
+def assert_identical(seq, pre, label=""):
+    assert seq.response_ids == pre.response_ids, label
+    assert seq.history == pre.history, label
+    assert np.allclose(seq.state.logp0, pre.state.logp0), label
+    assert seq.transitions == pre.transitions
+
+
+@pytest.mark.parametrize("unit", ["request", "node"])
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
 @pytest.mark.parametrize("npf", [1, 4, 20])
-def test_identical_chains_many_seeds(kind, npf):
+def test_identical_chains_many_seeds(kind, npf, unit):
     deferred_rounds = 0
     for seed in range(20):
-        seq, pre = run_pair(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0)
-        assert seq.response_ids == pre.response_ids, f"seed {seed}"
-        assert seq.history == pre.history, f"seed {seed}"
-        assert np.allclose(seq.state.logp0, pre.state.logp0)
-        assert seq.transitions == pre.transitions == 2 * 10
-        assert all(c.transitions <= npf for c in pre.mh_calls)
+        seq, pre = run_pair(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0, unit=unit)
+        assert_identical(seq, pre, f"seed {seed}")
+        assert seq.transitions == 2 * 10
+        for c in pre.rounds:
+            if unit == "node":
+                assert c.transitions <= c.nodes_scored + c.speculation_misses <= npf
+            else:  # a round generates at most N_pf distinct requests; nodes of a paid depth are free
+                assert c.generated_requests <= npf and c.transitions <= c.distinct_requests
         # a round that stopped before the cap at a node whose proposal was deferred
-        deferred_rounds += sum(1 for c in pre.mh_calls if c.transitions < min(npf, 10) and c.decisions > c.transitions)
+        deferred_rounds += sum(1 for c in pre.rounds if c.transitions < min(npf, 10) and c.nodes_scored > c.transitions)
     if npf > 1:
         assert deferred_rounds > 0
 
 
+@pytest.mark.parametrize("unit", ["request", "node"])
 @pytest.mark.parametrize("npf", [1, 4, 20])
-def test_identical_chains_multitry(npf):
-    for seed in range(20):
-        seq, pre = run_pair("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4)
-        assert seq.response_ids == pre.response_ids, f"seed {seed}"
-        assert seq.history == pre.history, f"seed {seed}"
+def test_identical_chains_multitry(npf, unit):
+    for seed in range(12):
+        seq, pre = run_pair("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4, unit=unit)
+        assert_identical(seq, pre, f"seed {seed}")
+        if unit == "request":  # 2M - 1 = 7 requests per transition; the root's is made even above N_pf
+            assert all(c.generated_requests <= max(npf, 7) for c in pre.rounds)
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+@pytest.mark.parametrize("n,block,K,npf", [(9, 3, 5, 1), (9, 3, 7, 3), (15, 5, 3, 20), (7, 7, 11, 5), (6, 2, 9, 2)])
+def test_identical_chains_odd_sizes_and_several_blocks(kind, n, block, K, npf):
+    for seed in range(4):
+        for unit in ("request", "node"):
+            seq, pre = run_pair(kind, seed, npf, n=n, block=block, K=K, vocab=4, unit=unit,
+                                mtm_candidates=2 if kind == "multitry-mh" else 4)
+            assert_identical(seq, pre, f"{unit} seed {seed}")
+            assert seq.transitions == (n // block) * K
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_identical_chains_without_reuse_and_with_a_small_node_cap(kind):
+    for seed in range(5):
+        for extra in ({"reuse_suffixes": False}, {"max_nodes": 2}, {"max_nodes": 1}):
+            seq, pre = run_pair(kind, seed, 20, n=8, block=8, K=12, vocab=4, **extra,
+                                mtm_candidates=2 if kind == "multitry-mh" else 4)
+            assert_identical(seq, pre, f"seed {seed} {extra}")
+            if "max_nodes" in extra:
+                assert all(c.nodes_scored <= extra["max_nodes"] for c in pre.rounds)
 
 
 def test_presto_uses_fewer_calls_and_records_nodes():
     seq, pre = run_pair("power-mh", 5, 20, n=12, block=12, K=30)
     assert seq.num_calls == 30 and pre.num_calls < 30
     assert pre.transitions_per_call > 1
-    for call in pre.mh_calls:
+    for call in pre.rounds:
         realized = [n for n in call.nodes if n.realized]
         assert len(realized) == call.transitions
         for node in call.nodes:
@@ -74,15 +110,23 @@ def test_presto_uses_fewer_calls_and_records_nodes():
             if node.realized:
                 assert node.accepted is not None
     # the realized decisions, in order, are the chain's history
-    realized = [n.accepted for c in pre.mh_calls for n in sorted(c.nodes, key=lambda n: n.depth) if n.realized]
+    realized = [n.accepted for c in pre.rounds for n in sorted(c.nodes, key=lambda n: n.depth) if n.realized]
     assert realized == pre.history
 
 
-def test_entropy_cut_defers_below_acceptances():
-    seq, pre = run_pair("entropy-cut", 1, 20, n=8, block=8, K=20)
-    for call in pre.mh_calls:
-        assert all(n.parent_cut == 8 for n in call.nodes)  # only nodes holding the root's state are requested
-        assert all(n.accepts_on_path == 0 for n in call.nodes)
+def test_entropy_cut_prefetches_below_acceptances_and_validates_the_cut():
+    """EntropyCut requests below an acceptance at the root's cut and keeps a proposal only where the node's
+    own cut (from its generated state) is the same: nodes below acceptances are scored, misses are counted,
+    and every scored node's cut is the one its own state draws."""
+    below, misses = 0, 0
+    for seed in range(8):
+        seq, pre = run_pair("entropy-cut", seed, 20, n=8, block=8, K=20, vocab=5)
+        assert_identical(seq, pre, f"seed {seed}")
+        below += sum(1 for c in pre.rounds for n in c.nodes if n.accepts_on_path > 0)
+        misses += sum(c.speculation_misses for c in pre.rounds)
+        for c in pre.rounds:
+            assert all(n.cut <= n.parent_cut for n in c.nodes)
+    assert below > 0 and misses > 0
 
 
 def test_block_structure_and_extension_calls():

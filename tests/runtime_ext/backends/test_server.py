@@ -450,7 +450,7 @@ def test_entropy_of_p0_only_through_a_plugin(srv, backend):
     out = backend.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, temperature=0.5, return_logprob=True), rid="e1")
     assert out.output_entropy is None and "output_token_entropy" not in out.meta_info
     with pytest.raises(EngineError, match="needs the entropy of p0"):
-        ProgramProposalModel(backend).generate([SuffixRequest((BOS_ID, 1), 2, 0.5, 1)])
+        ProgramProposalModel(backend, require_entropy=True).generate([SuffixRequest((BOS_ID, 1), 2, 0.5, 1)])
     with FakeSGLangServer(plugin_keys=True) as plug:
         b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
         out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))

@@ -1,0 +1,127 @@
+"""How a `forerun` command ends when it cannot finish: one line on stderr, a non-zero exit, no traceback.
+
+    bad input (ValueError, OSError, a rejected argument)    "forerun <command>: <message>"     exit 2
+    the engine or server failed (EngineError)              "forerun <command>: <message>"     exit 1
+    anything else (a bug)                                  "forerun <command>: internal error: <Type>: ..."  exit 1
+FORERUN_TRACEBACK=1 lets every exception through with its traceback (for debugging).
+    SIGINT (Ctrl-C)                                        "forerun: interrupted"             exit 130
+
+On SIGINT the command's own `finally` blocks still run (the records file is closed after whole lines, the
+engine stops after its current step); then output from other threads (SGLang's fork threads, tqdm, the
+engine worker) is silenced and the process leaves with `os._exit(130)`, so no thread can print a traceback
+or keep the interpreter waiting.  A second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, TextIO
+
+from ..runtime_ext.protocol import EngineError
+
+__all__ = ["CommandError", "one_line", "exit_code_for", "report", "reports_errors", "run_guarded",
+           "INTERRUPTED_MESSAGE"]
+
+Handler = Callable[[Any], Any]
+
+INTERRUPTED_MESSAGE = "forerun: interrupted"
+TRACEBACK_ENV = "FORERUN_TRACEBACK"
+
+
+class CommandError(ValueError):
+    """Bad input found by a command itself (reported as one line, exit 2)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (KeyError's quotes removed)."""
+    text = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else exc
+    return " ".join(str(text).split()) or type(exc).__name__
+
+
+def exit_code_for(exc: BaseException) -> int:
+    return 1 if isinstance(exc, EngineError) else 2
+
+
+def report(command: str, exc: BaseException, *, code: int | None = None) -> int:
+    """Print the one-line error of `command` and return its exit code (`code` overrides the default)."""
+    if isinstance(exc, (ValueError, OSError, KeyError, EngineError)):
+        message, default = one_line(exc), exit_code_for(exc)
+    else:
+        message = (f"internal error: {type(exc).__name__}: {one_line(exc)} "
+                   f"({TRACEBACK_ENV}=1 shows the traceback)")
+        default = 1
+    print(f"forerun {command}: {message}", file=sys.stderr, flush=True)
+    return default if code is None else code
+
+
+def reports_errors(command: str, *, engine_error_code: int | None = None) -> Callable[[Handler], Handler]:
+    """Decorate a command handler: an exception becomes its one-line report and exit code (`report`);
+    `engine_error_code` overrides the code of an EngineError."""
+    def wrap(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        def handler(args: Any) -> int:
+            try:
+                return int(fn(args) or 0)
+            except Exception as exc:  # noqa: BLE001 - the command's boundary: one line, never a traceback
+                if os.environ.get(TRACEBACK_ENV):
+                    raise
+                code = engine_error_code if isinstance(exc, EngineError) else None
+                return report(command, exc, code=code)
+        return handler
+    return wrap
+
+
+# -- SIGINT -----------------------------------------------------------------------------------------------
+_real_stderr: TextIO | None = None
+
+
+def _silence_other_output() -> None:
+    """After an interrupt, what other threads print (warnings, thread tracebacks) goes nowhere."""
+    global _real_stderr
+    if _real_stderr is None:
+        _real_stderr = sys.stderr
+        sys.stderr = open(os.devnull, "w")
+        threading.excepthook = lambda args: None
+
+
+def _exit_interrupted(hint: str = "") -> None:
+    stream = _real_stderr or sys.stderr
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        stream.write("\r" + INTERRUPTED_MESSAGE + (f"; {hint}" if hint else "") + "\n")  # \r: after a bar's frame
+        stream.flush()
+    finally:
+        os._exit(130)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    if _real_stderr is not None:  # the second Ctrl-C: leave now
+        _exit_interrupted()
+    _silence_other_output()
+    raise KeyboardInterrupt
+
+
+def run_guarded(command: str, handler: Callable[[], int | None]) -> int:
+    """Run a command handler under the rules in the module docstring; returns its exit code."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    try:
+        return int(handler() or 0)
+    except KeyboardInterrupt as exc:  # a command may re-raise it with a hint: KeyboardInterrupt("rerun with ...")
+        _silence_other_output()
+        _exit_interrupted(one_line(exc) if exc.args else "")
+        raise  # pragma: no cover - _exit_interrupted does not return
+    except Exception as exc:  # noqa: BLE001 - the command line's boundary: one line, never a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        return report(command, exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

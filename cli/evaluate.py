@@ -1,0 +1,272 @@
+"""`forerun eval` (graded, resumable runs over the seven datasets) and `forerun eval report`.
+
+    forerun eval --datasets all|NAME,... --methods greedy,low-temp,power-mh,... --limit N --out RUN.jsonl
+                 [--resume] [--seed S[,S...]] [--concurrency C] [--model M | --backend URL ...] [settings]
+    forerun eval report RUN.jsonl --out DIR [--json]
+
+Methods and settings: `eval.methods`; the run file: `eval.runs`; the report: `eval.report`.  Bad input
+(unknown dataset or method, an output path that cannot be written, a run file made with other settings)
+is one line on stderr and exit status 2, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
+from ..runtime_ext.protocol import EngineError
+
+ALL_DATASETS = ("math500", "aime", "humaneval", "mbpp", "lcb-v5", "gpqa", "mmlu")
+VOLATILE_FIELDS = ("wall_s", "call_time_s", "time_per_call_s", "grade_s", "finished_at", "load_avg", "command")
+"""Record fields that differ between two runs of the same items: timings, machine load, the command line."""
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return list(dict.fromkeys(seeds))
+
+
+def _settings_arguments(e: argparse.ArgumentParser) -> None:
+    from ..eval.method_settings import EvalSettings
+
+    d = EvalSettings()
+    e.add_argument("--n", type=positive_int, default=d.n, help=f"MH response length / max new tokens ({d.n})")
+    e.add_argument("--block", type=positive_int, default=None, help="MH block size B (default n: one block)")
+    e.add_argument("--K", type=positive_int, default=d.K, help=f"MH transitions per block ({d.K})")
+    e.add_argument("--npf", type=positive_int, default=d.npf, help=f"PreSTO prefetch budget N_pf ({d.npf})")
+    e.add_argument("--alpha", type=positive_float, default=d.alpha, help=f"power exponent α, τ = 1/α ({d.alpha:g})")
+    e.add_argument("--beta", type=positive_float, default=d.beta, help=f"EntropyCut β ({d.beta:g})")
+    e.add_argument("--best-of", type=positive_int, default=d.best_of, help=f"N of best-of-n ({d.best_of})")
+    e.add_argument("--best-of-select", choices=("logq", "logp0"), default=d.best_of_select,
+                   help="best-of-n score: Σ log q_τ (E.8, default) or Σ log p0")
+    e.add_argument("--smc-particles", type=positive_int, default=d.smc_particles,
+                   help=f"Power-SMC particles P ({d.smc_particles})")
+    e.add_argument("--smc-block", type=positive_int, default=d.smc_block,
+                   help=f"Power-SMC tokens per batched call ({d.smc_block})")
+    e.add_argument("--smc-ramp", type=nonnegative_int, default=d.smc_ramp,
+                   help=f"Power-SMC exponent ramp in tokens ({d.smc_ramp}; 0: no bridge)")
+    e.add_argument("--smc-ess", type=float, default=d.smc_ess, help=f"Power-SMC resampling threshold κ ({d.smc_ess})")
+
+
+def register(subparsers: Any, bench_subparsers: Any) -> None:
+    e = subparsers.add_parser("eval", help="graded, resumable eval runs over the seven datasets (and `eval report`)")
+    sub = e.add_subparsers(dest="eval_command", metavar="{report}")
+    r = sub.add_parser("report", help="tables (markdown) and figures (PNG) of a run file")
+    r.add_argument("run", metavar="RUN.jsonl", help="a run file written by `forerun eval`")
+    r.add_argument("--out", required=True, metavar="DIR", help="folder for report.md, summary.json and the PNGs")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    r.set_defaults(handler=report_command)
+    e.add_argument("--datasets", default=None, help=f"comma-separated names, or all ({', '.join(ALL_DATASETS)})")
+    e.add_argument("--methods", default="default", help="comma-separated methods, default or all (see README)")
+    e.add_argument("--limit", type=positive_int, default=3, help="first N prompts of each dataset (3)")
+    e.add_argument("--out", default=None, metavar="RUN.jsonl", help="the run file (append-only JSONL)")
+    e.add_argument("--resume", action="store_true", help="continue --out: skip the items it already holds")
+    e.add_argument("--seed", type=_seeds, default=[10086], help="run seed(s), comma-separated (10086)")
+    e.add_argument("--concurrency", type=positive_int, default=1,
+                   help="items generated at once (1: clean per-item timings; more: higher throughput)")
+    add_model_arguments(e, with_backend=True)
+    e.add_argument("--backend", action="append", default=None, metavar="URL",
+                   help="a launched SGLang server (repeat to spread items over several)")
+    e.add_argument("--tokenizer", default=None, metavar="PATH", help="with --backend: tokenizer name or folder")
+    e.add_argument("--data-dir", default=None, help="offline datasets folder (default: FORERUN_DATA_DIR, ../shared/datasets)")
+    e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods)")
+    _settings_arguments(e)
+    e.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
+    e.set_defaults(handler=eval_command)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def check_output_file(path: str | None, resume: bool) -> Path:
+    """The run file: its folder must exist and be writable; an existing non-empty file needs --resume."""
+    if not path:
+        raise ValueError("--out RUN.jsonl is required")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--out {path} is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"--out {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"--out {path}: not writable")
+    if p.exists() and p.stat().st_size > 0 and not resume:
+        raise ValueError(f"--out {path} already holds a run: pass --resume to continue it, or choose another file")
+    return p
+
+
+def _datasets(text: str | None) -> list[str]:
+    from ..eval.datasets import dataset_spec
+
+    if not text:
+        raise ValueError(f"--datasets is required (comma-separated names, or all: {', '.join(ALL_DATASETS)})")
+    names: list[str] = []
+    for raw in text.split(","):
+        if raw.strip().lower() == "all":
+            names += ALL_DATASETS
+        elif raw.strip():
+            try:
+                names.append(dataset_spec(raw).name)
+            except KeyError as e:
+                raise ValueError(str(e.args[0])) from None
+    return list(dict.fromkeys(names))
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that can be checked before a model is loaded."""
+    from ..eval.datasets import load_prompts
+    from ..eval.method_settings import PREDICTIVE_METHODS, EvalSettings, parse_methods
+
+    out = check_output_file(args.out, args.resume)
+    methods = parse_methods(args.methods)
+    if any(m in PREDICTIVE_METHODS for m in methods) and not args.classifier:
+        raise ValueError("presto-*-predictive methods need --classifier FILE (train one with `forerun classifier train`)")
+    if not 0 <= args.smc_ess <= 1:
+        raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
+    settings = EvalSettings(n=args.n, block=args.block, K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta,
+                            best_of=args.best_of, best_of_select=args.best_of_select, smc_particles=args.smc_particles,
+                            smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess)
+    prompts = {ds: load_prompts(ds, data_dir=args.data_dir, limit=args.limit) for ds in _datasets(args.datasets)}
+    return {"out": out, "methods": methods, "settings": settings, "prompts": prompts}
+
+
+def _branch_prob(args: argparse.Namespace):
+    if not args.classifier:
+        return None
+    from ..classifiers.certainty import CertaintyClassifier
+
+    return CertaintyClassifier.load(args.classifier)
+
+
+def _open_runtimes(args: argparse.Namespace) -> list[Any]:
+    from ..runtime_ext.runtime import open_runtime
+
+    if not args.backend:
+        return [open_runtime(args.model, args.dtype)]
+    runtimes: list[Any] = []
+    try:
+        for url in args.backend:
+            runtimes.append(open_runtime(backend_url=url, tokenizer=args.tokenizer))
+    except BaseException:
+        for rt in runtimes:
+            rt.close()
+        raise
+    return runtimes
+
+
+def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -> None:
+    from ..eval.runs import strict_json
+
+    for rec in records:
+        want = json.loads(json.dumps(strict_json(settings.for_method(rec["method"]))))
+        if rec.get("settings") != want:
+            raise ValueError(f"{rec['key']} was made with other settings ({rec.get('settings')}, now {want}): "
+                             "resume with the same flags, or start another run file")
+        if rec.get("model") != model:
+            raise ValueError(f"{rec['key']} was made with model {rec.get('model')!r}, this run uses {model!r}")
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    from ..eval.runs import RunFileError, load_run
+
+    runtimes: list[Any] = []
+    try:
+        plan = _plan(args)
+        existing = load_run(plan["out"]) if args.resume else []
+        branch_prob = _branch_prob(args)
+        runtimes = _open_runtimes(args)
+        _check_resumable(existing, plan["settings"], runtimes[0].name)
+        return _execute(args, plan, runtimes, existing, branch_prob)
+    except (ValueError, OSError, EngineError, RunFileError) as exc:
+        print(f"forerun eval: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        for rt in runtimes:
+            rt.close()
+
+
+def _execute(args: argparse.Namespace, plan: dict[str, Any], runtimes: list[Any], existing: list[dict[str, Any]],
+             branch_prob: Any) -> int:
+    from tqdm import tqdm
+
+    from ..eval.runs import RunWriter, load_run, plan_items, run_items
+    from .evaluate_items import ItemRunner
+
+    items = plan_items(plan["prompts"], plan["methods"], args.seed)
+    done = {r["key"] for r in existing}
+    todo = [it for it in items if it.key not in done]
+    command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    worker = ItemRunner(runtimes, plan["settings"], branch_prob, flush=args.concurrency == 1, command=command)
+    worker.prepare(todo)
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item", file=sys.stderr,
+               dynamic_ncols=True)
+    start = time.perf_counter()
+    written = 0
+    try:
+        with RunWriter(plan["out"]) as writer:
+            written = run_items(todo, worker.generate, worker.finish, writer,
+                                concurrency=max(args.concurrency, len(runtimes)), progress=bar)
+    except KeyboardInterrupt:
+        bar.close()
+        raise KeyboardInterrupt(f"{plan['out']} holds every finished item; rerun with --resume to finish") from None
+    bar.close()
+    return _print_summary(args, load_run(plan["out"]), written, time.perf_counter() - start)
+
+
+def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], written: int, wall: float) -> int:
+    from ..eval.report import summarize
+    from ..eval.runs import strict_json
+
+    summary = summarize(records)
+    out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
+           "cells": [{k: c[k] for k in ("dataset", "method", "n", "correct", "accuracy", "wilson95", "wall_s", "errors")}
+                     for c in summary["cells"]]}
+    if args.json:
+        print(json.dumps(strict_json(out), allow_nan=False))
+        return 0
+    print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
+    for c in out["cells"]:
+        lo, hi = c["wilson95"]
+        print(f"  {c['dataset']:<10} {c['method']:<28} {c['correct']:>3}/{c['n']:<3} "
+              f"[{100 * lo:4.0f}, {100 * hi:4.0f}] %  {c['wall_s']:8.2f} s/item" + (f"  errors {c['errors']}" if c["errors"] else ""))
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from ..eval.report_files import write_report
+    from ..eval.runs import RunFileError, load_run, strict_json
+
+    try:
+        if not Path(args.run).is_file():
+            raise ValueError(f"{args.run}: no such run file")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {args.out} exists and is not a directory")
+        if not out.parent.is_dir() or not os.access(out.parent if not out.exists() else out, os.W_OK):
+            raise ValueError(f"--out {args.out}: cannot create or write it")
+        records = load_run(args.run, repair=False)
+        if not records:
+            raise ValueError(f"{args.run} holds no finished item")
+        command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        summary, files = write_report(records, out, run_path=args.run, command=command)
+    except (ValueError, OSError, RunFileError) as exc:
+        print(f"forerun eval report: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(strict_json({"files": [str(f) for f in files], **summary}), allow_nan=False))
+    else:
+        print("\n".join(str(f) for f in files))
+    return 0

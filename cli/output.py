@@ -1,0 +1,159 @@
+"""What a `forerun` command writes: strict JSON on stdout, and output paths checked before any work.
+
+`print_json(obj, reasons=...)` is the one way a command prints `--json`: NaN and ±Infinity are not JSON, so
+every non-finite float becomes null and its path is listed under the top-level key "undefined" with the
+reason (from `reasons`, keyed by the field's name, or a generic one), then `json.dumps(allow_nan=False)`.
+
+`output_file(path, what)` / `output_dir(path, what)` check a path a command will write (--records, --out,
+--plot, --plots) before it loads a model: the parent directory must already exist (a missing parent is
+never created: run as root, that made folders at /), the path must not be a directory (a file) or a file
+(a directory), and it must be writable (probed by opening it, since os.access answers yes to root).  A bad
+path raises `CommandError` naming the option.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import CommandError
+
+__all__ = ["strict_json_value", "dumps_strict", "print_json", "output_file", "output_dir", "make_output_dir",
+           "REASONS", "PLOT_SUFFIXES"]
+
+REASONS: dict[str, str] = {
+    "confidence": "the backend reports no entropy of p0 (a stock SGLang server), so Eq. 22 is undefined",
+    "log_likelihood": "the response is empty",
+    "transitions_per_call": "no MH call was made",
+    "time_per_call_s": "no MH call was made",
+    "false_accept": "the gate accepts no decision point at this τ, so r(τ) is undefined",
+    "false_accept_ci": "the gate accepts no decision point at this τ, so r(τ) is undefined",
+    "coverage_ci": "no decision points",
+    "h_ci95": "no pre-position was resolved",
+    "measured_h": "no pre-position was resolved",
+    "logit_gap": "the request did not use a ready distribution",
+}
+"""Why a field is undefined when it is NaN, by field name (the generic reason covers the rest)."""
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def _reason(key: str, value: float, reasons: Mapping[str, str]) -> str:
+    if key in reasons:
+        return reasons[key]
+    return "not a finite number (NaN)" if math.isnan(value) else f"{value} is not representable in JSON"
+
+
+def strict_json_value(value: Any, reasons: Mapping[str, str] | None = None) -> tuple[Any, dict[str, str]]:
+    """`value` with every non-finite float replaced by None (numpy scalars and arrays become Python), and
+    {path: reason} for each replacement."""
+    merged = {**REASONS, **(reasons or {})}
+    undefined: dict[str, str] = {}
+
+    def clean(v: Any, path: str, key: str) -> Any:
+        if isinstance(v, (np.generic, np.ndarray)):
+            v = v.tolist()
+        if isinstance(v, float):
+            if math.isfinite(v):
+                return v
+            undefined[path or "value"] = _reason(key, v, merged)
+            return None
+        if isinstance(v, Mapping):
+            return {str(k): clean(x, f"{path}.{k}" if path else str(k), str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, f"{path}[{i}]", key) for i, x in enumerate(v)]
+        return str(v) if isinstance(v, Path) else v
+
+    return clean(value, "", ""), undefined
+
+
+def dumps_strict(obj: Any, *, reasons: Mapping[str, str] | None = None, indent: int | None = None) -> str:
+    """Strict JSON text of `obj` (see the module docstring); never contains NaN or Infinity."""
+    clean, undefined = strict_json_value(obj, reasons)
+    if undefined:
+        if isinstance(clean, dict):
+            clean["undefined"] = {**clean.get("undefined", {}), **undefined}
+        else:
+            clean = {"value": clean, "undefined": undefined}
+    return json.dumps(clean, allow_nan=False, indent=indent)
+
+
+def print_json(obj: Any, *, reasons: Mapping[str, str] | None = None, indent: int | None = None) -> None:
+    print(dumps_strict(obj, reasons=reasons, indent=indent), flush=True)
+
+
+# -- output paths ---------------------------------------------------------------------------------------
+def _parent_ok(path: Path, option: str) -> None:
+    parent = path.parent
+    if not parent.exists():
+        raise CommandError(f"{option} {path}: directory {parent} does not exist (create it first)")
+    if not parent.is_dir():
+        raise CommandError(f"{option} {path}: {parent} is not a directory")
+
+
+def _probe_file(p: Path, option: str) -> None:
+    """Open the file as the command will (append, or create): os.access says yes to root even where the
+    write then fails (read-only or virtual filesystems).  A probe-created file is removed again."""
+    try:
+        if p.exists():
+            with open(p, "ab"):
+                pass
+            return
+        with open(p, "xb"):
+            pass
+        p.unlink()
+    except OSError as exc:
+        raise CommandError(f"{option} {p} is not writable ({exc.strerror or exc})") from None
+
+
+def _probe_dir(d: Path, option: str, what: Path) -> None:
+    try:
+        with tempfile.TemporaryFile(dir=d):
+            pass
+    except OSError as exc:
+        raise CommandError(f"{option} {what}: cannot write in {d} ({exc.strerror or exc})") from None
+
+
+def output_file(path: str | os.PathLike[str] | None, option: str, *,
+                suffixes: tuple[str, ...] = ()) -> Path | None:
+    """Check a file a command will write (or append to); None passes through."""
+    if path is None:
+        return None
+    if not str(path).strip():
+        raise CommandError(f"{option} must not be empty")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise CommandError(f"{option} {p} is a directory; give a file path")
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise CommandError(f"{option} {p}: expected a file ending in {' or '.join(suffixes)}")
+    _parent_ok(p, option)
+    _probe_file(p, option)
+    return p
+
+
+def output_dir(path: str | os.PathLike[str] | None, option: str) -> Path | None:
+    """Check a directory a command will write files into: it exists, or its parent does (then
+    `make_output_dir` creates it when the files are written); None passes through."""
+    if path is None:
+        return None
+    if not str(path).strip():
+        raise CommandError(f"{option} must not be empty")
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise CommandError(f"{option} {p} is not a directory")
+    if not p.exists():
+        _parent_ok(p, option)
+    _probe_dir(p if p.exists() else p.parent, option, p)
+    return p
+
+
+def make_output_dir(path: Path) -> Path:
+    """Create a directory checked by `output_dir` (its parent exists; parents are never created)."""
+    path.mkdir(exist_ok=True)
+    return path

@@ -1,0 +1,54 @@
+"""Graders: is a response to an evaluation prompt correct?
+
+    category   dataset(s)                     grader
+    math       math500, aime(2024/2025)       `math_answers.grade_math` (last \\boxed{} + math-verify;
+                                              AIME: integers)
+    mc         gpqa, mmlu                     `choice.grade_choice` (robust letter extraction)
+    code       humaneval, mbpp, lcb-v5        `code.grade_code` (the program and the tests in `eval.sandbox`)
+
+`grade(prompt, response_text)` picks the grader by `prompt.category` and returns a `Grade`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .choice import grade_choice
+from .code import grade_code
+from .math_answers import grade_math
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The grade of one response."""
+
+    correct: bool
+    extracted: str | None
+    """What the grader compared: the final answer, the letter, or the program."""
+    detail: str
+    """Why (e.g. "no final answer", "test 2/3 failed: wall-clock timeout")."""
+    grader: str
+    """"math", "mc" or "code"."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def grade(prompt: Any, response: str) -> Grade:
+    """Grade `response` (text) against `prompt` (an `eval.datasets.Prompt`)."""
+    category = prompt.category
+    if category == "math":
+        if prompt.answer is None:
+            raise ValueError(f"{prompt.dataset} prompt {prompt.id} has no gold answer")
+        ok, got, why = grade_math(response, prompt.answer, integer=prompt.dataset.startswith("aime"))
+    elif category == "mc":
+        ok, got, why = grade_choice(response, prompt.answer or "", len(prompt.choices or ()) or 4)
+    elif category == "code":
+        ok, got, why = grade_code(response, prompt.dataset, prompt.extra)
+    else:
+        raise ValueError(f"no grader for category {category!r}")
+    return Grade(correct=bool(ok), extracted=got, detail=why, grader=category)
+
+
+__all__ = ["Grade", "grade", "grade_choice", "grade_code", "grade_math"]

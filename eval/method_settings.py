@@ -1,0 +1,106 @@
+"""The names and settings of the methods `forerun eval` compares (no model imports: the CLI reads the
+defaults when it builds its parser).  What each method is: `eval.methods`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SAMPLER_KINDS = ("power-mh", "entropy-cut", "multitry-mh")
+MTM_TEMPERATURES = (0.25, 0.5, 1.0)
+MTM_CANDIDATES = 4
+
+BASELINES = ("greedy", "low-temp", "best-of-n")
+MH_METHODS = SAMPLER_KINDS
+PRESTO_METHODS = tuple(f"presto-{k}" for k in SAMPLER_KINDS)
+PREDICTIVE_METHODS = tuple(f"presto-{k}-predictive" for k in SAMPLER_KINDS)
+METHODS = BASELINES + MH_METHODS + PRESTO_METHODS + PREDICTIVE_METHODS + ("power-smc",)
+DEFAULT_METHODS = ("greedy", "low-temp", "best-of-n", "power-mh", "presto-power-mh", "power-smc")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """CPU-sized defaults of `forerun eval` (every one is a flag); the papers' values in brackets.
+
+    Sized so that `--datasets all --limit 3` with five methods finishes in well under an hour on 2 shared
+    cores with SmolLM2-135M: responses of n = 32 tokens are too short for most final answers, so accuracies
+    at these settings measure the harness, not the samplers."""
+
+    n: int = 32
+    """MH response length n, and the most tokens of the baselines / Power-SMC [1024]."""
+    block: int | None = None
+    """MH block size B (None: n, a single block) [n]."""
+    K: int = 8
+    """MH transitions per block [100]."""
+    npf: int = 8
+    """PreSTO prefetch budget N_pf [20; Case Study 2: 8-20]."""
+    alpha: float = 4.0
+    """Power exponent α; τ = 1/α [4]."""
+    beta: float = 4.0
+    """EntropyCut β [4]."""
+    best_of: int = 4
+    """N of best-of-N [4-32]."""
+    best_of_select: str = "logq"
+    """best-of-N score: logq (E.8) or logp0."""
+    smc_particles: int = 8
+    """Power-SMC particles P [64; E.8: 2-32]."""
+    smc_block: int = 8
+    """Power-SMC block B (tokens per batched call, ESS checked after each) [64; E.8: 128]."""
+    smc_ramp: int = 8
+    """Power-SMC exponent ramp T_r in tokens [400 of 1024-2048 tokens; scaled down with n here]."""
+    smc_ess: float = 0.5
+    """Power-SMC resampling threshold κ [0.5]."""
+    seed: int = 10086
+    """Run seed [10086]."""
+
+    def __post_init__(self) -> None:
+        for name in ("n", "K", "npf", "best_of", "smc_particles", "smc_block"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block is not None and (self.block < 1 or self.n % self.block):
+            raise ValueError(f"block B must divide n={self.n}, got {self.block}")
+
+    def for_method(self, method: str) -> dict[str, Any]:
+        """The settings that define `method`'s output (recorded on every line)."""
+        base = method.removeprefix("presto-").removesuffix("-predictive")
+        if method in BASELINES:
+            out = {"max_new_tokens": self.n, "alpha": self.alpha, "tau": 1 / self.alpha}
+            if method == "best-of-n":
+                out.update(samples=self.best_of, select=self.best_of_select)
+            return out
+        if method == "power-smc":
+            return {"max_new_tokens": self.n, "alpha": self.alpha, "particles": self.smc_particles,
+                    "block": self.smc_block, "ramp_tokens": self.smc_ramp, "ess_threshold": self.smc_ess,
+                    "resampling": "systematic", "final": "sample"}
+        out = {"n": self.n, "block": self.block or self.n, "K": self.K, "alpha": self.alpha}
+        if base == "entropy-cut":
+            out["beta"] = self.beta
+        if base == "multitry-mh":
+            out["mtm_temperatures"] = list(MTM_TEMPERATURES)
+            out["mtm_candidates"] = MTM_CANDIDATES
+        if method.startswith("presto-"):
+            out.update(npf=self.npf, traversal="predictive" if method.endswith("-predictive") else "bfs")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_methods(text: str) -> list[str]:
+    """Comma-separated method names ("all": every method but the predictive ones; "default")."""
+    out: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name == "all":
+            out += [m for m in METHODS if m not in PREDICTIVE_METHODS]
+        elif name == "default":
+            out += list(DEFAULT_METHODS)
+        elif name in METHODS:
+            out.append(name)
+        else:
+            raise ValueError(f"unknown method {raw.strip()!r}; known: {', '.join(METHODS)} (or all, default)")
+    if not out:
+        raise ValueError("--methods is empty")
+    return list(dict.fromkeys(out))

@@ -1,0 +1,64 @@
+"""Write a report folder: report.md (header + tables), summary.json, accuracy_vs_latency.png, speedup.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .report import summarize
+from .report_render import accuracy_latency_figure, render_markdown, speedup_figure
+from .runs import strict_json
+
+
+def _distinct(records: Sequence[dict[str, Any]], field: str) -> list[Any]:
+    return list(dict.fromkeys(json.dumps(r.get(field), sort_keys=True) for r in records if r.get(field) is not None))
+
+
+def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> list[str]:
+    """Provenance: the commands, model, settings, machine load, sandbox mode, timings."""
+    loads = [r["load_avg"] for r in records if r.get("load_avg") is not None]
+    walls = [r["wall_s"] for r in records if r.get("wall_s") is not None]
+    ends = [r["finished_at"] for r in records if r.get("finished_at")]
+    span = (max(ends) - min(ends) + (walls[0] if walls else 0)) if ends else math.nan
+    settings = {}
+    for r in records:
+        settings.setdefault(r["method"], r.get("settings"))
+    lines = [
+        "# forerun eval report", "",
+        f"Made by: `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+        f"Run file `{run_path}`, written by:", "",
+        *[f"- `{json.loads(c)}`" for c in _distinct(records, "command")], "",
+        f"- model: {', '.join(json.loads(m) for m in _distinct(records, 'model'))} "
+        f"({', '.join(json.loads(d) for d in _distinct(records, 'dtype'))}); backend: "
+        f"{', '.join(json.loads(b) for b in _distinct(records, 'backend'))}; machine: {platform.machine()}, "
+        f"{platform.python_implementation()} {platform.python_version()}",
+        f"- items: {len(records)}; datasets: {', '.join(dict.fromkeys(r['dataset'] for r in records))}; seeds: "
+        f"{', '.join(str(s) for s in dict.fromkeys(r['seed'] for r in records))}",
+        f"- generation time, all items: {sum(walls):.1f} s; first to last line: {span:.1f} s",
+        f"- machine load (1-min load average when each line was written): mean {sum(loads) / len(loads):.2f}, "
+        f"max {max(loads):.2f}" if loads else "- machine load: not recorded",
+        *[f"- code sandbox: {json.loads(s)}" for s in _distinct(records, "sandbox")],
+        "", "Settings per method:", "",
+        *[f"- {m}: `{json.dumps(s)}`" for m, s in settings.items()],
+    ]
+    return lines
+
+
+def write_report(records: Sequence[dict[str, Any]], out_dir: Path, *, run_path: str, command: str
+                 ) -> tuple[dict[str, Any], list[Path]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(records)
+    figures = [out_dir / "accuracy_vs_latency.png"]
+    accuracy_latency_figure(summary, figures[0])
+    if summary["table7"]:
+        figures.append(out_dir / "speedup.png")
+        speedup_figure(summary, figures[1])
+    md = out_dir / "report.md"
+    md.write_text(render_markdown(summary, header(records, run_path, command), [str(f) for f in figures]) + "\n")
+    js = out_dir / "summary.json"
+    js.write_text(json.dumps(strict_json(summary), allow_nan=False, indent=1) + "\n")
+    return summary, [md, js, *figures]

@@ -1,0 +1,157 @@
+"""Markdown tables and PNG figures of `eval.report.summarize` (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _f(x: Any, fmt: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, fmt)
+
+
+def _pct(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{100 * x:.0f}"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def accuracy_table(summary: dict[str, Any]) -> list[str]:
+    cells = summary["cells"]
+    datasets = list(dict.fromkeys(c["dataset"] for c in cells))
+    methods = list(dict.fromkeys(c["method"] for c in cells))
+    by = {(c["dataset"], c["method"]): c for c in cells}
+    rows = []
+    for ds in datasets:
+        row = [ds]
+        for m in methods:
+            c = by.get((ds, m))
+            if c is None or not c["n"]:
+                row.append("–")
+                continue
+            lo, hi = c["wilson95"]
+            row.append(f"{_pct(c['accuracy'])} [{_pct(lo)}, {_pct(hi)}] ({c['correct']}/{c['n']})")
+        rows.append(row)
+    return _table(["dataset", *methods], rows)
+
+
+def cost_table(summary: dict[str, Any]) -> list[str]:
+    rows = [[c["dataset"], c["method"], str(c["n"]), _f(c["wall_s"]), _f(c["call_time_s"]), _f(c["calls"], ".1f"),
+             _f(c["transitions_per_call"]), _f(c["response_tokens"], ".0f"), _f(c["log_likelihood"], ".3f"),
+             _f(c["confidence"], ".3f"), str(c["errors"])] for c in summary["cells"]]
+    return _table(["dataset", "method", "n", "wall (s)", "call time (s)", "calls", "transitions/call", "tokens",
+                   "log-lik (Eq. 21)", "confidence (Eq. 22)", "errors"], rows)
+
+
+def table7(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for r in summary["table7"]:
+        tt, sd, tpc, tc = r["total_time_s"], r["total_time_std_s"], r["transitions_per_call"], r["time_per_call_s"]
+        rows.append([r["dataset"], f"{r['sampler']} / {r['presto']}", str(r["pairs"]),
+                     f"{_f(tt[0])}±{_f(sd[0])} / {_f(tt[1])}±{_f(sd[1])}", f"{_f(tpc[0])} / {_f(tpc[1])}",
+                     f"{_f(tc[0], '.3f')} / {_f(tc[1], '.3f')}", f"{_f(r['speedup_eq20'])}×",
+                     f"{_f(r['reduction_in_calls'])}×", f"{_f(r['increase_in_time_per_call'])}×",
+                     f"{r['identical_chains']}/{r['pairs']}"])
+    return _table(["dataset", "sampler / PreSTO", "pairs", "total time (s) ↓", "transitions per call ↑",
+                   "time/call (s) ↓", "speedup (Eq. 20)", "calls ÷", "time/call ×", "identical chains"], rows)
+
+
+def tost_table(summary: dict[str, Any]) -> list[str]:
+    rows = [[r["dataset"], r["presto"], r["statistic"], str(r["n"]), _f(r["mean_diff"], ".4f"), _f(r["delta"], ".4f"),
+             _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], r.get("note", "")]
+            for r in summary["tost"]]
+    rows += [["pooled", r["presto"], r["statistic"], str(r["n"]), _f(r["mean_diff_sd"], ".4f") + " sd",
+              "0.2 sd", _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], ""]
+             for r in summary["tost_pooled"]]
+    return _table(["dataset", "PreSTO vs sequential", "statistic", "pairs", "mean diff", "δ", "p_eq", "equivalent",
+                   "note"], rows)
+
+
+def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Sequence[str]) -> str:
+    lines = [*header, "", "## Accuracy (%, Wilson 95 % interval, correct/n)", "", *accuracy_table(summary), "",
+             "## Cost per item (means)", "",
+             "wall = generation time of the item (every model call); call time = App. D.2 model-call time (MH: "
+             "MH calls only, block extensions excluded); calls = model calls counted as in Table 7.", "",
+             *cost_table(summary), ""]
+    if summary["table7"]:
+        lines += ["## PreSTO vs sequential (Table 7 layout; cells sequential / PreSTO)", "",
+                  "speedup = Eq. 20 (ratio of mean cumulative model-call time); calls ÷ = reduction in calls; "
+                  "time/call × = increase in time per call (speedup = calls ÷ / time/call ×).", "",
+                  *table7(summary), "",
+                  "## Paired TOST equivalence, PreSTO − sequential (Eq. 23; δ = 0.2 sd of the sequential "
+                  "statistic; equivalent when p_eq < 0.05)", "", *tost_table(summary), ""]
+    if summary["errors"]:
+        lines += ["## Errors", "", *[f"- `{e['key']}`: {e['error']}" for e in summary["errors"]], ""]
+    lines += ["## Figures", "", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
+    return "\n".join(lines)
+
+
+def accuracy_latency_figure(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    cells = [c for c in summary["cells"] if c["n"]]
+    datasets = list(dict.fromkeys(c["dataset"] for c in cells))
+    methods = list(dict.fromkeys(c["method"] for c in cells))
+    cols = min(4, max(1, len(datasets)))
+    rows = math.ceil(len(datasets) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    for ax, ds in zip(axes.flat, datasets):
+        for c in (c for c in cells if c["dataset"] == ds):
+            lo, hi = c["wilson95"]
+            ax.errorbar([c["wall_s"]], [100 * c["accuracy"]],
+                        yerr=[[100 * (c["accuracy"] - lo)], [100 * (hi - c["accuracy"])]],
+                        fmt="o", color=colors[c["method"]], capsize=3, label=c["method"])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping minor labels
+        ax.set_title(ds)
+        ax.set_xlabel("mean generation time per item (s)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(-5, 105)
+    for ax in list(axes.flat)[len(datasets):]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[m]) for m in methods]
+    fig.legend(handles, methods, loc="lower center", ncol=min(len(methods), 6), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def speedup_figure(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = summary["table7"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    variants = list(dict.fromkeys(r["presto"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(datasets) + 2), 3.6))
+    width = 0.8 / max(1, len(variants))
+    x = np.arange(len(datasets))
+    for i, v in enumerate(variants):
+        vals = [next((r["speedup_eq20"] for r in rows if r["dataset"] == d and r["presto"] == v), np.nan)
+                for d in datasets]
+        ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=f"{v} vs {v.removeprefix('presto-')}")
+    ax.axhline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xticks(x, datasets, rotation=20)
+    ax.set_ylabel("speedup (Eq. 20)")
+    ax.set_title("PreSTO vs sequential: ratio of mean model-call time")
+    if variants:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,226 @@
+"""Bad input to every `forerun` command: a non-zero exit, exactly one line on stderr, never a traceback.
+
+Each case runs the real entry point (`forerun`, or `python -m forerun.cli.main`) in a subprocess, with the
+tiny model wherever a model is needed, and checks the one line names the problem.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from forerun.programs.records import RecordWriter
+from forerun.testing.fake_sglang_server import unused_port
+from forerun.testing.synthetic_records import synthetic_node_records
+
+
+def write_node_records(path, records) -> int:
+    return RecordWriter(path).write_nodes(records)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_input")
+    records = root / "records.jsonl"
+    write_node_records(records, synthetic_node_records(n_prompts=3, seed=1))
+    two_classes = root / "two_classes.jsonl"
+    write_node_records(two_classes, synthetic_node_records(n_prompts=3, seed=2, classes=("reject", "accept")))
+    (root / "malformed.jsonl").write_text('{"prompt_id": \n')
+    (root / "classifier.json").write_text("{not json")
+    (root / "a_file.txt").write_text("x")
+    (root / "a_dir").mkdir()
+    return root
+
+
+def unwritable(root: Path) -> str | None:
+    """A path the command cannot write, even as root (os.access says yes to root, so probe for real)."""
+    locked = root / "locked"
+    locked.mkdir(exist_ok=True)
+    locked.chmod(0o500)
+    for candidate in (locked / "out.jsonl", Path("/sys/forerun-probe.jsonl"), Path("/proc/version")):
+        try:
+            with open(candidate, "ab"):
+                pass
+        except OSError:
+            return str(candidate)
+        if candidate.parent == locked:
+            candidate.unlink()
+    return None
+
+
+NO_SUCH = "/no/such/model"
+MISSING_PARENT = "/no-such-directory-forerun/out"
+
+# (command, argv, what the one line must say); {root} is the fixture folder; exit 2 unless noted in CODE_1
+CASES = [
+    # generate
+    ("generate", ["generate", "--prompt", ""], "--prompt must not be empty"),
+    ("generate", ["generate"], "--prompt"),
+    ("generate", ["generate", "--prompt", "x", "--model", NO_SUCH], "does not exist"),
+    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--dtype", "int8"], "dtype must be one of"),
+    ("generate", ["generate", "--prompt", "x", "--temperature", "-1"], "--temperature"),
+    ("generate", ["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
+    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "top_p"),
+    ("generate", ["generate", "--prompt", "x", "--seed", "-5"], "--seed"),
+    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"], "exceeds the model context"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
+    # sample
+    ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),
+    ("sample", ["sample", "--dataset", "math500", "--index", "100000", "--model", "tiny"], "--index 100000"),
+    ("sample", ["sample", "--dataset", "math500", "--index", "-1"], "--index"),
+    ("sample", ["sample", "--dataset", "math500", "--data-dir", "/no/such/dir"], "is not a directory"),
+    ("sample", ["sample", "--prompt", "x", "--dataset", "math500"], "not allowed with"),
+    ("sample", ["sample", "--prompt", ""], "--prompt must not be empty"),
+    ("sample", ["sample", "--prompt", "x", "--sampler", "gibbs"], "invalid choice"),
+    ("sample", ["sample", "--prompt", "x", "--n", "0"], "--n"),
+    ("sample", ["sample", "--prompt", "x", "--alpha", "nan"], "--alpha"),
+    ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "block_size"),
+    ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "99999"], "--n 99999: prompt"),
+    ("bench presto", ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "4096"], "--n 4096: prompt"),
+    ("sample", ["sample", "--prompt", "x", "--model", NO_SUCH], "does not exist"),
+    ("sample", ["sample", "--prompt", "x", "--records", MISSING_PARENT], "does not exist (create it first)"),
+    ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_dir"], "is a directory"),
+    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive"], "--classifier"),
+    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", "/no/clf.json"],
+     "cannot read classifier file"),
+    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",
+                "{root}/classifier.json"], "not valid JSON"),
+    # bench presto
+    ("bench presto", ["bench", "presto", "--dataset", "nope"], "unknown dataset 'nope'"),
+    ("bench presto", ["bench", "presto", "--prompts", "0"], "--prompts"),
+    ("bench presto", ["bench", "presto", "--prompts", "100000", "--model", "tiny"], "asked for 100000"),
+    ("bench presto", ["bench", "presto", "--npf", "0"], "--npf"),
+    ("bench presto", ["bench", "presto", "--samplers", "gibbs"], "invalid choice"),
+    ("bench presto", ["bench", "presto", "--records", MISSING_PARENT], "does not exist (create it first)"),
+    ("bench presto", ["bench", "presto", "--records", "{root}/a_dir"], "is a directory"),
+    ("bench presto", ["bench", "presto", "--model", NO_SUCH, "--prompts", "1"], "does not exist"),
+    # bench engine
+    ("bench engine", ["bench", "engine", "--suffixes", "0"], "--suffixes"),
+    ("bench engine", ["bench", "engine", "--root-tokens", "0"], "--root-tokens"),
+    ("bench engine", ["bench", "engine", "--suffix-tokens", "-1"], "--suffix-tokens"),
+    ("bench engine", ["bench", "engine", "--decode-tokens", "x"], "--decode-tokens"),
+    ("bench engine", ["bench", "engine", "--repeats", "0"], "--repeats"),
+    ("bench engine", ["bench", "engine", "--root-tokens", "10", "--suffixes", "20"], "distinct cuts"),
+    ("bench engine", ["bench", "engine", "--model", NO_SUCH], "does not exist"),
+    ("bench engine", ["bench", "engine", "--model", "tiny", "--root-tokens", "4000"], "exceed the model context"),
+    # session demo
+    ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
+    ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),
+    ("session demo", ["session", "demo", "--threads", "0"], "--threads"),
+    ("session demo", ["session", "demo", "--model", NO_SUCH], "does not exist"),
+    ("session demo", ["session", "demo", "--dtype", "int8"], "dtype must be one of"),
+    # bench preposition
+    ("bench preposition", ["bench", "preposition", "--plots", MISSING_PARENT], "does not exist (create it first)"),
+    ("bench preposition", ["bench", "preposition", "--plots", "{root}/a_file.txt"], "is not a directory"),
+    ("bench preposition", ["bench", "preposition", "--rhos", "1,nan"], "--rhos"),
+    ("bench preposition", ["bench", "preposition", "--rhos", "0"], "--rhos"),
+    ("bench preposition", ["bench", "preposition", "--r-max", "5"], "--r-max"),
+    ("bench preposition", ["bench", "preposition", "--tau", "nan"], "--tau"),
+    ("bench preposition", ["bench", "preposition", "--trace-interval", "-1"], "--trace-interval"),
+    ("bench preposition", ["bench", "preposition", "--requests", "0"], "--requests"),
+    ("bench preposition", ["bench", "preposition", "--threads", "100000"], "--threads"),
+    ("bench preposition", ["bench", "preposition", "--model", NO_SUCH], "does not exist"),
+    # calibrate gate
+    ("calibrate gate", ["calibrate", "gate", "--window-len", "1"], "--window-len"),
+    ("calibrate gate", ["calibrate", "gate", "--windows", "0"], "--windows"),
+    ("calibrate gate", ["calibrate", "gate", "--tau", "nan"], "--tau"),
+    ("calibrate gate", ["calibrate", "gate", "--r-max", "nan"], "--r-max"),
+    ("calibrate gate", ["calibrate", "gate", "--plot", MISSING_PARENT + ".png"], "does not exist (create it first)"),
+    ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/a_dir"], "is a directory"),
+    ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/figure.txt"], "expected a file ending in .png"),
+    ("calibrate gate", ["calibrate", "gate", "--threads", "100000"], "--threads"),
+    ("calibrate gate", ["calibrate", "gate", "--model", NO_SUCH], "does not exist"),
+    # classifier train
+    ("classifier train", ["classifier", "train", "--records", "/no/such.jsonl", "--out", "{root}/m.json"],
+     "cannot read records file"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/malformed.jsonl", "--out", "{root}/m.json"],
+     "not valid JSON"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/a_dir"],
+     "is a directory"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", MISSING_PARENT],
+     "does not exist (create it first)"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/two_classes.jsonl", "--out", "{root}/m.json"],
+     "allow-missing-classes"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
+                          "--epsilon", "nan"], "epsilon"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
+                          "--sampler", "nope"], "samplers found"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl"], "--out"),
+    # classifier cv
+    ("classifier cv", ["classifier", "cv", "--records", "/no/such.jsonl"], "cannot read records file"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"], "folds"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"], "l2_penalty"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--features", "nope"], "nope"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "-1"], "--seed"),
+    # the command itself
+    ("forerun", ["smaple"], "invalid choice"),
+    ("forerun", ["bench"], "required"),
+]
+CODE_1 = {"exceeds the model context"}  # an engine error (the request was well-formed but too long): exit 1
+
+
+@pytest.mark.parametrize("command,argv,needle", CASES,
+                         ids=[f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES])
+def test_bad_input_is_one_line(command, argv, needle, files, run_forerun, assert_one_line_error):
+    proc = run_forerun([a.format(root=files) for a in argv])
+    code = 1 if needle in CODE_1 and command == "generate" else None
+    assert_one_line_error(proc, needle, code)
+    if command != "forerun":
+        assert proc.stderr.split("\r")[-1].startswith(f"forerun {command}:"), proc.stderr
+    assert not Path(MISSING_PARENT).parent.exists()  # a missing parent directory is never created
+
+
+@pytest.mark.parametrize("argv", [
+    ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--K", "2", "--records", "{path}"],
+    ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "4", "--K", "2", "--records", "{path}"],
+    ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{path}"],
+    ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--plot", "{path}.png"],
+], ids=["sample --records", "bench presto --records", "classifier train --out", "calibrate gate --plot"])
+def test_an_unwritable_output_path_is_refused_before_any_work(argv, files, run_forerun, assert_one_line_error):
+    path = unwritable(files)
+    if path is None:
+        pytest.skip("no unwritable path on this machine")
+    if argv[-1] == "{path}.png":
+        path = str(Path(path).with_suffix(".png"))
+        argv = argv[:-1] + [path]
+    proc = run_forerun([a.format(root=files, path=path) for a in argv])
+    assert_one_line_error(proc, "not writable")
+
+
+class _BrokenServer(BaseHTTPRequestHandler):
+    """Answers every GET with 200 and a body that is not JSON."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = b"<html>not json</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["sample", "--prompt", "hi", "--n", "4"],
+                                  ["bench", "presto", "--prompts", "1", "--n", "4"]])
+def test_server_info_answering_invalid_json_names_the_url(argv, run_forerun, assert_one_line_error):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        proc = run_forerun(argv + ["--backend", url])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_one_line_error(proc, f"{url}/server_info answered invalid JSON")
+
+
+def test_an_unreachable_backend_is_one_line_naming_the_url(run_forerun, assert_one_line_error):
+    url = f"http://127.0.0.1:{unused_port()}"
+    proc = run_forerun(["sample", "--backend", url, "--prompt", "hi", "--n", "4"])
+    assert_one_line_error(proc, url)

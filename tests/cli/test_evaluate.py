@@ -1,0 +1,140 @@
+"""`forerun eval`: bad input, kill -9 and SIGINT mid-run then --resume (the final file equals an
+uninterrupted run's, timings aside, no duplicates), strict --json, and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from forerun.cli.evaluate import VOLATILE_FIELDS
+from forerun.cli.main import main
+from forerun.eval.runs import load_run
+
+ARGS = ["eval", "--model", "tiny", "--datasets", "math500,mmlu", "--methods",
+        "greedy,power-mh,presto-power-mh,power-smc", "--limit", "3", "--n", "16", "--K", "4", "--smc-block", "4"]
+TOTAL = 2 * 4 * 3
+
+
+def _strict(text: str):
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+
+
+def _comparable(path: Path) -> list[dict]:
+    recs = load_run(path, repair=False)
+    keys = [r["key"] for r in recs]
+    assert len(keys) == len(set(keys)), "duplicate items"
+    return sorted(({k: v for k, v in r.items() if k not in VOLATILE_FIELDS} for r in recs), key=lambda r: r["key"])
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _start(out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "forerun.cli.main", *ARGS, "--out", str(out), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _lines(path) < n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"run ended or stalled before {n} lines: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--datasets", "nope", "--out", "{tmp}/r.jsonl"], "unknown dataset"),
+    (["eval", "--datasets", "math500", "--methods", "power-mhh", "--out", "{tmp}/r.jsonl"], "unknown method"),
+    (["eval", "--datasets", "math500", "--out", "{tmp}/missing/r.jsonl"], "does not exist"),
+    (["eval", "--datasets", "math500", "--out", "{tmp}"], "is a directory"),
+    (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl"], "--resume"),
+    (["eval", "--datasets", "math500"], "--out"),
+    (["eval", "--methods", "greedy", "--out", "{tmp}/r.jsonl"], "--datasets is required"),
+    (["eval", "--datasets", "math500", "--methods", "presto-power-mh-predictive", "--out", "{tmp}/r.jsonl"],
+     "--classifier"),
+    (["eval", "report", "{tmp}/none.jsonl", "--out", "{tmp}/rep"], "no such run file"),
+    (["eval", "report", "{tmp}/full.jsonl", "--out", "{tmp}/full.jsonl"], "not a directory"),
+    (["eval", "report", "{tmp}/bad.jsonl", "--out", "{tmp}/rep"], "not a JSON line"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "full.jsonl").write_text('{"key": "a"}\n')
+    (tmp_path / "bad.jsonl").write_text("garbage\n")
+    rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_kill_and_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    proc = _start(run)
+    _wait_for_lines(proc, run, 4)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at_kill = _lines(run)
+    assert 4 <= at_kill < TOTAL, "the kill must land in the middle of the run"
+    with open(run, "ab") as fh:  # what a kill inside a write would leave: a partial last line
+        fh.write(b'{"key": "math500|power-smc|x|10086", "resp')
+
+    proc = _start(run, "--resume")
+    _wait_for_lines(proc, run, at_kill + 2)  # the torn tail was repaired, new lines follow
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and b"interrupted" in err and b"Traceback" not in err
+    assert _lines(run) < TOTAL
+
+    assert main([*ARGS, "--out", str(run), "--resume"]) == 0
+    reference = tmp_path / "reference.jsonl"
+    assert main([*ARGS, "--out", str(reference)]) == 0
+    capsys.readouterr()
+    got, want = _comparable(run), _comparable(reference)
+    assert len(got) == TOTAL and got == want
+    assert run.read_bytes().endswith(b"\n")
+
+    # resuming a finished run does nothing; --json output is strict JSON
+    assert main([*ARGS, "--out", str(run), "--resume", "--json"]) == 0
+    summary = _strict(capsys.readouterr().out)
+    assert summary["written_now"] == 0 and summary["items"] == TOTAL
+    assert main(["eval", "report", str(run), "--out", str(tmp_path / "rep"), "--json"]) == 0
+    rep = _strict(capsys.readouterr().out)
+    assert {Path(f).name for f in rep["files"]} >= {"report.md", "summary.json", "accuracy_vs_latency.png", "speedup.png"}
+    assert rep["table7"] and all(r["identical_chains"] == r["pairs"] for r in rep["table7"])
+
+
+def test_resume_refuses_other_settings(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "4"]
+    assert main([*small, "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main([*small[:-1], "5", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "other settings" in err and err.count("\n") == 1
+
+
+def test_items_are_spread_over_every_backend_url(tmp_path, capsys):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    run = tmp_path / "run.jsonl"
+    with FakeSGLangServer() as a, FakeSGLangServer() as b:
+        rc = main(["eval", "--backend", a.url, "--backend", b.url, "--datasets", "mmlu", "--methods",
+                   "greedy,power-mh,presto-power-mh,power-smc", "--limit", "2", "--n", "6", "--K", "2",
+                   "--smc-block", "3", "--out", str(run), "--json"])
+        urls = {a.url, b.url}
+    assert rc == 0, capsys.readouterr().err
+    recs = load_run(run)
+    assert len(recs) == 8 and not [r for r in recs if r.get("error")]
+    assert {r["backend"] for r in recs} == urls
+    pm = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "power-mh"}
+    pre = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "presto-power-mh"}
+    assert pm == pre  # identical chains, whichever server ran them

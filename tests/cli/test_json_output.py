@@ -1,0 +1,77 @@
+"""Every `--json` output is strict JSON: it parses with NaN and ±Infinity rejected, and an undefined value is
+null with its reason under "undefined".  The real entry point, in a subprocess, tiny model, small sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.programs.records import RecordWriter
+from forerun.testing.fake_sglang_server import FakeSGLangServer
+from forerun.testing.synthetic_records import synthetic_node_records
+
+
+def write_node_records(path, records) -> int:
+    return RecordWriter(path).write_nodes(records)
+
+
+def _reject(constant: str):
+    raise ValueError(f"not JSON: {constant}")
+
+
+def strict_loads(text: str):
+    return json.loads(text, parse_constant=_reject)
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    root = tmp_path_factory.mktemp("json_output")
+    path = root / "records.jsonl"
+    write_node_records(path, synthetic_node_records(n_prompts=4, seed=3))
+    return root, path
+
+
+TINY = ["--model", "tiny"]
+CASES = {
+    "generate": ["generate", "--prompt", "hi", "--max-tokens", "3", "--seed", "1", *TINY],
+    "generate greedy": ["generate", "--prompt", "hi", "--max-tokens", "3", "--temperature", "0", *TINY],
+    "sample": ["sample", "--prompt", "hi", "--n", "4", "--K", "3", "--presto", "--npf", "4", *TINY],
+    "sample multitry": ["sample", "--prompt", "hi", "--n", "4", "--K", "2", "--sampler", "multitry-mh", *TINY],
+    "bench presto": ["bench", "presto", "--prompts", "1", "--n", "4", "--K", "2", "--npf", "4", *TINY],
+    "bench engine": ["bench", "engine", "--root-tokens", "48", "--suffixes", "4", "--suffix-tokens", "4",
+                     "--decode-tokens", "4", "--repeats", "1", *TINY],
+    "bench preposition": ["bench", "preposition", "--requests", "2", "--trace-updates", "2", "--rhos", "1",
+                          "--calib-windows", "2", "--trace-interval", "0.01", *TINY],
+    "session demo": ["session", "demo", *TINY],
+    "session demo tau inf": ["session", "demo", "--tau", "inf", *TINY],
+    "calibrate gate": ["calibrate", "gate", "--windows", "3", *TINY],
+    "calibrate gate nothing accepted": ["calibrate", "gate", "--windows", "2", "--tau", "1e9", *TINY],
+    "classifier train": ["classifier", "train", "--records", "{records}", "--out", "{root}/clf.json",
+                         "--allow-missing-classes"],
+    "classifier cv": ["classifier", "cv", "--records", "{records}", "--folds", "2"],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_json_output_is_strict(name, records, run_forerun):
+    root, path = records
+    proc = run_forerun([a.format(root=root, records=path) for a in CASES[name]] + ["--json"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "NaN" not in proc.stdout and "Infinity" not in proc.stdout
+    out = strict_loads(proc.stdout)
+    assert isinstance(out, dict)
+    if name == "session demo tau inf":
+        assert out["tau"] is None and "never fires" in out["undefined"]["tau"]
+    if name == "calibrate gate nothing accepted":
+        assert out["report"]["at_tau"]["false_accept"] is None
+        assert "r(τ) is undefined" in out["undefined"]["report.at_tau.false_accept"]
+
+
+def test_sample_on_a_stock_server_reports_the_undefined_confidence_with_its_reason(run_forerun):
+    """A stock SGLang server reports no entropy of p0: Eq. 22's confidence is NaN -> null + reason."""
+    with FakeSGLangServer() as srv:
+        proc = run_forerun(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "4", "--K", "2", "--json"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = strict_loads(proc.stdout)
+    assert out["confidence"] is None and "entropy" in out["undefined"]["confidence"]

@@ -64,9 +64,9 @@ def unsupported_reason(model: Any) -> str | None:
         return f"hidden_act {cfg.hidden_act!r} is not silu"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return "sliding-window attention"
-    if any(getattr(layer.self_attn.o_proj, "bias", None) is not None or
-           getattr(layer.mlp.down_proj, "bias", None) is not None for layer in model.model.layers):
-        return "biased o_proj / down_proj"
+    if any(getattr(mod, "bias", None) is not None for layer in model.model.layers
+           for mod in (layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)):
+        return "biased o_proj / MLP projections"
     if model.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         return f"weight dtype {model.dtype}"
     return None

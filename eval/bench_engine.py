@@ -168,7 +168,7 @@ def _measure_fork(loaded: Any, engine: Any, prompt: list[int], config: EngineBen
         # forget the suffixes (keep the root) so every repetition starts from the same cache state
         engine.flush_cache()
         engine.generate(root[:-1], SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))
-    bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * loaded.dtype.itemsize
+    bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * engine.kv_dtype.itemsize
     t_single = statistics.median(r["single_s"] for r in runs)
     t_batch = statistics.median(r["batch_s"] for r in runs)
     peak = max(r["pool_peak"] for r in runs)

@@ -37,6 +37,16 @@ from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import logprob_temperatures, sampling_seed, token_ids
 
 
+def check_generation_request(prefix_ids: Sequence[int], max_tokens: int, seed: int) -> None:
+    """The checks every generation request of a program shares (suffix proposals, completions)."""
+    if not prefix_ids:
+        raise ValueError("prefix_ids must be non-empty (it contains the prompt)")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+
+
 @dataclass(frozen=True)
 class SuffixRequest:
     """One suffix-resampling request: generate `max_tokens` tokens after `prefix_ids` from q_τ."""
@@ -51,14 +61,9 @@ class SuffixRequest:
     """Sampling seed (the engine keys per-token noise by (seed, absolute position))."""
 
     def __post_init__(self) -> None:
-        if not self.prefix_ids:
-            raise ValueError("prefix_ids must be non-empty (it contains the prompt)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_generation_request(self.prefix_ids, self.max_tokens, self.seed)
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
         assert main(base + ["--sampler", "multitry-mh"]) == 2
         err = capsys.readouterr().err
         assert "extra temperatures" in err and err.count("\n") == 1
-    with FakeSGLangServer(plugin_keys=True) as srv:  # a server plugin that reports the entropy of p0
+    with FakeSGLangServer(plugin=True) as srv:  # a server plugin that reports the entropy of p0
         assert main(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2",
                      "--sampler", "entropy-cut", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["confidence"] is not None

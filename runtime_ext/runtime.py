@@ -49,10 +49,13 @@ class Runtime:
 
     @property
     def determinism_note(self) -> str | None:
-        """Why seeded runs on this runtime reproduce only in law (None when they reproduce token for token)."""
+        """Why seeded runs on this runtime reproduce only in law: a server without deterministic inference that
+        was allowed anyway (`allow_nondeterministic`; not allowed, it refuses seeded work instead).  None when
+        runs reproduce token for token."""
         from .backends.server_client import NONDETERMINISTIC_NOTE
 
-        return None if self.deterministic else f"{self.location}: {NONDETERMINISTIC_NOTE}"
+        allowed = getattr(getattr(self.engine, "config", None), "allow_nondeterministic", False)
+        return None if self.deterministic or not allowed else f"{self.location}: {NONDETERMINISTIC_NOTE}"
 
     def flush(self) -> bool:
         """Clear the prefix cache (between independent chains).  A server flushes only once idle and may

@@ -74,12 +74,14 @@ def _launch(*flags: str, tmp_path: Path) -> tuple[str, int]:
 def test_launch_runtime_fake_mode_with_and_without_deterministic_inference(tmp_path, capsys):
     """The acceptance path: launch_runtime passes --enable-deterministic-inference (seeded work runs);
     --no-deterministic leaves it off (refused; --allow-nondeterministic proceeds with the warning)."""
-    url, pid = _launch(tmp_path=tmp_path)
+    url, pid = _launch("--plugin", tmp_path=tmp_path)
     url_off, pid_off = _launch("--no-deterministic", tmp_path=tmp_path)
     try:
-        assert requests.get(url + "/server_info", timeout=5).json()["enable_deterministic_inference"] is True
+        info = requests.get(url + "/server_info", timeout=5).json()
+        assert info["enable_deterministic_inference"] is True and "forerun_plugin" in info
+        assert "forerun_plugin" not in requests.get(url_off + "/server_info", timeout=5).json()
         argv = ["sample", "--prompt", "hi", "--n", "6", "--K", "2", "--json"]
-        assert main(argv + ["--backend", url]) == 0
+        assert main(argv + ["--backend", url, "--sampler", "entropy-cut"]) == 0  # the plugin reports entropy
         assert json.loads(capsys.readouterr().out)["determinism"] == "token for token"
         assert main(argv + ["--backend", url_off]) == 2
         assert "relaunch it with --enable-deterministic-inference" in capsys.readouterr().err

@@ -138,7 +138,7 @@ def _suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatu
         raise EngineError(
             "this sampler (EntropyCut) needs the entropy of p0 of every generated token (meta_info "
             "'output_token_entropy'); the backend did not return it. A stock SGLang server does not report it: "
-            "use the embedded engine, or serve a sampler plugin that returns it through customized_info."
+            "launch the server with scripts/launch_runtime --plugin (forerun's sampler plugin), or use the embedded engine."
         )
     if len(entries) != req.max_tokens:
         raise EngineError(
@@ -178,8 +178,8 @@ class ProgramProposalModel:
     """`ProposalModel` that runs `suffix_proposals` on an SGLang frontend backend (one program per call).
 
     `tempered_temperatures` 𝒯 (MultiTryMH): every branch carries a `logprob_temperatures(𝒯)` marker and the
-    engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine; a stock SGLang
-    server refuses such requests with a clear error).  `require_entropy` (default False; EntropyCut callers
+    engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine, or an SGLang
+    server with forerun's plugin; a stock server refuses such requests with a clear error).  `require_entropy` (default False; EntropyCut callers
     pass True): a backend that does not report the entropy of p0 is then an error; otherwise the entropy is
     NaN (PowerMH and MultiTryMH do not use it), so PowerMH runs on a stock SGLang server.
     """

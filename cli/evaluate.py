@@ -140,7 +140,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts}
 
 
-def _branch_prob(args: argparse.Namespace):
+def _classifier(args: argparse.Namespace):
     if not args.classifier:
         return None
     from ..classifiers.certainty import CertaintyClassifier
@@ -167,11 +167,11 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
         existing = load_run(plan["out"]) if args.resume else []
-        branch_prob = _branch_prob(args)
+        classifier = _classifier(args)
         pool = open_pool_from(args)
         warn_nondeterministic(pool)
         _check_resumable(existing, plan["settings"], pool.first.name)
-        return _execute(args, plan, pool, existing, branch_prob)
+        return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:
         print(f"forerun eval: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -181,7 +181,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing: list[dict[str, Any]],
-             branch_prob: Any) -> int:
+             classifier: Any) -> int:
     from tqdm import tqdm
 
     from ..eval.runs import RunWriter, load_run, plan_items, run_items
@@ -191,7 +191,7 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
     done = {r["key"] for r in existing}
     todo = [it for it in items if it.key not in done]
     command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    worker = ItemRunner(pool, plan["settings"], branch_prob, flush=pool.slots == 1, command=command)
+    worker = ItemRunner(pool, plan["settings"], classifier, flush=pool.slots == 1, command=command)
     worker.prepare(todo)
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item", file=sys.stderr,
                dynamic_ncols=True)

@@ -19,11 +19,11 @@ class ItemRunner:
     """Generates items on a `RuntimePool` (each item leases one runtime slot: a server's radix cache serves the
     whole item) and turns their outcomes into records."""
 
-    def __init__(self, pool: Any, settings: EvalSettings, branch_prob: Any = None, *, flush: bool = False,
+    def __init__(self, pool: Any, settings: EvalSettings, classifier: Any = None, *, flush: bool = False,
                  command: str = "") -> None:
         self.pool = pool
         self.runtimes = pool.runtimes
-        self.runners = [MethodRunner(rt.backend, settings, branch_prob) for rt in self.runtimes]
+        self.runners = [MethodRunner(rt.backend, settings, classifier) for rt in self.runtimes]
         self.settings = settings
         self.flush = flush
         self.command = command

@@ -31,7 +31,11 @@ from .output import PLOT_SUFFIXES, make_output_dir, output_dir, output_file, pri
 
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
 
-TAU_REASONS = {key: "τ = inf: the gate never fires" for key in ("tau", "threshold", "live_tau", "auto_tau")}
+TAU_REASONS = {key: "τ = inf: the gate never fires" for key in ("tau", "threshold", "live_tau", "auto_tau")} | {
+    "rate": "no observations (n = 0): the rate is undefined", "ci95": "no observations (n = 0)",
+    "mean_delta_unpredicted": "every result was pre-positioned: no delta-only resume",
+    "hit_rate": "no pre-position was resolved", "wasted_fraction": "no pre-position was resolved",
+}
 
 
 def _rhos(text: str) -> tuple[float, ...]:

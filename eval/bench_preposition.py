@@ -206,6 +206,8 @@ class _Arms:
                 pp.preposition(state, entry)
                 t_pp = time.perf_counter() - t0
                 r = pp.serve(state, entry if arm != "fall_entry" else self.realized_fall_entry)
+                state.close()  # releases the pre-paid entry's pin
+                pp.release_pins(state)
                 expected = {"fast": "fast", "fall_0": "fall", "fall_entry": "fall"}[arm]
                 if r.path != expected:
                     raise AssertionError(f"arm {arm} took path {r.path}")
@@ -421,8 +423,10 @@ def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: s
                           measured_cold=[(L_entry, p50["cold"])])
     plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
                       measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
-    measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in out.get("trace", {}).get("points", [])]
-    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured)
+    points = out.get("trace", {}).get("points", [])
+    measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in points]
+    fast = [(t["rho"], t["h_fast"]["rate"], *t["h_fast"]["ci95"]) for t in points if t["h_fast"]["n"]]
+    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured, measured_fast=fast)
     out["plots"] = plots_dir
 
 

@@ -5,17 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 
+def _f(x: Any, spec: str = ".3f") -> str:
+    """A number, or "-" where it is undefined (NaN, or null after a strict-JSON round trip)."""
+    return "-" if x is None or x != x else format(x, spec)
+
+
 def _ci(r: dict[str, Any]) -> str:
     lo, hi = r["ci95"]
-    return f"{r['rate']:.3f} [{lo:.3f}, {hi:.3f}] ({r['k']}/{r['n']})"
+    return f"{_f(r['rate'])} [{_f(lo)}, {_f(hi)}] ({r['k']}/{r['n']})"
 
 
 def format_gate_point(p: dict[str, Any] | None) -> str:
+    """One GatePoint (as a dict): coverage and false accept with their Wilson intervals."""
     if p is None:
         return "none"
-    return (f"τ={p['threshold']:.3f}: coverage {p['coverage']:.3f} [{p['coverage_ci'][0]:.3f}, {p['coverage_ci'][1]:.3f}], "
-            f"false accept {p['false_accept']:.3f} [{p['false_accept_ci'][0]:.3f}, {p['false_accept_ci'][1]:.3f}] "
-            f"({p['accepted']} accepted, {p['wrong']} wrong)")
+    c, r = p["coverage_ci"], p["false_accept_ci"]
+    return (f"τ={_f(p['threshold'])}: coverage {_f(p['coverage'])} [{_f(c[0])}, {_f(c[1])}], false accept "
+            f"{_f(p['false_accept'])} [{_f(r[0])}, {_f(r[1])}] ({p['accepted']} accepted, {p['wrong']} wrong)")
 
 
 def _latency(res: dict[str, Any]) -> list[str]:
@@ -66,19 +72,19 @@ def _traces(res: dict[str, Any]) -> list[str]:
     lines = []
     if "trace" in res:
         tr = res["trace"]
-        lines.append(f"live trace, status feed, gate un-forced at τ = {tr['tau']:g} (g = {tr['gate_coverage_g']:.3f}; "
+        lines.append(f"live trace, status feed, gate un-forced at τ = {_f(tr['tau'], 'g')} (g = {_f(tr['gate_coverage_g'])}; "
                      f"mean update interval {tr['interval_s'] * 1e3:.0f} ms; ingest + T_pp {tr['update_cost_s'] * 1e3:.0f} ms):")
         for t in tr["points"]:
             cf_fast = t["closed_form_h_fast"]
-            lines.append(f"  ρ={t['rho']:<5g} h {t['measured_h']:.3f} [{t['h_ci95'][0]:.3f}, {t['h_ci95'][1]:.3f}] "
+            lines.append(f"  ρ={t['rho']:<5g} h {_f(t['measured_h'])} [{_f(t['h_ci95'][0])}, {_f(t['h_ci95'][1])}] "
                          f"vs ρ/(1+ρ) {t['closed_form_h']:.3f} (delayed {t['closed_form_h_delayed']:.3f}); "
                          f"h_fast {_ci(t['h_fast'])} vs g·h_delayed "
-                         f"{'-' if cf_fast is None else f'{cf_fast:.3f}'}; fast share of queries "
+                         f"{_f(cf_fast)}; fast share of queries "
                          f"{_ci(t['fast_share_of_queries'])}, fast accuracy {_ci(t['fast_accuracy'])}; {t['paths']}")
     if "agentic" in res:
         ag = res["agentic"]
         p = {k: "-" if v is None else f"{v:.2f}" for k, v in ag["p50_ms"].items()}
-        lines.append(f"agentic trace ({ag['turns']} tool calls, τ = {ag['tau']:g}, A = V): result pre-positioned "
+        lines.append(f"agentic trace ({ag['turns']} tool calls, τ = {_f(ag['tau'], 'g')}, A = V): result pre-positioned "
                      f"{_ci(ag['predicted'])}; gate fired when pre-positioned {_ci(ag['gate_fired_when_predicted'])}; "
                      f"fast share {_ci(ag['fast_share'])}; first-token P50 ms fast {p['fast']}, fall (predicted) "
                      f"{p['fall_predicted']}, fall (delta-only) {p['fall_unpredicted']}; by tool {ag['by_tool']}")
@@ -104,6 +110,6 @@ def _energy(res: dict[str, Any]) -> list[str]:
 def format_report(res: dict[str, Any]) -> str:
     """Human-readable summary of `run_bench`'s result."""
     lines = _latency(res) + _gates(res) + _traces(res) + _energy(res)
-    lines.append("E[L_pp] (Eq. 9, g = %.3f): %s ms" % (res["gate_fire_probability_g"],
+    lines.append("E[L_pp] (Eq. 9, g = %s): %s ms" % (_f(res["gate_fire_probability_g"]),
                  {k: round(v, 2) for k, v in res["expected_latency_ms"].items()}))
     return "\n".join(lines)

@@ -29,6 +29,9 @@ from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositi
 from ..runtime_ext.preposition.ready_cache import GateConfig
 
 WINDOW_BATCHES = 4
+TURN_ROOM = 256
+"""Tokens an agentic turn may take (call, result entry, answer): the trace rolls its conversation back to the
+first user message when fewer are left in the context window."""
 
 
 def _rate(k: int, n: int) -> dict[str, Any]:
@@ -116,8 +119,11 @@ def run_agentic_trace(engine: Any, tokenizer: Any, n_turns: int, gate: GateConfi
     pp = Prepositioner(engine, PrepositionConfig(gate=gate), tokenizer=tokenizer)
     a = AgenticSession(pp, tokenizer=tokenizer, predict_results=2)
     a.user("Check the pump, keep notes and watch the weather. Answer each tool result in a few words.")
+    base = a.state.live_end
     rows = []
     for _ in range(n_turns):
+        if a.state.max_len is not None and a.state.live_end + TURN_ROOM > a.state.max_len and a.state.live_end > base:
+            a.rollback(a.state.live_end - base)  # keep the conversation inside the context window
         tool, call, dist = TOOLS[int(rng.integers(len(TOOLS)))]
         a.emit_tool_call(call)
         pp.wait_idle(120, session=a.state)  # the tool runs: the idle window

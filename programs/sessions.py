@@ -384,6 +384,13 @@ class AgenticSession(_Session):
                 self._seen.setdefault(key, Counter())[payload] += 1
             return AgentTurn(first=first, output_ids=ids, text=text, predicted=payload in pending.candidates)
 
+    def rollback(self, n: int) -> None:
+        """Discard the last n committed tokens (invalidates; not while a tool call is pending)."""
+        with self._lock:
+            self._no_pending("rollback")
+            self.state.rollback(n)
+            self._pin()
+
     def _no_pending(self, what: str) -> None:
         if self._pending is not None:
             raise ToolCallPending(f"{what}: the tool call {self._pending.call!r} is pending; deliver its "

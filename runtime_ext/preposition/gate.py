@@ -121,7 +121,7 @@ def gate_decision(gap: float, top_token: int, gate: GateConfig, *, token_text: s
         return GateDecision(True, f"gate forced open (benchmark): γ={gap:.2f}, â={shown}")
     admissible = gate.fast_answer_set is None or int(top_token) in gate.fast_answer_set
     over = bool(gap > gate.threshold)
-    where = "A = V" if gate.fast_answer_set is None else ("∈ A" if admissible else "∉ A")
+    where = "∈ A = V" if gate.fast_answer_set is None else ("∈ A" if admissible else "∉ A")
     if over and admissible:
         return GateDecision(True, f"gate fired: γ={gap:.2f} > τ={gate.threshold:g} and â={shown} {where}")
     why = []

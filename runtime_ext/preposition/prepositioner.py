@@ -152,8 +152,10 @@ class Prepositioner:
         """Where the requests go: `engine` itself if it is a `PrepositionEngine`, else `EngineAdapter(engine)`."""
         self.config = config or PrepositionConfig()
         vocab = getattr(engine, "vocab_size", None)
-        if isinstance(vocab, int) and vocab > 0:
-            self.config.gate.check_vocab(vocab)
+        self.vocab_size: int | None = vocab if isinstance(vocab, int) and vocab > 0 else None
+        """Token ids of entries and requests must lie below it (checked before any work), when known."""
+        if self.vocab_size is not None:
+            self.config.gate.check_vocab(self.vocab_size)
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         if headroom_fn is None and self.config.engine_headroom and callable(getattr(engine, "stats", None)):
             headroom_fn = kv_headroom(engine)
@@ -187,9 +189,9 @@ class Prepositioner:
         if self._closed:
             raise RuntimeError("prepositioner is closed")
         jobs: list[tuple[tuple[int, ...], Role]] = []
-        head = None if header is None else token_ids(header, "header")
+        head = None if header is None else self._ids(header, "header")
         for e in entries:
-            ids = token_ids(e, "entry")
+            ids = self._ids(e, "entry")
             if ids != head and all(ids != j for j, _ in jobs):
                 jobs.append((ids, "entry"))
         if head is not None:
@@ -308,7 +310,7 @@ class Prepositioner:
         """
         t0 = time.perf_counter()
         self._raise_for(session)
-        realized = token_ids(realized_entry, "realized_entry")
+        realized = self._ids(realized_entry, "realized_entry")
         if not realized:
             raise ValueError("realized_entry must hold at least one token")
         self._track(session)
@@ -415,6 +417,13 @@ class Prepositioner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _ids(self, values: Any, name: str) -> tuple[int, ...]:
+        ids = token_ids(values, name)
+        if self.vocab_size is not None and any(t >= self.vocab_size for t in ids):
+            bad = next(t for t in ids if t >= self.vocab_size)
+            raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return ids
 
     def _track(self, session: SessionState) -> None:
         with self._sessions_lock:

@@ -137,6 +137,7 @@ def test_bench_preposition_small(fake, capsys, tmp_path):
             "--tau", "auto", "--plots", str(tmp_path), "--json"]
     assert cli.main(args) == 0
     res = json.loads(capsys.readouterr().out)
+    assert fake[0].pins == {}  # every state and pre-paid entry pinned by the bench was released
     lat = res["latency"]
     assert set(lat) == {"cold", "fast", "fall_0", "fall_entry"} and all(v["n"] == 3 for v in lat.values())
     assert lat["fast"]["mean_delta"] == 0 and lat["fall_0"]["mean_delta"] == 0

@@ -89,6 +89,16 @@ def test_agentic_trace_serves_predicted_results():
     assert res["by_tool"].get("weather", {}).get("predicted", 0) == 0  # a result never seen is never predicted
 
 
+def test_agentic_trace_stays_inside_a_small_context_window():
+    from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+    from forerun.runtime_ext.engine.models import build_tiny_model
+
+    with EmbeddedEngine(build_tiny_model(max_context=640), EngineConfig(batch_window_ms=0.0)) as eng:
+        res = run_agentic_trace(eng, eng.tokenizer, 12, GateConfig(threshold=0.0), np.random.default_rng(2),
+                                answer_tokens_n=2)
+    assert res["turns"] == 12
+
+
 class StatusEngineForTools(StatusEngine):
     def generate(self, input_ids, params, *, rid=None, priority=0):
         z = np.zeros(258)

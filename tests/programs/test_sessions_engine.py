@@ -196,3 +196,15 @@ def test_prepaid_entry_kv_stays_resident_until_invalidated():
             assert eng.stats()["pins"] == 0  # released with the invalidation
         # the engine always feeds the last prompt token again (its logits start the answer): 33 of 34 is all
         assert cached[True] == 33 and cached[False] < 33
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_keeps_special_token_text_as_text():
+    from forerun.programs.session_text import encode_content, encode_framing, render
+
+    tok = load_model("default").tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert encode_framing(tok, "<|im_end|>") == [im_end]
+    assert im_end not in encode_content(tok, "x<|im_end|>y")
+    ids = render(tok, "<|im_start|>user\nNew data: {data}<|im_end|>\n", "data", "1<|im_end|>")
+    assert ids.count(im_end) == 1 and tok.decode(ids).count("<|im_end|>") == 2

@@ -254,7 +254,12 @@ def test_bad_inputs_are_rejected_before_any_work():
 
     with pytest.raises(ValueError, match="outside the vocabulary"):
         Prepositioner(Vocab(), PrepositionConfig(gate=GateConfig(fast_answer_set={VOCAB}), background=False))
-    assert pp.engine.calls == []
+    known = Prepositioner(Vocab(), PrepositionConfig(background=False))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        known.preposition(s, [VOCAB])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        known.serve(s, [1, VOCAB + 3])
+    assert pp.engine.calls == [] and known.engine.calls == []
 
 
 def test_kv_headroom_reads_engine_stats():

@@ -51,14 +51,20 @@ def finite_float(text: str) -> float:
 
 
 def gate_threshold(text: str) -> float:
-    """τ of the logit-gap gate: a finite number, or `inf` (the gate never fires)."""
+    """τ of the logit-gap gate: a number >= 0, or `inf` (the gate never fires).  γ >= 0 always, so a
+    negative τ would mean "always fire": rejected (benchmarks force the gate explicitly)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number (or inf: the gate never fires), got {text!r}") from None
-    if math.isnan(value) or value == -math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number (or inf: the gate never fires), got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (or inf: the gate never fires), got {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (or inf: the gate never fires), got {text}")
     return value
+
+
+def gate_threshold_or_auto(text: str) -> float | str:
+    """`auto` (τ from the calibration for the risk budget r_max) or a `gate_threshold`."""
+    return "auto" if text.strip().lower() == "auto" else gate_threshold(text)
 
 
 def thread_count(text: str) -> int:

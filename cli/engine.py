@@ -21,13 +21,41 @@ from .output import print_json
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments"]
 
 
-def add_backend_arguments(p: argparse.ArgumentParser) -> None:
-    """`--backend URL` and `--tokenizer PATH` (shared by generate, sample and bench presto)."""
-    p.add_argument("--backend", default=None, metavar="URL",
-                   help="run on a launched SGLang server at URL (http://host:port, e.g. from scripts/launch_runtime) "
-                        "instead of the embedded engine; --model and --dtype are then ignored")
+def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
+    """`--backend URL[,URL...]`, `--tokenizer PATH`, `--allow-nondeterministic` (generate, sample, bench presto,
+    eval) and, where independent chains run, `--concurrency N` (chains in flight per runtime)."""
+    p.add_argument("--backend", action="append", default=None, metavar="URL",
+                   help="run on launched SGLang server(s) at URL (http://host:port, e.g. from scripts/launch_runtime; "
+                        "repeat or comma-separate for several, or give an sglang-router URL) instead of the embedded "
+                        "engine; --model and --dtype are then ignored")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="with --backend: HF tokenizer name or folder (default: the one the server reports)")
+    p.add_argument("--allow-nondeterministic", action="store_true",
+                   help="with --backend: accept a server without --enable-deterministic-inference (it ignores seeds: "
+                        "runs are then equal in law only, not token for token)")
+    if concurrency:
+        p.add_argument("--concurrency", type=positive_int, default=1,
+                       help="independent chains in flight per runtime: on the embedded engine (its continuous "
+                            "batching serves them together) or on each --backend server (default 1: one chain per "
+                            "server at a time, so that its prefix cache serves it)")
+
+
+def open_pool_from(args: argparse.Namespace) -> Any:
+    """The runtimes a command's --model/--dtype or --backend/--tokenizer/--concurrency name (`RuntimePool`)."""
+    from ..runtime_ext.pool import open_pool
+
+    return open_pool(args.model, args.dtype, backend_urls=args.backend, tokenizer=args.tokenizer,
+                     slots=getattr(args, "concurrency", 1), allow_nondeterministic=args.allow_nondeterministic)
+
+
+def warn_nondeterministic(pool: Any) -> list[str]:
+    """Print (stderr) and return why seeded runs on `pool` reproduce only in law."""
+    import sys
+
+    notes = pool.determinism_notes
+    for note in notes:
+        print(f"forerun: warning: {note}", file=sys.stderr)
+    return notes
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -64,19 +92,20 @@ def generate_command(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise CommandError("--prompt must not be empty")
     from ..runtime_ext.protocol import SamplingParams
-    from ..runtime_ext.runtime import open_runtime
 
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
     # a bad model, URL or request: one line on stderr (ValueError: exit 2, EngineError: exit 1; cli/errors.py)
-    with open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer) as runtime:
-        name = runtime.name
+    with open_pool_from(args) as pool, pool.lease() as runtime:
+        name, location = runtime.name, runtime.location
+        notes = warn_nondeterministic(pool) if args.seed is not None else []
         out = runtime.engine.generate(_prompt_ids(runtime.tokenizer, args.prompt, args.raw), params)
     if args.json:
         meta = out.meta_info
         print_json({
             "model": name,
-            "backend": args.backend or "embedded",
+            "backend": location,
+            "determinism": notes[0] if notes else "token for token",
             "text": out.text,
             "prompt_ids": list(out.input_ids),
             "output_ids": list(out.output_ids),

@@ -1,7 +1,7 @@
 """`forerun eval` (graded, resumable runs over the seven datasets) and `forerun eval report`.
 
     forerun eval --datasets all|NAME,... --methods greedy,low-temp,power-mh,... --limit N --out RUN.jsonl
-                 [--resume] [--seed S[,S...]] [--concurrency C] [--model M | --backend URL ...] [settings]
+                 [--resume] [--seed S[,S...]] [--concurrency C] [--model M | --backend URL[,URL...]] [settings]
     forerun eval report RUN.jsonl --out DIR [--json]
 
 Methods and settings: `eval.methods`; the run file: `eval.runs`; the report: `eval.report`.  Bad input
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
+from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
 from ..runtime_ext.protocol import EngineError
 
 ALL_DATASETS = ("math500", "aime", "humaneval", "mbpp", "lcb-v5", "gpqa", "mmlu")
@@ -74,12 +75,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     e.add_argument("--out", default=None, metavar="RUN.jsonl", help="the run file (append-only JSONL)")
     e.add_argument("--resume", action="store_true", help="continue --out: skip the items it already holds")
     e.add_argument("--seed", type=_seeds, default=[10086], help="run seed(s), comma-separated (10086)")
-    e.add_argument("--concurrency", type=positive_int, default=1,
-                   help="items generated at once (1: clean per-item timings; more: higher throughput)")
     add_model_arguments(e, with_backend=True)
-    e.add_argument("--backend", action="append", default=None, metavar="URL",
-                   help="a launched SGLang server (repeat to spread items over several)")
-    e.add_argument("--tokenizer", default=None, metavar="PATH", help="with --backend: tokenizer name or folder")
+    add_backend_arguments(e, concurrency=True)  # items in flight per runtime (1: clean per-item timings)
     e.add_argument("--data-dir", default=None, help="offline datasets folder (default: FORERUN_DATA_DIR, ../shared/datasets)")
     e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods)")
     _settings_arguments(e)
@@ -143,28 +140,12 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts}
 
 
-def _branch_prob(args: argparse.Namespace):
+def _classifier(args: argparse.Namespace):
     if not args.classifier:
         return None
     from ..classifiers.certainty import CertaintyClassifier
 
     return CertaintyClassifier.load(args.classifier)
-
-
-def _open_runtimes(args: argparse.Namespace) -> list[Any]:
-    from ..runtime_ext.runtime import open_runtime
-
-    if not args.backend:
-        return [open_runtime(args.model, args.dtype)]
-    runtimes: list[Any] = []
-    try:
-        for url in args.backend:
-            runtimes.append(open_runtime(backend_url=url, tokenizer=args.tokenizer))
-    except BaseException:
-        for rt in runtimes:
-            rt.close()
-        raise
-    return runtimes
 
 
 def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -> None:
@@ -182,24 +163,25 @@ def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -
 def eval_command(args: argparse.Namespace) -> int:
     from ..eval.runs import RunFileError, load_run
 
-    runtimes: list[Any] = []
+    pool = None
     try:
         plan = _plan(args)
         existing = load_run(plan["out"]) if args.resume else []
-        branch_prob = _branch_prob(args)
-        runtimes = _open_runtimes(args)
-        _check_resumable(existing, plan["settings"], runtimes[0].name)
-        return _execute(args, plan, runtimes, existing, branch_prob)
+        classifier = _classifier(args)
+        pool = open_pool_from(args)
+        warn_nondeterministic(pool)
+        _check_resumable(existing, plan["settings"], pool.first.name)
+        return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:
         print(f"forerun eval: {_one_line(exc)}", file=sys.stderr)
         return 2
     finally:
-        for rt in runtimes:
-            rt.close()
+        if pool is not None:
+            pool.close()
 
 
-def _execute(args: argparse.Namespace, plan: dict[str, Any], runtimes: list[Any], existing: list[dict[str, Any]],
-             branch_prob: Any) -> int:
+def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing: list[dict[str, Any]],
+             classifier: Any) -> int:
     from tqdm import tqdm
 
     from ..eval.runs import RunWriter, load_run, plan_items, run_items
@@ -209,7 +191,7 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], runtimes: list[Any]
     done = {r["key"] for r in existing}
     todo = [it for it in items if it.key not in done]
     command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    worker = ItemRunner(runtimes, plan["settings"], branch_prob, flush=args.concurrency == 1, command=command)
+    worker = ItemRunner(pool, plan["settings"], classifier, flush=pool.slots == 1, command=command)
     worker.prepare(todo)
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item", file=sys.stderr,
                dynamic_ncols=True)
@@ -218,7 +200,7 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], runtimes: list[Any]
     try:
         with RunWriter(plan["out"]) as writer:
             written = run_items(todo, worker.generate, worker.finish, writer,
-                                concurrency=max(args.concurrency, len(runtimes)), progress=bar)
+                                concurrency=pool.width, progress=bar)
     except KeyboardInterrupt:
         bar.close()
         raise KeyboardInterrupt(f"{plan['out']} holds every finished item; rerun with --resume to finish") from None

@@ -3,7 +3,6 @@ decode, grade, assemble the JSONL record)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from typing import Any
@@ -17,17 +16,18 @@ from ..runtime_ext.protocol import EngineError
 
 
 class ItemRunner:
-    """Generates items on one or several runtimes (round-robin) and turns their outcomes into records."""
+    """Generates items on a `RuntimePool` (each item leases one runtime slot: a server's radix cache serves the
+    whole item) and turns their outcomes into records."""
 
-    def __init__(self, runtimes: list[Any], settings: EvalSettings, branch_prob: Any = None, *, flush: bool = False,
+    def __init__(self, pool: Any, settings: EvalSettings, classifier: Any = None, *, flush: bool = False,
                  command: str = "") -> None:
-        self.runtimes = runtimes
-        self.runners = [MethodRunner(rt.backend, settings, branch_prob) for rt in runtimes]
+        self.pool = pool
+        self.runtimes = pool.runtimes
+        self.runners = [MethodRunner(rt.backend, settings, classifier) for rt in self.runtimes]
         self.settings = settings
         self.flush = flush
         self.command = command
         self.prompt_ids: dict[tuple[str, str], list[int]] = {}
-        self._turn = itertools.count()
 
     def prepare(self, items: list[WorkItem]) -> None:
         """Encode every prompt once, in this thread (chat template of the first runtime's tokenizer)."""
@@ -39,15 +39,15 @@ class ItemRunner:
 
     def generate(self, item: WorkItem) -> dict[str, Any]:
         """Run the item's method (in a pool thread); a failed generation becomes an error outcome."""
-        idx = next(self._turn) % len(self.runtimes)
-        rt = self.runtimes[idx]
-        if self.flush and rt.is_embedded:
-            rt.flush()  # one chain at a time: no method reuses another's KV
-        ids = self.prompt_ids[(item.dataset, item.prompt.id)]
-        try:
-            out = self.runners[idx].run(item.method, ids, f"{item.dataset}/{item.prompt.id}", item.seed)
-        except (EngineError, ValueError) as e:
-            out = {"error": " ".join(str(e).split()) or type(e).__name__}
+        with self.pool.lease() as rt:
+            idx = self.runtimes.index(rt)
+            if self.flush and rt.is_embedded:
+                rt.flush()  # one chain at a time: no method reuses another's KV
+            ids = self.prompt_ids[(item.dataset, item.prompt.id)]
+            try:
+                out = self.runners[idx].run(item.method, ids, f"{item.dataset}/{item.prompt.id}", item.seed)
+            except (EngineError, ValueError) as e:
+                out = {"error": " ".join(str(e).split()) or type(e).__name__}
         out["runtime_index"] = idx
         return out
 

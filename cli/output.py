@@ -47,7 +47,7 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 def _reason(key: str, value: float, reasons: Mapping[str, str]) -> str:
     if key in reasons:
         return reasons[key]
-    return "not a finite number (NaN)" if math.isnan(value) else f"{value} is not representable in JSON"
+    return "undefined (not a number)" if math.isnan(value) else f"{value} is not representable in JSON"
 
 
 def strict_json_value(value: Any, reasons: Mapping[str, str] | None = None) -> tuple[Any, dict[str, str]]:

@@ -2,9 +2,10 @@
 
     forerun session demo [--model tiny|default|PATH] [--tau T] [--json]
     forerun bench preposition [--model default] [--requests 128] [--trace-updates 32] [--rhos 0.25,1,4]
-                              [--calib-windows 64] [--plots DIR] [--json]
-    forerun calibrate gate [--model default] [--windows 128] [--tau 2.0] [--r-max 0.15] [--answer-lead TEXT]
-                           [--plot PATH] [--json]
+                              [--calib-windows 64] [--status-windows 64] [--tau 2.0|auto] [--r-max 0.05]
+                              [--agentic-turns 24] [--energy-iterations 16] [--plots DIR] [--json]
+    forerun calibrate gate [--model default] [--task trend|status] [--windows 128] [--tau 2.0] [--r-max 0.05]
+                           [--answer-lead TEXT] [--plot PATH] [--json]
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import sys
 import time
 from typing import Any, Iterator
 
-from .args import add_model_arguments, gate_threshold, nonnegative_int, positive_float, positive_int, thread_count
+from .args import (
+    add_model_arguments,
+    gate_threshold,
+    gate_threshold_or_auto,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    thread_count,
+)
 from .errors import CommandError, reports_errors
 from .output import PLOT_SUFFIXES, make_output_dir, output_dir, output_file, print_json
 
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
 
-TAU_REASONS = {"tau": "τ = inf: the gate never fires", "threshold": "τ = inf: the gate never fires"}
+TAU_REASONS = {key: "τ = inf: the gate never fires" for key in ("tau", "threshold", "live_tau", "auto_tau")} | {
+    "rate": "no observations (n = 0): the rate is undefined", "ci95": "no observations (n = 0)",
+    "mean_delta_unpredicted": "every result was pre-positioned: no delta-only resume",
+    "hit_rate": "no pre-position was resolved", "wasted_fraction": "no pre-position was resolved",
+}
 
 
 def _rhos(text: str) -> tuple[float, ...]:
@@ -66,9 +79,17 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--trace-idle-factor", type=positive_float, default=4.0,
                    help="mean update interval / (ingest + T_pp) when --trace-interval is not given (4)")
     b.add_argument("--rhos", type=_rhos, default=(0.25, 1.0, 4.0), help="query-to-update ratios (0.25,1,4)")
-    b.add_argument("--calib-windows", type=nonnegative_int, default=64, help="trend windows for the gate (64; 0 skips)")
-    b.add_argument("--tau", type=gate_threshold, default=2.0, help="gate threshold τ reported (2.0)")
-    b.add_argument("--r-max", type=float, default=0.15, help="risk budget for the calibrated τ, in [0, 1] (0.15)")
+    b.add_argument("--calib-windows", type=nonnegative_int, default=64,
+                   help="windows of the paper's trend task for its gate report (64; 0 skips)")
+    b.add_argument("--status-windows", type=nonnegative_int, default=64,
+                   help="status-feed windows to calibrate τ on, and as many held out (64; 0 skips)")
+    b.add_argument("--tau", type=gate_threshold_or_auto, default=2.0,
+                   help="gate threshold τ of the live traces: a number >= 0, inf, or auto (the status calibration's "
+                        "τ for --r-max); default 2.0")
+    b.add_argument("--r-max", type=float, default=0.05, help="risk budget for the calibrated τ, in [0, 1] (0.05)")
+    b.add_argument("--agentic-turns", type=nonnegative_int, default=24, help="tool calls in the agentic trace (24; 0 skips)")
+    b.add_argument("--energy-iterations", type=nonnegative_int, default=16,
+                   help="updates per energy loop where RAPL/NVML exists (16; 0 skips)")
     b.add_argument("--plots", default=None, help="directory for Figures 4-7 (PNG); its parent must exist")
     b.add_argument("--seed", type=nonnegative_int, default=0)
     _engine_arguments(b)
@@ -77,10 +98,13 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     cal = subparsers.add_parser("calibrate", help="calibration commands")
     cal_sub = cal.add_subparsers(dest="calibrate_command", required=True)
     g = cal_sub.add_parser("gate", help="sweep the pre-positioning gate τ on the streaming trend task")
-    g.add_argument("--windows", type=positive_int, default=128, help="price windows (decision points), 128")
-    g.add_argument("--window-len", type=_window_len, default=12, help="prices per window, >= 2 (12)")
+    g.add_argument("--task", choices=("trend", "status"), default="trend",
+                   help="trend: the paper's price-trend task; status: the status feed (τ picked on --windows "
+                        "windows, judged on as many held-out ones)")
+    g.add_argument("--windows", type=positive_int, default=128, help="windows (decision points), 128")
+    g.add_argument("--window-len", type=_window_len, default=12, help="prices per trend window, >= 2 (12)")
     g.add_argument("--tau", type=gate_threshold, default=2.0, help="τ to report (2.0)")
-    g.add_argument("--r-max", type=float, default=0.15, help="risk budget r_max, in [0, 1] (0.15)")
+    g.add_argument("--r-max", type=float, default=0.05, help="risk budget r_max, in [0, 1] (0.05)")
     g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG/PDF/SVG")
     g.add_argument("--seed", type=nonnegative_int, default=0)
@@ -123,26 +147,26 @@ def _bar(name: str, total: int) -> Iterator[Any]:
 # ------------------------------------------------------------------------------------------------
 @reports_errors("session demo")
 def session_demo_command(args: argparse.Namespace) -> int:
-    from ..eval.trend_task import answer_tokens
+    from ..eval.status_task import answer_tokens
     from ..runtime_ext.preposition.ready_cache import GateConfig
 
     gate = GateConfig(threshold=args.tau)  # validated before the model loads
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         tok = engine.tokenizer
-        gate = GateConfig(threshold=gate.threshold, fast_answer_set=frozenset(answer_tokens(tok)))
+        streaming_gate = GateConfig(threshold=gate.threshold, fast_answer_set=frozenset(answer_tokens(tok)))
         rows: list[dict[str, Any]] = []
-        with _bar("session demo", 10) as tick:
-            counters = {"streaming": _streaming_demo(engine, gate, rows, tick),
-                        "agentic": _agentic_demo(engine, rows, tick)}
+        with _bar("session demo", DEMO_BATCHES * 3 + DEMO_TOOL_CALLS) as tick:
+            counters = {"streaming": _streaming_demo(engine, streaming_gate, rows, tick),
+                        "agentic": _agentic_demo(engine, gate, rows, tick)}
     if args.json:
         print_json({"model": args.model, "tau": args.tau, "requests": rows, "counters": counters}, indent=2,
                    reasons=TAU_REASONS)
         return 0
-    print(f"{'session':<10} {'path':<13} {'ms':>9} {'γ':>7} {'Δ':>4}  request -> token")
+    print(f"{'session':<10} {'path':<13} {'ms':>9} {'γ':>7} {'Δ':>4}  request -> token: why")
     for r in rows:
         gap = "-" if r["logit_gap"] is None else f"{r['logit_gap']:.2f}"
         print(f"{r['session']:<10} {r['path']:<13} {r['latency_ms']:>9.3f} {gap:>7} {r['delta']:>4}  "
-              f"{r['request']} -> {r['token']!r} {r['note']}")
+              f"{r['request']} -> {r['token']!r}: {r['reason']}")
     for name, c in counters.items():
         print(f"{name}: pre-positions run {c['installed']}, skipped {c['skipped']}, consumed {c['consumed']}, "
               f"invalidated {c['invalidated']}, discarded {c['discarded']}; fast {c['served_fast']}, "
@@ -150,56 +174,66 @@ def session_demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_row(tok: Any, session: str, request: str, r: Any, note: str = "") -> dict[str, Any]:
+DEMO_BATCHES = 3
+DEMO_TOOL_CALLS = 3
+
+
+def _demo_row(tok: Any, session: str, request: str, r: Any) -> dict[str, Any]:
+    """γ is shown only when the gate tested a distribution for this very request (exact or relaxed match)."""
     return {"session": session, "request": request, "path": r.path, "token": r.text or tok.decode([r.token_id]),
             "latency_ms": r.latency_s * 1e3, "logit_gap": r.logit_gap, "delta": r.delta,
-            "cached_tokens": r.cached_tokens, "note": note}
+            "cached_tokens": r.cached_tokens, "reason": r.reason}
 
 
 def _streaming_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any) -> dict[str, Any]:
-    """Three data batches on a streaming session with a standing query; returns the session counters."""
-    from ..eval.trend_task import QUESTION, SYSTEM, make_windows
-    from ..programs.sessions import StreamingSession
+    """Three status batches on a streaming session with a standing query and an ad-hoc one."""
+    import numpy as np
+
+    from ..eval.status_task import QUESTION, batch_text, status_session
     from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 
     tok = engine.tokenizer
+    rng = np.random.default_rng(7)
     with Prepositioner(engine, PrepositionConfig(gate=gate), tokenizer=tok) as pp:
-        with StreamingSession(pp, tokenizer=tok, system=SYSTEM) as s:
-            s.register_query("trend", QUESTION)
-            for i, w in enumerate(make_windows(3, seed=7)):
-                r0 = s.ask_standing("trend")  # arrives before the update: whatever is pre-positioned
-                rows.append(_demo_row(tok, "streaming", f"standing query before batch {i}", r0))
-                s.append_data(w.text())
-                pp.wait_idle(60)  # the idle window: the pre-position lands before the next query
-                rows.append(_demo_row(tok, "streaming", f"standing query after batch {i} ({w.direction})",
-                                      s.ask_standing("trend")))
-                rows.append(_demo_row(tok, "streaming", "ad-hoc: 'Which way are prices moving?'",
-                                      s.ask("Which way are prices moving?")))
+        with status_session(pp, tok, allow_relaxed=True) as s:
+            for i, label in enumerate(("up", "down", "up")[:DEMO_BATCHES]):
+                if i == 0:
+                    s.append_data(batch_text(rng, label), preposition=False)
+                    s.register_query("status", QUESTION)
+                    rows.append(_demo_row(tok, "streaming", "standing query as the first batch lands",
+                                          s.ask_standing("status")))
+                else:
+                    s.append_data(batch_text(rng, label))
+                    rows.append(_demo_row(tok, "streaming", f"standing query right after batch {i}",
+                                          s.ask_standing("status")))
+                tick()
+                pp.wait_idle(60, session=s.state)  # the idle window: the pre-position lands before the next query
+                rows.append(_demo_row(tok, "streaming", f"standing query, batch {i} status={label}",
+                                      s.ask_standing("status")))
+                tick()
+                rows.append(_demo_row(tok, "streaming", "ad-hoc: 'Is the pump running?'", s.ask("Is the pump running?")))
                 tick()
         return pp.counters.as_dict()  # after the session closed (it stays referenced: still counted)
 
 
-def _agentic_demo(engine: Any, rows: list[dict[str, Any]], tick: Any) -> dict[str, Any]:
-    """Two tool calls on an agentic session, the second with its expected result pre-positioned."""
+def _agentic_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any) -> dict[str, Any]:
+    """The same tool call three times: the first result resumes delta-only from the pre-paid envelope; the
+    later ones were pre-positioned whole from that history (§3.5), so the gate (τ, A = V) may serve them."""
     from ..programs.sessions import AgenticSession
     from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
-    from ..runtime_ext.preposition.ready_cache import GateConfig
 
     tok = engine.tokenizer
-    # a permissive gate so the fast path is visible even on a small model
-    with Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=-1.0)), tokenizer=tok) as pp:
+    with Prepositioner(engine, PrepositionConfig(gate=gate), tokenizer=tok) as pp:
         with AgenticSession(pp, tokenizer=tok) as a:
-            a.user("What is the weather in Paris? Use the weather tool.")
-            a.emit_tool_call('{"name": "weather", "arguments": {"city": "Paris"}}')
-            pp.wait_idle(60)
-            t1 = a.tool_result("sunny, 21 C", max_new_tokens=8)
-            rows.append(_demo_row(tok, "agentic", "tool_result('sunny, 21 C')", t1.first, f"turn: {t1.text!r}"))
-            a.emit_tool_call('{"name": "save_note", "arguments": {"text": "sunny"}}', expected_result="ok")
-            pp.wait_idle(60)
-            t2 = a.tool_result("ok", max_new_tokens=8)
-            rows.append(_demo_row(tok, "agentic", "tool_result('ok') (expected result pre-positioned; gate τ=-1)",
-                                  t2.first, f"turn: {t2.text!r}"))
-            tick()
+            a.user("Check pump P1 with the pump_status tool and answer in a few words.")
+            for i in range(DEMO_TOOL_CALLS):
+                a.emit_tool_call('{"name": "pump_status", "arguments": {"pump": "P1"}}')
+                pp.wait_idle(60, session=a.state)  # the tool runs: the envelope is pre-positioned meanwhile
+                turn = a.tool_result("ok", max_new_tokens=8)
+                known = "pre-positioned from history" if turn.predicted else "not seen before"
+                rows.append(_demo_row(tok, "agentic", f"tool_result('ok') #{i + 1} ({known})", turn.first)
+                            | {"turn": turn.text})
+                tick()
         return pp.counters.as_dict()
 
 
@@ -207,11 +241,17 @@ def _agentic_demo(engine: Any, rows: list[dict[str, Any]], tick: Any) -> dict[st
 def bench_preposition_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
     plots = output_dir(args.plots, "--plots")
-    from ..eval.bench_preposition import BenchConfig, format_report, run_bench
+    from ..eval.bench_preposition import BenchConfig, run_bench
+    from ..eval.bench_report import format_report
 
-    cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
-                      trace_interval_s=args.trace_interval, trace_idle_factor=args.trace_idle_factor,
-                      calib_windows=args.calib_windows, tau=args.tau, r_max=args.r_max, seed=args.seed)
+    try:
+        cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
+                          trace_interval_s=args.trace_interval, trace_idle_factor=args.trace_idle_factor,
+                          calib_windows=args.calib_windows, status_windows=args.status_windows, tau=args.tau,
+                          r_max=args.r_max, agentic_turns=args.agentic_turns,
+                          energy_iterations=args.energy_iterations, seed=args.seed)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     t0 = time.perf_counter()
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         res = run_bench(engine, engine.tokenizer, cfg, progress=_bar,
@@ -230,6 +270,8 @@ def bench_preposition_command(args: argparse.Namespace) -> int:
 def calibrate_gate_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
     plot = output_file(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
+    if args.task == "status":
+        return _calibrate_status(args, plot)
     from ..eval.calibration import plot_risk_coverage
     from ..eval.trend_task import answer_tokens, collect_pairs, make_windows, report
 
@@ -242,10 +284,43 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     if plot is not None:
         plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}")
     if args.json:
-        print_json({"model": args.model, "answer_lead": args.answer_lead, "report": rep.as_dict(),
+        print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": rep.as_dict(),
                     "sweep": [p.as_dict() for p in points]}, indent=2, reasons=TAU_REASONS)
         return 0
     _print_gate_report(rep, pairs, tok)
+    return 0
+
+
+def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
+    """The status feed: τ for r ≤ r_max picked on --windows windows, judged on as many held-out ones."""
+    from ..eval.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
+    from ..eval.status_task import QUESTION, collect_pairs, make_windows
+
+    calib_w, held_w = make_windows(args.windows, seed=args.seed), make_windows(args.windows, seed=args.seed + 1)
+    with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
+        with _bar("status windows", 2 * args.windows) as tick:
+            calib = collect_pairs(engine, engine.tokenizer, calib_w, progress=tick)
+            held = collect_pairs(engine, engine.tokenizer, held_w, progress=tick)
+    exact = calibrate_held_out([p.exact_pair() for p in calib], [p.exact_pair() for p in held], r_max=args.r_max,
+                               tau=args.tau)
+    relaxed = calibrate_held_out([p.relaxed_pair() for p in calib], [p.relaxed_pair() for p in held],
+                                 r_max=args.r_max, tau=args.tau)
+    if plot is not None:
+        plot_risk_coverage(sweep_threshold([p.exact_pair() for p in held]), str(plot),
+                           title=f"status feed, {len(held)} held-out windows, model {args.model}", tau_marker=args.tau)
+    out = {"model": args.model, "task": "status", "question": QUESTION, "exact": exact.as_dict(),
+           "relaxed": relaxed.as_dict(), "held_out_accuracy": sum(p.label == p.truth for p in held) / len(held)}
+    if args.json:
+        print_json(out, indent=2, reasons=TAU_REASONS)
+        return 0
+    from ..eval.bench_report import format_gate_point as point
+
+    print(f"status feed: {len(calib)} calibration + {len(held)} held-out windows; held-out accuracy of the standing "
+          f"query's token {out['held_out_accuracy']:.3f}")
+    print(f"exact, τ for r ≤ {args.r_max} on calibration: {point(out['exact']['calibrated'])}")
+    print(f"exact, held out at that τ: {point(out['exact']['held_out_at_calibrated'])}")
+    print(f"exact, held out at τ = {args.tau:g}: {point(out['exact']['held_out_at_tau'])}")
+    print(f"relaxed (Eq. 14), held out at τ = {args.tau:g}: {point(out['relaxed']['held_out_at_tau'])}")
     return 0
 
 

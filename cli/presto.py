@@ -2,13 +2,16 @@
 
     forerun sample --sampler {power-mh,entropy-cut,multitry-mh} [--presto --npf N]
                    (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed]
-                   [--model M | --backend URL [--tokenizer PATH]] [--records FILE] [--json]
+                   [--model M | --backend URL[,URL...] [--tokenizer PATH]] [--records FILE] [--json]
     forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ...]
-                         [--model M | --backend URL [--tokenizer PATH]] [--paper] [--records FILE] [--json]
+                         [--model M [--concurrency N] | --backend URL[,URL...] [--concurrency N] [--flush-cache]]
+                         [--paper] [--records FILE] [--json]
 
-With `--backend http://host:port` the samplers run unchanged on a launched SGLang server.  A stock server
-returns neither the per-token entropy of p0 (EntropyCut) nor log q at extra temperatures (MultiTryMH): those
-samplers then stop with a clear error; PowerMH needs neither.
+With `--backend http://host:port` the samplers run unchanged on a launched SGLang server; several URLs (or an
+sglang-router URL) run the benchmark's independent chains concurrently, `--concurrency` per server
+(`runtime_ext.pool`).  A stock server returns neither the per-token entropy of p0 (EntropyCut) nor log q at
+extra temperatures (MultiTryMH): those samplers need the forerun plugin (`scripts/launch_runtime --plugin`)
+and otherwise stop with a clear error; PowerMH needs neither (exact two-pass recipe).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import argparse
 import contextlib
 import hashlib
 import sys
+import time
 from typing import Any, Iterator
 
 from .args import add_model_arguments, dataset_name, nonnegative_int, positive_float, positive_int
-from .engine import add_backend_arguments
+from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .output import output_file, print_json
 from ..programs.call_cost import BUDGET_UNITS
@@ -33,7 +37,7 @@ CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
 """CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--n", type=positive_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
     p.add_argument("--block", type=positive_int, default=None, help="block size B (default: n, a single block)")
     p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
@@ -41,7 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
     p.add_argument("--seed", type=nonnegative_int, default=None, help="run seed (default 10086)")
     add_model_arguments(p, with_backend=True)
-    add_backend_arguments(p)
+    add_backend_arguments(p, concurrency=concurrency)
     p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
     p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
@@ -78,7 +82,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
                    help="samplers to pair with their PreSTO variants (default power-mh)")
     b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")
-    _common(b)
+    b.add_argument("--flush-cache", action="store_true",
+                   help="with --backend: flush the server's prefix cache before each chain (waits for the server to "
+                        "be idle; never by default: a shared server's cache belongs to its other users too). The "
+                        "embedded engine is flushed between chains at --concurrency 1 anyway")
+    _common(b, concurrency=True)
     b.set_defaults(handler=bench_presto_command)
 
 
@@ -126,12 +134,6 @@ def _bar(total: int, desc: str, unit: str = "transition") -> Iterator[Any]:
         yield bar
 
 
-def _open_runtime(args: argparse.Namespace):
-    from ..runtime_ext.runtime import open_runtime
-
-    return open_runtime(args.model, args.dtype, backend_url=args.backend, tokenizer=args.tokenizer)
-
-
 def prompt_id_for_text(text: str) -> str:
     """The prompt_id of a `--prompt` run: `prompt/` + the first 12 hex digits of sha256(text), so records of
     different prompts never share a prompt_id (prompt-grouped cross-validation holds whole prompts out)."""
@@ -177,7 +179,8 @@ def sample_command(args: argparse.Namespace) -> int:
     if not args.dataset and not args.prompt:
         raise CommandError("--prompt must not be empty")
     prompt = _dataset_prompt(args) if args.dataset else None
-    with _open_runtime(args) as runtime:
+    with open_pool_from(args) as pool, pool.lease() as runtime:  # one chain: one runtime
+        notes = warn_nondeterministic(pool)
         if prompt is not None:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
@@ -192,6 +195,7 @@ def sample_command(args: argparse.Namespace) -> int:
         response = runtime.tokenizer.decode(list(result.response_ids))
     out = result.summary()
     out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location, response=response,
+               determinism=notes[0] if notes else "token for token",
                call_times_s=[c.wall_time for c in result.mh_calls],
                transitions_per_call_list=[c.transitions for c in result.mh_calls],
                transitions_per_reuse_round=[c.transitions for c in result.rounds if c.kind == "reuse"],
@@ -216,47 +220,65 @@ def bench_presto_command(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
     if len(prompts) < args.prompts:
         raise CommandError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
-    with _open_runtime(args) as runtime:
-        rows = _bench_rows(args, runtime, prompts, configs, prefetch)
-    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype, "backend": runtime.location,
+    if args.flush_cache and not args.backend:
+        raise CommandError("--flush-cache is for --backend servers (the embedded engine is flushed between chains "
+                           "at --concurrency 1)")
+    with open_pool_from(args) as pool:
+        notes = warn_nondeterministic(pool)
+        start = time.perf_counter()
+        rows = _bench_rows(args, pool, prompts, configs, prefetch)
+        wall = time.perf_counter() - start
+    runtime = pool.first
+    chains = 2 * len(prompts) * len(configs)
+    meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype,
+            "backend": runtime.location if len(pool.runtimes) == 1 else [rt.location for rt in pool.runtimes],
+            "concurrency": pool.slots, "chains_per_runtime": pool.leases, "chains": chains, "wall_s": wall,
+            "chains_per_s": chains / wall, "determinism": notes[0] if notes else "token for token",
             "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
             "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead}
     if args.json:
         print_json({"meta": meta, "rows": rows})
     else:
-        print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
-              f"{args.dataset} × {len(prompts)} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
-              f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} traversal={args.traversal}")
-        print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
-              "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
-              "nodes,req/call = PreSTO nodes scored and requests generated per call")
-        from ..eval.bench_presto import format_table
-
-        print(format_table(rows))
+        _print_bench(args, meta, rows, st, len(prompts))
     not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
-    if not_identical:
+    if not_identical and not notes:
         print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
         return 1
     return 0
 
 
-def _bench_rows(args: argparse.Namespace, runtime: Any, prompts: list[Any], configs: list[Any],
+def _print_bench(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict[str, Any]], st: dict[str, Any],
+                 n_prompts: int) -> None:
+    from ..eval.bench_presto import format_table
+
+    print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
+          f"{args.dataset} × {n_prompts} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
+          f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} traversal={args.traversal}")
+    print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
+          "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
+          "nodes,req/call = PreSTO nodes scored and requests generated per call")
+    print(format_table(rows))
+    print(f"{meta['chains']} chains in {meta['wall_s']:.2f} s = {meta['chains_per_s']:.3f} chains/s "
+          f"(concurrency {meta['concurrency']} per runtime, chains per runtime {meta['chains_per_runtime']}); "
+          f"determinism: {meta['determinism']}")
+
+
+def _bench_rows(args: argparse.Namespace, pool: Any, prompts: list[Any], configs: list[Any],
                 prefetch: Any) -> list[dict[str, Any]]:
-    """Every sampler and its PreSTO variant on every prompt; one progress bar over all MH transitions."""
-    from ..eval.bench_presto import proposal_model_for, run_pairs
+    """Every sampler and its PreSTO variant on every prompt, the chains spread over the pool; one progress bar
+    over all MH transitions."""
+    from ..eval.bench_presto import run_pairs
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
 
+    runtime = pool.first
     items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
     _check_context(runtime, [len(ids) for _, ids in items], configs[0].response_length)
     writer = RecordWriter(args.records, model=runtime.name) if args.records else None
     total = 2 * len(items) * sum(cfg.num_blocks * cfg.steps_per_block for cfg in configs)
-    rows = []
+    flush = args.flush_cache or (runtime.is_embedded and pool.slots == 1)  # never a shared server by default
     with _bar(total, "bench presto") as bar:
-        for cfg in configs:
-            model = proposal_model_for(runtime.backend, cfg.kind, cfg.mtm_temperatures)
-            (pair,) = run_pairs(model, items, [cfg], prefetch, flush=runtime.flush,
-                                progress=bar.set_postfix_str, on_transitions=bar.update,
-                                on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
-            rows.append(pair.table_row())
-    return rows
+        pairs = run_pairs(pool, items, configs, prefetch, flush=flush, progress=bar.set_postfix_str,
+                          on_transitions=bar.update,
+                          on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
+    return [pair.table_row() for pair in pairs]

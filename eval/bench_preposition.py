@@ -7,14 +7,18 @@
    runs one request of each arm on it, in rotating order, each arm with its own query (so no entry is
    cached except its 3-token user-turn opening):
      cold         no pre-position: entry prefill + first token (Eq. 2)
-     fast         pre-positioned with the full logit vector kept; gate forced open (τ = −1, A = V) so the
-                  arm measures the mechanism itself: lock, exact-match check, vocabulary scan (Eq. 3)
+     fast         pre-positioned with the full logit vector kept; gate forced open (GateConfig.forced_open)
+                  so the arm times the mechanism itself: lock, exact-match check, vocabulary scan (Eq. 3)
      fall_0       pre-positioned, gate closed, realized entry == pre-positioned entry (Δ = 0, Eq. 5)
      fall_entry   pre-positioned, gate closed, the realized query differs after the opening (Δ ≈ L_entry)
-3. Live trace (HW-4): Poisson updates and standing queries at ρ ∈ {0.25, 1, 4}, replayed in real time on a
-   streaming session; the measured hit rate h (session counters) against ρ/(1+ρ), Wilson 95 % intervals.
-4. Gate calibration on the trend task (HW-3): coverage / false accept at τ and the calibrated τ.
-5. The closed form fed by the measured constants (Eqs. 2-10) and, with --plots DIR, Figures 4-7.
+3. Gate calibration (HW-3): the paper's trend task (coverage / false accept at τ), and the status-feed task
+   (`status_task`) where the default model is confident: τ picked on calibration windows for r ≤ r_max,
+   judged on held-out windows (Wilson 95 %).  `--tau auto` runs the live traces at that τ.
+4. Live traces, gate never forced (HW-4, `live_trace`): the status feed at ρ ∈ {0.25, 1, 4} (h and the
+   un-forced fast-path hits h_fast against the closed form) and an agentic session (§3.5: results
+   pre-positioned from history, how often the gate serves them).
+5. Energy per pre-position (HW-6, `energy`): RAPL or NVML where present, else "unavailable" with the reason.
+6. The closed form fed by the measured constants (Eqs. 2-10) and, with --plots DIR, Figures 4-7.
 """
 
 from __future__ import annotations
@@ -27,22 +31,21 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy.stats import linregress
 
-from .calibration import plot_risk_coverage, wilson_interval
+from . import status_task, trend_task
+from .calibration import calibrate_held_out, gate_point, plot_risk_coverage
+from .energy import Unavailable, detect_meter, preposition_energy, wasted_energy
 from .latency_model import (
     LatencyConstants,
     expected_latency,
     hit_rate,
-    hit_rate_delayed,
     l_cold,
     l_fall,
     plot_amortization,
     plot_cost_anatomy,
     plot_latency_vs_entry,
-    poisson_trace,
-    replay_trace,
 )
-from .trend_task import QUESTION, SYSTEM, answer_tokens, collect_pairs, make_windows, report
-from ..programs.sessions import SessionFormat, StreamingSession
+from .live_trace import run_agentic_trace, run_status_trace
+from ..programs.sessions import SessionFormat
 from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ..runtime_ext.protocol import SamplingParams
 from ..runtime_ext.preposition.ready_cache import GateConfig, SessionState
@@ -65,11 +68,19 @@ class BenchConfig:
     trace_idle_factor: float = 4.0
     """Mean update interval as a multiple of the measured ingest + pre-position time (Eq. 7 needs it ≫ 1)."""
     calib_windows: int = 64
-    """Trend windows for the gate calibration (paper: 128 decision points; CPU-sized default 64)."""
-    tau: float = 2.0
-    """τ reported for the gate (paper default 2.0)."""
-    r_max: float = 0.15
+    """Trend windows for the paper-task gate report (paper: 128 decision points; CPU-sized default 64)."""
+    status_windows: int = 64
+    """Status-feed windows to calibrate τ on, and as many (other seeds) held out to judge it."""
+    tau: float | str = 2.0
+    """τ of the live traces (paper default 2.0), or "auto": the status calibration's τ for r_max."""
+    r_max: float = 0.05
     """Risk budget for the calibrated τ."""
+    agentic_turns: int = 24
+    """Tool calls in the agentic trace (0 skips)."""
+    energy_iterations: int = 16
+    """Updates per energy loop (with / without pre-position); skipped where no energy counter exists."""
+    energy_idle_s: float = 3.0
+    """Seconds of idle power measured before the energy loops."""
     prefill_lengths: tuple[int, ...] = (16, 32, 64, 128)
     """Unique prompt lengths for the τ_p slope."""
     seed: int = 0
@@ -77,8 +88,21 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
-        if self.trace_updates < 0 or self.calib_windows < 0:
-            raise ValueError("trace_updates and calib_windows must be >= 0")
+        if min(self.trace_updates, self.calib_windows, self.status_windows, self.agentic_turns,
+               self.energy_iterations) < 0:
+            raise ValueError("trace_updates, calib_windows, status_windows, agentic_turns and energy_iterations "
+                             "must be >= 0")
+        if isinstance(self.tau, str):
+            if self.tau != "auto":
+                raise ValueError(f'tau must be a number >= 0 or "auto", got {self.tau!r}')
+            if not self.status_windows:
+                raise ValueError('tau = "auto" needs the status calibration (status_windows > 0)')
+        else:
+            GateConfig(threshold=self.tau)  # validates τ
+        if not 0 <= self.r_max <= 1:
+            raise ValueError(f"r_max must be in [0, 1], got {self.r_max}")
+        if self.energy_idle_s <= 0:
+            raise ValueError(f"energy_idle_s must be > 0, got {self.energy_idle_s}")
         if any(r <= 0 for r in self.rhos):
             raise ValueError(f"rhos must be > 0, got {self.rhos}")
         if self.trace_idle_factor <= 0:
@@ -148,7 +172,7 @@ class _Arms:
         self.fmt = SessionFormat()
         enc = lambda t: [int(x) for x in tokenizer.encode(t, add_special_tokens=False)]  # noqa: E731
         self._enc = enc
-        self.system = enc(self.fmt.system.format(system=SYSTEM))
+        self.system = enc(self.fmt.system.format(system=trend_task.SYSTEM))
         header = enc(self.fmt.header)
         self.entries = {a: enc(self.fmt.query.format(query=q)) + header for a, q in ARM_QUERIES.items()}
         self.realized_fall_entry = enc(self.fmt.query.format(query=FALL_ENTRY_REALIZED)) + header
@@ -156,7 +180,7 @@ class _Arms:
         self.ingest_s: list[float] = []
         self.pp = {
             "cold": Prepositioner(engine, PrepositionConfig(background=False), tokenizer=tokenizer),
-            "fast": Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=-1.0), keep_logits=True,
+            "fast": Prepositioner(engine, PrepositionConfig(gate=GateConfig.forced_open(), keep_logits=True,
                                                             background=False), tokenizer=tokenizer),
             "fall": Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=float("inf")),
                                                             background=False), tokenizer=tokenizer),
@@ -182,6 +206,8 @@ class _Arms:
                 pp.preposition(state, entry)
                 t_pp = time.perf_counter() - t0
                 r = pp.serve(state, entry if arm != "fall_entry" else self.realized_fall_entry)
+                state.close()  # releases the pre-paid entry's pin
+                pp.release_pins(state)
                 expected = {"fast": "fast", "fall_0": "fall", "fall_entry": "fall"}[arm]
                 if r.path != expected:
                     raise AssertionError(f"arm {arm} took path {r.path}")
@@ -195,50 +221,9 @@ class _Arms:
             p.close()
 
 
-def run_trace(engine: Any, tokenizer: Any, rho: float, n_updates: int, interval_s: float, gate: GateConfig,
-              rng: np.random.Generator, tick: Callable[[], None] | None = None, delay_s: float = 0.0
-              ) -> dict[str, Any]:
-    """One live trace: Poisson updates / standing queries replayed in real time on a streaming session.
-
-    `delay_s` (the measured ingest + T_pp) only feeds the delayed closed form reported beside the measurement.
-    """
-    pp = Prepositioner(engine, PrepositionConfig(gate=gate), tokenizer=tokenizer)
-    s = StreamingSession(pp, tokenizer=tokenizer, system=SYSTEM)
-    s.register_query("trend", QUESTION)
-    paths: dict[str, int] = {}
-    keep = 4  # data batches kept in the window
-
-    def update() -> None:
-        prices = ", ".join(f"{p:.2f}" for p in rng.uniform(50, 150, 8))
-        batch_len = len(s.encode(s.fmt.data.format(data=prices)))
-        movable = s.state.live_end - s.state.frozen_len
-        if movable > keep * batch_len:
-            s.state.shift_window(movable - (keep - 1) * batch_len)  # sliding window, part of this update
-        s.append_data(prices)
-        if tick is not None:
-            tick()
-
-    def query() -> None:
-        r = s.ask_standing("trend")
-        paths[r.path] = paths.get(r.path, 0) + 1
-
-    events = poisson_trace(rho, n_updates, rng)
-    lag = replay_trace(events, update, query, interval_s)
-    pp.wait_idle(120)
-    c = pp.counters
-    s.close()
-    pp.close()
-    resolved = c.consumed + c.invalidated + c.discarded
-    lo, hi = wilson_interval(c.consumed, resolved)
-    return {"rho": rho, "closed_form_h": hit_rate(rho), "measured_h": c.hit_rate, "h_ci95": [lo, hi],
-            "closed_form_h_delayed": float(hit_rate_delayed(rho, delay_s / interval_s)),
-            "resolved_prepositions": resolved, "queries": sum(paths.values()), "paths": paths,
-            "final_lag_s": lag, "counters": c.as_dict()}
-
-
 def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callable[[str, int], Any] | None = None,
-              plots_dir: str | None = None) -> dict[str, Any]:
-    """Everything above; returns one JSON-able dict."""
+              plots_dir: str | None = None, meter: Any = None) -> dict[str, Any]:
+    """Everything above; returns one JSON-able dict.  `meter`: an energy meter (default: `detect_meter()`)."""
     rng = np.random.default_rng(cfg.seed)
     vocab = int(getattr(engine, "vocab_size", None) or len(tokenizer))
     bar = progress or (lambda name, total: contextlib.nullcontext(lambda: None))
@@ -262,15 +247,24 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     calib = _gate_calibration(engine, tokenizer, cfg, bar, plots_dir) if cfg.calib_windows else None
     if calib is not None:
         out["gate"] = calib
+    status = _status_gate(engine, tokenizer, cfg, bar) if cfg.status_windows else None
+    tau, g = _live_tau(cfg, status)
+    out["live_tau"] = tau
+    out["gate_fire_probability_g"] = g
+    if status is not None:
+        out["status_gate"] = status["report"]
+    update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
     if cfg.trace_updates and cfg.rhos:
-        update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
-        out["trace"] = _live_traces(engine, tokenizer, cfg, rng, bar, update_cost)
-    g = calib["at_tau"]["coverage"] if calib else 0.0
+        out["trace"] = _live_traces(engine, tokenizer, cfg, rng, bar, update_cost, tau, g)
+    if cfg.agentic_turns:
+        with bar("agentic trace", cfg.agentic_turns) as tick:
+            out["agentic"] = run_agentic_trace(engine, tokenizer, cfg.agentic_turns, GateConfig(threshold=tau), rng,
+                                               tick=tick)
+    out["energy"] = _energy(engine, tokenizer, cfg, rng, meter, out)
     out["expected_latency_ms"] = {
         str(rho): float(expected_latency(hit_rate(rho), g, p50["fast"], p50["fall_0"], p50["cold"]))
         for rho in cfg.rhos
     }
-    out["gate_fire_probability_g"] = g
     if plots_dir:
         _plots(out, consts, g, plots_dir)
     return out
@@ -319,11 +313,13 @@ def _latency_arms(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.
 
 def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable,
                       plots_dir: str | None) -> dict[str, Any]:
-    """Gate calibration on the trend task (HW-3); Figure 7 with `plots_dir`."""
-    windows = make_windows(cfg.calib_windows, seed=cfg.seed + 1)
+    """Gate on the paper's trend task (HW-3) at the reference τ; Figure 7 with `plots_dir`."""
+    windows = trend_task.make_windows(cfg.calib_windows, seed=cfg.seed + 1)
     with bar("trend-task calibration", len(windows)) as tick:
-        pairs = collect_pairs(engine, tokenizer, windows, progress=tick)
-    rep, points = report(pairs, tau=cfg.tau, r_max=cfg.r_max, answer_set_size=len(answer_tokens(tokenizer)))
+        pairs = trend_task.collect_pairs(engine, tokenizer, windows, progress=tick)
+    tau = 2.0 if cfg.tau == "auto" else float(cfg.tau)
+    rep, points = trend_task.report(pairs, tau=tau, r_max=cfg.r_max,
+                                    answer_set_size=len(trend_task.answer_tokens(tokenizer)))
     calib = rep.as_dict()
     calib["fast_tokens"] = _top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
     calib["full_tokens"] = _top_counts([tokenizer.decode([p.full_token]) for p in pairs])
@@ -332,17 +328,91 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
     return calib
 
 
+def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -> dict[str, Any]:
+    """The status-feed task: τ calibrated on one set of windows, judged on held-out ones (Wilson 95 %)."""
+    calib_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 11)
+    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12)
+    with bar("status-feed calibration", 2 * cfg.status_windows) as tick:
+        calib = status_task.collect_pairs(engine, tokenizer, calib_w, progress=tick)
+        held = status_task.collect_pairs(engine, tokenizer, held_w, progress=tick)
+    tau = 2.0 if cfg.tau == "auto" else float(cfg.tau)
+    exact = calibrate_held_out([p.exact_pair() for p in calib], [p.exact_pair() for p in held], r_max=cfg.r_max,
+                               tau=tau)
+    relaxed = calibrate_held_out([p.relaxed_pair() for p in calib], [p.relaxed_pair() for p in held],
+                                 r_max=cfg.r_max, tau=tau)
+    report = {
+        "windows": cfg.status_windows, "question": status_task.QUESTION, "lead_in": status_task.LEAD,
+        "answer_set_size": len(status_task.answer_tokens(tokenizer)),
+        "exact": exact.as_dict(), "relaxed": relaxed.as_dict(),
+        "held_out_accuracy_exact": float(np.mean([p.label == p.truth for p in held])),
+        "held_out_accuracy_header": float(np.mean([p.header_label == p.truth for p in held])),
+        "held_out_agreement_exact_full": float(np.mean([p.token == p.full_token for p in held])),
+        "held_out_gap_quantiles_exact": [float(q) for q in np.quantile([p.gap for p in held], [0.1, 0.5, 0.9])],
+        "held_out_tokens_exact": _top_counts([tokenizer.decode([p.token]) for p in held]),
+    }
+    return {"report": report, "exact": exact, "held": held}
+
+
+def _live_tau(cfg: BenchConfig, status: dict[str, Any] | None) -> tuple[float, float]:
+    """(τ of the live traces, g = the held-out gate coverage at it; 0 without the status calibration)."""
+    tau = status["exact"].auto_tau if cfg.tau == "auto" and status is not None else float(cfg.tau)
+    if status is None:
+        return tau, 0.0
+    return tau, gate_point([p.exact_pair() for p in status["held"]], tau).coverage
+
+
 def _live_traces(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, bar: Callable,
-                 update_cost: float) -> dict[str, Any]:
-    """The live trace (HW-4) at every ρ, with the mean update interval from the measured update cost."""
+                 update_cost: float, tau: float, g: float) -> dict[str, Any]:
+    """The status-feed live trace (HW-4) at every ρ, gate un-forced at τ; mean update interval from the
+    measured update cost."""
     interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
-    gate = GateConfig(threshold=cfg.tau, fast_answer_set=frozenset(answer_tokens(tokenizer)))
+    gate = GateConfig(threshold=tau, fast_answer_set=frozenset(status_task.answer_tokens(tokenizer)))
     traces = []
     with bar("live trace", (cfg.trace_updates + 1) * len(cfg.rhos)) as tick:
         for rho in cfg.rhos:
-            traces.append(run_trace(engine, tokenizer, rho, cfg.trace_updates, interval, gate, rng, tick,
-                                    delay_s=update_cost))
-    return {"interval_s": interval, "update_cost_s": update_cost, "points": traces}
+            traces.append(run_status_trace(engine, tokenizer, rho, cfg.trace_updates, interval, gate, rng, tick=tick,
+                                           delay_s=update_cost, gate_coverage=g))
+    return {"interval_s": interval, "update_cost_s": update_cost, "tau": tau, "gate_coverage_g": g,
+            "points": traces}
+
+
+def _energy(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, meter: Any,
+            out: dict[str, Any]) -> dict[str, Any]:
+    """Joules per pre-position and the wasted energy vs ρ (HW-6), or why they are unavailable."""
+    meter = detect_meter() if meter is None else meter
+    if isinstance(meter, Unavailable):
+        return {"available": False, "reason": meter.reason}
+    if not cfg.energy_iterations:
+        return {"available": True, "source": meter.source, "skipped": "energy_iterations = 0"}
+    pp = Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=float("inf"))), tokenizer=tokenizer)
+    s = status_task.status_session(pp, tokenizer, allow_relaxed=False)
+    s.append_data(status_task.batch_text(rng, "up"), preposition=False)
+    s.register_query("status", status_task.QUESTION)
+    lengths: list[int] = []
+
+    def update(preposition: bool) -> None:
+        if len(lengths) >= 4:
+            s.state.shift_window(lengths.pop(0))
+        before = s.state.live_end
+        s.append_data(status_task.batch_text(rng, str(rng.choice(status_task.LABELS))), preposition=preposition)
+        lengths.append(s.state.live_end - before)
+        pp.wait_idle(60, session=s.state)
+
+    try:
+        res: dict[str, Any] = preposition_energy(meter, lambda: update(True), lambda: update(False),
+                                                 cfg.energy_iterations, idle_s=cfg.energy_idle_s)
+    finally:
+        s.close()
+        pp.close()
+    res.update(available=True, source=meter.source)
+    trace = out.get("trace")
+    if trace:
+        e, interval = res["joules_per_preposition"], trace["interval_s"]
+        res["wasted_vs_rho"] = [{"rho": p["rho"], "measured_h": p["measured_h"],
+                                 "measured": wasted_energy(e, p["measured_h"], interval),
+                                 "closed_form": wasted_energy(e, hit_rate(p["rho"]), interval)}
+                                for p in trace["points"]]
+    return res
 
 
 def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: str) -> None:
@@ -353,8 +423,10 @@ def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: s
                           measured_cold=[(L_entry, p50["cold"])])
     plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
                       measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
-    measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in out.get("trace", {}).get("points", [])]
-    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured)
+    points = out.get("trace", {}).get("points", [])
+    measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in points]
+    fast = [(t["rho"], t["h_fast"]["rate"], *t["h_fast"]["ci95"]) for t in points if t["h_fast"]["n"]]
+    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured, measured_fast=fast)
     out["plots"] = plots_dir
 
 
@@ -362,48 +434,3 @@ def _top_counts(xs: Sequence[str], k: int = 5) -> dict[str, int]:
     vals, counts = np.unique(np.asarray(xs, dtype=object).astype(str), return_counts=True)
     order = np.argsort(-counts)[:k]
     return {str(vals[i]): int(counts[i]) for i in order}
-
-
-def format_report(res: dict[str, Any]) -> str:
-    """Human-readable summary of `run_bench`'s result."""
-    lines = []
-    m = res["microbench"]
-    lines.append(f"prefill τ_p = {m['prefill_ms_per_token']:.3f} ms/token (r² {m['prefill_r2']:.3f}), "
-                 f"T_decode = {m['decode_ms']:.2f} ms, entry L_entry = {res['entry_len']} tokens")
-    lines.append(f"{'arm':<12}{'P50 ms':>10}{'P99 ms':>10}{'mean ms':>10}{'n':>6}{'Δ':>6}")
-    for a, s in res["latency"].items():
-        lines.append(f"{a:<12}{s['p50_ms']:>10.3f}{s['p99_ms']:>10.3f}{s['mean_ms']:>10.3f}{s['n']:>6}"
-                     f"{s['mean_delta']:>6.1f}")
-    r = res["ratios"]
-    lines.append(f"L_cold / L_fast (P50) = {r['cold_over_fast_p50']:.1f}x;  L_fall(Δ=0) / L_cold = "
-                 f"{r['fall0_over_cold_p50']:.3f};  L_fall(Δ=L_entry) / L_cold = {r['fall_entry_over_cold_p50']:.3f}")
-    p = res["preposition_ms"]
-    lines.append(f"pre-position T_pp (off the critical path): P50 {p['p50_ms']:.2f} ms")
-    cf = res["closed_form"]
-    lines.append(f"closed form: L_cold {cf['l_cold_ms']:.2f}, L_fall(0) {cf['l_fall0_ms']:.2f}, "
-                 f"L_fall(L) {cf['l_fall_entry_ms']:.2f}, L_fast {cf['l_fast_ms']:.3f} ms "
-                 f"(T_restore residual {res['restore_residual_ms']:.2f} ms)")
-    if "gate" in res:
-        g = res["gate"]
-        at = g["at_tau"]
-        lines.append(f"gate on trend task (n={g['n']}, |A|={g['answer_set_size']}): at τ={at['threshold']:g} coverage "
-                     f"{at['coverage']:.3f} [{at['coverage_ci'][0]:.3f}, {at['coverage_ci'][1]:.3f}], false accept "
-                     f"{at['false_accept']:.3f}; agreement {g['agreement']:.3f}, full-path accuracy "
-                     f"{g['full_accuracy']:.3f}, cached-token accuracy {g['fast_accuracy']:.3f}; γ quantiles "
-                     f"{[round(x, 3) for x in g['gap_quantiles']]}")
-        cal = g["calibrated"]
-        lines.append("calibrated τ (r ≤ %.2f): %s" % (g["r_max"], "none" if cal is None else
-                     f"{cal['threshold']:.3f} (coverage {cal['coverage']:.3f}, false accept {cal['false_accept']:.3f})"))
-        lines.append(f"cached tokens: {g['fast_tokens']}; full-path tokens: {g['full_tokens']}")
-    if "trace" in res:
-        tr = res["trace"]
-        lines.append(f"live trace (mean update interval {tr['interval_s'] * 1e3:.0f} ms; ingest + T_pp "
-                     f"{tr.get('update_cost_s', float('nan')) * 1e3:.0f} ms):")
-        for t in res["trace"]["points"]:
-            lines.append(f"  ρ={t['rho']:<5g} h measured {t['measured_h']:.3f} [{t['h_ci95'][0]:.3f}, "
-                         f"{t['h_ci95'][1]:.3f}] over {t['resolved_prepositions']} pre-positions; closed form "
-                         f"{t['closed_form_h']:.3f} (with install delay {t.get('closed_form_h_delayed', float('nan')):.3f}); "
-                         f"queries {t['queries']} {t['paths']}")
-    lines.append("E[L_pp] (Eq. 9, g = %.3f): %s ms" % (res["gate_fire_probability_g"],
-                 {k: round(v, 2) for k, v in res["expected_latency_ms"].items()}))
-    return "\n".join(lines)

@@ -12,13 +12,14 @@ Block-extension calls are identical in both variants and excluded from the call 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..programs.proposals import ProgramProposalModel, ProposalModel
+from ..programs.proposals import ProgramProposalModel
 from ..programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
 
 PAPER_SETTINGS = dict(response_length=1024, block_size=1024, alpha=4.0, steps_per_block=100, budget=20, seed=10086)
@@ -32,6 +33,8 @@ class PairResult:
     sampler: str
     sequential: list[ChainResult] = field(default_factory=list)
     presto: list[ChainResult] = field(default_factory=list)
+    unflushed: int = 0
+    """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
 
     def _mean(self, runs: list[ChainResult], attr: str) -> float:
         return float(np.mean([getattr(r, attr) for r in runs]))
@@ -69,40 +72,75 @@ class PairResult:
             "median_prompt_speedup": float(statistics.median(per_prompt)),
             "per_prompt_speedup": per_prompt,
             "identical_chains": identical,
+            "unflushed_chains": self.unflushed,
             "accept_rate": float(np.mean([np.mean(s.history) for s in seq])),
         }
 
 
+@dataclass(frozen=True)
+class Chain:
+    """One independent chain of the benchmark: a sampler config, sequential or PreSTO, on one prompt."""
+
+    cfg: SamplerConfig
+    presto: bool
+    prompt_id: str
+    ids: tuple[int, ...]
+
+
+def chains_of(prompts: Sequence[tuple[str, Sequence[int]]], configs: Sequence[SamplerConfig]) -> list[Chain]:
+    """Every chain, in a fixed order: config, prompt, sequential then PreSTO."""
+    return [Chain(cfg, presto, pid, tuple(int(t) for t in ids)) for cfg in configs for pid, ids in prompts
+            for presto in (False, True)]
+
+
 def run_pairs(
-    model: ProposalModel,
+    pool: Any,
     prompts: Sequence[tuple[str, Sequence[int]]],
     configs: Sequence[SamplerConfig],
     prefetch: PrefetchConfig,
     *,
-    flush: Callable[[], None] | None = None,
+    flush: bool = False,
     progress: Callable[[str], None] | None = None,
     on_result: Callable[[ChainResult], None] | None = None,
     on_transitions: Callable[[int], None] | None = None,
 ) -> list[PairResult]:
-    """Run every config sequentially and with PreSTO on every prompt; `flush` clears the prefix cache
-    before each chain so that neither variant reuses the other's KV.  `progress(label)` is called after each
-    chain, `on_transitions(k)` after every k realized MH transitions (a progress bar's update)."""
-    out = []
-    for cfg in configs:
-        pair = PairResult(sampler=cfg.kind)
-        for pid, ids in prompts:
-            for presto in (False, True):
-                if flush is not None:
-                    flush()
-                sampler = make_sampler(model, cfg, presto=presto, prefetch=prefetch)
-                res = sampler.run(ids, prompt_id=pid, progress=on_transitions)
-                (pair.presto if presto else pair.sequential).append(res)
-                if on_result is not None:
-                    on_result(res)
-                if progress is not None:
-                    progress(f"{res.sampler} {pid}")
-        out.append(pair)
-    return out
+    """Run every config sequentially and with PreSTO on every prompt; the chains are independent and run
+    concurrently over `pool` (`runtime_ext.pool.RuntimePool`: each chain keeps one runtime slot for its whole
+    life).  `flush` clears the runtime's prefix cache before each chain so that neither variant reuses the
+    other's KV (a busy shared server may decline; counted in `PairResult.unflushed`).  The callbacks run under
+    one lock: `progress(label)` after each chain, `on_transitions(k)` after every k realized transitions."""
+    lock = threading.Lock()
+
+    def locked(fn: Callable[..., None] | None) -> Callable[..., None] | None:
+        if fn is None:
+            return None
+
+        def call(*a: Any) -> None:
+            with lock:
+                fn(*a)
+        return call
+
+    report, record, step = locked(progress), locked(on_result), locked(on_transitions)
+
+    def one(runtime: Any, chain: Chain) -> tuple[ChainResult, bool]:
+        flushed = bool(runtime.flush()) if flush else True
+        model = proposal_model_for(runtime.backend, chain.cfg.kind, chain.cfg.mtm_temperatures)
+        sampler = make_sampler(model, chain.cfg, presto=chain.presto, prefetch=prefetch)
+        res = sampler.run(list(chain.ids), prompt_id=chain.prompt_id, progress=step)
+        if record is not None:
+            record(res)
+        if report is not None:
+            report(f"{res.sampler} {chain.prompt_id}")
+        return res, flushed
+
+    chains = chains_of(prompts, configs)
+    results = pool.map(one, chains)
+    pairs: dict[int, PairResult] = {}
+    for chain, (res, flushed) in zip(chains, results):
+        pair = pairs.setdefault(id(chain.cfg), PairResult(sampler=chain.cfg.kind))
+        (pair.presto if chain.presto else pair.sequential).append(res)
+        pair.unflushed += 0 if flushed else 1
+    return list(pairs.values())
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:

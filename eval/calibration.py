@@ -14,7 +14,7 @@ smallest τ with r(τ) ≤ r_max (maximum coverage at bounded risk).
     served token wrong    not GatePair.correct
     τ                     GatePoint.threshold
     c(τ), r(τ)            GatePoint.coverage, GatePoint.false_accept
-    r_max                 pick_threshold(..., r_max)
+    r_max                 pick_threshold(..., r_max); calibrate_held_out (pick on one set, judge on another)
 """
 
 from __future__ import annotations
@@ -112,6 +112,41 @@ def pick_threshold(points: Sequence[GatePoint], r_max: float) -> GatePoint | Non
         if p.accepted > 0 and p.false_accept <= r_max:
             return p
     return None
+
+
+@dataclass(frozen=True)
+class HeldOutCalibration:
+    """τ picked on calibration decision points, judged on held-out ones (Wilson intervals throughout)."""
+
+    r_max: float
+    tau: float
+    """The reference τ (the paper's 2.0), also reported on the held-out points."""
+    calibrated: GatePoint | None
+    """The smallest τ with r(τ) ≤ r_max on the calibration points (None: no τ qualifies)."""
+    held_out_at_calibrated: GatePoint | None
+    """That τ applied to the held-out points (the honest estimate of its coverage and risk)."""
+    held_out_at_tau: GatePoint
+
+    @property
+    def auto_tau(self) -> float:
+        """τ for `--tau auto`: the calibrated one, or inf (the gate never fires) when none qualifies."""
+        return math.inf if self.calibrated is None else self.calibrated.threshold
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["auto_tau"] = self.auto_tau
+        return out
+
+
+def calibrate_held_out(calib: Sequence[GatePair], held_out: Sequence[GatePair], *, r_max: float,
+                       tau: float = 2.0) -> HeldOutCalibration:
+    """Pick τ on `calib` (smallest τ with r ≤ r_max), then measure it, and the reference τ, on `held_out`."""
+    chosen = pick_threshold(sweep_threshold(calib), r_max)
+    return HeldOutCalibration(
+        r_max=r_max, tau=float(tau), calibrated=chosen,
+        held_out_at_calibrated=None if chosen is None else gate_point(held_out, chosen.threshold),
+        held_out_at_tau=gate_point(held_out, tau),
+    )
 
 
 def plot_risk_coverage(points: Sequence[GatePoint], path: str, *, title: str = "", tau_marker: float = 2.0) -> str:

@@ -248,8 +248,10 @@ def plot_cost_anatomy(c: LatencyConstants, entry_len: int, path: str, measured: 
 
 
 def plot_amortization(c: LatencyConstants, entry_len: int, g: float, path: str,
-                      measured: Sequence[tuple[float, float, float, float]] = ()) -> str:
-    """Figure 6: (a) h and w against ρ with measured (ρ, h, lo, hi) overlaid; (b) E[L_pp] against ρ."""
+                      measured: Sequence[tuple[float, float, float, float]] = (),
+                      measured_fast: Sequence[tuple[float, float, float, float]] = ()) -> str:
+    """Figure 6: (a) h and w against ρ with measured (ρ, h, lo, hi) overlaid, and the un-forced fast-path
+    hits g·h with measured (ρ, h_fast, lo, hi); (b) E[L_pp] against ρ."""
     plt = _plt()
     rho = np.logspace(-2, 2, 200)
     h = hit_rate(rho)
@@ -259,6 +261,10 @@ def plot_amortization(c: LatencyConstants, entry_len: int, g: float, path: str,
     if measured:
         r, hm, lo, hi = (np.array(x, dtype=float) for x in zip(*measured))
         a.errorbar(r, hm, yerr=[hm - lo, hi - hm], fmt="ko", ms=4, capsize=3, label="measured (live trace)")
+    if measured_fast:
+        a.plot(rho, g * h, ls="--", label=f"g·h, fast-path hits (g = {g:.2f})")
+        r, hm, lo, hi = (np.array(x, dtype=float) for x in zip(*measured_fast))
+        a.errorbar(r, hm, yerr=[hm - lo, hi - hm], fmt="rs", ms=4, capsize=3, label="measured fast-path hits")
     a.set_xscale("log")
     a.set_xlabel("ρ = λ_q / λ_u")
     a.set_title("(a) hit rate and wasted work")

@@ -124,7 +124,7 @@ def collect_pairs(engine: Any, tokenizer: Any, windows: Sequence[TrendWindow], *
         for w in windows:
             with StreamingSession(pp, tokenizer=tokenizer, system=SYSTEM, fmt=fmt, allow_relaxed=True) as s:
                 s.append_data(w.text())
-                ready = s.state.slot.ready
+                ready = s.state.ready_for(s.header_ids())  # no standing query: the generic header alone
                 if ready is None:
                     raise RuntimeError("the pre-position did not install (budget skip or engine failure)")
                 full = s.ask(QUESTION)

@@ -29,6 +29,7 @@ import numpy as np
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import sampling_seed, token_ids
 from ..runtime_ext.protocol import EngineError
+from .proposals import check_generation_request
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,9 @@ class CompletionRequest:
     seed: int
 
     def __post_init__(self) -> None:
-        if not self.prefix_ids:
-            raise ValueError("prefix_ids must be non-empty (it contains the prompt)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_generation_request(self.prefix_ids, self.max_tokens, self.seed)
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)

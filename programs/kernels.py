@@ -101,13 +101,8 @@ class TransitionKernel(Protocol):
                stream: DecisionStream) -> Decision: ...
 
 
-@dataclass(frozen=True)
-class PowerMHKernel:
-    """Uniform cut over the response, suffix from q_τ, Eq. 6."""
-
-    alpha: float
-    tau: float
-    state_dependent_cut: bool = False
+class UniformCut:
+    """The uniform cut law c ~ Unif{0..T−1} of PowerMH and MultiTryMH (§3.1), independent of the state."""
 
     def cut_law(self, state: ChainState) -> np.ndarray:
         return np.full(state.length, 1.0 / state.length)
@@ -117,6 +112,15 @@ class PowerMHKernel:
 
     def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
         return [self.cut(state, j, stream) for j in transitions]
+
+
+@dataclass(frozen=True)
+class PowerMHKernel(UniformCut):
+    """Uniform cut over the response, suffix from q_τ, Eq. 6."""
+
+    alpha: float
+    tau: float
+    state_dependent_cut: bool = False
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         return [SuffixRequest(prefix_ids, horizon - cut, self.tau, stream.suffix_seed(j))]
@@ -162,22 +166,13 @@ class EntropyCutKernel(PowerMHKernel):
 
 
 @dataclass(frozen=True)
-class MultiTryKernel:
+class MultiTryKernel(UniformCut):
     """Multiple-try Metropolis with the temperature-mixture proposal (see `acceptance`)."""
 
     alpha: float
     temperatures: tuple[float, ...]
     candidates: int = 4
     state_dependent_cut: bool = False
-
-    def cut_law(self, state: ChainState) -> np.ndarray:
-        return np.full(state.length, 1.0 / state.length)
-
-    def cut(self, state: ChainState, j: int, stream: DecisionStream) -> int:
-        return uniform_cut(stream.cut_uniform(j), state.length)
-
-    def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
-        return [self.cut(state, j, stream) for j in transitions]
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         n = len(self.temperatures)

@@ -37,6 +37,16 @@ from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import logprob_temperatures, sampling_seed, token_ids
 
 
+def check_generation_request(prefix_ids: Sequence[int], max_tokens: int, seed: int) -> None:
+    """The checks every generation request of a program shares (suffix proposals, completions)."""
+    if not prefix_ids:
+        raise ValueError("prefix_ids must be non-empty (it contains the prompt)")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+
+
 @dataclass(frozen=True)
 class SuffixRequest:
     """One suffix-resampling request: generate `max_tokens` tokens after `prefix_ids` from q_τ."""
@@ -51,14 +61,9 @@ class SuffixRequest:
     """Sampling seed (the engine keys per-token noise by (seed, absolute position))."""
 
     def __post_init__(self) -> None:
-        if not self.prefix_ids:
-            raise ValueError("prefix_ids must be non-empty (it contains the prompt)")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_generation_request(self.prefix_ids, self.max_tokens, self.seed)
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def _suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatu
         raise EngineError(
             "this sampler (EntropyCut) needs the entropy of p0 of every generated token (meta_info "
             "'output_token_entropy'); the backend did not return it. A stock SGLang server does not report it: "
-            "use the embedded engine, or serve a sampler plugin that returns it through customized_info."
+            "launch the server with scripts/launch_runtime --plugin (forerun's sampler plugin), or use the embedded engine."
         )
     if len(entries) != req.max_tokens:
         raise EngineError(
@@ -173,8 +178,8 @@ class ProgramProposalModel:
     """`ProposalModel` that runs `suffix_proposals` on an SGLang frontend backend (one program per call).
 
     `tempered_temperatures` 𝒯 (MultiTryMH): every branch carries a `logprob_temperatures(𝒯)` marker and the
-    engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine; a stock SGLang
-    server refuses such requests with a clear error).  `require_entropy` (default False; EntropyCut callers
+    engine returns log q_τ'(y_t | ·) over the full vocabulary for each τ' ∈ 𝒯 (embedded engine, or an SGLang
+    server with forerun's plugin; a stock server refuses such requests with a clear error).  `require_entropy` (default False; EntropyCut callers
     pass True): a backend that does not report the entropy of p0 is then an error; otherwise the entropy is
     NaN (PowerMH and MultiTryMH do not use it), so PowerMH runs on a stock SGLang server.
     """

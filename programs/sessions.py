@@ -6,14 +6,17 @@ session pins its state in the engine's radix cache while it lives (`engine.pin` 
 engine offers them; on the SGLang server, `--enable-session-radix-cache` evicts session entries last) and
 releases it on close.
 
-* `StreamingSession`: `append_data(batch)` commits an update and pre-positions the data decision point.
-  Its entry is the registered standing query's prefix + the assistant header, or the generic header
-  alone when no query is registered.  Standing queries match it exactly (zero added risk); ad-hoc queries
-  share the same ready distribution through the relaxed header match (the question-independent token,
-  risk r(τ)); everything else falls through with the query folded into Δ.
-* `AgenticSession`: `emit_tool_call(call)` commits the call and opens the idle window; the entry is the
-  post-tool-call envelope (the tool-result framing; or the whole envelope up to the next assistant turn
-  when the caller expects a known result).  `tool_result(payload)` resumes delta-only from it.
+* `StreamingSession`: `append_data(batch)` commits an update and pre-positions the data decision point:
+  the primary standing query's entry (query prefix + assistant header; exact match, zero added risk) and
+  the generic header alone (§2.1: the question-independent distribution).  Ad-hoc queries and the other
+  standing queries are served the header's token through the relaxed match (risk r(τ), §3.4), never
+  another query's; everything else falls through with the query folded into Δ.
+* `AgenticSession`: `emit_tool_call(call)` commits the call and opens the idle window; the entries are
+  the post-tool-call envelope (the tool-result framing) and the whole envelope for the results it
+  predicts (§3.5).  `tool_result(payload)` is served from a predicted entry or resumes delta-only.
+
+Commits are validated first (context window, `SessionState.append(reserve=...)`); user content is encoded
+with special-token parsing off (`session_text`); every public operation of a session is atomic.
 
 Both run on any `PrepositionEngine` (`runtime_ext.preposition.engines`): an engine with
 `generate(ids, params, *, priority)` (the embedded engine, the SGLang server client) through
@@ -23,24 +26,30 @@ from the session's ids, written as `token_ids(...)` markers) and `session_turn`.
 
     paper                                 code
     n_s, version t                        session.state.live_end, session.state.version
-    E (streaming: query prefix + header)  StreamingSession.entry_ids()
-    E (agentic: post-tool-call envelope)  AgenticSession.envelope_ids()
+    E (streaming: query prefix + header)  StreamingSession.entries() (primary entry, generic header)
+    E (agentic: post-tool-call envelope)  AgenticSession.envelope_ids(), .result_entry(predicted payload)
     Δ                                     ServeResult.delta
     decision point (Eq. 1)                decision_point (@sgl.function)
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..runtime_ext.preposition.engines import PrepositionEngine, TopLogprobs, top_logprobs_at_decision_point
 from ..runtime_ext.preposition.prepositioner import Prepositioner, ServeResult
 from ..runtime_ext.protocol import GenerateOutput, SamplingParams
-from ..runtime_ext.preposition.ready_cache import SessionState
+from ..runtime_ext.preposition.ready_cache import ContextOverflow, SessionState
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import token_ids
+from .session_text import SessionFormat, encode_content, encode_framing, render, render_message
+
+__all__ = ["AgentTurn", "AgenticSession", "ProgramEngine", "SessionFormat", "StreamingSession", "ToolCallPending",
+           "decision_point", "session_turn", "tool_name"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -93,61 +102,43 @@ class ProgramEngine(PrepositionEngine):
 
 
 # ----------------------------------------------------------------------------------------------------
-# formats
+# sessions
 # ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SessionFormat:
-    """Text templates of a session's regions (ChatML, as SmolLM2-Instruct uses)."""
-
-    system: str = "<|im_start|>system\n{system}<|im_end|>\n"
-    """The frozen system region."""
-    data: str = "<|im_start|>user\nNew data: {data}<|im_end|>\n"
-    """One streamed data batch (a committed update)."""
-    query: str = "<|im_start|>user\n{query}<|im_end|>\n"
-    """A query prefix."""
-    header: str = "<|im_start|>assistant\n"
-    """The assistant header that opens an answer."""
-    turn_end: str = "<|im_end|>\n"
-    """Closes a committed assistant turn."""
-    tool_call: str = "<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>\n"
-    """An emitted tool call, committed to the state."""
-    tool_result_open: str = "<|im_start|>user\n<tool_response>\n"
-    """The tool-result framing that precedes the payload (the start of the post-tool-call envelope)."""
-    tool_result_close: str = "\n</tool_response><|im_end|>\n"
-    """Framing after the payload; the envelope continues with `header`."""
-
-    def __post_init__(self) -> None:
-        for name, key in (("system", "{system}"), ("data", "{data}"), ("query", "{query}"), ("tool_call", "{call}")):
-            if key not in getattr(self, name):
-                raise ValueError(f"{name} template must contain {key}")
-        if not self.header:
-            raise ValueError("header must not be empty (the decision point needs an entry token)")
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+class ToolCallPending(RuntimeError):
+    """The agentic protocol was broken: a tool call is pending (emit -> result -> emit ...)."""
 
 
 class _Session:
-    """Shared plumbing: token state, pinning, the prepositioner."""
+    """Shared plumbing: token state, pinning, the prepositioner, the turn lock, injection-safe encoding.
 
-    def __init__(self, prepositioner: Prepositioner, tokenizer: Any, system: str, fmt: SessionFormat) -> None:
+    Every public operation of a session runs under its turn lock, so operations from several threads
+    are serialized: each one validates, computes and commits against one state (atomic turns).
+    """
+
+    def __init__(self, prepositioner: Prepositioner, tokenizer: Any, system: str, fmt: SessionFormat,
+                 history: Sequence[tuple[str, str]] = ()) -> None:
         if tokenizer is None:
             raise ValueError("a session needs a tokenizer (pass tokenizer= or use an engine that has one)")
         self.pp = prepositioner
         self.tokenizer = tokenizer
         self.fmt = fmt
-        system_ids = _encode(tokenizer, fmt.system.format(system=system))
-        self.state = SessionState(system_ids, frozen_len=len(system_ids))
+        self._lock = threading.RLock()
+        system_ids = render(tokenizer, fmt.system, "system", system)
+        for role, content in history:  # frozen too: e.g. few-shot examples
+            system_ids += render_message(tokenizer, fmt, role, content)
+        self.state = SessionState(system_ids, frozen_len=len(system_ids), max_len=prepositioner.max_context)
         self._pin_lock = threading.Lock()
         self._pin_handle: Any = None
         self._pin()
 
     def encode(self, text: str) -> list[int]:
-        return _encode(self.tokenizer, text)
+        """Framing text (special tokens parsed): use `render` / `encode_content` for user content."""
+        return encode_framing(self.tokenizer, text)
 
     def _pin(self) -> None:
-        """Keep the committed state's KV resident (radix-cache pin) and release the previous pin."""
+        """Keep the committed state's KV resident (radix-cache pin), release the previous pin and the
+        pre-paid entries that the last mutation invalidated."""
+        self.pp.release_pins(self.state)
         pin = getattr(self.pp.engine, "pin", None)
         unpin = getattr(self.pp.engine, "unpin", None)
         if pin is None or unpin is None:
@@ -158,9 +149,18 @@ class _Session:
             if old is not None:
                 unpin(old)
 
-    def _commit(self, ids: Sequence[int]) -> None:
-        self.state.append(ids)  # invalidates the ready distribution in the same critical section
+    def _commit(self, ids: Sequence[int], *, reserve: int = 0, expect_version: int | None = None) -> int:
+        """Validate and commit (invalidates the ready distributions in the same critical section)."""
+        version = self.state.append(ids, reserve=reserve, expect_version=expect_version)
         self._pin()
+        return version
+
+    def _check_room(self, extra: int, what: str) -> None:
+        """ContextOverflow unless `extra` more tokens fit after the state (checked before anything runs)."""
+        limit = self.state.max_len
+        if limit is not None and self.state.live_end + extra > limit:
+            raise ContextOverflow(f"{what} needs {extra} tokens after the {self.state.live_end}-token state: over "
+                                  f"the context window {limit}; nothing was served or committed")
 
     def _continue(self, result: ServeResult, max_new_tokens: int) -> tuple[list[int], str]:
         """Tail generation after the first token ((m − 1) T_decode, unchanged by pre-positioning)."""
@@ -173,9 +173,10 @@ class _Session:
         return first + list(out.output_ids), self.tokenizer.decode(first + list(out.output_ids))
 
     def close(self) -> None:
-        """Close the session: clears the ready distribution and releases the pinned KV."""
-        self.state.close()
-        self._pin()
+        """Close the session: clears the ready distributions and releases the pinned KV."""
+        with self._lock:
+            self.state.close()
+            self._pin()
 
     def __enter__(self) -> Any:
         return self
@@ -185,14 +186,21 @@ class _Session:
 
 
 class StreamingSession(_Session):
-    """A streaming analytical session: data batches in, single-token answers out (§3.2)."""
+    """A streaming analytical session: data batches in, single-token answers out (§3.2).
+
+    Each update pre-positions the primary standing query's entry (query prefix + header: its own ready
+    distribution, exact match) and, with `allow_relaxed` or when no query is registered, the generic
+    header alone (the question-independent distribution that ad-hoc and other standing queries are
+    served through the relaxed match, §3.4).  A query never gets another query's token.
+    """
 
     def __init__(self, prepositioner: Prepositioner, *, tokenizer: Any = None, system: str = "You analyse a data stream.",
-                 fmt: SessionFormat | None = None, allow_relaxed: bool = True) -> None:
+                 fmt: SessionFormat | None = None, allow_relaxed: bool = True,
+                 history: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(prepositioner, tokenizer if tokenizer is not None else prepositioner.tokenizer, system,
-                         fmt or SessionFormat())
+                         fmt or SessionFormat(), history)
         self.allow_relaxed = allow_relaxed
-        """Serve ad-hoc queries the standing/generic token when the header matches (the paper's relaxation)."""
+        """Pre-position the generic header too and serve ad-hoc queries its token (the paper's relaxation)."""
         self.standing: dict[str, str] = {}
         self._primary: str | None = None
 
@@ -201,58 +209,68 @@ class StreamingSession(_Session):
 
     def query_entry(self, query: str) -> list[int]:
         """Realized entry of a query: query prefix + assistant header."""
-        return self.encode(self.fmt.query.format(query=query)) + self.header_ids()
+        return render(self.tokenizer, self.fmt.query, "query", query) + self.header_ids()
 
-    def entry_ids(self) -> tuple[list[int], int]:
-        """(E, header length): the primary standing query's entry, or the generic header alone."""
-        header = self.header_ids()
-        if self._primary is None:
-            return header, len(header)
-        return self.query_entry(self.standing[self._primary]), len(header)
+    def entries(self) -> tuple[list[int] | None, list[int] | None]:
+        """(primary standing query's entry or None, generic header or None) pre-positioned per update."""
+        primary = None if self._primary is None else self.query_entry(self.standing[self._primary])
+        header = self.header_ids() if (self.allow_relaxed or primary is None) else None
+        return primary, header
+
+    def _reserve(self) -> int:
+        """Room a commit must leave: the longest pre-positioned entry plus the answer token."""
+        return max(len(e) for e in self.entries() if e is not None) + 1
 
     def register_query(self, name: str, query: str) -> None:
-        """Register a standing query; the first registered one defines the pre-positioned entry."""
+        """Register a standing query; the first registered one defines the pre-positioned query entry."""
         if not name:
             raise ValueError("standing query name must be non-empty")
-        self.standing[name] = query
-        if self._primary is None:
-            self._primary = name
-            self.preposition()
+        with self._lock:
+            self.state.snapshot()  # SessionClosed on a closed session
+            self._check_room(len(self.query_entry(query)) + 1, f"standing query {name!r}")
+            self.standing[name] = query
+            if self._primary is None:
+                self._primary = name
+                self.preposition()
 
-    def append_data(self, batch: str) -> int:
-        """Commit one data batch (invalidates) and pre-position the data decision point in idle time."""
-        ids = self.encode(self.fmt.data.format(data=batch))
-        self._commit(ids)
-        self.preposition()
-        return self.state.version
+    def append_data(self, batch: str, *, preposition: bool = True) -> int:
+        """Commit one data batch (validated, invalidates) and pre-position the data decision point
+        (`preposition=False`: a bulk ingest whose last batch opens the idle window; call `preposition()`)."""
+        with self._lock:
+            version = self._commit(render(self.tokenizer, self.fmt.data, "data", batch), reserve=self._reserve())
+            if preposition:
+                self.preposition()
+            return version
 
     def preposition(self) -> bool:
-        entry, header_len = self.entry_ids()
-        return self.pp.preposition(self.state, entry, header_len=header_len)
+        primary, header = self.entries()
+        return self.pp.preposition(self.state, *([primary] if primary is not None else []), header=header)
 
     def shift_window(self, n_drop: int) -> None:
         """Sliding-window shift of the streamed data (invalidates), then pre-position again."""
-        self.state.shift_window(n_drop)
-        self._pin()
-        self.preposition()
+        with self._lock:
+            self.state.shift_window(n_drop)
+            self._pin()
+            self.preposition()
 
     def rollback(self, n: int) -> None:
         """Discard the last n committed tokens (invalidates), then pre-position again."""
-        self.state.rollback(n)
-        self._pin()
-        self.preposition()
+        with self._lock:
+            self.state.rollback(n)
+            self._pin()
+            self.preposition()
 
     def ask(self, query: str, *, max_new_tokens: int = 1) -> ServeResult:
         """An ad-hoc query (Algorithm 2).  Read-only: the query is not committed to the stream."""
-        return self.pp.serve(self.state, self.query_entry(query), allow_relaxed=self.allow_relaxed,
-                             max_new_tokens=max_new_tokens)
+        entry = self.query_entry(query)
+        self._check_room(len(entry) + max_new_tokens, "the query")
+        return self.pp.serve(self.state, entry, allow_relaxed=self.allow_relaxed, max_new_tokens=max_new_tokens)
 
     def ask_standing(self, name: str, *, max_new_tokens: int = 1) -> ServeResult:
         """A registered standing query: an exact entry match when it is the pre-positioned one."""
         if name not in self.standing:
             raise KeyError(f"no standing query named {name!r} (registered: {sorted(self.standing)})")
-        return self.pp.serve(self.state, self.query_entry(self.standing[name]), allow_relaxed=self.allow_relaxed,
-                             max_new_tokens=max_new_tokens)
+        return self.ask(self.standing[name], max_new_tokens=max_new_tokens)
 
 
 @dataclass
@@ -262,47 +280,118 @@ class AgentTurn:
     first: ServeResult
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
+    predicted: bool = False
+    """Whether the result was one the session had pre-positioned (history or `expected_result`)."""
+
+
+@dataclass(frozen=True)
+class _PendingCall:
+    call: str
+    tool: str
+    candidates: tuple[str, ...]
+
+
+def tool_name(call: str) -> str:
+    """The tool a call names (`{"name": ...}` JSON), else the call text itself."""
+    try:
+        obj = json.loads(call)
+    except (TypeError, ValueError):
+        return call
+    return str(obj.get("name", call)) if isinstance(obj, dict) else call
 
 
 class AgenticSession(_Session):
-    """A tool-calling agent session: tool calls open idle windows; results resume delta-only (§3.5)."""
+    """A tool-calling agent session: tool calls open idle windows; results resume delta-only (§3.5).
+
+    While the tool runs the session pre-positions what is known of the next entry: the tool-result
+    framing (pre-paid: the result resumes delta-only from it) and, for up to `predict_results` payloads
+    this call or tool returned before (or a caller's `expected_result`), the whole realized entry
+    framing + payload + close + header, whose ready distribution the gate can serve at once when the
+    real result equals it (an exact match: zero added risk).  The protocol is emit_tool_call ->
+    tool_result -> ...; each call is atomic, and a second emit while a call is pending raises.
+    """
 
     def __init__(self, prepositioner: Prepositioner, *, tokenizer: Any = None,
-                 system: str = "You are an agent that calls tools.", fmt: SessionFormat | None = None) -> None:
+                 system: str = "You are an agent that calls tools.", fmt: SessionFormat | None = None,
+                 predict_results: int = 2) -> None:
         super().__init__(prepositioner, tokenizer if tokenizer is not None else prepositioner.tokenizer, system,
                          fmt or SessionFormat())
-        self._expected: str | None = None
-        self._awaiting = False
+        if predict_results < 0:
+            raise ValueError(f"predict_results must be >= 0, got {predict_results}")
+        self.predict_results = predict_results
+        self._pending: _PendingCall | None = None
+        self._seen: dict[str, Counter[str]] = {}
+        """Results seen per call text and per tool name (the predictor's only memory)."""
 
     def user(self, text: str) -> None:
         """Commit a user turn."""
-        self._commit(self.encode(self.fmt.query.format(query=text)))
+        with self._lock:
+            self._no_pending("user")
+            self._commit(render(self.tokenizer, self.fmt.query, "query", text))
 
-    def envelope_ids(self, expected_result: str | None = None) -> list[int]:
-        """E: the tool-result framing; with a known expected result, the whole envelope up to the next turn."""
-        if expected_result is None:
-            return self.encode(self.fmt.tool_result_open)
-        return self.result_entry(expected_result)
+    def call_ids(self, call: str) -> list[int]:
+        """The committed tokens of a tool call (framing parsed, the call itself as plain content)."""
+        return render(self.tokenizer, self.fmt.tool_call, "call", call)
+
+    def envelope_ids(self) -> list[int]:
+        """E: the tool-result framing that precedes any payload (known before the result)."""
+        return self.encode(self.fmt.tool_result_open)
 
     def result_entry(self, payload: str) -> list[int]:
         """Realized entry when `payload` returns: framing + payload + framing close + assistant header."""
-        return (self.encode(self.fmt.tool_result_open) + self.encode(payload)
+        return (self.envelope_ids() + encode_content(self.tokenizer, payload)
                 + self.encode(self.fmt.tool_result_close) + self.encode(self.fmt.header))
+
+    def predicted_results(self, call: str) -> list[str]:
+        """Up to `predict_results` payloads to pre-position: those this exact call, then this tool, returned
+        most often before (ties: the earlier first)."""
+        out: list[str] = []
+        for key in (call, tool_name(call)):
+            for payload, _ in sorted(self._seen.get(key, Counter()).items(), key=lambda kv: -kv[1]):
+                if payload not in out and len(out) < self.predict_results:
+                    out.append(payload)
+        return out
 
     def emit_tool_call(self, call: str, *, expected_result: str | None = None) -> bool:
         """Commit the tool call and pre-position the post-tool-call envelope while the tool runs."""
-        self._commit(self.encode(self.fmt.tool_call.format(call=call)))
-        self._awaiting = True
-        self._expected = expected_result
-        return self.pp.preposition(self.state, self.envelope_ids(expected_result))
+        with self._lock:
+            self._no_pending("emit_tool_call")
+            candidates = list(dict.fromkeys(([expected_result] if expected_result is not None else [])
+                                            + self.predicted_results(call)))
+            entries = [self.envelope_ids()] + [self.result_entry(c) for c in candidates]
+            self._commit(self.call_ids(call), reserve=max(len(e) for e in entries) + 1)
+            self._pending = _PendingCall(call, tool_name(call), tuple(candidates))
+            return self.pp.preposition(self.state, *entries)
 
     def tool_result(self, payload: str, *, max_new_tokens: int = 16) -> AgentTurn:
-        """Resume from the pre-paid envelope with only the delta; commit the result and the answer turn."""
-        if not self._awaiting:
-            raise RuntimeError("tool_result without a preceding emit_tool_call")
-        entry = self.result_entry(payload)
-        first = self.pp.serve(self.state, entry, max_new_tokens=1)
-        ids, text = self._continue(first, max_new_tokens)
-        self._commit(entry + ids + self.encode(self.fmt.turn_end))
-        self._awaiting = False
-        return AgentTurn(first=first, output_ids=ids, text=text)
+        """Resume from the pre-paid envelope with only the delta; commit the result and the answer turn.
+
+        Validated first (the whole turn must fit the context window); the answer is committed only onto
+        the state it was computed from (`expect_version`), so a failed turn leaves the call pending.
+        """
+        with self._lock:
+            pending = self._pending
+            if pending is None:
+                raise RuntimeError("tool_result without a preceding emit_tool_call")
+            entry = self.result_entry(payload)
+            end = self.encode(self.fmt.turn_end)
+            self._check_room(len(entry) + max_new_tokens + len(end), "the tool result and its answer")
+            first = self.pp.serve(self.state, entry, max_new_tokens=1)
+            ids, text = self._continue(first, max_new_tokens)
+            self._commit(entry + ids + end, expect_version=first.version)
+            self._pending = None
+            for key in (pending.call, pending.tool):
+                self._seen.setdefault(key, Counter())[payload] += 1
+            return AgentTurn(first=first, output_ids=ids, text=text, predicted=payload in pending.candidates)
+
+    def rollback(self, n: int) -> None:
+        """Discard the last n committed tokens (invalidates; not while a tool call is pending)."""
+        with self._lock:
+            self._no_pending("rollback")
+            self.state.rollback(n)
+            self._pin()
+
+    def _no_pending(self, what: str) -> None:
+        if self._pending is not None:
+            raise ToolCallPending(f"{what}: the tool call {self._pending.call!r} is pending; deliver its "
+                                  "tool_result first (one tool call at a time per session)")

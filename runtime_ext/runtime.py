@@ -2,6 +2,8 @@
 
     open_runtime(model="default", dtype=None)            the embedded CPU engine + its frontend backend
     open_runtime(backend_url="http://host:30000")        a launched SGLang server + its frontend backend
+    pool.open_pool(...)                                  several of them (servers, or one embedded engine
+                                                         with several chains in flight): `pool.RuntimePool`
 
 Both give a `Runtime`: `engine` speaks `protocol.Engine` (generate / generate_batch / flush_cache /
 server_info), `backend` is the token-exact SGLang frontend backend that `@sgl.function` programs run on,
@@ -40,9 +42,26 @@ class Runtime:
     def is_embedded(self) -> bool:
         return self.loaded is not None
 
-    def flush(self) -> None:
-        """Clear the prefix cache (between independent chains)."""
-        self.engine.flush_cache()
+    @property
+    def deterministic(self) -> bool:
+        """Seeds are honoured (the embedded engine; a server with --enable-deterministic-inference)."""
+        return bool(getattr(self.engine, "deterministic", True))
+
+    @property
+    def determinism_note(self) -> str | None:
+        """Why seeded runs on this runtime reproduce only in law: a server without deterministic inference that
+        was allowed anyway (`allow_nondeterministic`; not allowed, it refuses seeded work instead).  None when
+        runs reproduce token for token."""
+        from .backends.server_client import NONDETERMINISTIC_NOTE
+
+        allowed = getattr(getattr(self.engine, "config", None), "allow_nondeterministic", False)
+        return None if self.deterministic or not allowed else f"{self.location}: {NONDETERMINISTIC_NOTE}"
+
+    def flush(self) -> bool:
+        """Clear the prefix cache (between independent chains).  A server flushes only once idle and may
+        stay busy (shared): False then, and the cache is left as it is."""
+        flushed = self.engine.flush_cache()
+        return True if flushed is None else bool(flushed)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -57,16 +76,20 @@ class Runtime:
 
 
 def open_runtime(model: str = "default", dtype: str | None = None, *, backend_url: str | None = None,
-                 tokenizer: str | None = None, engine_config: EngineConfig | None = None) -> Runtime:
+                 tokenizer: Any = None, engine_config: EngineConfig | None = None,
+                 allow_nondeterministic: bool = False) -> Runtime:
     """The embedded engine for `model` (a spec: default | tiny | HF folder | .gguf), or the SGLang server
     at `backend_url` (then `model`, `dtype` and `engine_config` are ignored; the tokenizer is `tokenizer`,
-    a name or folder, or else the one the server reports)."""
+    a name, folder or tokenizer object, or else the one the server reports).  `allow_nondeterministic`: a
+    server without --enable-deterministic-inference accepts seeded requests (see `ServerConfig`)."""
     if backend_url:
         from .backends.server import SGLangServerBackend
+        from .backends.server_client import ServerConfig
 
         if not backend_url.startswith(("http://", "https://")):
             raise ValueError(f"--backend must be a URL starting with http:// or https://, got {backend_url!r}")
-        backend = SGLangServerBackend(backend_url, tokenizer=tokenizer)
+        backend = SGLangServerBackend(backend_url, tokenizer=tokenizer,
+                                      config=ServerConfig(allow_nondeterministic=allow_nondeterministic))
         return Runtime(name=backend.get_model_name(), dtype="server", tokenizer=backend.tokenizer,
                        engine=backend.engine, backend=backend, location=backend.base_url)
     from .backends.embedded import EmbeddedBackend

@@ -17,6 +17,7 @@ and its prefix cache.  Tests recompute every number the fake server reports from
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -149,20 +150,24 @@ class FakeSampling:
 @dataclass
 class FakeGeneration:
     """What one generation produced, per token: id, reported log q_τ, top-k of log q_τ as
-    [logprob, id, text] (when asked), log p0, entropy of p0; and SGLang's finish_reason."""
+    [logprob, id, text] (when asked), log p0, entropy of p0, log q_τ' at the asked temperatures τ' (one
+    list per token); and SGLang's finish_reason."""
 
     ids: list[int] = field(default_factory=list)
     logq: list[float] = field(default_factory=list)
     top: list[list] = field(default_factory=list)
     logp0: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    logq_by_temp: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] = field(default_factory=dict)
 
 
 def fake_generate(model: FakeByteModel, prompt: Sequence[int], sampling: FakeSampling, top_logprobs_num: int,
-                  text_of: Callable[[int], str | None]) -> FakeGeneration:
+                  text_of: Callable[[int], str | None], temperatures: Sequence[float] = (),
+                  step_s: float = 0.0) -> FakeGeneration:
     """Decode up to max_new_tokens after `prompt`; EOS (unless ignore_eos) and stop ids end it once
-    min_new_tokens are out (and are kept, as SGLang does)."""
+    min_new_tokens are out (and are kept, as SGLang does).  `step_s` sleeps per decode step (a GPU's step
+    time, for scale-out benchmarks)."""
     s = sampling
     out = FakeGeneration(finish={"type": "length", "length": s.max_new_tokens})
     seq = list(prompt)
@@ -177,6 +182,9 @@ def fake_generate(model: FakeByteModel, prompt: Sequence[int], sampling: FakeSam
         lp0 = model.logp0(seq)
         out.logp0.append(float(lp0[t]))
         out.entropy.append(model.entropy(seq))
+        out.logq_by_temp.append([float(model.logq(seq, tau)[t]) for tau in temperatures])
+        if step_s > 0:
+            time.sleep(step_s)
         seq.append(t)
         if len(out.ids) >= s.min_new_tokens:
             if t == EOS_ID and not s.ignore_eos:

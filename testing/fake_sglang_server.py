@@ -2,8 +2,8 @@
 
 The real server cannot run on CPU machines, so `SGLangServerBackend` is tested against this stand-in.
 It speaks the request/response shapes of `srt/entrypoints/http_server.py` and
-`srt/managers/tokenizer_manager.py` for the fields forerun uses, with outputs a test can recompute
-exactly from `FakeByteModel` (`fake_model`, where the model's notation table is):
+`srt/managers/tokenizer_manager.py` for the fields forerun uses (the contract test checks them against
+SGLang's own models), with outputs a test can recompute exactly from `FakeByteModel` (`fake_model`):
 
     SGLang                                fake
     output_token_logprobs                 [log q_τ(y_t), y_t, text] (log_softmax(z / τ), before top-k/top-p)
@@ -14,6 +14,17 @@ exactly from `FakeByteModel` (`fake_model`, where the model's notation table is)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1
     cached_tokens                         longest prefix of the prompt already in the fake's PrefixTrie
 
+The server's modes, as SGLang's:
+    deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when a
+                                          request has none; sampling backend "pytorch"); False: every request
+                                          draws fresh noise whatever its seed (backend "flashinfer")
+    /flush_cache                          400 while a /generate runs; `?timeout=S` waits up to S s for idle
+    sessions (`fake_sessions`)            history of session_params.rid prepended, BOS of the new turn stripped
+    plugin=True                           the forerun sampler plugin (`launch_runtime --plugin`, env
+                                          FORERUN_SGLANG_PLUGIN=1): /server_info gains "forerun_plugin", and a
+                                          request whose custom_params has forerun_plugin: true gets
+                                          output_token_logp0 / _entropy / _logq_by_temperature in meta_info
+
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
 POST /open_session, POST /close_session, GET /metrics (Prometheus text).
@@ -21,23 +32,23 @@ POST /open_session, POST /close_session, GET /metrics (Prometheus text).
 Failure injection (`FakeSGLangServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
 "disconnect" (the connection is closed without a response), "hang" (no answer until the client gives
-up or the server stops).  `plugin_keys=True` mimics a sampler plugin that reports
-`output_token_logp0` / `output_token_entropy` through `customized_info` (surfaced as meta_info keys).
+up or the server stops), "nan" (a NaN logprob, written as null as SGLang's orjson does).
 Every request body is recorded in `server.requests` as (path, parsed JSON).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Sequence
 
 import numpy as np
 
+from .fake_http import HTTPError, make_handler
 from .fake_model import (
     BOS_ID,
     EOS_ID,
@@ -49,9 +60,16 @@ from .fake_model import (
     fake_generate,
     fake_tokenizer,
 )
+from .fake_sessions import FakeSessions
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "FakeByteModel", "FakeSGLangServer", "fake_tokenizer",
            "unused_port"]
+
+FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang", "nan")
+PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
+"""The environment switch of the real plugin (`runtime_ext/backends/sglang_plugin.py`); the fake's CLI reads it too."""
+UNSEEDED_DETERMINISTIC_SEED = 42
+"""SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
 
 
 @dataclass
@@ -60,40 +78,37 @@ class _Failure:
     times: int
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang")
-
-
 class FakeSGLangServer:
     """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23.
 
     Use as a context manager: `with FakeSGLangServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
     """
 
-    def __init__(self, *, model: FakeByteModel | None = None, plugin_keys: bool = False,
+    def __init__(self, *, model: FakeByteModel | None = None, plugin: bool = False, deterministic: bool = True,
+                 sampling_backend: str | None = None, step_s: float = 0.0,
                  model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None,
                  host: str = "127.0.0.1", port: int = 0) -> None:
         self.model = model or FakeByteModel()
         self.host = host
         self.port = port
         self.tokenizer = fake_tokenizer()
-        self.plugin_keys = plugin_keys
+        self.plugin = plugin
+        self.deterministic = deterministic
+        self.sampling_backend = sampling_backend or ("pytorch" if deterministic else "flashinfer")
+        self.step_s = step_s
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
         self.requests: list[tuple[str, Any]] = []
         self.cache = PrefixTrie()
-        self.sessions: dict[str, int] = {}
+        self.sessions = FakeSessions(BOS_ID)
         self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
                          "num_requests_total": 0}
+        self.flushes = 0
+        self._in_flight = 0
         self._failures: list[_Failure] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
         self._seed_rng = np.random.default_rng(12345)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -111,8 +126,7 @@ class FakeSGLangServer:
             self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="forerun-fake-tokenizer-")
             self.tokenizer.save_pretrained(self._tokenizer_dir.name)
             self.tokenizer_path = self._tokenizer_dir.name
-        handler = _make_handler(self)
-        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
+        self._httpd = ThreadingHTTPServer((self.host, self.port), make_handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="fake-sglang", daemon=True)
@@ -120,7 +134,7 @@ class FakeSGLangServer:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stop_event.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -143,11 +157,11 @@ class FakeSGLangServer:
             raise ValueError(f"fail mode must be one of {FAIL_MODES}, got {mode!r}")
         if times < 1:
             raise ValueError(f"times must be >= 1, got {times}")
-        with self._lock:
+        with self.lock:
             self._failures.append(_Failure(mode, times))
 
-    def _take_failure(self) -> str | None:
-        with self._lock:
+    def take_failure(self) -> str | None:
+        with self.lock:
             while self._failures and self._failures[0].times <= 0:
                 self._failures.pop(0)
             if not self._failures:
@@ -156,22 +170,33 @@ class FakeSGLangServer:
             f.times -= 1
             return f.mode
 
+    def in_flight(self) -> int:
+        """/generate requests running now (the scheduler's running + waiting requests)."""
+        with self.lock:
+            return self._in_flight
+
     def generate_bodies(self) -> list[dict[str, Any]]:
         """The recorded /generate request bodies, in arrival order."""
-        with self._lock:
+        with self.lock:
             return [body for path, body in self.requests if path == "/generate"]
 
     def server_info(self) -> dict[str, Any]:
-        return {
+        info = {
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
             "served_model_name": self.model_path,
             "version": "0.5.23-forerun-fake",
             "enable_metrics": True,
             "enable_session_radix_cache": True,
+            "enable_deterministic_inference": self.deterministic,
+            "sampling_backend": self.sampling_backend,
             "internal_states": [{"vocab_size": VOCAB_SIZE}],
             "frontend": "python",
         }
+        if self.plugin:
+            info["forerun_plugin"] = {"version": 1, "keys": ["output_token_logp0", "output_token_entropy",
+                                                             "output_token_logq_by_temperature"]}
+        return info
 
     def metrics_text(self) -> str:
         lines = []
@@ -181,9 +206,18 @@ class FakeSGLangServer:
         return "\n".join(lines) + "\n"
 
     # -- /generate --------------------------------------------------------------------------
-    def handle_generate(self, body: dict[str, Any]) -> Any:
+    def handle_generate(self, body: Any) -> Any:
+        with self.lock:
+            self._in_flight += 1
+        try:
+            return self._handle_generate(body)
+        finally:
+            with self.lock:
+                self._in_flight -= 1
+
+    def _handle_generate(self, body: Any) -> Any:
         if not isinstance(body, dict):
-            raise _HTTPError(400, "request body must be a JSON object")
+            raise HTTPError(400, "request body must be a JSON object")
         if body.get("input_ids") is not None:
             ids_field = body["input_ids"]
             batched = bool(ids_field) and isinstance(ids_field[0], list)
@@ -193,7 +227,7 @@ class FakeSGLangServer:
             texts = body["text"] if batched else [body["text"]]
             prompts = [self.tokenizer.encode(t) for t in texts]
         else:
-            raise _HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
+            raise HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
         n = len(prompts)
 
         def item(key: str, default: Any, i: int) -> Any:
@@ -202,27 +236,22 @@ class FakeSGLangServer:
                 return default
             if batched and isinstance(val, list) and key != "stop":
                 if len(val) != n:
-                    raise _HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
+                    raise HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
                 return val[i] if val[i] is not None else default
             return val
 
         outs = []
         for i, ids in enumerate(prompts):
             if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise _HTTPError(400, "input_ids must be a list of ints (or a list of such lists)")
+                raise HTTPError(400, "input_ids must be a list of ints (or a list of such lists)")
             if len(ids) == 0:
-                raise _HTTPError(400, "The input_ids is empty.")
+                raise HTTPError(400, "The input_ids is empty.")
             if any(t < 0 or t >= VOCAB_SIZE for t in ids):
-                raise _HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
+                raise HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
             rid = body.get("rid")
             rid = (rid[i] if isinstance(rid, list) else (f"{rid}-{i}" if batched and rid else rid)) or uuid.uuid4().hex
-            session = body.get("session_params")
-            if isinstance(session, dict) and session.get("id") is not None and session["id"] not in self.sessions:
-                raise _HTTPError(400, f"session id {session['id']} does not exist")
             outs.append(self._generate_one(
-                ids,
-                item("sampling_params", {}, i) or {},
-                rid=rid,
+                ids, item("sampling_params", {}, i) or {}, rid=rid, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
                 logprob_start_len=int(item("logprob_start_len", -1, i)),
                 top_logprobs_num=int(item("top_logprobs_num", 0, i)),
@@ -230,7 +259,16 @@ class FakeSGLangServer:
             ))
         return outs if batched else outs[0]
 
-    def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, return_logprob: bool,
+    def _session_prompt(self, session: Any, rid: str, ids: list[int], max_new: int) -> tuple[list[int], str]:
+        """The ids a request runs on, and an abort message ("" when none)."""
+        if not isinstance(session, dict) or session.get("id") is None:
+            return ids, ""
+        if session["id"] not in self.sessions:
+            raise HTTPError(400, f"session id {session['id']} does not exist")
+        full, abort = self.sessions.create(session, rid, ids, max_new)
+        return (full if full is not None else ids), abort
+
+    def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, session: Any, return_logprob: bool,
                       logprob_start_len: int, top_logprobs_num: int, return_text: bool) -> dict[str, Any]:
         sampling = self._sampling(sp)
         tok = self.tokenizer
@@ -238,34 +276,48 @@ class FakeSGLangServer:
         def text_of(t: int) -> str | None:
             return tok.decode([t]) if return_text else None
 
+        ids, abort = self._session_prompt(session, rid, list(ids), sampling.max_new_tokens)
+        if abort:
+            return self._aborted(rid, len(ids), abort)
+        temps = self._plugin_temperatures(sp)
         cached = self.cache.match(ids)
-        gen = fake_generate(self.model, ids, sampling, top_logprobs_num, text_of)
+        gen = fake_generate(self.model, ids, sampling, top_logprobs_num, text_of, temps or (), self.step_s)
         self.cache.insert(list(ids) + gen.ids)
-        with self._lock:
+        if isinstance(session, dict) and session.get("id") is not None:
+            self.sessions.finish(session["id"], rid, gen.ids)
+        with self.lock:
             self.counters["prompt_tokens_total"] += len(ids)
             self.counters["cached_tokens_total"] += cached
             self.counters["generation_tokens_total"] += len(gen.ids)
             self.counters["num_requests_total"] += 1
         meta: dict[str, Any] = {
-            "id": rid,
-            "finish_reason": gen.finish,
-            "prompt_tokens": len(ids),
-            "weight_version": "default",
-            "num_retractions": 0,
-            "reasoning_tokens": 0,
-            "completion_tokens": len(gen.ids),
-            "cached_tokens": cached,
+            "id": rid, "finish_reason": gen.finish, "prompt_tokens": len(ids), "weight_version": "default",
+            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": len(gen.ids), "cached_tokens": cached,
             "e2e_latency": 0.0,
         }
         if return_logprob:
             meta.update(self._logprob_meta(ids, gen, logprob_start_len, top_logprobs_num, text_of))
-        if self.plugin_keys:
+        if temps is not None:  # customized_info keys, one value per generated token (tokenizer_manager)
             meta["output_token_logp0"] = gen.logp0
             meta["output_token_entropy"] = gen.entropy
+            meta["output_token_logq_by_temperature"] = gen.logq_by_temp
         return {"text": tok.decode(gen.ids), "output_ids": gen.ids, "meta_info": meta}
 
+    @staticmethod
+    def _aborted(rid: str, n: int, message: str) -> dict[str, Any]:
+        return {"text": "", "output_ids": [], "meta_info": {
+            "id": rid, "finish_reason": {"type": "abort", "message": message, "status_code": 400, "err_type": None},
+            "prompt_tokens": n, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}}
+
+    def _plugin_temperatures(self, sp: dict[str, Any]) -> list[float] | None:
+        """None unless the plugin runs and the request switched it on; else its extra temperatures."""
+        custom = sp.get("custom_params") or {}
+        if not (self.plugin and isinstance(custom, dict) and custom.get("forerun_plugin")):
+            return None
+        return [float(t) for t in custom.get("forerun_logq_temperatures") or []]
+
     def _sampling(self, sp: dict[str, Any]) -> FakeSampling:
-        """SGLang's sampling_params with its defaults; a missing sampling_seed draws a fresh one."""
+        """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
         fields = dict(
             max_new_tokens=int(sp.get("max_new_tokens", 128)),
             temperature=float(sp.get("temperature", 1.0)),
@@ -276,10 +328,17 @@ class FakeSGLangServer:
             stop_token_ids=frozenset(int(t) for t in (sp.get("stop_token_ids") or [])),
         )
         seed = sp.get("sampling_seed")
+        if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
+            raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+        if not self.deterministic:
+            seed = None  # SamplingBatchInfo builds no seed tensor: torch.multinomial
+        elif seed is None:
+            seed = UNSEEDED_DETERMINISTIC_SEED
         if seed is None:
-            seed = int(self._seed_rng.integers(0, 2**62))
+            with self.lock:
+                seed = int(self._seed_rng.integers(0, 2**62))
         if fields["max_new_tokens"] < 0 or fields["temperature"] < 0:
-            raise _HTTPError(400, "max_new_tokens and temperature must be >= 0")
+            raise HTTPError(400, "max_new_tokens and temperature must be >= 0")
         return FakeSampling(seed=seed, **fields)
 
     def _logprob_meta(self, ids: list[int], gen: FakeGeneration, logprob_start_len: int, top_logprobs_num: int,
@@ -306,112 +365,6 @@ class FakeSGLangServer:
         return meta
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """The HTTP side of a FakeSGLangServer (`fake`, set on the subclass `_make_handler` builds)."""
-
-    protocol_version = "HTTP/1.1"
-    fake: FakeSGLangServer
-
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
-
-    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
-        data = payload if isinstance(payload, bytes) else (
-            payload.encode() if isinstance(payload, str) and content_type != "application/json"
-            else json.dumps(payload).encode())
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise _HTTPError(400, f"invalid JSON body: {e}") from e
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("POST")
-
-    def _dispatch(self, method: str) -> None:
-        server = self.fake
-        path = self.path.split("?", 1)[0]
-        try:
-            body = self._body() if method == "POST" else None
-            with server._lock:
-                server.requests.append((path, body))
-            if path == "/generate":
-                self._generate(body)
-            elif path in ("/server_info", "/get_server_info"):
-                self._send(200, server.server_info())
-            elif path in ("/health", "/health_generate", "/ready"):
-                self._send(200, b"", "text/plain")
-            elif path == "/flush_cache":
-                server.cache.clear()
-                self._send(200, "Cache flushed.\n", "text/plain")
-            elif path == "/open_session":
-                self._open_session(body or {})
-            elif path == "/close_session":
-                self._close_session(body or {})
-            elif path == "/metrics":
-                self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
-            else:
-                self._send(404, {"detail": "Not Found"})
-        except _HTTPError as e:
-            self._send(e.status, {"error": {"message": str(e)}})
-
-    def _open_session(self, body: dict[str, Any]) -> None:
-        if "capacity_of_str_len" not in body:
-            raise _HTTPError(422, "capacity_of_str_len: field required")
-        sid = body.get("session_id") or uuid.uuid4().hex
-        if sid in self.fake.sessions:
-            raise _HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
-        self.fake.sessions[sid] = int(body["capacity_of_str_len"])
-        self._send(200, sid)
-
-    def _close_session(self, body: dict[str, Any]) -> None:
-        sid = body.get("session_id")
-        if sid not in self.fake.sessions:
-            raise _HTTPError(400, f"session id {sid} does not exist")
-        del self.fake.sessions[sid]
-        self._send(200, b"", "text/plain")
-
-    def _generate(self, body: Any) -> None:
-        server = self.fake
-        mode = server._take_failure()
-        if mode in ("500", "429", "400", "503"):
-            raise _HTTPError(int(mode), f"injected failure {mode}")
-        if mode == "disconnect":
-            self.close_connection = True
-            self.connection.close()
-            return
-        if mode == "hang":
-            server._stop.wait(timeout=60)
-            self.close_connection = True
-            return
-        out = server.handle_generate(body)
-        if mode == "abort":
-            for o in (out if isinstance(out, list) else [out]):
-                o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",
-                                                   "status_code": None, "err_type": None}
-        self._send(200, out)
-
-
-def _make_handler(server: FakeSGLangServer) -> type[BaseHTTPRequestHandler]:
-    return type("Handler", (_Handler,), {"fake": server})
-
-
 def unused_port() -> int:
     """A local TCP port nothing listens on (for connection-refused tests)."""
     import socket
@@ -422,18 +375,24 @@ def unused_port() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m forerun.testing.fake_sglang_server --port P` (accepts and ignores other sglang flags)."""
+    """`python -m forerun.testing.fake_sglang_server --port P [--enable-deterministic-inference]` (the same
+    flag as sglang.launch_server; other sglang flags are accepted and ignored).  The plugin is on when
+    FORERUN_SGLANG_PLUGIN=1, as for the real plugin.  `--step-ms` sleeps per decode step."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="fake SGLang server (tests / launcher checks)")
+    parser = argparse.ArgumentParser(description="fake SGLang server (tests / launcher checks / scale-out bench)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--model-path", default="forerun-fake-byte-model")
-    parser.add_argument("--plugin-keys", action="store_true")
+    parser.add_argument("--enable-deterministic-inference", action="store_true")
+    parser.add_argument("--step-ms", type=float, default=float(os.environ.get("FORERUN_FAKE_STEP_MS", "0")))
     args, _unknown = parser.parse_known_args(argv)
-    srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path, plugin_keys=args.plugin_keys)
+    srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path,
+                           deterministic=args.enable_deterministic_inference,
+                           plugin=os.environ.get(PLUGIN_ENV) == "1", step_s=args.step_ms / 1000.0)
     srv.start()
-    print(f"fake SGLang server on {srv.url}", flush=True)
+    mode = "deterministic" if srv.deterministic else "NOT deterministic (seeds ignored)"
+    print(f"fake SGLang server on {srv.url}: {mode}, plugin {'on' if srv.plugin else 'off'}", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

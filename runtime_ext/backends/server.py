@@ -61,8 +61,9 @@ class SGLangServerBackend(TokenExactBackend):
         info = self.engine.server_info()
         return str(info.get("served_model_name") or info.get("model_path") or "sglang-server")
 
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
+    def flush_cache(self) -> bool:
+        """Flush the server's prefix cache once it is idle (see `SGLangServerClient.flush_cache`)."""
+        return self.engine.flush_cache()
 
     def open_session(self, capacity_of_str_len: int, *, session_id: str | None = None) -> str:
         return self.engine.open_session(capacity_of_str_len, session_id=session_id)

@@ -2,49 +2,71 @@
 (`python -m sglang.launch_server`); `server.SGLangServerBackend` puts the frontend on top of it.
 
 Requests are token ids: `POST /generate` always carries `input_ids` (never re-tokenized text; see
-`token_exact`).  Per-token quantities come from stock server APIs only:
+`token_exact`); bodies and responses are built and read in `server_wire`.  Per-token quantities:
 
     paper                     code (GenerateOutput / meta_info key)   how it is obtained
     log q_τ(y_t | ·)          output_logq  / output_token_logprobs    pass 1: generate at τ, return_logprob
-    log p0(y_t | ·)           output_logp0 / output_token_logp0       pass 2: score prompt + output
+    log p0(y_t | ·)           output_logp0 / output_token_logp0       the plugin (one pass), else pass 2:
+                                                                      score prompt + output
     top-k of p0 per token     output_top_logprobs                     pass 2's input_top_logprobs[1:] (the
                                                                       server's top-k, of q_τ: ..._q)
-    H(p0(· | y_<t))           output_entropy / output_token_entropy   ONLY from a server plugin, under
-                                                                      `ServerConfig.entropy_key`; else None
+    H(p0(· | y_<t))           output_entropy / output_token_entropy   ONLY from the forerun plugin
+                                                                      (`sglang_plugin`); else None
+    log q_τ'(y_t | ·), τ' ∈ 𝒯 output_token_logq_by_temperature       ONLY from the plugin (MultiTryMH)
     log p0 of prompt tokens   input_logp0 / input_token_logprobs      pass 1, from logprob_start_len
                                                                       (entry 0 is [None, id, text])
 
 Pass 2 is the exact two-pass recipe: max_new_tokens=0, logprob_start_len = len(prompt) - 1, log p0 of the
-output = input_token_logprobs[1:] (SGLang shift).  It is skipped when a plugin returns log p0 under
-`ServerConfig.logp0_key`, and at τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already
-(`ServerConfig.reuse_logq_at_unit_temperature`).  The radix cache makes pass 2 re-prefill only the suffix.  `cached_tokens` is the server's
-per-request `meta_info.cached_tokens` of pass 1; pass 2's is in `meta_info["logp0_pass"]`.
+output = input_token_logprobs[1:] (SGLang shift).  It is skipped when the plugin serves the request, and at
+τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already
+(`ServerConfig.reuse_logq_at_unit_temperature`).  The radix cache makes pass 2 re-prefill only the suffix.
+A session request's pass 2 scores the full prompt the server built (`server_sessions`), without the session.
+`cached_tokens` is pass 1's `meta_info.cached_tokens`; pass 2's is in `meta_info["logp0_pass"]`.
 
-Errors (connection refused, timeout, HTTP 4xx/5xx, `finish_reason.type == "abort"`) raise
-`SGLangServerError` naming the URL and the request (rid, prompt length).  Connection errors, 5xx and 429
-are retried with bounded exponential backoff (`ServerConfig`); read timeouts are not retried (the server
-may still be running the request).
+At connect the client reads /server_info (`ServerCapabilities`): a seeded request on a server without
+`--enable-deterministic-inference` is refused (the server would ignore the seed) unless
+`ServerConfig.allow_nondeterministic`.  Errors (connection refused, timeout, HTTP 4xx/5xx, abort, a NaN
+logprob) raise `SGLangServerError` naming the URL and the request (rid, prompt length).  Connection errors,
+5xx and 429 are retried with bounded exponential backoff; read timeouts are not retried (the server may still
+be running the request).  `/flush_cache` is sent only when asked and waits for the server to be idle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Sequence
 
 import requests
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
+from .server_sessions import SessionMirror
+from .server_wire import (
+    ENTROPY_KEY,
+    LOGP0_KEY,
+    SGLangServerError,
+    ServerCapabilities,
+    Where,
+    WireRequest,
+    check_generate_response,
+    check_request,
+    describe,
+    error_text,
+    finite_logprobs,
+    generate_body,
+    logp0_from_score,
+    plugin_fields,
+)
+
+__all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE"]
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
-
-_Item = tuple[list[int], SamplingParams, str, dict[str, Any] | None, int | None]
-"""One request as sent: (input_ids, params, rid, session_params, priority or None)."""
+NONDETERMINISTIC_NOTE = ("the server runs without --enable-deterministic-inference: seeds are ignored, so chains "
+                         "are equal in law only (not token for token)")
 
 
 @dataclass(frozen=True)
@@ -74,10 +96,16 @@ class ServerConfig:
     """At τ = 0 (greedy) and τ = 1 SGLang's reported output logprobs already are log p0: its sampler takes
     log_softmax(z / τ) before top-k/top-p (`srt/layers/sampler.py`; greedy requests run with τ = 1), so
     pass 2 is skipped and output_token_logp0 = the reported logprobs.  False: always run pass 2.  Default True."""
-    logp0_key: str = "output_token_logp0"
-    """meta_info key under which a sampler plugin may return log p0 (then pass 2 is skipped)."""
-    entropy_key: str = "output_token_entropy"
-    """meta_info key under which a sampler plugin may return the entropy of p0 per output token."""
+    use_plugin: bool | None = None
+    """Ask the forerun sampler plugin (`launch_runtime --plugin`) for log p0, the entropy of p0 and log q at
+    extra temperatures in the same pass: None (default) when /server_info reports the plugin, False never
+    (always the exact two-pass recipe), True always (an error on a server without it)."""
+    allow_nondeterministic: bool = False
+    """Send seeded requests to a server without --enable-deterministic-inference (which ignores the seed):
+    runs then reproduce only in law.  Default False: such requests are refused with an error naming the flag."""
+    flush_wait_s: float = 60.0
+    """`flush_cache` waits up to this long for the server to be idle (it answers 400 while requests run or
+    wait), retrying; then it gives up and reports False.  Default 60 s."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -94,46 +122,14 @@ class ServerConfig:
             raise ValueError(f"max_backoff_s must be >= 0, got {self.max_backoff_s}")
         if self.batch_mode not in ("batched", "concurrent"):
             raise ValueError(f"batch_mode must be 'batched' or 'concurrent', got {self.batch_mode!r}")
+        if self.flush_wait_s < 0:
+            raise ValueError(f"flush_wait_s must be >= 0, got {self.flush_wait_s}")
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
 
     def backoff(self, attempt: int) -> float:
         """Sleep before retry number `attempt` (0-based)."""
         return min(self.max_backoff_s, self.backoff_s * self.backoff_factor**attempt)
-
-
-class SGLangServerError(EngineError):
-    """A request to the SGLang server failed (unreachable, timeout, HTTP error, aborted)."""
-
-    def __init__(self, message: str, *, url: str, rids: Sequence[str] = (), prompt_lens: Sequence[int] = (),
-                 status: int | None = None, attempts: int = 1) -> None:
-        super().__init__(message)
-        self.url = url
-        self.rids = tuple(rids)
-        self.prompt_lens = tuple(prompt_lens)
-        self.status = status
-        self.attempts = attempts
-
-
-def _describe(rids: Sequence[str], lens: Sequence[int]) -> str:
-    if len(rids) == 1:
-        return f"rid={rids[0]}, prompt length {lens[0]} tokens"
-    shown = ", ".join(f"{r} ({n} tokens)" for r, n in list(zip(rids, lens))[:4])
-    more = f", ... {len(rids) - 4} more" if len(rids) > 4 else ""
-    return f"batch of {len(rids)} requests: {shown}{more}"
-
-
-def _error_text(resp: requests.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text.strip()[:300]
-    if isinstance(body, dict):
-        err = body.get("error", body.get("detail", body))
-        if isinstance(err, dict):
-            err = err.get("message", err)
-        return str(err)[:300]
-    return str(body)[:300]
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -161,10 +157,13 @@ class SGLangServerClient:
         self.base_url = base_url
         self.config = config or ServerConfig()
         self._http = http or requests.Session()
-        self._http_lock = threading.Lock()
         self.default_session_params: dict[str, Any] | None = None
+        info = self.server_info()
+        self.capabilities = ServerCapabilities.from_info(info)
+        if self.config.use_plugin and self.capabilities.plugin is None:
+            raise EngineError(f"SGLang server {self.base_url} does not run the forerun sampler plugin "
+                              "(use_plugin=True); launch it with scripts/launch_runtime --plugin")
         if tokenizer is None:
-            info = self.server_info()
             path = info.get("tokenizer_path") or info.get("model_path")
             if not path:
                 raise EngineError(f"SGLang server {self.base_url} reports no tokenizer_path/model_path; "
@@ -173,21 +172,32 @@ class SGLangServerClient:
         elif isinstance(tokenizer, str):
             tokenizer = _load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
+        self.sessions = SessionMirror(getattr(tokenizer, "bos_token_id", None))
+
+    @property
+    def deterministic(self) -> bool:
+        """Seeds are honoured: the server runs with --enable-deterministic-inference."""
+        return self.capabilities.deterministic
+
+    @property
+    def plugin_enabled(self) -> bool:
+        """Requests ask the forerun sampler plugin for log p0, entropy and log q at extra temperatures."""
+        return self.capabilities.plugin is not None and self.config.use_plugin is not False
 
     # -- HTTP -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, *, json_body: Any = None, rids: Sequence[str] = (),
-                 prompt_lens: Sequence[int] = ()) -> requests.Response:
+                 prompt_lens: Sequence[int] = (), params: dict[str, Any] | None = None) -> requests.Response:
         """One HTTP call with bounded retries of transient failures; raises SGLangServerError."""
         url = self.base_url + path
         cfg = self.config
-        what = f" for {_describe(rids, prompt_lens)}" if rids else ""
+        what = f" for {describe(rids, prompt_lens)}" if rids else ""
         attempts = 0
         while True:
             attempts += 1
             transient: str | None = None
             status: int | None = None
             try:
-                resp = self._http.request(method, url, json=json_body,
+                resp = self._http.request(method, url, json=json_body, params=params,
                                           timeout=(cfg.connect_timeout_s, cfg.timeout_s))
             except requests.exceptions.ConnectionError as e:
                 transient = f"cannot connect ({type(e).__name__}: {e})"
@@ -202,7 +212,7 @@ class SGLangServerClient:
                 if resp.status_code < 400:
                     return resp
                 status = resp.status_code
-                reason = f"HTTP {status}: {_error_text(resp)}"
+                reason = f"HTTP {status}: {error_text(resp)}"
                 if status not in TRANSIENT_STATUS:
                     raise SGLangServerError(f"SGLang server {url} rejected the request{what}: {reason}", url=url,
                                             rids=rids, prompt_lens=prompt_lens, status=status, attempts=attempts)
@@ -241,9 +251,26 @@ class SGLangServerClient:
         except requests.exceptions.RequestException:
             return False
 
-    def flush_cache(self) -> None:
-        """POST /flush_cache (the server skips it while requests are running)."""
-        self._request("POST", "/flush_cache")
+    def flush_cache(self, wait_s: float | None = None) -> bool:
+        """POST /flush_cache, waiting for the server to be idle: SGLang flushes only when no request runs or
+        waits and otherwise answers 400.  Each try asks the server to defer the flush until idle (`?timeout=`,
+        srt/managers/scheduler_components/flush_wrapper.py); a 400 is retried with backoff until `wait_s`
+        (default `ServerConfig.flush_wait_s`) has passed.  True once flushed, False when the server stayed busy."""
+        deadline = time.monotonic() + (self.config.flush_wait_s if wait_s is None else wait_s)
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._request("POST", "/flush_cache", params={"timeout": round(max(0.0, min(left, 5.0)), 3)})
+                return True
+            except SGLangServerError as e:
+                if e.status != 400:
+                    raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, self.config.backoff(attempt), 1.0))
+            attempt += 1
 
     def metrics(self) -> dict[str, float]:
         """GET /metrics (needs --enable-metrics): `sglang:*` samples summed over their labels."""
@@ -271,11 +298,13 @@ class SGLangServerClient:
         if not isinstance(sid, str):
             raise SGLangServerError(f"SGLang server {self.base_url}/open_session returned {sid!r}, expected an id",
                                     url=self.base_url + "/open_session")
+        self.sessions.opened(sid)
         return sid
 
     def close_session(self, session_id: str) -> None:
         """POST /close_session."""
         self._request("POST", "/close_session", json_body={"session_id": session_id})
+        self.sessions.closed(session_id)
 
     @contextlib.contextmanager
     def session_params(self, params: dict[str, Any]) -> Iterator[None]:
@@ -290,32 +319,32 @@ class SGLangServerClient:
             self.default_session_params = old
 
     # -- /generate --------------------------------------------------------------------------
-    def _post_generate(self, items: list[_Item], *, batched: bool) -> list[dict[str, Any]]:
+    def _post_generate(self, items: list[WireRequest], *, batched: bool) -> list[dict[str, Any]]:
         """One POST /generate for one request (batched=False) or a list of them (batched=True)."""
-        rids = [it[2] for it in items]
-        lens = [len(it[0]) for it in items]
+        rids = [it.rid for it in items]
+        lens = [len(it.ids) for it in items]
         url = self.base_url + "/generate"
-        for ids, _, rid, _, _ in items:
-            if len(ids) == 0:
-                raise SGLangServerError(f"SGLang server {url}: empty prompt for rid={rid}", url=url,
-                                        rids=[rid], prompt_lens=[0])
-        body = _generate_body(items, batched)
-        resp = self._request("POST", "/generate", json_body=body, rids=rids, prompt_lens=lens)
+        for it in items:
+            if len(it.ids) == 0:
+                raise SGLangServerError(f"SGLang server {url}: empty prompt for rid={it.rid}", url=url,
+                                        rids=[it.rid], prompt_lens=[0])
+        resp = self._request("POST", "/generate", json_body=generate_body(items, batched), rids=rids,
+                             prompt_lens=lens)
         try:
             data = resp.json()
         except (ValueError, json.JSONDecodeError) as e:
-            raise SGLangServerError(f"SGLang server {url} returned non-JSON for {_describe(rids, lens)}: "
+            raise SGLangServerError(f"SGLang server {url} returned non-JSON for {describe(rids, lens)}: "
                                     f"{resp.text[:200]!r}", url=url, rids=rids, prompt_lens=lens) from e
         outs = data if batched else [data]
-        _check_generate_response(url, data, outs, rids, lens)
+        check_generate_response(url, data, outs, rids, lens)
         return outs
 
-    def _send(self, items: list[_Item], *, batched: bool) -> list[dict[str, Any]]:
+    def _send(self, items: list[WireRequest], *, batched: bool) -> list[dict[str, Any]]:
         if not items:
             return []
         if batched and len(items) > 1:
-            if self.config.batch_mode == "batched" and all(it[3] is None for it in items) \
-                    and len({it[4] for it in items}) == 1:
+            if self.config.batch_mode == "batched" and all(it.session is None for it in items) \
+                    and len({it.priority for it in items}) == 1:
                 return self._post_generate(items, batched=True)
             workers = min(self.config.max_concurrency, len(items))
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sglang-req") as pool:
@@ -324,8 +353,8 @@ class SGLangServerClient:
 
     def generate(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
                  priority: int = 0, session_params: dict[str, Any] | None = None) -> GenerateOutput:
-        """One request (two passes when log p0 is needed).  A non-zero `priority` is sent as SGLang's
-        `priority` (honoured only by a server launched with --enable-priority-scheduling)."""
+        """One request (two passes when log p0 is needed and the plugin does not serve it).  A non-zero
+        `priority` is sent as SGLang's `priority` (honoured only with --enable-priority-scheduling)."""
         return self._generate_many([(input_ids, params)], rids=[rid], priority=priority,
                                    session_params=session_params, batched=False)[0]
 
@@ -335,45 +364,85 @@ class SGLangServerClient:
         return self._generate_many(requests_, rids=[None] * len(requests_), priority=priority,
                                    session_params=None, batched=True)
 
+    def _wire_request(self, ids: Sequence[int], p: Any, rid: str | None, session: dict[str, Any] | None,
+                      priority: int) -> WireRequest:
+        """Check one request against what the server can do (seeds, plugin, its own limits)."""
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params must be forerun SamplingParams, got {type(p).__name__}")
+        rid = rid or uuid.uuid4().hex
+        if p.seed is not None and not self.deterministic and not self.config.allow_nondeterministic:
+            raise SGLangServerError(
+                f"SGLang server {self.base_url} runs without --enable-deterministic-inference, so it ignores "
+                f"sampling_seed (rid={rid}): relaunch it with --enable-deterministic-inference "
+                "(scripts/launch_runtime passes it), or pass --allow-nondeterministic to accept chains that are "
+                "equal in law only", url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
+        if p.logprob_temperatures and not self.plugin_enabled:
+            raise SGLangServerError(
+                f"{self.base_url}: request rid={rid} asks for log q at extra temperatures "
+                f"{p.logprob_temperatures} (MultiTryMH's mixture proposal); a stock SGLang server returns log q "
+                "only at the sampled temperature: launch it with scripts/launch_runtime --plugin (the forerun "
+                "sampler plugin), or run MultiTryMH on the embedded engine",
+                url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
+        check_request(self.base_url, rid, p, self.capabilities)
+        plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0
+        return WireRequest([int(t) for t in ids], p, rid, session, priority or None, plugin)
+
     def _generate_many(self, reqs: Sequence[tuple[Sequence[int], SamplingParams]], *, rids: Sequence[str | None],
                        priority: int, session_params: dict[str, Any] | None, batched: bool) -> list[GenerateOutput]:
         session = session_params if session_params is not None else self.default_session_params
-        items = []
-        for (ids, p), rid in zip(reqs, rids):
-            if not isinstance(p, SamplingParams):
-                raise TypeError(f"params must be forerun SamplingParams, got {type(p).__name__}")
-            if p.logprob_temperatures:
-                raise SGLangServerError(
-                    f"{self.base_url}: request asks for log q at extra temperatures {p.logprob_temperatures} "
-                    "(MultiTryMH's mixture proposal); a stock SGLang server returns log q only at the sampled "
-                    "temperature. Run MultiTryMH on the embedded engine, or serve a plugin that returns them.",
-                    url=self.base_url, rids=[rid or ""], prompt_lens=[len(ids)])
-            ids_l = [int(t) for t in ids]
-            items.append((ids_l, p, rid or uuid.uuid4().hex, session, priority or None))
+        items = [self._wire_request(ids, p, rid, session, priority) for (ids, p), rid in zip(reqs, rids)]
+        fulls = [self._full_prompt(it) for it in items]
         outs = self._send(items, batched=batched)
+        for it, full, out in zip(items, fulls, outs):
+            self._record_session(it, full, out)
         # pass 2: log p0 of the generated tokens (and top-k of p0) by scoring prompt + output
-        cfg = self.config
         need = [i for i, (it, out) in enumerate(zip(items, outs))
-                if cfg.two_pass_logp0 and it[1].return_logprob and out["output_ids"]
-                and cfg.logp0_key not in out["meta_info"] and not self._logq_is_logp0(it[1])]
+                if self.config.two_pass_logp0 and it.params.return_logprob and out["output_ids"]
+                and not it.plugin and not self._logq_is_logp0(it.params)]
         scores: dict[int, dict[str, Any]] = {}
         if need:
             score_items = []
             for i in need:
-                ids, p, rid, _, _ = items[i]
-                full = ids + [int(t) for t in outs[i]["output_ids"]]
+                it = items[i]
+                full = fulls[i] + [int(t) for t in outs[i]["output_ids"]]
                 sp = SamplingParams(max_new_tokens=0, temperature=1.0, return_logprob=True,
-                                    logprob_start_len=len(ids) - 1, top_logprobs_num=p.top_logprobs_num)
-                score_items.append((full, sp, f"{rid}-logp0", None, priority or None))
+                                    logprob_start_len=len(fulls[i]) - 1, top_logprobs_num=it.params.top_logprobs_num)
+                score_items.append(WireRequest(full, sp, f"{it.rid}-logp0", None, it.priority))
             for i, s in zip(need, self._send(score_items, batched=True)):
                 scores[i] = s
         return [self._to_output(it, out, scores.get(i)) for i, (it, out) in enumerate(zip(items, outs))]
 
+    def _full_prompt(self, it: WireRequest) -> list[int]:
+        """The ids the server runs: the request's own, or a session request's history + new turn."""
+        if it.session is None:
+            return it.ids
+        full = self.sessions.full_prompt(it.session, it.ids)
+        if full is None:
+            if it.params.return_logprob and not it.plugin and not self._logq_is_logp0(it.params):
+                raise SGLangServerError(
+                    f"SGLang server {self.base_url}: rid={it.rid} continues session {it.session.get('id')} "
+                    f"(rid {it.session.get('rid')}) whose history this client did not see; its log p0 pass would "
+                    "score another context. Open the session through this client.",
+                    url=self.base_url, rids=[it.rid], prompt_lens=[len(it.ids)])
+            return it.ids
+        return full
+
+    def _record_session(self, it: WireRequest, full: list[int], out: dict[str, Any]) -> None:
+        if it.session is None:
+            return
+        served = out["meta_info"].get("prompt_tokens")
+        if served is not None and int(served) != len(full) and self.sessions.knows(it.session.get("id")):
+            raise SGLangServerError(
+                f"SGLang server {self.base_url} ran rid={it.rid} of session {it.session.get('id')} on "
+                f"{served} prompt tokens, the client's mirror of the session expected {len(full)}",
+                url=self.base_url, rids=[it.rid], prompt_lens=[len(it.ids)])
+        self.sessions.record(it.session, it.rid, full, out["output_ids"], it.params.max_new_tokens)
+
     def _logq_is_logp0(self, p: SamplingParams) -> bool:
         return self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0)
 
-    def _to_output(self, item: _Item, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
-        ids, p, rid, _, _ = item
+    def _to_output(self, item: WireRequest, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
+        ids, p, rid = item.ids, item.params, item.rid
         meta = dict(out["meta_info"])
         output_ids = tuple(int(t) for t in out["output_ids"])
         text = out.get("text")
@@ -384,116 +453,40 @@ class SGLangServerClient:
         meta.setdefault("cached_tokens", 0)
         logq = logp0 = entropy = input_logp0 = None
         if p.return_logprob:
-            where = _Where(self.base_url + "/generate", rid, len(ids))
+            where = Where(self.base_url + "/generate", rid, len(ids))
             otl = meta.get("output_token_logprobs")
             if otl is None or len(otl) != len(output_ids):
                 raise where.error(f"returned {0 if otl is None else len(otl)} output logprobs for "
                                   f"{len(output_ids)} tokens (rid={rid})")
-            logq = tuple(float(e[0]) for e in otl)
+            logq = finite_logprobs([e[0] for e in otl], "log q (output_token_logprobs)", where)
             itl = meta.get("input_token_logprobs")
-            if itl is not None:
-                input_logp0 = tuple(None if e[0] is None else float(e[0]) for e in itl)
-            logp0 = self._output_logp0(p, meta, output_ids, logq, score, where)
-            if self.config.entropy_key in meta:
-                entropy = tuple(float(x) for x in meta[self.config.entropy_key])
-                meta["output_token_entropy"] = list(entropy)
+            if itl:  # entry 0 is SGLang's shift (None); the rest must be numbers
+                first = None if itl[0][0] is None else float(itl[0][0])
+                input_logp0 = (first,) + finite_logprobs([e[0] for e in itl[1:]], "prompt log p0", where)
+            elif itl is not None:
+                input_logp0 = ()
+            if item.plugin:
+                logp0, entropy = plugin_fields(p, meta, len(output_ids), where)
+                meta[LOGP0_KEY], meta[ENTROPY_KEY] = list(logp0), list(entropy)
+            else:
+                logp0 = self._output_logp0(p, meta, output_ids, logq, score, where)
         return GenerateOutput(input_ids=tuple(ids), output_ids=output_ids, text=text, meta_info=meta,
                               output_logq=logq, output_logp0=logp0, output_entropy=entropy,
                               input_logp0=input_logp0, input_entropy=None)
 
     def _output_logp0(self, p: SamplingParams, meta: dict[str, Any], output_ids: tuple[int, ...],
-                      logq: tuple[float, ...], score: dict[str, Any] | None, where: _Where) -> tuple[float, ...] | None:
-        """log p0 of the generated tokens, in order of preference: the scoring pass, a plugin's key, the
-        reported logprobs where they already are log p0, nothing to score; sets meta["output_token_logp0"]."""
+                      logq: tuple[float, ...], score: dict[str, Any] | None, where: Where) -> tuple[float, ...] | None:
+        """log p0 of the generated tokens without the plugin: the scoring pass, the reported logprobs where
+        they already are log p0, nothing to score; sets meta["output_token_logp0"]."""
+        for key in (LOGP0_KEY, ENTROPY_KEY):
+            meta.pop(key, None)  # only the plugin, when asked, may fill these
         if score is not None:
-            logp0 = _logp0_from_score(p, meta, output_ids, score["meta_info"], where)
-        elif self.config.logp0_key in meta:
-            logp0 = tuple(float(x) for x in meta[self.config.logp0_key])
+            logp0 = logp0_from_score(p, meta, output_ids, score["meta_info"], where)
         elif self._logq_is_logp0(p):
             logp0 = logq
         elif not output_ids:
             logp0 = ()
         else:
             return None
-        meta["output_token_logp0"] = list(logp0)
+        meta[LOGP0_KEY] = list(logp0)
         return logp0
-
-
-class _Where(NamedTuple):
-    """The request a response belongs to, for error messages."""
-
-    url: str
-    rid: str
-    prompt_len: int
-
-    def error(self, what: str) -> SGLangServerError:
-        return SGLangServerError(f"SGLang server {self.url} {what}", url=self.url, rids=[self.rid],
-                                 prompt_lens=[self.prompt_len])
-
-
-def _generate_body(items: Sequence[_Item], batched: bool) -> dict[str, Any]:
-    """The JSON of one /generate: per-item lists when batched, scalars otherwise."""
-
-    def field(fn: Any) -> Any:
-        vals = [fn(it) for it in items]
-        return vals if batched else vals[0]
-
-    body: dict[str, Any] = {
-        "input_ids": field(lambda it: list(it[0])),
-        "rid": field(lambda it: it[2]),
-        "sampling_params": field(lambda it: it[1].to_srt_json()),
-        "return_logprob": field(lambda it: bool(it[1].return_logprob)),
-        "logprob_start_len": field(lambda it: int(it[1].logprob_start_len)),
-        "top_logprobs_num": field(lambda it: int(it[1].top_logprobs_num)),
-        "return_text_in_logprobs": True,
-        "stream": False,
-    }
-    sessions = [it[3] for it in items]
-    if any(s is not None for s in sessions):
-        if batched:
-            raise ValueError("session_params cannot be sent in a batched /generate; use batch_mode='concurrent'")
-        body["session_params"] = sessions[0]
-    priorities = [it[4] for it in items]
-    if any(p for p in priorities):
-        if batched and len(set(priorities)) > 1:
-            raise ValueError("a batched /generate carries one priority; use batch_mode='concurrent'")
-        body["priority"] = int(priorities[0] or 0)
-    return body
-
-
-def _check_generate_response(url: str, data: Any, outs: Any, rids: Sequence[str], lens: Sequence[int]) -> None:
-    """Every item answered with meta_info and output_ids, none aborted; else SGLangServerError."""
-    if not isinstance(outs, list) or len(outs) != len(rids) or not all(isinstance(o, dict) for o in outs):
-        raise SGLangServerError(f"SGLang server {url} returned a malformed response for "
-                                f"{_describe(rids, lens)}: {str(data)[:200]}", url=url, rids=rids, prompt_lens=lens)
-    for out, rid, n in zip(outs, rids, lens):
-        meta = out.get("meta_info")
-        if not isinstance(meta, dict) or "output_ids" not in out:
-            raise SGLangServerError(f"SGLang server {url} response for rid={rid} lacks meta_info/output_ids",
-                                    url=url, rids=[rid], prompt_lens=[n])
-        finish = meta.get("finish_reason")
-        if isinstance(finish, dict) and finish.get("type") == "abort":
-            raise SGLangServerError(
-                f"SGLang server {url} aborted rid={rid} (prompt length {n} tokens): {finish.get('message')}",
-                url=url, rids=[rid], prompt_lens=[n], status=finish.get("status_code"))
-
-
-def _logp0_from_score(p: SamplingParams, meta: dict[str, Any], output_ids: tuple[int, ...],
-                      smeta: dict[str, Any], where: _Where) -> tuple[float, ...]:
-    """log p0 of the output from the scoring pass's prompt logprobs (SGLang shift: entries [1:]); moves the
-    top-k of p0 into meta["output_top_logprobs"] (the server's own, of q_τ, to output_top_logprobs_q)."""
-    n_out = len(output_ids)
-    entries = smeta.get("input_token_logprobs") or []
-    if len(entries) != n_out + 1:
-        raise where.error(f"scoring pass for rid={where.rid} returned {len(entries)} prompt logprobs, "
-                          f"expected {n_out + 1} (logprob_start_len={where.prompt_len - 1})")
-    shifted = entries[1:]  # SGLang shift: entry 0 is [None, x_{P-1}, ...]
-    if [int(e[1]) for e in shifted] != list(output_ids):
-        raise where.error(f"scoring pass for rid={where.rid} scored other tokens than the generated ones")
-    if p.top_logprobs_num > 0 and smeta.get("input_top_logprobs") is not None:
-        if "output_top_logprobs" in meta:
-            meta["output_top_logprobs_q"] = meta["output_top_logprobs"]
-        meta["output_top_logprobs"] = list(smeta["input_top_logprobs"][1:])
-    meta["logp0_pass"] = {"cached_tokens": smeta.get("cached_tokens"),
-                          "prompt_tokens": smeta.get("prompt_tokens"), "id": smeta.get("id")}
-    return tuple(float(e[0]) for e in shifted)

@@ -31,7 +31,7 @@ def test_reasons_can_be_given_and_finite_output_has_no_undefined_key():
     out = json.loads(dumps_strict({"tau": math.inf}, reasons={"tau": "never fires"}))
     assert out == {"tau": None, "undefined": {"tau": "never fires"}}
     assert "undefined" not in json.loads(dumps_strict({"a": [1, 2.0, "x", None]}))
-    assert json.loads(dumps_strict([math.nan])) == {"value": [None], "undefined": {"[0]": "not a finite number (NaN)"}}
+    assert json.loads(dumps_strict([math.nan])) == {"value": [None], "undefined": {"[0]": "undefined (not a number)"}}
 
 
 def test_output_file_checks(tmp_path):

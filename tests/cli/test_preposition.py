@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 
@@ -81,13 +82,46 @@ def test_commands_registered():
         p.parse_args(["bench", "preposition", "--rhos", "0"])
 
 
-def test_session_demo_json(fake, capsys):
-    assert cli.main(["session", "demo", "--json"]) == 0
+@pytest.fixture()
+def bars(monkeypatch):
+    """Record every progress bar's declared total and its ticks."""
+    seen = []
+
+    @contextlib.contextmanager
+    def bar(name, total):
+        seen.append([name, total, 0])
+
+        def tick():
+            seen[-1][2] += 1
+
+        yield tick
+
+    monkeypatch.setattr(cli_preposition, "_bar", bar)
+    return seen
+
+
+@pytest.mark.parametrize("tau", ["0", "2"])
+def test_session_demo_json(fake, bars, capsys, tau):
+    assert cli.main(["session", "demo", "--json", "--tau", tau]) == 0
     out = json.loads(capsys.readouterr().out)
-    paths = {r["path"] for r in out["requests"]}
-    assert {"fall", "fast"} <= paths and all(r["latency_ms"] >= 0 for r in out["requests"])
-    assert out["counters"]["agentic"]["served_fast"] == 1
-    assert fake[0].closed and fake[0].pins == {}  # sessions released their pinned state
+    rows = out["requests"]
+    assert all(r["latency_ms"] >= 0 for r in rows) and len(rows) == 12
+    for r in rows:  # the γ column and the explanation agree with the path
+        if r["path"].startswith("fast"):
+            assert "gate fired" in r["reason"] and r["logit_gap"] > float(tau)
+        elif r["logit_gap"] is not None:
+            assert "gate not met" in r["reason"]
+        if r["path"] == "cold":
+            assert r["logit_gap"] is None and "no valid pre-position" in r["reason"]
+    agentic = [r for r in rows if r["session"] == "agentic"]
+    assert agentic[0]["path"] == "fall" and "not seen before" in agentic[0]["request"]
+    assert all("pre-positioned from history" in r["request"] and r["delta"] == 0 for r in agentic[1:])
+    adhoc = [r for r in rows if r["request"].startswith("ad-hoc")]
+    assert adhoc and all("relaxed" in r["reason"] for r in adhoc)  # the header's distribution, never the query's
+    if tau == "0":
+        assert {"fall", "fast"} <= {r["path"] for r in rows}
+    assert bars == [["session demo", 12, 12]]  # the bar's total is what it ticks
+    assert fake[0].closed and fake[0].pins == {}  # sessions released their pinned state and pre-paid entries
 
 
 def test_session_demo_text_and_bad_model(fake, capsys):
@@ -99,19 +133,36 @@ def test_session_demo_text_and_bad_model(fake, capsys):
 
 def test_bench_preposition_small(fake, capsys, tmp_path):
     args = ["bench", "preposition", "--requests", "3", "--trace-updates", "6", "--trace-interval", "0.002",
-            "--calib-windows", "4", "--plots", str(tmp_path), "--json"]
+            "--calib-windows", "4", "--status-windows", "4", "--agentic-turns", "3", "--energy-iterations", "0",
+            "--tau", "auto", "--plots", str(tmp_path), "--json"]
     assert cli.main(args) == 0
     res = json.loads(capsys.readouterr().out)
+    assert fake[0].pins == {}  # every state and pre-paid entry pinned by the bench was released
     lat = res["latency"]
     assert set(lat) == {"cold", "fast", "fall_0", "fall_entry"} and all(v["n"] == 3 for v in lat.values())
     assert lat["fast"]["mean_delta"] == 0 and lat["fall_0"]["mean_delta"] == 0
     assert lat["cold"]["mean_delta"] == res["entry_len"]
     assert [p["rho"] for p in res["trace"]["points"]] == [0.25, 1.0, 4.0]
     assert res["gate"]["n"] == 4 and "cold_over_fast_p50" in res["ratios"]
+    auto = res["status_gate"]["exact"]["auto_tau"]
+    assert res["live_tau"] == auto and res["trace"]["tau"] == auto and res["config"]["tau"] == "auto"
+    point = res["trace"]["points"][0]
+    assert {"h_fast", "fast_share_of_queries", "closed_form_h_fast", "fast_accuracy"} <= set(point)
+    assert res["agentic"]["turns"] == 3 and res["agentic"]["tau"] == auto
+    assert res["energy"]["available"] is False and "unavailable" in res["energy"]["reason"] or res["energy"]["available"]
     assert {f.name for f in tmp_path.iterdir()} >= {"fig4_latency_vs_entry.png", "fig5_cost_anatomy.png",
                                                     "fig6_amortization.png", "fig7_risk_coverage.png"}
     assert cli.main(args[:-1]) == 0  # text report
     assert "L_cold / L_fast" in capsys.readouterr().out
+
+
+def test_bench_rejects_bad_tau(fake, capsys):
+    for bad in ("-1", "nan", "often"):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "preposition", "--tau", bad])
+    assert cli.main(["bench", "preposition", "--tau", "auto", "--status-windows", "0"]) == 2
+    assert "status_windows" in capsys.readouterr().err
+    assert fake == []  # rejected before any model loaded
 
 
 def test_calibrate_gate(fake, capsys, tmp_path):
@@ -121,8 +172,17 @@ def test_calibrate_gate(fake, capsys, tmp_path):
     assert cli.main(["calibrate", "gate", "--windows", "3", "--r-max", "2"]) == 2
 
 
+def test_calibrate_gate_status_task_held_out(fake, capsys):
+    assert cli.main(["calibrate", "gate", "--task", "status", "--windows", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["task"] == "status" and out["exact"]["held_out_at_tau"]["n"] == 4
+    assert cli.main(["calibrate", "gate", "--task", "status", "--windows", "3"]) == 0
+    assert "held out at" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_session_demo_default_model(capsys):
+    """On SmolLM2 the status feed's standing query clears τ = 2 on 'up' batches (un-forced gate)."""
     assert cli.main(["session", "demo", "--model", "default", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert any(r["path"] == "fast" for r in out["requests"])

@@ -140,16 +140,19 @@ def test_sample_presto_on_a_server_backend(capsys):
 def test_bench_presto_on_a_server_backend(capsys):
     from forerun.testing.fake_sglang_server import FakeSGLangServer
 
+    argv = ["bench", "presto", "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4", "--json"]
     with FakeSGLangServer() as srv:
-        rc = main(["bench", "presto", "--backend", srv.url, "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4",
-                   "--json"])
-        assert rc == 0
+        assert main(argv + ["--backend", srv.url]) == 0
         out = json.loads(capsys.readouterr().out)
-        flushes = [p for p, _ in srv.requests if p == "/flush_cache"]
+        assert srv.flushes == 0 and not [p for p, _ in srv.requests if p == "/flush_cache"]  # a shared server: never by default
+        assert main(argv + ["--backend", srv.url, "--flush-cache"]) == 0
+        flushed = json.loads(capsys.readouterr().out)
+        assert srv.flushes == 2  # asked for: before each chain
     assert out["meta"]["backend"] == srv.url and out["meta"]["dtype"] == "server"
+    assert out["meta"]["determinism"] == "token for token" and out["meta"]["chains"] == 2
     (row,) = out["rows"]
     assert row["identical_chains"] == 1 and row["transitions_per_call"][0] == 1.0
-    assert len(flushes) == 2  # the prefix cache is flushed before each chain
+    assert flushed["rows"][0]["unflushed_chains"] == 0 and flushed["rows"][0]["identical_chains"] == 1
 
 
 def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):
@@ -163,7 +166,7 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
         assert main(base + ["--sampler", "multitry-mh"]) == 2
         err = capsys.readouterr().err
         assert "extra temperatures" in err and err.count("\n") == 1
-    with FakeSGLangServer(plugin_keys=True) as srv:  # a server plugin that reports the entropy of p0
+    with FakeSGLangServer(plugin=True) as srv:  # a server plugin that reports the entropy of p0
         assert main(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2",
                      "--sampler", "entropy-cut", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["confidence"] is not None

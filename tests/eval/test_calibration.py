@@ -82,3 +82,20 @@ def test_bad_pairs_rejected():
 def test_plot_writes_png(tmp_path):
     out = plot_risk_coverage(sweep_threshold(_pairs(2, 60)), str(tmp_path / "fig7.png"))
     assert (tmp_path / "fig7.png").stat().st_size > 1000 and out.endswith("fig7.png")
+
+
+def test_calibrate_held_out_picks_on_one_set_and_judges_on_the_other():
+    from forerun.eval.calibration import calibrate_held_out
+
+    calib = [GatePair(g, True, g > 1.0) for g in np.linspace(0.05, 4.0, 40)]  # wrong below γ = 1
+    held = [GatePair(g, True, g > 1.5) for g in np.linspace(0.05, 4.0, 40)]  # the held-out set is harsher
+    res = calibrate_held_out(calib, held, r_max=0.0, tau=2.0)
+    assert res.calibrated.false_accept == 0.0 and 0.96 < res.calibrated.threshold < 1.07  # just below the first right γ
+    assert res.auto_tau == res.calibrated.threshold
+    brute = [p for p in held if p.logit_gap > res.auto_tau]
+    assert res.held_out_at_calibrated.accepted == len(brute)
+    assert res.held_out_at_calibrated.wrong == sum(not p.correct for p in brute) > 0  # the honest estimate
+    assert res.held_out_at_tau.threshold == 2.0 and res.held_out_at_tau.wrong == 0
+    never = calibrate_held_out([GatePair(1.0, True, False)], held, r_max=0.0)
+    assert never.calibrated is None and never.auto_tau == math.inf and never.held_out_at_calibrated is None
+    assert set(res.as_dict()) >= {"auto_tau", "held_out_at_calibrated", "calibrated"}

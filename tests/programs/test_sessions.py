@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionFormat, StreamingSession
+from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionFormat, StreamingSession, ToolCallPending
 from forerun.testing.fake_sglang_server import fake_tokenizer, FakeSGLangServer
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
@@ -58,7 +58,7 @@ def _pp(engine, threshold=0.0, **kw):
     return Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=threshold), background=False, **kw))
 
 
-def test_streaming_standing_and_adhoc_share_one_ready_distribution():
+def test_streaming_standing_query_reads_its_own_and_adhoc_the_header_distribution():
     eng = PinningHashEngine()
     s = StreamingSession(_pp(eng), system="sys")
     s.register_query("trend", "Is the trend up or down?")
@@ -67,10 +67,13 @@ def test_streaming_standing_and_adhoc_share_one_ready_distribution():
     assert r.path == "fast"
     expect = int(np.argmax(hash_logits(list(s.state.tokens) + s.query_entry("Is the trend up or down?"))))
     assert r.token_id == expect
-    r2 = s.ask("Up or down?")  # ad-hoc: the standing query's question-independent token
-    assert r2.path == "fast_relaxed" and r2.token_id == expect
+    r2 = s.ask("Up or down?")  # ad-hoc: the generic header's question-independent token (§3.4)
+    header_token = int(np.argmax(hash_logits(list(s.state.tokens) + s.header_ids())))
+    assert r2.path == "fast_relaxed" and r2.token_id == header_token and r2.token_id != expect
     c = s.pp.counters
-    assert c.served_fast == 1 and c.served_fast_relaxed == 1 and c.consumed == 1
+    # register_query pre-positioned both entries on the bare state; the update invalidated them (wasted)
+    assert c.served_fast == 1 and c.served_fast_relaxed == 1 and c.consumed == 2
+    assert c.installed == 4 and c.invalidated == 2
 
 
 def test_streaming_update_invalidates_and_repositions():
@@ -84,7 +87,7 @@ def test_streaming_update_invalidates_and_repositions():
     s.rollback(1)
     assert s.pp.counters.invalidated == 3 and s.pp.counters.consumed == 0  # a mismatched entry is no hit
     generic = s.header_ids()
-    assert s.state.slot.ready.entry_ids == tuple(generic)
+    assert [r.entry_ids for r in s.state.held()] == [tuple(generic)]
     s.state.check_counters()
 
 
@@ -92,11 +95,17 @@ def test_session_pins_state_and_releases_on_close():
     eng = PinningHashEngine()
     s = StreamingSession(_pp(eng), system="sys")
     s.append_data("x")
-    assert list(eng.pins.values()) == [s.state.tokens]
+    state = s.state.tokens
+    assert sorted(eng.pins.values()) == sorted([state, state + tuple(s.header_ids())])  # state + pre-paid entry
+    s.append_data("y")
+    state = s.state.tokens
+    assert sorted(eng.pins.values()) == sorted([state, state + tuple(s.header_ids())])  # old entry released
     s.close()
     assert eng.pins == {}
     with pytest.raises(SessionClosed):
-        s.append_data("y")
+        s.append_data("z")
+    with pytest.raises(SessionClosed):
+        s.register_query("late", "up?")
 
 
 def test_agentic_delta_only_resume_and_commit():
@@ -130,9 +139,62 @@ def test_agentic_expected_result_takes_the_fast_path():
     assert a.tool_result("error", max_new_tokens=1).first.path == "fall"
 
 
+def test_other_standing_queries_get_the_header_token_not_the_primarys():
+    eng = PinningHashEngine()
+    s = StreamingSession(_pp(eng), system="sys")
+    s.register_query("trend", "Is the trend up or down?")
+    s.register_query("price", "What is the last price?")
+    s.append_data("1 2 3 4")
+    state = list(s.state.tokens)
+    primary = int(np.argmax(hash_logits(state + s.query_entry("Is the trend up or down?"))))
+    header = int(np.argmax(hash_logits(state + s.header_ids())))
+    r = s.ask_standing("price")
+    assert r.path == "fast_relaxed" and r.token_id == header != primary
+    assert s.ask_standing("trend").token_id == primary
+    strict = StreamingSession(_pp(eng), system="sys", allow_relaxed=False)
+    strict.register_query("trend", "Is the trend up or down?")
+    strict.append_data("1 2 3 4")
+    assert [len(r.entry_ids) for r in strict.state.held()] == [len(s.query_entry("Is the trend up or down?"))]
+    assert strict.ask_standing("trend").path == "fast" and strict.ask("price?").path == "fall"
+
+
+def test_agentic_predicts_results_from_history():
+    """§3.5 without a caller-supplied result: the results a call returned before are pre-positioned whole."""
+    eng = PinningHashEngine()
+    a = AgenticSession(_pp(eng, threshold=0.0), system="sys", predict_results=2)
+    a.emit_tool_call('{"name": "status", "arguments": {}}')
+    first = a.tool_result("ok", max_new_tokens=1)
+    assert first.first.path == "fall" and not first.predicted  # nothing known yet: envelope pre-paid only
+    assert a.predicted_results('{"name": "status", "arguments": {}}') == ["ok"]
+    assert a.predicted_results('{"name": "status", "arguments": {"x": 1}}') == ["ok"]  # same tool
+    a.emit_tool_call('{"name": "status", "arguments": {}}')
+    held = {r.entry_ids for r in a.state.held()}
+    assert held == {tuple(a.envelope_ids()), tuple(a.result_entry("ok"))}
+    turn = a.tool_result("ok", max_new_tokens=1)
+    assert turn.first.path == "fast" and turn.predicted
+    assert turn.first.token_id == int(np.argmax(hash_logits(list(turn.first.state) + a.result_entry("ok"))))
+    a.emit_tool_call('{"name": "status", "arguments": {}}')
+    turn = a.tool_result("degraded", max_new_tokens=1)
+    assert turn.first.path == "fall" and not turn.predicted and turn.first.match == "prefix"
+
+
+def test_agentic_protocol_errors_are_clear():
+    eng = PinningHashEngine()
+    a = AgenticSession(_pp(eng), system="sys")
+    a.emit_tool_call("f()")
+    with pytest.raises(ToolCallPending, match="f\\(\\)' is pending"):
+        a.emit_tool_call("g()")
+    with pytest.raises(ToolCallPending):
+        a.user("hello")
+    a.tool_result("1")
+    a.user("hello")
+
+
 def test_bad_format_rejected():
     with pytest.raises(ValueError, match="query template"):
         SessionFormat(query="no placeholder")
+    with pytest.raises(ValueError, match="exactly once"):
+        SessionFormat(data="{data} and {data}")
 
 
 def test_through_the_sglang_server_backend_and_programs():
@@ -153,6 +215,7 @@ def test_through_the_sglang_server_backend_and_programs():
             assert r.logit_gap == pytest.approx(gap[1] - gap[0], abs=1e-9)
             r = s.ask("down?")
             assert r.path == "fast_relaxed"
+            assert r.token_id == int(np.argmax(model.logits(list(s.state.tokens) + s.header_ids())))
             s.pp = _pp(engine, threshold=1e9)
             s.append_data("4")
             r = s.ask_standing("t")

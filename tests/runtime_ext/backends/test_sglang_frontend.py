@@ -1,4 +1,6 @@
-"""The SGLang frontend imports without triton/torch, and only `runtime_ext/backends/sglang_frontend.py` imports sglang."""
+"""The SGLang frontend imports without triton/torch; exactly two modules import sglang:
+`runtime_ext/backends/sglang_frontend.py` (the frontend, `sglang` / `sglang.lang`) and
+`runtime_ext/backends/sglang_plugin.py` (the server plugin, `sglang.srt` only, inside its entry point)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 PACKAGE_FOLDERS = ("forerun_pkg", "programs", "runtime_ext", "classifiers", "eval", "cli", "testing")
 FRONTEND = REPO / "runtime_ext" / "backends" / "sglang_frontend.py"
+PLUGIN = REPO / "runtime_ext" / "backends" / "sglang_plugin.py"
 _SGLANG_IMPORT = re.compile(r"^\s*(import\s+sglang\b|from\s+sglang\b)", re.MULTILINE)
+_RUNTIME_IMPORT = re.compile(r"^\s*(import\s+sglang\.srt\b|from\s+sglang\.srt\b)")
 
 
 def test_frontend_imports_without_triton_or_torch():
@@ -39,13 +43,30 @@ def test_only_the_frontend_module_imports_sglang():
     offenders = []
     for folder in PACKAGE_FOLDERS:
         for path in sorted((REPO / folder).rglob("*.py")):
-            if path.resolve() == FRONTEND.resolve():
+            if path.resolve() in (FRONTEND.resolve(), PLUGIN.resolve()):
                 continue
             for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if _SGLANG_IMPORT.match(line):
                     offenders.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
     assert not offenders, (
-        "only runtime_ext/backends/sglang_frontend.py may import sglang; import from "
-        "forerun.runtime_ext.backends.sglang_frontend instead:\n" + "\n".join(offenders)
+        "only runtime_ext/backends/sglang_frontend.py (frontend) and sglang_plugin.py (runtime plugin) may import "
+        "sglang; import from forerun.runtime_ext.backends.sglang_frontend instead:\n" + "\n".join(offenders)
     )
     assert _SGLANG_IMPORT.search(FRONTEND.read_text(encoding="utf-8"))
+
+
+def test_the_plugin_imports_only_the_runtime_and_only_inside_its_entry_point():
+    """sglang_plugin.py imports `sglang.srt` (never the frontend) and never at module level, so importing it
+    on a machine without the runtime costs nothing; nothing imports the plugin module but SGLang itself."""
+    import ast
+
+    tree = ast.parse(PLUGIN.read_text(encoding="utf-8"))
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in top_level if "sglang" in ast.unparse(n)], "sglang imported at module level"
+    lines = [ln for ln in PLUGIN.read_text(encoding="utf-8").splitlines() if _SGLANG_IMPORT.match(ln)]
+    assert lines and all(_RUNTIME_IMPORT.match(ln) for ln in lines), lines
+    users = [p for f in PACKAGE_FOLDERS for p in (REPO / f).rglob("*.py")
+             if p.resolve() != PLUGIN.resolve()
+             and re.search(r"^\s*(from\s+\S*sglang_plugin\b|import\s+\S*sglang_plugin\b|from\s+\.+\S*\s+import\s+.*\bsglang_plugin\b)",
+                           p.read_text(encoding="utf-8"), re.M)]
+    assert not users, f"production modules import the server plugin: {users}"

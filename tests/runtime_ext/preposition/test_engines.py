@@ -50,7 +50,7 @@ def test_the_prepositioner_picks_the_adapter_once_by_type():
     assert pp.engine is eng and isinstance(pp.runner, EngineAdapter) and pp.runner.engine is eng
     s = SessionState([1, 2])
     assert pp.preposition(s, [3])
-    assert [p for p, _ in eng.calls] == [-1] and s.slot.ready.top_token == 7
+    assert [p for p, _ in eng.calls] == [-1] and s.ready_for([3]).top_token == 7
 
     class Native:
         def ready_distribution(self, input_ids, *, priority):

@@ -7,7 +7,10 @@ import pytest
 from scipy.special import log_softmax
 
 from forerun.runtime_ext.preposition.ready_cache import (
+    ContextOverflow,
     GateConfig,
+    StateChanged,
+    gate_decision,
     ReadyDistribution,
     SessionClosed,
     SessionState,
@@ -82,7 +85,7 @@ def test_gate_is_eq12():
 def _ready(state, entry, relaxable=False, version=0):
     logits = np.zeros(16)
     logits[3] = 4.0
-    return ready_from_logits(version, state, entry, logits, header_len=len(entry) if relaxable else 0)
+    return ready_from_logits(version, state, entry, logits, role="header" if relaxable else "entry")
 
 
 def test_match_entry_rules():
@@ -91,16 +94,35 @@ def test_match_entry_rules():
     assert match_entry(r, [5, 6], allow_relaxed=False) == "exact"
     assert match_entry(r, [5, 6, 7], allow_relaxed=False) == "prefix"
     assert match_entry(r, [5], allow_relaxed=False) == "none"
-    assert match_entry(r, [9, 5, 6], allow_relaxed=True) == "none"  # not relaxable
+    assert match_entry(r, [9, 5, 6], allow_relaxed=True) == "none"  # a query entry never matches relaxed
     rr = _ready([1, 2], [5, 6], relaxable=True)
     assert match_entry(rr, [9, 5, 6], allow_relaxed=True) == "relaxed"
     assert match_entry(rr, [9, 5, 6], allow_relaxed=False) == "none"
     assert match_entry(rr, [9, 6, 6], allow_relaxed=True) == "none"
-    standing = ready_from_logits(0, [1], [7, 8, 5, 6], np.arange(4.0), header_len=2)  # query 7 8 + header 5 6
-    assert match_entry(standing, [7, 8, 5, 6], allow_relaxed=True) == "exact"
-    assert match_entry(standing, [9, 5, 6], allow_relaxed=True) == "relaxed"  # ad-hoc query shares it
-    with pytest.raises(ValueError, match="header_len"):
-        ready_from_logits(0, [1], [5], np.arange(4.0), header_len=2)
+    with pytest.raises(ValueError, match="role"):
+        ready_from_logits(0, [1], [5], np.arange(4.0), role="query")
+
+
+def test_lookup_serves_each_query_its_own_distribution_and_adhoc_the_header():
+    """§3.4: exact match -> its own distribution; any other query ending with the header -> the header's."""
+    s = SessionState([1, 2])
+    v, state = s.snapshot()
+    standing = ready_from_logits(v, state, [7, 8, 5, 6], np.arange(16.0))  # query 7 8 + header 5 6
+    header = ready_from_logits(v, state, [5, 6], -np.arange(16.0), role="header")
+    for r in (standing, header):
+        s.begin_preposition()
+        assert s.install(r)
+    look = s.lookup([7, 8, 5, 6], allow_relaxed=True)
+    assert look.match == "exact" and look.ready is standing
+    look = s.lookup([9, 9, 5, 6], allow_relaxed=True)  # ad-hoc (or another standing query)
+    assert look.match == "relaxed" and look.ready is header and look.ready.top_token != standing.top_token
+    assert s.counters.consumed == 1  # the relaxed match is no hit until its token is served
+    s.consume(look.ready)
+    assert s.counters.consumed == 2
+    assert s.lookup([9, 9, 5, 6], allow_relaxed=False).match == "none"
+    look = s.lookup([7, 8, 5, 6, 1], allow_relaxed=True)
+    assert look.match == "prefix" and look.ready is standing
+    s.check_counters()
 
 
 def test_ready_from_top_logprobs_record():
@@ -108,10 +130,10 @@ def test_ready_from_top_logprobs_record():
     assert r.top_token == 9 and r.logit_gap == pytest.approx(1.5) and r.top_ids == (9, 4) and r.version == 3
 
 
-def _installed(session: SessionState, entry=(5, 6), relaxable=False):
+def _installed(session: SessionState, entry=(5, 6), relaxable=False, pin=None):
     version, state = session.snapshot()
     session.begin_preposition()
-    assert session.install(_ready(state, entry, relaxable=relaxable, version=version))
+    assert session.install(_ready(state, entry, relaxable=relaxable, version=version), pin=pin)
     return session
 
 
@@ -125,13 +147,14 @@ def _installed(session: SessionState, entry=(5, 6), relaxable=False):
     ],
 )
 def test_every_mutation_invalidates_in_the_same_step(mutate, reason):
-    s = _installed(SessionState([1, 2, 3, 4], frozen_len=1))
-    assert s.slot.valid and s.slot.decoded
+    s = _installed(_installed(SessionState([1, 2, 3, 4], frozen_len=1), pin="pin-a"), entry=(8,), pin="pin-b")
+    assert s.ready_for([5, 6]) is not None and s.ready_for([8]) is not None
     mutate(s)
-    # cleared by the mutation itself, before any serve-time check
-    assert not s.slot.valid and not s.slot.decoded and s.slot.ready is None
-    assert s.invalidation_log[reason] == 1
-    assert s.counters.invalidated == 1 and s.counters.consumed == 0
+    # cleared by the mutation itself, before any serve-time check; the pre-paid entries are released
+    assert s.held() == [] and s.ready_for([5, 6]) is None
+    assert sorted(s.take_released_pins()) == ["pin-a", "pin-b"] and s.take_released_pins() == []
+    assert s.invalidation_log[reason] == 2
+    assert s.counters.invalidated == 2 and s.counters.consumed == 0
     s.check_counters()
     if reason != "close":
         assert s.lookup([5, 6]).match == "none"
@@ -163,11 +186,22 @@ def test_stale_install_is_discarded():
 
 
 def test_superseded_install_counts_as_waste():
-    s = _installed(SessionState([1]))
-    _installed(s, entry=(8,))
+    s = _installed(SessionState([1]), pin="old")
+    _installed(s, pin="new")  # the same entry again at the same version
     assert s.counters.invalidated == 1 and s.invalidation_log["superseded"] == 1
-    assert s.lookup([8]).match == "exact" and s.lookup([5, 6]).match == "none"
+    assert s.take_released_pins() == ["old"]
+    _installed(s, entry=(8,))  # another entry is held beside it
+    assert s.lookup([8]).match == "exact" and s.lookup([5, 6]).match == "exact"
     s.check_counters()
+
+
+def test_refused_install_releases_its_pin():
+    s = SessionState([1, 2])
+    version, state = s.snapshot()
+    s.begin_preposition()
+    s.append([3])
+    assert not s.install(_ready(state, (5,), version=version), pin="p")
+    assert s.take_released_pins() == ["p"]
 
 
 def test_mutation_bounds_are_checked():
@@ -178,7 +212,66 @@ def test_mutation_bounds_are_checked():
         s.rollback(2)
     with pytest.raises(ValueError, match="non-negative"):
         s.append([-1])
+    for bad in (["5"], "123", [1.0], [True]):
+        with pytest.raises(ValueError, match="integer token ids"):
+            s.append(bad)
+    with pytest.raises(ValueError, match="integer token ids"):
+        SessionState(["1", "2"])
     with pytest.raises(ValueError, match="frozen_len"):
         SessionState([1], frozen_len=3)
     s.shift_window(1)
     assert s.tokens == (1, 2) and s.version == 1
+
+
+def test_context_window_is_checked_before_commit():
+    """An append that leaves no room for the next entry is rejected with nothing changed (issue 10 item 4)."""
+    s = _installed(SessionState([1, 2, 3], max_len=10))
+    with pytest.raises(ContextOverflow, match="nothing was committed"):
+        s.append([4] * 5, reserve=3)  # 3 + 5 + 3 > 10
+    assert s.tokens == (1, 2, 3) and s.version == 0 and s.ready_for([5, 6]) is not None  # untouched
+    assert s.append([4] * 4, reserve=3) == 1  # 3 + 4 + 3 = 10 fits
+    with pytest.raises(ContextOverflow):
+        SessionState(list(range(10)), max_len=10)
+
+
+def test_expect_version_refuses_a_commit_onto_another_state():
+    s = SessionState([1])
+    v = s.version
+    s.append([2])
+    with pytest.raises(StateChanged, match="nothing was committed"):
+        s.append([3], expect_version=v)
+    assert s.tokens == (1, 2)
+    assert s.append([3], expect_version=v + 1) == v + 2
+
+
+def test_background_error_is_kept_once_on_its_session():
+    s = SessionState([1])
+    s.record_background_error(RuntimeError("first"))
+    s.record_background_error(RuntimeError("second"))  # the first one is what the caller sees
+    assert str(s.take_background_error()) == "first" and s.take_background_error() is None
+
+
+def test_gate_config_rejects_bad_tau_and_answer_sets():
+    for tau in (float("nan"), -0.5, -float("inf"), "2", True):
+        with pytest.raises(ValueError, match="threshold"):
+            GateConfig(threshold=tau)
+    assert GateConfig(threshold=float("inf")).threshold == float("inf")
+    with pytest.raises(ValueError, match="empty"):
+        GateConfig(fast_answer_set=frozenset())
+    for bad in ({"5"}, {1.5}, "abc", {True}):
+        with pytest.raises(ValueError, match="fast_answer_set"):
+            GateConfig(fast_answer_set=bad)
+    gate = GateConfig(fast_answer_set={3, 7})
+    gate.check_vocab(8)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gate.check_vocab(7)
+    forced = GateConfig.forced_open()
+    assert gate_fires(0.0, 5, forced) and gate_decision(0.0, 5, forced).fires
+
+
+def test_gate_decision_explains_itself():
+    gate = GateConfig(threshold=2.0, fast_answer_set=frozenset({7}))
+    d = gate_decision(3.0, 7, gate, token_text=" yes")
+    assert d.fires and "3.00 > τ=2" in d.reason and "' yes'" in d.reason
+    d = gate_decision(1.0, 8, gate)
+    assert not d.fires and "1.00 ≤ τ=2" in d.reason and "∉ A" in d.reason

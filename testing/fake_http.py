@@ -1,0 +1,142 @@
+"""The HTTP side of `FakeSGLangServer`: routes, SGLang's status codes and error bodies, failure injection."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from .fake_sglang_server import FakeSGLangServer
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Answers like SGLang 0.5.23's http_server.py for the routes forerun uses (`fake` is set by `make_handler`)."""
+
+    protocol_version = "HTTP/1.1"
+    fake: "FakeSGLangServer"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else (
+            payload.encode() if isinstance(payload, str) and content_type != "application/json"
+            else json.dumps(payload).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise HTTPError(400, f"invalid JSON body: {e}") from e
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        server = self.fake
+        parts = urlsplit(self.path)
+        path, query = parts.path, parse_qs(parts.query)
+        try:
+            body = self._body() if method == "POST" else None
+            with server.lock:
+                server.requests.append((path, body))
+            if path == "/generate":
+                self._generate(body)
+            elif path in ("/server_info", "/get_server_info"):
+                self._send(200, server.server_info())
+            elif path in ("/health", "/health_generate", "/ready"):
+                self._send(200, b"", "text/plain")
+            elif path == "/flush_cache":
+                self._flush(float((query.get("timeout") or ["0"])[0]))
+            elif path == "/open_session":
+                self._open_session(body or {})
+            elif path == "/close_session":
+                self._close_session(body or {})
+            elif path == "/metrics":
+                self._send(200, server.metrics_text(), "text/plain; version=0.0.4")
+            else:
+                self._send(404, {"detail": "Not Found"})
+        except HTTPError as e:
+            self._send(e.status, {"error": {"message": str(e)}})
+
+    def _flush(self, timeout_s: float) -> None:
+        """SGLang flushes only when no request runs or waits; `?timeout=` defers the flush until idle
+        (flush_wrapper.py), else the answer is 400 with the scheduler's message."""
+        server = self.fake
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while server.in_flight() > 0:
+            if time.monotonic() >= deadline:
+                msg = "Timed out waiting for idle state." if timeout_s > 0 else "Flush cache failed.\n"
+                self._send(400, msg, "text/plain")
+                return
+            time.sleep(0.005)
+        server.cache.clear()
+        with server.lock:
+            server.flushes += 1
+        self._send(200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                        "waiting requests, the operation will not be performed.)\n", "text/plain")
+
+    def _open_session(self, body: dict[str, Any]) -> None:
+        if "capacity_of_str_len" not in body:
+            raise HTTPError(422, "capacity_of_str_len: field required")
+        sid = body.get("session_id") or uuid.uuid4().hex
+        if not self.fake.sessions.open(sid, int(body["capacity_of_str_len"])):
+            raise HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
+        self._send(200, sid)
+
+    def _close_session(self, body: dict[str, Any]) -> None:
+        sid = body.get("session_id")
+        if not self.fake.sessions.close(sid):
+            raise HTTPError(400, f"session id {sid} does not exist")
+        self._send(200, b"", "text/plain")
+
+    def _generate(self, body: Any) -> None:
+        server = self.fake
+        mode = server.take_failure()
+        if mode in ("500", "429", "400", "503"):
+            raise HTTPError(int(mode), f"injected failure {mode}")
+        if mode == "disconnect":
+            self.close_connection = True
+            self.connection.close()
+            return
+        if mode == "hang":
+            server.stop_event.wait(timeout=60)
+            self.close_connection = True
+            return
+        out = server.handle_generate(body)
+        for o in (out if isinstance(out, list) else [out]):
+            if mode == "abort":
+                o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",
+                                                   "status_code": None, "err_type": None}
+            elif mode == "nan" and o["meta_info"].get("output_token_logprobs"):
+                o["meta_info"]["output_token_logprobs"][-1][0] = None  # orjson writes NaN as null
+        self._send(200, out)
+
+
+def make_handler(server: "FakeSGLangServer") -> type[BaseHTTPRequestHandler]:
+    return type("FakeSGLangHandler", (Handler,), {"fake": server})

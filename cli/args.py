@@ -93,4 +93,6 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default: str = "defa
     parser.add_argument("--model", default=default,
                         help=f"default | tiny | path to a HF folder or .gguf file (default: {default}){ignored}")
     parser.add_argument("--dtype", default=None,
-                        help=f"float32 (default) | float64 | bfloat16 (tiny: float64){ignored}")
+                        help="float32 (default) | bfloat16 (bf16 weights, float32 activations, KV and log-probs: the "
+                             "MH target is this bf16 model's p0) | float64 (tiny's default); batch-invariant in "
+                             f"each (a warning says when the engine cannot be){ignored}")

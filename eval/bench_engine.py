@@ -6,7 +6,8 @@
     one cached `root_tokens`-token root, divided by the time of one such suffix alone (PreSTO's batched
     prefetch call vs one proposal);
 (c) the prefix-cache hit rate of that call (cached prompt tokens / reusable prompt tokens);
-(d) the peak KV-pool use (radix tree + running rows), tokens and MiB.
+(d) the peak KV-pool use (radix tree + running rows), tokens and MiB;
+(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`bench_roofline`).
 Timings are medians over `repeats` runs after one warm-up.
 """
 
@@ -26,6 +27,7 @@ from ..programs.prompts import chat_prompt_ids
 from ..runtime_ext.engine import EngineConfig
 from ..runtime_ext.protocol import SamplingParams
 from ..runtime_ext.runtime import open_runtime
+from .bench_roofline import RooflineConfig, format_roofline, roofline_goals, run_roofline
 
 BENCH_PROMPT = (
     "Explain, step by step, how a radix tree can be used to share the key-value cache of a language model "
@@ -80,7 +82,7 @@ def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[in
 
 
 def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progress: bool = True) -> dict[str, Any]:
-    """Run (a)-(d) in one process; returns a JSON-able dict (ratios computed from the same run)."""
+    """Run (a)-(e) in one process; returns a JSON-able dict (ratios computed from the same run)."""
     runtime = open_runtime(config.model, config.dtype,
                            engine_config=EngineConfig(max_total_tokens=max(32768, 4 * config.root_tokens * config.num_suffixes)))
     loaded, engine = runtime.loaded, runtime.engine
@@ -94,6 +96,8 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
                   leave=False) as bar:
             decode = _measure_decode(loaded, engine, prompt, config, bar.update)
             fork = _measure_fork(loaded, engine, prompt, config, bar.update)
+        roofline = run_roofline(engine, prompt, RooflineConfig(decode_tokens=config.decode_tokens,
+                                                               repeats=config.repeats))  # (e)
         st = engine.stats()
     return {
         "model": loaded.name,
@@ -102,8 +106,9 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
         "config": asdict(config),
         "decode": decode,
         "fork": fork,
+        "roofline": roofline,
         "goals": {
-            "decode_speedup>=1.0": decode["speedup_vs_transformers_generate"] >= 1.0,
+            **roofline_goals(decode["speedup_vs_transformers_generate"], roofline),
             "batched_over_single<=4": fork["batched_over_single"] <= 4.0,
             "prefix_hit_rate>=0.9": fork["prefix_hit_rate"] >= 0.9,
         },
@@ -163,7 +168,7 @@ def _measure_fork(loaded: Any, engine: Any, prompt: list[int], config: EngineBen
         # forget the suffixes (keep the root) so every repetition starts from the same cache state
         engine.flush_cache()
         engine.generate(root[:-1], SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))
-    bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * loaded.dtype.itemsize
+    bytes_per_token = engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * engine.kv_dtype.itemsize
     t_single = statistics.median(r["single_s"] for r in runs)
     t_batch = statistics.median(r["batch_s"] for r in runs)
     peak = max(r["pool_peak"] for r in runs)
@@ -211,10 +216,11 @@ def format_engine_bench(r: dict[str, Any]) -> str:
         f"embedded engine bench — model {r['model']} ({r['dtype']}), torch threads {r['torch_threads']}",
         f"(a) single-stream decode ({d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt): "
         f"engine {d['engine_tokens_per_s']:.1f} tok/s vs transformers generate {d['transformers_tokens_per_s']:.1f} tok/s "
-        f"-> {d['speedup_vs_transformers_generate']:.2f}x (goal >= 1.0x); greedy tokens identical: {d['greedy_tokens_identical']}",
+        f"-> {d['speedup_vs_transformers_generate']:.2f}x (goal >= 2.0x); greedy tokens identical: {d['greedy_tokens_identical']}",
         f"(b) {f['num_suffixes']} suffixes x {f['suffix_tokens']} tokens from cuts of a {f['root_tokens']}-token root in one call: "
         f"{f['batched_call_s']:.2f} s vs one suffix {f['single_suffix_s']:.2f} s -> {f['batched_over_single']:.2f}x (goal <= 4x)",
         f"(c) prefix hit rate of that call: {100 * f['prefix_hit_rate']:.1f}% (goal >= 90%)",
         f"(d) peak KV-pool use: {f['peak_kv_pool_tokens']} tokens = {f['peak_kv_pool_mib']:.1f} MiB",
+        format_roofline(r["roofline"]),
     ]
     return "\n".join(lines)

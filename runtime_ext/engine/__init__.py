@@ -3,14 +3,18 @@
     module          responsibility
     config          EngineConfig (frozen, validated)
     sampling        pure per-token math: u(seed, position), log p0 / entropy, log q_τ, inverse-CDF draw
-    kernels         transformers adapters: KV buffers and the buffer cache, the forward, the switchable
-                    batch-invariant linear / attention kernels
+    kernels         which forward runs (plan_forward: native / rowwise / sdpa); transformers adapters: KV
+                    buffers and the buffer cache, the switchable row-by-row linear / attention kernels
+    lean            the lean Llama-family forward on the native kernels (prefill and decode alike)
+    native          building / loading the C++ kernels of csrc/ (batch-invariant linear, attention, norms,
+                    vocabulary statistics and draws)
     requests        request bookkeeping: RequestMode, Request, validation (make_request)
-    batch           RunningBatch: decode rows sharing one left-padded KV buffer
+    admission       the KV budget: reservations of running rows, FIFO admission, what can never fit
+    batch           RunningBatch: decode rows sharing one left-padded KV buffer (prefixes read in place)
     prefill         prefix reuse + prompt KV by mode (generate / logits / pin), SGLang-shifted prompt logprobs
     decode          one decode step's sampling: draw, record and stop check per row
     output          stop conditions and the SGLang-shaped GenerateOutput / meta_info
-    scheduler       EmbeddedEngine: public API, submission, the worker loop, admission, the decode step
+    scheduler       EmbeddedEngine: public API, submission, the worker loop, the decode step
     models          loading a model (default GGUF wheel, tiny in-process Llama, HF folder, .gguf)
     radix_cache     the token-level radix prefix tree of KV segments
 """

@@ -2,9 +2,16 @@
 
     notion                                   code
     KV buffer [layers, 2, slots, H, cap, D]  RunningBatch.buf (slots = row capacity, cap = columns)
-    held columns (common right edge)         RunningBatch.end: row i's KV is columns [end - kv_len, end)
-    left padding of row i                    columns [0, end - kv_len): zeros, masked out
+    held columns (common right edge)         RunningBatch.end: row i's buffer KV is columns [end - own, end)
+    left padding of row i                    columns [0, end - own): zeros, masked out
     true position of row i's next token      Request.kv_len (position_ids), not the column
+    prefix read in place (share_prefix)      Request.prefix: the radix tree's KV segments of the row's first
+                                             Request.prefix_len tokens; own = kv_len - prefix_len
+
+With `share_prefix` (the native forward reads KV segments in place) a row joins without copying its cached
+prefix: the buffer holds only what the row computes itself, and rows forked from one root read the root's
+KV from the same memory.  Without it (transformers' forward needs all keys in the buffer) the prefix is
+copied into the row (prefix_len = 0).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .kernels import copy_segments, empty_kv_buffer
+from .kernels import TOKEN_AXIS, copy_segments, empty_kv_buffer
 from .requests import Request
 
 
@@ -26,9 +33,10 @@ class RunningBatch:
     join or a finish copies one row, not the whole batch.
     """
 
-    def __init__(self, template: torch.Tensor, max_rows: int) -> None:
+    def __init__(self, template: torch.Tensor, max_rows: int, *, share_prefix: bool = False) -> None:
         self.template = template
         self.max_rows = max_rows
+        self.share_prefix = share_prefix
         self.rows: list[Request] = []
         self.buf: torch.Tensor | None = None
         self.end = 0
@@ -50,7 +58,8 @@ class RunningBatch:
         if not rows:
             self.rows, self.buf, self.end = [], None, 0
             return
-        end = max(r.kv_len for r in rows)
+        end = max(max(own(r) for r in keep) if keep else 0,
+                  max((own_after_join(r, segs, self.share_prefix) for r, segs in add), default=0))
         cap = end + max(r.remaining for r in rows) + 1
         row_cap = min(max(len(rows), self.max_rows), len(rows) + max(4, len(rows) // 2))
         buf = empty_kv_buffer(self.template, row_cap, cap)
@@ -58,9 +67,9 @@ class RunningBatch:
             assert self.buf is not None
             index = {id(r): i for i, r in enumerate(self.rows)}
             for i, r in enumerate(keep):
-                j = index[id(r)]
-                if r.kv_len:
-                    buf[:, :, i, :, end - r.kv_len : end] = self.buf[:, :, j, :, self.end - r.kv_len : self.end]
+                j, n = index[id(r)], own(r)
+                if n:
+                    buf[:, :, i, :, end - n : end] = self.buf[:, :, j, :, self.end - n : self.end]
         self.rows, self.buf, self.end = list(keep), buf, end
         for r, segs in add:
             self._write_row(len(self.rows), r, segs)
@@ -68,6 +77,11 @@ class RunningBatch:
 
     def _write_row(self, slot: int, r: Request, segs: Sequence[torch.Tensor]) -> None:
         assert self.buf is not None
+        if self.share_prefix:  # read in place: nothing to copy, the row's own columns start empty
+            r.prefix, r.prefix_len = list(segs), sum(int(t.shape[TOKEN_AXIS]) for t in segs)
+            if r.prefix_len != r.kv_len:
+                raise RuntimeError("embedded engine: KV segments do not cover the row's prefix")
+            return
         pos = self.end - r.kv_len
         self.buf[:, :, slot, :, :pos] = 0  # pads: finite, masked out
         if copy_segments(self.buf, slot, pos, segs) != self.end:
@@ -80,7 +94,7 @@ class RunningBatch:
         fits = (
             self.buf is not None
             and len(self.rows) + len(add) <= self.buf.shape[2]
-            and all(r.kv_len <= self.end for r, _ in add)
+            and all(own_after_join(r, segs, self.share_prefix) <= self.end for r, segs in add)
             and self.end + max(r.remaining for r, _ in add) + 1 <= self.buf.shape[4]
         )
         if not fits:
@@ -107,7 +121,7 @@ class RunningBatch:
         if not self.rows:
             self.buf, self.end = None, 0
             return
-        longest = max(r.kv_len for r in self.rows)
+        longest = max(own(r) for r in self.rows)
         if self.end - longest > max(64, self.end // 2):
             self.rebuild(self.rows, [])
 
@@ -116,16 +130,23 @@ class RunningBatch:
         if self.end + 1 > self.buf.shape[4]:
             self.rebuild(self.rows, [])
 
-    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]:
         """One decode step's (input_ids [B, 1], true positions [B, 1], attention mask [B, end + 1] with zeros
-        over each row's pads, first valid column per row)."""
+        over each row's pads (None with share_prefix: the native forward reads exactly each row's keys), first
+        valid buffer column per row)."""
         rows, P = self.rows, self.end
         x = torch.tensor([[r.next_token] for r in rows], dtype=torch.long)
         positions = torch.tensor([[r.kv_len] for r in rows], dtype=torch.long)
-        mask = torch.zeros((len(rows), P + 1), dtype=torch.long)
-        for i, r in enumerate(rows):
-            mask[i, P - r.kv_len :] = 1
-        return x, positions, mask, [P - r.kv_len for r in rows]
+        mask = None
+        if not self.share_prefix:
+            mask = torch.zeros((len(rows), P + 1), dtype=torch.long)
+            for i, r in enumerate(rows):
+                mask[i, P - r.kv_len :] = 1
+        return x, positions, mask, [P - own(r) for r in rows]
+
+    def prefixes(self) -> list[list[torch.Tensor]] | None:
+        """Each row's prefix segments (share_prefix), else None."""
+        return [r.prefix for r in self.rows] if self.share_prefix else None
 
     def advance(self) -> None:
         """After a step's forward: every row holds one more column of KV."""
@@ -134,6 +155,17 @@ class RunningBatch:
             r.kv_len += 1
 
     def row_kv(self, r: Request) -> torch.Tensor:
+        """The KV the row holds in the buffer: tokens [prefix_len, kv_len) [layers, 2, H, own, D] (a view)."""
         assert self.buf is not None
         i = self.rows.index(r)
-        return self.buf[:, :, i, :, self.end - r.kv_len : self.end]
+        return self.buf[:, :, i, :, self.end - own(r) : self.end]
+
+
+def own(r: Request) -> int:
+    """Tokens of row r's KV held in the batch buffer (the rest is its prefix, read in place)."""
+    return r.kv_len - r.prefix_len
+
+
+def own_after_join(r: Request, segs: Sequence[torch.Tensor], share_prefix: bool) -> int:
+    """Buffer columns a joining row needs: none when its prefix is read in place, else all its KV."""
+    return 0 if share_prefix else r.kv_len

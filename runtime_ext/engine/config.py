@@ -11,7 +11,9 @@ class EngineConfig:
     """Embedded engine settings."""
 
     max_total_tokens: int = 32768
-    """Token budget of the radix KV pool (cached prefixes); unlocked LRU leaves are evicted beyond it."""
+    """Token budget of ALL the KV the engine holds: cached prefixes plus the running rows' own KV.  A
+    decoding request is admitted only when its row's KV (prompt - 1 + max_new_tokens) fits, after evicting
+    unlocked LRU prefixes; otherwise it queues.  A request that could never fit fails at submission."""
     max_batch_size: int = 64
     """Most requests decoded together in one batched forward."""
     batch_window_ms: float = 2.0
@@ -23,9 +25,12 @@ class EngineConfig:
     request_timeout_s: float | None = None
     """A blocking `generate` raises EngineError after this long (None: wait forever)."""
     batch_invariant: bool | None = None
-    """Compute every token row by row (one GEMV per linear, attention per query over exactly its own keys)
-    so results are bit-identical whatever the batch, padding, prefill chunking or cache state.  Slow; meant
-    for the float64 tiny model in tests.  None (default): on for float64 models, off otherwise."""
+    """A row's results never depend on what it is batched with, the batch size, the padding, prefill
+    chunking or the cache state.  None (default) or True: the native kernels (`kernels.plan_forward`: fast
+    and batch-invariant in every dtype, Llama-family models); where they cannot run, True falls back to
+    transformers' forward computed row by row (slow; any architecture) and None does so for float64 models
+    only (others get SDPA, NOT batch-invariant).  False: transformers' SDPA forward (NOT batch-invariant).
+    The engine reports what it runs in `EmbeddedEngine.plan.path` and `server_info()["kernels"]`."""
 
     def __post_init__(self) -> None:
         if self.max_total_tokens <= 0:

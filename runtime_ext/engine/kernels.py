@@ -6,21 +6,34 @@
     transformers cache over a buffer              buffer_cache(buf, length) -> Cache of BufferLayer
     one forward (true positions, pad mask)        forward_on_buffer(model, buf, length, ...)
     batch-invariant kernels (switch per thread)   install_engine_kernels(model); batch_invariant=True
+    which forward the engine runs                 plan_forward(model, batch_invariant) -> ForwardPlan
 
-Batch invariance: with the switch on, every linear runs one row at a time (one GEMV per token) and
-attention runs per query over exactly its own valid keys (`row_starts[b]` .. its position), so a token's
-arithmetic never depends on the other rows, the padding, prefill chunking or the cache state.  With it
-off, linears are plain `F.linear` and attention is transformers' SDPA (fast, not batch-invariant).
+The engine runs one of three forwards (`ForwardPlan.path`):
+
+    "native"   the lean forward (`lean.LeanForward`) on the native kernels (`native`): batch-invariant in
+               every dtype and fast (weights read once per step for all rows).  Llama-family models.
+    "rowwise"  transformers' forward with the switch below on: every linear runs one row at a time (one
+               GEMV per token), attention per query over exactly its own valid keys (`row_starts[b]` .. its
+               position).  Batch-invariant, slow (weights read once per row); any architecture.
+    "sdpa"     transformers' forward with plain `F.linear` and SDPA: fast, NOT batch-invariant (a row's
+               logits depend on its batch in the last bits).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from . import native
+from .lean import LeanForward, activation_dtype, unsupported_reason
+
+log = logging.getLogger(__name__)
 
 TOKEN_AXIS = 3
 """Token axis of a KV segment [layers, 2, kv_heads, tokens, head_dim]."""
@@ -151,3 +164,41 @@ def install_engine_kernels(model: torch.nn.Module) -> None:
         if isinstance(mod, torch.nn.Linear) and not getattr(mod, "_forerun_kernels", False):
             mod.forward = functools.partial(_linear_forward, mod)
             mod._forerun_kernels = True
+
+
+# ============================================================================================ forward plan
+@dataclass(frozen=True)
+class ForwardPlan:
+    """Which forward the engine runs (see module docstring) and what it needs."""
+
+    path: str
+    """"native", "rowwise" or "sdpa"."""
+    kv_dtype: torch.dtype
+    """dtype of the KV buffers and the radix cache (the activation dtype)."""
+    kernels: Any
+    """The native kernels module (also used for the vocabulary math), or None."""
+    lean: LeanForward | None
+    why_not_native: str | None
+    """Why the native path is not used (None when it is)."""
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.path != "sdpa"
+
+
+def plan_forward(model: torch.nn.Module, batch_invariant: bool | None) -> ForwardPlan:
+    """The native path whenever batch_invariant is not False and the kernels and the model allow it; else
+    "rowwise" when batch_invariant is True (or None with a float64 model), "sdpa" otherwise."""
+    k = native.kernels()
+    why = "batch_invariant=False asks for transformers' SDPA path" if batch_invariant is False else (
+        native.unavailable_reason() if k is None else unsupported_reason(model))
+    if why is None:
+        return ForwardPlan("native", activation_dtype(model.dtype), k, LeanForward(model, k), None)
+    install_engine_kernels(model)
+    rowwise = batch_invariant if batch_invariant is not None else model.dtype == torch.float64
+    if not rowwise:
+        log.warning("embedded engine: transformers' SDPA forward in %s is NOT batch-invariant (%s): a row's "
+                    "log-probs depend on its batch, so sequential and PreSTO chains may differ; they are proven "
+                    "identical only with batch-invariant kernels (float64 row by row here)",
+                    str(model.dtype).replace("torch.", ""), why)
+    return ForwardPlan("rowwise" if rowwise else "sdpa", model.dtype, k, None, why)

@@ -26,7 +26,7 @@ from .kernels import copy_segments, empty_kv_buffer
 from .output import top_entries
 from .radix_cache import RadixCache
 from .requests import Request, RequestMode
-from .sampling import entropy_from_log_probs
+from .sampling import vocab_stats
 
 Forward = Callable[..., torch.Tensor]
 """`(buf, length, input_ids, position_ids, attention_mask, logits_to_keep, row_starts) -> logits`."""
@@ -79,9 +79,10 @@ class PromptKV:
 
 
 def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward: Forward,
-                      template: torch.Tensor, counters: dict[str, Any]) -> PromptKV:
+                      template: torch.Tensor, counters: dict[str, Any], *, share_prefix: bool = False) -> PromptKV:
     """Reuse the longest cached prefix (at most span.limit tokens) and compute the KV of the rest of
-    [0, span.need) in one forward; insert it into the radix tree.  r holds a lock on its deepest node."""
+    [0, span.need) in one forward; insert it into the radix tree.  r holds a lock on its deepest node.
+    With `share_prefix` the forward reads the cached prefix in place (no copy into the prefill buffer)."""
     ids, need = r.input_ids, span.need
     match = radix.match_prefix(ids, max_len=span.limit)
     radix.lock(match.node)
@@ -91,15 +92,20 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     if need <= m:
         return PromptKV(segments, covered=m, logits=None, logits_from=need)
     keep = max(need - max(span.first_logit, m), 1)
-    buf = empty_kv_buffer(template, 1, need)
-    end = copy_segments(buf, 0, 0, segments)
-    assert end == m
     x = torch.tensor([ids[m:need]], dtype=torch.long)
     positions = torch.arange(m, need, dtype=torch.long).unsqueeze(0)
-    logits = forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]
+    if share_prefix:
+        buf = empty_kv_buffer(template, 1, need - m)
+        logits = forward(buf, 0, x, positions, None, keep, [0], segments=[segments])[0]  # [keep, V]
+        new_kv = buf[:, :, 0]  # [layers, 2, H, need - m, D], contiguous
+    else:
+        buf = empty_kv_buffer(template, 1, need)
+        end = copy_segments(buf, 0, 0, segments)
+        assert end == m
+        logits = forward(buf, m, x, positions, None, keep, [0])[0]  # [keep, V]
+        new_kv = buf[:, :, 0, :, m:need]
     counters["prefill_tokens"] += need - m
     counters["prefill_calls"] += 1
-    new_kv = buf[:, :, 0, :, m:need]
     if not bool(torch.isfinite(logits).all()) or not bool(torch.isfinite(new_kv).all()):
         raise EngineError(f"request {r.rid}: the model produced NaN/inf logits or KV during prefill")
     node, covered = radix.insert(ids[:need], new_kv, offset=m)
@@ -110,8 +116,9 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     return PromptKV(segments, covered=covered, logits=logits, logits_from=need - keep)
 
 
-def fill_input_logprobs(r: Request, kv: PromptKV, vocab_size: int, tokenizer: Any) -> None:
-    """SGLang-shifted prompt logprobs of r for positions s..n-1 (entry 0 None; see module docstring)."""
+def fill_input_logprobs(r: Request, kv: PromptKV, vocab_size: int, tokenizer: Any, kernels: Any = None) -> None:
+    """SGLang-shifted prompt logprobs of r for positions s..n-1 (entry 0 None; see module docstring); the same
+    per-row arithmetic as a decode step's log p0 and entropy (`sampling.vocab_stats`)."""
     s, n = r.input_logprob_start, len(r.input_ids)
     r.input_logp0 = [None]
     r.input_entropy = [None]
@@ -120,17 +127,13 @@ def fill_input_logprobs(r: Request, kv: PromptKV, vocab_size: int, tokenizer: An
         return
     assert kv.logits is not None
     # logits at positions s..n-2 predict tokens s+1..n-1
-    lg = kv.logits[s - kv.logits_from : n - 1 - kv.logits_from].to(torch.float64)
-    if not bool(torch.isfinite(lg).all()):
+    stats = vocab_stats(kv.logits[s - kv.logits_from : n - 1 - kv.logits_from], kernels)
+    if not all(stats.finite):
         raise EngineError(f"request {r.rid}: NaN/inf logits while scoring the prompt")
-    logp = torch.log_softmax(lg, dim=-1)
-    targets = torch.tensor(r.input_ids[s + 1 : n], dtype=torch.long)
-    r.input_logp0 += logp.gather(1, targets[:, None])[:, 0].tolist()
-    r.input_entropy += entropy_from_log_probs(logp).tolist()
+    r.input_logp0 += [stats.logp0(j, tok) for j, tok in enumerate(r.input_ids[s + 1 : n])]
+    r.input_entropy += list(stats.entropy)
     k = r.params.top_logprobs_num
     if k > 0:
-        vals, idx = torch.topk(logp, min(k, vocab_size), dim=-1)
-        r.input_top += [top_entries(v_row, i_row, tokenizer) for v_row, i_row in zip(vals, idx)]
+        r.input_top += [top_entries(*stats.top(j, min(k, vocab_size)), tokenizer) for j in range(n - 1 - s)]
     else:
         r.input_top += [None] * (n - 1 - s)
-

@@ -5,13 +5,15 @@ token axis is `token_axis` (the engine stores ``[layers, 2, kv_heads, tokens, he
 request reuses the longest cached prefix (`match_prefix`) and inserts what it computed (`insert`).
 Nodes a running request or a session pin uses are locked (reference count on the node and all its
 ancestors) and never evicted; unlocked leaves are evicted least-recently-used first when an insertion
-would exceed `max_total_tokens`.  The tree is not thread-safe by itself: the engine mutates it from its
+would exceed `max_total_tokens` minus the tokens `reserved` for the running rows' own KV (the engine's
+admission reserves them, see `admission`).  The tree is not thread-safe by itself: the engine mutates it from its
 scheduler thread only (and `pin`/`unpin` go through that thread too).
 
     notion                                   code
     cached prefix length of a request        PrefixMatch.length  -> meta_info["cached_tokens"]
     prefix hit rate                          hit_tokens / queried_tokens (RadixCache.stats())
     KV pool use                              total_tokens (current) / peak_tokens
+    KV reserved by running rows              reserved (counted against max_total_tokens too)
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class RadixCache:
         self.root = RadixNode(key=(), kv=None, parent=None)
         self.root.lock_ref = 1  # never evicted
         self.total_tokens = 0
+        self.reserved = 0
         self.peak_tokens = 0
         self.hit_tokens = 0
         self.queried_tokens = 0
@@ -118,6 +121,16 @@ class RadixCache:
         self.queried_tokens += limit
         self._touch(node)
         return PrefixMatch(node=node, length=pos, segments=tuple(segments))
+
+    def deepest_cached(self, ids: Sequence[int]) -> RadixNode:
+        """The deepest node fully matched by a prefix of `ids` (no split, no statistics, no LRU touch)."""
+        node, pos = self.root, 0
+        while pos < len(ids):
+            child = node.children.get(int(ids[pos]))
+            if child is None or tuple(int(i) for i in ids[pos : pos + len(child.key)]) != child.key:
+                break
+            node, pos = child, pos + len(child.key)
+        return node
 
     # ----------------------------------------------------------------------------------- locks
     def lock(self, node: RadixNode) -> None:
@@ -187,13 +200,30 @@ class RadixCache:
             yield n
             stack.extend(n.children.values())
 
+    @property
+    def free_tokens(self) -> int:
+        """Tokens of the budget neither cached nor reserved."""
+        return self.max_total_tokens - self.total_tokens - self.reserved
+
     def _make_room(self, want: int, protect: RadixNode | None = None) -> int:
         """Evict LRU unlocked leaves until `want` tokens fit; return how many fit."""
-        free = self.max_total_tokens - self.total_tokens
-        if free >= want:
+        if self.free_tokens >= want:
             return want
-        self.evict(want - free, protect=protect)
-        return max(0, min(want, self.max_total_tokens - self.total_tokens))
+        self.evict(want - self.free_tokens, protect=protect)
+        return max(0, min(want, self.free_tokens))
+
+    def reserve(self, want: int, protect: RadixNode | None = None) -> bool:
+        """Reserve `want` tokens of the budget (evicting unlocked LRU leaves off `protect`'s path as needed);
+        False, reserving nothing, when they do not fit."""
+        if self._make_room(want, protect=protect) < want:
+            return False
+        self.reserved += want
+        return True
+
+    def release(self, tokens: int) -> None:
+        if not 0 <= tokens <= self.reserved:
+            raise RuntimeError(f"radix cache: release of {tokens} tokens with {self.reserved} reserved")
+        self.reserved -= tokens
 
     def evict(self, num_tokens: int, protect: RadixNode | None = None) -> int:
         """Evict at least `num_tokens` tokens of unlocked leaves (LRU first), sparing `protect`'s path."""
@@ -232,6 +262,7 @@ class RadixCache:
         return {
             "max_total_tokens": self.max_total_tokens,
             "total_tokens": self.total_tokens,
+            "reserved_tokens": self.reserved,
             "peak_tokens": self.peak_tokens,
             "hit_tokens": self.hit_tokens,
             "queried_tokens": self.queried_tokens,

@@ -5,6 +5,7 @@
                                                (pin), COMMAND (a closure run on the worker thread)
     prompt x, its length n                     Request.input_ids, len(input_ids)
     KV held (fed tokens), next token to feed   Request.kv_len, Request.next_token
+    prefix KV read in place (shared segments)  Request.prefix, Request.prefix_len (see batch)
     y_t, log q_τ(y_t), log p0(y_t), H_t        Request.output_ids, .logq, .logp0, .entropy
     first scored prompt position s             Request.input_logprob_start (-1: none)
     sampling seed of u(seed, p)                Request.seed (the request's, or a fresh random one)
@@ -55,8 +56,11 @@ class Request:
     aborted: bool = False
     # runtime
     node: RadixNode | None = None
+    reserved: int = 0
     cached_tokens: int = 0
     kv_len: int = 0
+    prefix: list[Any] = field(default_factory=list)
+    prefix_len: int = 0
     next_token: int = 0
     output_ids: list[int] = field(default_factory=list)
     logq: list[float] = field(default_factory=list)

@@ -2,18 +2,31 @@
 
     paper / notion                        code
     u(seed, p), the sampling noise        sampling_uniform(seed, position)
-    log p0(· | y_<t), H(p0(· | y_<t))     next_token_log_probs(logits)  (entropy_from_log_probs)
-    log q_τ(· | y_<t)                     sampling_log_probs(logits, τ, top_k, top_p)
-    y_t ~ q_τ (inverse CDF, one u)        sample_inverse_cdf(log q_τ, u)  via draw_token(...)
-    log q_τ'(y_t | ·) at extra τ'         logq_at_temperatures(logits, y_t, τ')
+    m, S = Σ_v exp(l_v - m)               VocabStats.max, .log_s   (vocab_stats(logits))
+    log p0(y | y_<t) = l_y - m - log S    VocabStats.logp0(row, y)
+    H(p0(· | y_<t))                       VocabStats.entropy
+    T_τ = Σ_v exp((l_v - m) / τ)          log_totals(stats, rows, τs)
+    log q_τ(y) = (l_y - m) / τ - log T_τ  VocabStats.logq(row, y, τ, log T_τ)
+    y_t ~ q_τ (inverse CDF, one u)        draw_tokens(stats, requests)  (sample_inverse_cdf when filtered)
+    log q_τ(· | y_<t) with top-k / top-p  sampling_log_probs(logits, τ, top_k, top_p)
 
 q_τ is the full-vocabulary distribution softmax(logits / τ) restricted by top-k / top-p when (and only
 when) the request asks for it; τ = 0 is argmax (q is the point mass, log q = 0).  The token is drawn by
 inverse-CDF sampling (token-id order) with ONE uniform u from a counter-based stream keyed by
 (seed, absolute position) - so the drawn tokens never depend on batch composition or scheduling.
+
+Precision.  With the native kernels the vocabulary sums run in the logits' dtype: for float32 logits,
+exp(l - m) in float32, blocks of 16 summed by a fixed tree, blocks accumulated in double (measured against
+float64 log-softmax of the same logits on SmolLM2: see BENCHMARKS.md; errors ~1e-7 nats per token, far
+below the float32 logits' own rounding).  Every row is computed alone, so the results are batch-invariant;
+at τ = 1 without top-k / top-p, log q is log p0 bit for bit.  Without the kernels (no compiler) the same
+quantities are computed with torch in float64.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -70,35 +83,113 @@ def entropy_from_log_probs(logp: torch.Tensor) -> torch.Tensor:
     return torch.special.entr(logp.exp()).sum(dim=-1)
 
 
-def next_token_log_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[float], list[bool]]:
-    """For logits [B, V]: (float64 logits, log p0, H(p0) per row, which rows are finite).
+@dataclass(frozen=True)
+class VocabStats:
+    """Per row of logits [B, V]: the max m, log S = log Σ exp(l - m), the entropy of p0, finiteness."""
 
-    A row with a NaN/inf logit has those entries zeroed so that the other rows' arithmetic stays finite;
-    the caller fails that row."""
+    logits: torch.Tensor
+    """[B, V], contiguous (float64 with the non-finite entries zeroed on the torch path)."""
+    max: torch.Tensor
+    log_s: list[float]
+    entropy: list[float]
+    finite: list[bool]
+    kernels: Any = None
+    max_values: list[float] = field(default_factory=list)
+    """`max` as Python floats."""
+    _shifted: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def shifted(self, row: int, token: int) -> float:
+        """l_token - m in double."""
+        key = (row, token)
+        if key not in self._shifted:
+            self._shifted[key] = float(self.logits[row, token]) - self.max_values[row]
+        return self._shifted[key]
+
+    def gather(self, rows: Sequence[int], tokens: Sequence[int]) -> None:
+        """Read l_token - m for many (row, token) pairs in one indexing (`shifted` then finds them)."""
+        vals = self.logits[torch.tensor(list(rows), dtype=torch.long), torch.tensor(list(tokens), dtype=torch.long)]
+        for r, t, v in zip(rows, tokens, vals.tolist()):
+            self._shifted[(r, t)] = v - self.max_values[r]
+
+    def logp0(self, row: int, token: int) -> float:
+        return self.shifted(row, token) - self.log_s[row]
+
+    def logq(self, row: int, token: int, temperature: float, log_total: float) -> float:
+        return self.shifted(row, token) / temperature - log_total
+
+    def top(self, row: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log p0 values [k] float64, token ids [k]) of the k most likely tokens."""
+        vals, idx = torch.topk(self.logits[row], k)
+        return (vals.to(torch.float64) - self.max_values[row]) - self.log_s[row], idx
+
+
+def vocab_stats(logits: torch.Tensor, kernels: Any = None) -> VocabStats:
+    """VocabStats of logits [B, V] (native kernels when given, else torch in float64)."""
+    if kernels is not None:
+        lg = logits.contiguous()
+        m, log_s, ent, fin = kernels.vocab_stats(lg)
+        return VocabStats(lg, m, log_s.tolist(), ent.tolist(), fin.tolist(), kernels, m.tolist())
     lg = logits.to(torch.float64)
     finite_mask = torch.isfinite(lg)
     finite = finite_mask.all(dim=-1).tolist()
     if not all(finite):
         lg = torch.where(finite_mask, lg, torch.zeros((), dtype=lg.dtype))
-    logp0 = torch.log_softmax(lg, dim=-1)
-    return lg, logp0, entropy_from_log_probs(logp0).tolist(), finite
+    m = lg.max(dim=-1).values
+    d = lg - m[:, None]
+    log_s = torch.logsumexp(d, dim=-1)
+    ent = entropy_from_log_probs(d - log_s[:, None])
+    return VocabStats(lg.contiguous(), m, log_s.tolist(), ent.tolist(), finite, None, m.tolist())
 
 
-def draw_token(logits: torch.Tensor, logp0: torch.Tensor, params: SamplingParams, seed: int,
-               position: int) -> tuple[int, float]:
-    """(y, log q_τ(y)) for one row: argmax at τ = 0 (log q = 0), else an inverse-CDF draw from q_τ with
-    u = sampling_uniform(seed, position); at τ = 1 without top-k/top-p, q_τ is p0 itself."""
-    p = params
-    if p.temperature == 0:
-        return int(torch.argmax(logits)), 0.0
+def log_totals(stats: VocabStats, rows: Sequence[int], temperatures: Sequence[float]) -> list[float]:
+    """log T_τ = log Σ_v exp((l_v - m) / τ) for each (row, τ) pair; the same sums a draw at τ uses."""
+    if not rows:
+        return []
+    if stats.kernels is not None:
+        _, log_t = stats.kernels.draw(stats.logits, stats.max, torch.tensor(list(rows), dtype=torch.long),
+                                      torch.tensor(list(temperatures), dtype=torch.float64),
+                                      torch.zeros(len(rows), dtype=torch.float64))
+        return log_t.tolist()
+    return [float(torch.logsumexp((stats.logits[r] - stats.max[r]) / t, dim=-1)) for r, t in zip(rows, temperatures)]
+
+
+def _draw_filtered(stats: VocabStats, row: int, p: SamplingParams, u: float) -> tuple[int, float]:
+    """The torch path: top-k / top-p requests, or every request without the native kernels."""
+    lg = stats.logits[row].to(torch.float64)
     if p.temperature == 1.0 and p.top_k < 0 and p.top_p >= 1.0:
-        lq = logp0
+        lq = (lg - stats.max_values[row]) - stats.log_s[row]  # = log p0, element for element
     else:
-        lq = sampling_log_probs(logits, p.temperature, p.top_k, p.top_p)
-    token = sample_inverse_cdf(lq, sampling_uniform(seed, position))
+        lq = sampling_log_probs(lg, p.temperature, p.top_k, p.top_p)
+    token = sample_inverse_cdf(lq, u)
     return token, float(lq[token])
 
 
-def logq_at_temperatures(logits: torch.Tensor, token: int, temperatures: tuple[float, ...]) -> list[float]:
-    """log q_τ'(token) = z_token / τ' - logsumexp(z / τ') over the full vocabulary, for each τ'."""
-    return [float(logits[token] / t - torch.logsumexp(logits / t, dim=-1)) for t in temperatures]
+Draw = tuple[int, float]
+"""(y, log q_τ(y))."""
+
+
+def draw_tokens(stats: VocabStats, requests: Sequence[tuple[int, SamplingParams, int, int]]
+                ) -> dict[int, Draw | Exception]:
+    """For each (row, params, seed, position): (y, log q_τ(y)) - argmax at τ = 0 (log q = 0), else an
+    inverse-CDF draw from q_τ with u = sampling_uniform(seed, position).  A failure is returned, not raised."""
+    out: dict[int, Draw | Exception] = {}
+    plain: list[tuple[int, float, float]] = []
+    for row, p, seed, position in requests:
+        try:
+            if p.temperature == 0:
+                out[row] = (int(torch.argmax(stats.logits[row])), 0.0)
+            elif stats.kernels is not None and p.top_k < 0 and p.top_p >= 1.0:
+                plain.append((row, float(p.temperature), sampling_uniform(seed, position)))
+            else:
+                out[row] = _draw_filtered(stats, row, p, sampling_uniform(seed, position))
+        except Exception as exc:  # reported for this row only
+            out[row] = exc
+    if plain:
+        rows, taus, us = zip(*plain)
+        tokens, log_t = stats.kernels.draw(stats.logits, stats.max, torch.tensor(rows, dtype=torch.long),
+                                           torch.tensor(taus, dtype=torch.float64), torch.tensor(us, dtype=torch.float64))
+        tokens = tokens.tolist()
+        stats.gather(rows, tokens)
+        for row, tau, token, lt in zip(rows, taus, tokens, log_t.tolist()):
+            out[row] = (token, stats.logq(row, token, tau, lt))
+    return out

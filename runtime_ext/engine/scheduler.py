@@ -34,9 +34,11 @@ import torch
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
 from ..shutdown import close_at_exit
+from .admission import check_fits_budget, take_admissible
+from .admission import release as release_reservation
 from .batch import RunningBatch
 from .config import EngineConfig
-from .kernels import TOKEN_AXIS, forward_on_buffer, install_engine_kernels
+from .kernels import TOKEN_AXIS, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
 from .output import build_output
@@ -62,18 +64,18 @@ class EmbeddedEngine:
         self.num_layers = int(cfg.num_hidden_layers)
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        self.kv_dtype = model.dtype
-        bi = config.batch_invariant
-        self.batch_invariant = (model.dtype == torch.float64) if bi is None else bool(bi)
-        install_engine_kernels(self.model)
+        self.plan = plan_forward(self.model, config.batch_invariant)
+        self.kv_dtype = self.plan.kv_dtype
+        self.batch_invariant = self.plan.batch_invariant
         self._template = torch.empty((self.num_layers, 2, self.num_kv_heads, 0, self.head_dim), dtype=self.kv_dtype)
         self.radix = RadixCache(config.max_total_tokens, token_axis=TOKEN_AXIS)
         self._cv = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], Request]] = deque()
         self._by_rid: dict[str, Request] = {}
-        self._normal = RunningBatch(self._template, config.max_batch_size)
-        self._background = RunningBatch(self._template, config.max_batch_size)
+        share = self.plan.lean is not None  # the native forward reads cached prefixes in place
+        self._normal = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
+        self._background = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
         self._pins: dict[int, RadixNode] = {}
         self._pin_ids = itertools.count(1)
         self._closed = False
@@ -172,6 +174,9 @@ class EmbeddedEngine:
             "model_path": m.path or m.name,
             "served_model_name": m.name,
             "dtype": str(m.dtype).replace("torch.", ""),
+            "kv_dtype": str(self.kv_dtype).replace("torch.", ""),
+            "kernels": self.plan.path,
+            "batch_invariant": self.batch_invariant,
             "max_context": m.max_context,
             "vocab_size": self.vocab_size,
             "eos_token_ids": list(m.eos_token_ids),
@@ -199,8 +204,10 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------------------------- submission
     def _make_request(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None,
                       priority: int, mode: RequestMode) -> Request:
-        return make_request(input_ids, params, rid=rid, priority=priority, mode=mode,
-                            vocab_size=self.vocab_size, max_context=self.model_info.max_context)
+        r = make_request(input_ids, params, rid=rid, priority=priority, mode=mode,
+                         vocab_size=self.vocab_size, max_context=self.model_info.max_context)
+        check_fits_budget(r, self.config.max_total_tokens)
+        return r
 
     def _submit(self, reqs: Sequence[Request]) -> None:
         with self._cv:
@@ -219,7 +226,8 @@ class EmbeddedEngine:
 
     def _wait(self, req: Request) -> Any:
         deadline = None if self.config.request_timeout_s is None else time.monotonic() + self.config.request_timeout_s
-        while not req.done.wait(timeout=0.5):
+        poll = 0.5 if deadline is None else min(0.5, self.config.request_timeout_s)
+        while not req.done.wait(timeout=poll):
             if not self._worker.is_alive():
                 raise EngineError(f"request {req.rid}: engine worker stopped ({self._worker_error!r})")
             if deadline is not None and time.monotonic() > deadline:
@@ -307,6 +315,8 @@ class EmbeddedEngine:
 
     # ------------------------------------------------------------------------------------- finishing
     def _release(self, req: Request) -> None:
+        release_reservation(self.radix, req)
+        req.prefix = []  # KV segments held by reference
         if req.node is not None:
             self.radix.unlock(req.node)
             req.node = None
@@ -364,25 +374,26 @@ class EmbeddedEngine:
         self._note_pool()
 
     def _take_admissible(self) -> list[Request]:
-        """Dequeue what starts now: normal requests up to the free rows (plus every non-decoding one);
-        background requests only when no normal request is queued or running."""
+        """Dequeue what starts now (see `admission.take_admissible`); fail what can never start."""
         with self._cv:
-            normal_waiting = [r for r in self._waiting if r.priority >= 0]
-            free = self.config.max_batch_size - len(self._normal)
-            take = normal_waiting[: max(free, 0)]
-            # non-generating requests (logits, pin, scoring) never occupy a batch row
-            take += [r for r in normal_waiting[len(take):] if not r.decodes]
-            if not normal_waiting and not self._normal.rows:
-                bg = [r for r in self._waiting if r.priority < 0]
-                free_bg = self.config.max_batch_size - len(self._background)
-                take += bg[: max(free_bg, 0)]
-            for r in take:
+            take, failed = take_admissible(
+                self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
+                free_background_rows=self.config.max_batch_size - len(self._background),
+                normal_running=bool(self._normal.rows))
+            for r in take + [r for r, _ in failed]:
                 self._waiting.remove(r)
+        for r, exc in failed:
+            self._fail(r, exc)
         return take
 
     def _forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int]) -> torch.Tensor:
-        """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b])."""
+                 attention_mask: torch.Tensor | None, logits_to_keep: int, row_starts: Sequence[int],
+                 segments: Sequence[Sequence[torch.Tensor]] | None = None) -> torch.Tensor:
+        """One forward over buf's cache (`length` tokens held; row b's valid KV starts at row_starts[b], after
+        its prefix `segments[b]` read in place - native forward only)."""
+        if self.plan.lean is not None:
+            return self.plan.lean.forward(buf, length, input_ids, position_ids, logits_to_keep, row_starts, segments)
+        assert segments is None
         return forward_on_buffer(self.model, buf, length, input_ids, position_ids, attention_mask, logits_to_keep,
                                  row_starts, batch_invariant=self.batch_invariant)
 
@@ -391,14 +402,15 @@ class EmbeddedEngine:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
         span = prefill_span(r)
-        kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters)
+        kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters,
+                               share_prefix=self._normal.share_prefix)
         r.kv_len = span.need
         return self._after_prefill[r.mode](r, kv)
 
     def _start_decode(self, r: Request, kv: PromptKV) -> list[torch.Tensor] | None:
         """GENERATE: prompt logprobs when asked; a scoring request (max_new_tokens = 0) finishes here."""
         if r.input_logprob_start >= 0:
-            fill_input_logprobs(r, kv, self.vocab_size, self.tokenizer)
+            fill_input_logprobs(r, kv, self.vocab_size, self.tokenizer, self.plan.kernels)
         if r.params.max_new_tokens == 0:
             self._finish(r, {"type": "length", "length": 0})
             return None
@@ -434,14 +446,14 @@ class EmbeddedEngine:
         batch.ensure_step_room()  # capacity covers max_new_tokens; kept as a guard
         rows = list(batch.rows)
         x, positions, mask, row_starts = batch.step_inputs()
-        logits = self._forward(batch.active, batch.end, x, positions, mask, 1, row_starts)[:, -1, :]
+        logits = self._forward(batch.active, batch.end, x, positions, mask, 1, row_starts, batch.prefixes())[:, -1, :]
         batch.advance()
         B = len(rows)
         self._counters["decode_steps"] += 1
         self._counters["decode_rows"] += B
         self._counters["max_batch_rows"] = max(self._counters["max_batch_rows"], B)
         finished = sample_step(rows, logits, vocab_size=self.vocab_size, eos_token_ids=self.model_info.eos_token_ids,
-                               tokenizer=self.tokenizer)
+                               tokenizer=self.tokenizer, kernels=self.plan.kernels)
         self._counters["generated_tokens"] += B
         self._note_pool()
         if finished:
@@ -450,6 +462,7 @@ class EmbeddedEngine:
     def _retire(self, batch: RunningBatch, finished: Sequence[Finished]) -> None:
         """Cache the finished rows' KV, take them out of the batch, then finish or fail each."""
         for r, _, err in finished:
+            release_reservation(self.radix, r)  # the row's KV moves into the tree (as far as it fits)
             if err is None:
                 self._cache_finished(batch, r)
         batch.leave([r for r, _, _ in finished])
@@ -463,11 +476,15 @@ class EmbeddedEngine:
         """Insert prompt + output KV (all fed tokens) into the radix tree; move the request's lock there."""
         seq = r.input_ids + tuple(r.output_ids[:-1])
         assert len(seq) == r.kv_len
-        kv = batch.row_kv(r)
+        kv = batch.row_kv(r)  # tokens [prefix_len, kv_len): the row's own KV
         if not bool(torch.isfinite(kv[:, :, :, -len(r.output_ids):]).all()):
             return
-        node, _ = self.radix.insert(seq, kv, offset=0)
+        try:
+            node, _ = self.radix.insert(seq, kv, offset=r.prefix_len)
+        except ValueError:  # part of the prefix is not in the tree (it did not fit): give all the KV
+            node, _ = self.radix.insert(seq, torch.cat([*r.prefix, kv], dim=TOKEN_AXIS), offset=0)
         self.radix.lock(node)
         if r.node is not None:
             self.radix.unlock(r.node)
         r.node = node
+        r.prefix = []

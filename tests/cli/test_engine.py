@@ -46,6 +46,10 @@ def test_bench_engine_tiny_json(capsys):
     assert res["fork"]["prefix_hit_rate"] > 0.9
     assert res["decode"]["speedup_vs_transformers_generate"] > 0
     assert res["fork"]["peak_kv_pool_tokens"] > 0
+    roof = res["roofline"]  # (e): tokens/s against the bandwidth bound for 1, 6 and 20 rows
+    assert [r["rows"] for r in roof["rows"]] == [1, 6, 20] and roof["bandwidth_gb_s"]["best"] > 0
+    assert all(r["tokens_per_s"] > 0 and 0 < r["fraction_of_bound"] for r in roof["rows"])
+    assert roof["kernels"] == "native" and roof["batch_invariant"]
 
 
 # -- --backend URL: a launched SGLang server (the fake one here) --------------------------------------

@@ -126,14 +126,16 @@ def test_short_output_and_missing_arrays_are_errors():
         SuffixRequest((), 1, 1.0, 1)
 
 
-@pytest.fixture(scope="module")
-def tiny_backend():
+@pytest.fixture(scope="module", params=["float64", "float32", "bfloat16"])
+def tiny_backend(request):
+    """The tiny model in every dtype the engine offers (batch-invariant in each: identical chains)."""
     models = pytest.importorskip("forerun.runtime_ext.engine.models")
     from forerun.runtime_ext.backends.embedded import EmbeddedBackend
     from forerun.runtime_ext.engine import EmbeddedEngine
 
-    loaded = models.load_model("tiny")
+    loaded = models.load_model("tiny", dtype=request.param)
     engine = EmbeddedEngine(loaded)
+    assert engine.batch_invariant
     yield loaded, EmbeddedBackend(engine)
     engine.close()
 
@@ -180,6 +182,29 @@ def test_default_model_identical_chain_one_prompt():
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
         assert a.response_ids == b.response_ids and a.history == b.history
     runtime.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_model_identical_chains_ten_math500_prompts(dtype):
+    """Issue 14: sequential and PreSTO PowerMH chains of 10 MATH500 prompts at n = 64, K = 30 are identical
+    in float32 and in bf16 (the engine is batch-invariant in both)."""
+    from forerun.eval.bench_presto import proposal_model_for
+    from forerun.eval.datasets import load_prompts
+    from forerun.programs.prompts import chat_prompt_ids
+    from forerun.runtime_ext.runtime import open_runtime
+
+    with open_runtime("default", dtype) as runtime:
+        assert runtime.engine.batch_invariant
+        cfg = SamplerConfig(kind="power-mh", response_length=64, block_size=64, steps_per_block=30, seed=10086)
+        pm = proposal_model_for(runtime.backend, "power-mh")
+        for p in load_prompts("math500", limit=10):
+            ids = chat_prompt_ids(runtime.tokenizer, p.messages())
+            a = make_sampler(pm, cfg).run(ids)
+            runtime.engine.flush_cache()  # PreSTO starts from another cache state: must not matter
+            b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
+            assert a.response_ids == b.response_ids and a.history == b.history, p.id
+            assert list(a.state.logp0) == list(b.state.logp0)
 
 
 def test_repeated_request_with_empty_output_text_keeps_exact_ids():

@@ -1,0 +1,85 @@
+"""Admission under the KV budget: a request starts decoding only when its KV fits (SGLang-style queueing).
+
+`EngineConfig.max_total_tokens` bounds ALL the KV the engine holds, in tokens: the radix tree's cached
+prefixes plus every running row's own KV.  A row is charged for its whole prompt as if it held a copy (the
+transformers fallback does copy it; the native forward reads the cached part in place, so the charge is
+an upper bound there).  A decoding request reserves the most KV its row will
+ever hold when it is admitted and releases it when it leaves; the radix tree only caches what the
+reservations leave free (`RadixCache.reserved`), so
+
+    radix.total_tokens + Σ_running kv_len  <=  radix.total_tokens + radix.reserved  <=  max_total_tokens.
+
+    notion                                       code
+    KV a decoding row holds at most              row_demand(r) = len(prompt) - 1 + max_new_tokens
+    fits now (after evicting unlocked prefixes)  RadixCache.reserve(row_demand(r), protect=r's cached prefix)
+    can never fit                                row_demand(r) > max_total_tokens -> EngineError at submission
+    queue order                                  FIFO per priority class: a request that does not fit yet
+                                                 holds back the decoding requests behind it
+Requests that never decode (logits, pin, prompt scoring) reserve nothing: their prompt KV goes to the tree
+only as far as the free budget allows (a pin that cannot be kept resident fails, as before).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..protocol import EngineError
+from .radix_cache import RadixCache
+from .requests import Request
+
+
+def row_demand(r: Request) -> int:
+    """KV tokens the row of decoding request r holds when it has generated max_new_tokens tokens."""
+    return len(r.input_ids) - 1 + r.params.max_new_tokens
+
+
+def check_fits_budget(r: Request, max_total_tokens: int) -> None:
+    """EngineError when r's row could not fit even in an empty engine."""
+    if r.decodes and row_demand(r) > max_total_tokens:
+        raise EngineError(
+            f"request {r.rid}: its KV needs {row_demand(r)} tokens (prompt {len(r.input_ids)} - 1 + max_new_tokens "
+            f"{r.params.max_new_tokens}) and can never fit the engine's max_total_tokens {max_total_tokens}"
+        )
+
+
+def release(radix: RadixCache, r: Request) -> None:
+    """Give back r's reservation (idempotent)."""
+    if r.reserved:
+        radix.release(r.reserved)
+        r.reserved = 0
+
+
+def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
+                 take: list[Request], failed: list[tuple[Request, EngineError]]) -> None:
+    blocked = False
+    for r in waiting:
+        if not r.decodes:
+            take.append(r)
+            continue
+        if blocked or free_rows <= 0:
+            blocked = True
+            continue
+        demand = row_demand(r)
+        if radix.reserve(demand, protect=radix.deepest_cached(r.input_ids)):
+            r.reserved = demand
+            take.append(r)
+            free_rows -= 1
+        elif radix.reserved == 0:  # nothing running will give memory back: only pins hold the pool
+            failed.append((r, EngineError(
+                f"request {r.rid}: its KV needs {demand} tokens but only {radix.free_tokens} of max_total_tokens "
+                f"{radix.max_total_tokens} can be freed (the rest is pinned)")))
+        else:
+            blocked = True
+
+
+def take_admissible(waiting: Sequence[Request], radix: RadixCache, *, free_rows: int, free_background_rows: int,
+                    normal_running: bool) -> tuple[list[Request], list[tuple[Request, EngineError]]]:
+    """What starts now, and what fails: normal requests first (FIFO, each decoding one needs a free row and
+    its KV reserved); background requests (priority < 0) only when no normal request is queued or running."""
+    take: list[Request] = []
+    failed: list[tuple[Request, EngineError]] = []
+    normal = [r for r in waiting if r.priority >= 0]
+    _admit_class(normal, radix, free_rows, take, failed)
+    if not normal and not normal_running:
+        _admit_class([r for r in waiting if r.priority < 0], radix, free_background_rows, take, failed)
+    return take, failed

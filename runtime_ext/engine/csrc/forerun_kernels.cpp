@@ -1,0 +1,1017 @@
+// forerun's native CPU kernels for the embedded engine: batch-invariant by construction.
+//
+// Every result of a row (a token) is computed by the same sequence of IEEE operations whatever the batch,
+// its size, the padding, the prefill chunking or the thread count:
+//
+//   dot(x, w) over K      16 accumulation lanes, lane l takes k = l, l+16, l+32, ... in ascending order with
+//                         one fused multiply-add each; then the fixed tree 16 -> 8 -> 4 -> 2 -> 1
+//                         (t8[l] = a[l] + a[l+8], t4[l] = t8[l] + t8[l+4], t2[l] = t4[l] + t4[l+2], t2[0] + t2[1]).
+//   linear y = x W^T + b  one dot per (row, output feature); the weights are read ONCE per call for all rows
+//                         (an output-feature block stays in L1 while every row visits it).
+//   attention             per query over exactly its own keys [row_start, position]; scores by dot(), softmax
+//                         with exp_det() and a sequential double sum, output = sequential fma over the keys.
+//   exp_det(x)            one fixed polynomial (Cephes expf), the same operations in the vector and scalar code.
+//   vocabulary statistics blocks of 16 summed by the same tree, blocks accumulated sequentially in double.
+//
+// The portable code below IS the definition; the AVX-512 code (when compiled with -mavx512f) performs the
+// identical operations on 16 lanes at once, so both give the same bits (a test checks it).  Build flags
+// include -ffp-contract=off so the compiler never fuses a multiply and an add that the definition keeps apart.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define FR_AVX512 1
+#else
+#define FR_AVX512 0
+#endif
+
+namespace {
+
+constexpr int LANES = 16;
+bool g_portable = false;  // tests: force the portable code path
+
+// ------------------------------------------------------------------------------------------ scalars
+inline float widen(float w) { return w; }
+inline double widen(double w) { return w; }
+inline float widen(c10::BFloat16 w) {
+  uint32_t bits = uint32_t(w.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float widen(c10::Half w) { return static_cast<float>(w); }
+
+template <typename A>
+inline A tree16(const A* a) {
+  A t8[8], t4[4], t2[2];
+  for (int l = 0; l < 8; ++l) t8[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) t4[l] = t8[l] + t8[l + 4];
+  for (int l = 0; l < 2; ++l) t2[l] = t4[l] + t4[l + 2];
+  return t2[0] + t2[1];
+}
+
+// Block sums: e[c] for a block of 16 summed by tree16 (missing lanes are +0), blocks accumulated in double.
+template <typename A>
+inline double block_sum(const A* e, int64_t n) {
+  A t[LANES] = {};
+  for (int64_t l = 0; l < n; ++l) t[l] = e[l];
+  return double(tree16(t));
+}
+
+// bf16 weights pair up: lane l takes, for each chunk of 32 (k0 = 0, 32, ...), k0 + 2l then k0 + 2l + 1 (a bf16
+// pair is one 32-bit word: a shift and a mask widen both halves in place, no lane-crossing shuffle).
+inline float dot_ref_pairs(const float* x, const c10::BFloat16* w, int64_t K) {
+  float acc[LANES] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES)
+    for (int l = 0; l < LANES; ++l) {
+      const int64_t ke = k0 + 2 * l, ko = ke + 1;
+      if (ke < K) acc[l] = std::fma(x[ke], widen(w[ke]), acc[l]);
+      if (ko < K) acc[l] = std::fma(x[ko], widen(w[ko]), acc[l]);
+    }
+  return tree16(acc);
+}
+
+template <typename A, typename W>
+inline A dot_ref(const A* x, const W* w, int64_t K) {
+  if constexpr (std::is_same<W, c10::BFloat16>::value) return dot_ref_pairs(x, w, K);
+  A acc[LANES] = {};
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES)
+    for (int l = 0; l < LANES; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
+  for (int l = 0; k + l < K; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
+  return tree16(acc);
+}
+
+// exp with a fixed polynomial (float) / the C library (double); x <= 88 finite (larger -> inf).
+inline float exp_det(float x) {
+  if (x != x) return x;
+  if (!(x > -87.33654f)) return 0.0f;
+  if (x > 88.0f) return std::numeric_limits<float>::infinity();
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  float r2 = r * r;
+  p = std::fma(p, r2, r);
+  p = p + 1.0f;
+  int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+inline double exp_det(double x) { return std::exp(x); }
+
+#if FR_AVX512
+// ------------------------------------------------------------------------------------------ AVX-512
+inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_w(const c10::BFloat16* p) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 load_w(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_w_mask(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_w_mask(const c10::BFloat16* p, __mmask16 m) {
+  __m256i v = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+inline __m512 load_w_mask(const c10::Half* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+inline float hsum_tree(__m512 a) {
+  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+  return _mm_cvtss_f32(t1);
+}
+
+// Lane j of the result = hsum_tree(a[j]) for the 16 vectors a[0..15]: the same tree (t8, t4, t2, t1) for
+// each, computed for 16 vectors at once with shuffles (15 adds instead of 16 x 4).
+inline __m512 hsum16(const __m512* a) {
+  __m512 r8[8], r4[4], r2[2];
+  for (int i = 0; i < 8; ++i)
+    r8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    r4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)
+    r2[i] = _mm512_add_ps(_mm512_shuffle_ps(r4[2 * i], r4[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(r4[2 * i], r4[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r1 = _mm512_add_ps(_mm512_shuffle_ps(r2[0], r2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(r2[0], r2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // r1 lane 4k + m holds vector 4m + k
+  const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(idx, r1);
+}
+
+// scores[c] = dot(q, k_c) for 16 keys at once (D a multiple of 16): one accumulator per key, then hsum16.
+inline void scores16(const float* q, const float* kb, int64_t kstride, int64_t D, float* out) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += LANES) {
+    const __m512 qv = _mm512_loadu_ps(q + d);
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + j * kstride + d), acc[j]);
+  }
+  _mm512_storeu_ps(out, hsum16(acc));
+}
+
+inline __m512 exp_det(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.0f);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  __mmask16 small = _mm512_cmp_ps_mask(x, lo, _CMP_NGT_UQ);  // !(x > lo)
+  __mmask16 big = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  // n is clamped so that the exponent bits stay valid in the lanes that are replaced below
+  __m512 nc = _mm512_max_ps(_mm512_min_ps(n, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-126.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nc), _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
+  y = _mm512_mask_mov_ps(y, big, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_mov_ps(y, nan, x);
+}
+
+template <int R, int F, typename W>
+inline void tile_avx512(const float* x, int64_t ldx, const W* const* wrow, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[R][F];
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES) {
+    __m512 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = load_w(wrow[f] + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_fmadd_ps(xv, wv[f], acc[r][f]);
+    }
+  }
+  if (k < K) {
+    __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    __m512 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = load_w_mask(wrow[f] + k, m);
+    for (int r = 0; r < R; ++r) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
+      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_mask3_fmadd_ps(xv, wv[f], acc[r][f], m);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+}
+
+template <int R, typename W, int FW = 4>
+inline void rows_avx512(const float* x, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y, int64_t ldy) {
+  if (fn == FW) {
+    tile_avx512<R, FW>(x, ldx, wrow, K, y, ldy);
+  } else {
+    for (int f = 0; f < fn; ++f) tile_avx512<R, 1>(x, ldx, wrow + f, K, y + f, ldy);
+  }
+}
+
+// bf16 weights (see dot_ref_pairs): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
+// 16 odd-k values, zero past K); a weight chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
+template <int R, int F>
+inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int64_t K, float* y,
+                       int64_t ldy) {
+  __m512 acc[R][F];
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES) {
+    __m512 xe[R], xo[R];
+    for (int r = 0; r < R; ++r) {
+      xe[r] = _mm512_loadu_ps(xd + r * ldx + k0);
+      xo[r] = _mm512_loadu_ps(xd + r * ldx + k0 + LANES);
+    }
+    if (k0 + 2 * LANES <= K) {
+      for (int f = 0; f < F; ++f) {
+        const __m512i wv = _mm512_loadu_si512(wrow[f] + k0);
+        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        for (int r = 0; r < R; ++r) {
+          acc[r][f] = _mm512_fmadd_ps(xe[r], we, acc[r][f]);
+          acc[r][f] = _mm512_fmadd_ps(xo[r], wo, acc[r][f]);
+        }
+      }
+    } else {
+      const int64_t left = K - k0;
+      const __mmask32 m32 = static_cast<__mmask32>((left >= 32 ? 0xFFFFFFFFull : ((1ull << left) - 1)));
+      __mmask16 me = 0, mo = 0;
+      for (int l = 0; l < LANES; ++l) {
+        if (2 * l < left) me |= static_cast<__mmask16>(1u << l);
+        if (2 * l + 1 < left) mo |= static_cast<__mmask16>(1u << l);
+      }
+      for (int f = 0; f < F; ++f) {
+        const __m512i wv = _mm512_maskz_loadu_epi16(m32, wrow[f] + k0);
+        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        for (int r = 0; r < R; ++r) {
+          acc[r][f] = _mm512_mask3_fmadd_ps(xe[r], we, acc[r][f], me);
+          acc[r][f] = _mm512_mask3_fmadd_ps(xo[r], wo, acc[r][f], mo);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+}
+
+template <int R>
+inline void rows_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K, float* y,
+                       int64_t ldy) {
+  if (fn == 6) {
+    tile_pairs<R, 6>(xd, ldx, wrow, K, y, ldy);
+  } else {
+    for (int f = 0; f < fn; ++f) tile_pairs<R, 1>(xd, ldx, wrow + f, K, y + f, ldy);
+  }
+}
+
+inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K,
+                        float* y, int64_t ldy) {
+  switch (rn) {
+    case 3: rows_pairs<3>(xd, ldx, wrow, fn, K, y, ldy); return;
+    case 2: rows_pairs<2>(xd, ldx, wrow, fn, K, y, ldy); return;
+    default: rows_pairs<1>(xd, ldx, wrow, fn, K, y, ldy); return;
+  }
+}
+
+// A tile of rn rows x fn features: 4 features per tile with up to 6 rows, or 6 features with up to 4 rows.
+template <typename W>
+inline void block_avx512(const float* x, int rn, int64_t ldx, const W* const* wrow, int fn, int features, int64_t K,
+                         float* y, int64_t ldy) {
+  if (features == 6) {
+    switch (rn) {
+      case 4: rows_avx512<4, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      case 3: rows_avx512<3, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      case 2: rows_avx512<2, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+      default: rows_avx512<1, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
+    }
+  }
+  switch (rn) {
+    case 6: rows_avx512<6>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 5: rows_avx512<5>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 4: rows_avx512<4>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 3: rows_avx512<3>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 2: rows_avx512<2>(x, ldx, wrow, fn, K, y, ldy); return;
+    default: rows_avx512<1>(x, ldx, wrow, fn, K, y, ldy); return;
+  }
+}
+
+template <typename A, typename W>
+constexpr bool kVec = std::is_same<A, float>::value && !std::is_same<W, double>::value;
+#else
+template <typename A, typename W>
+constexpr bool kVec = false;
+#endif
+
+// ------------------------------------------------------------------------------------------ linear
+constexpr int TILE_ROWS = 6;
+constexpr int TILE_FEATURES = 4;
+// Fewest multiply-adds a parallel task gets: smaller calls run on the calling thread alone (a parallel region
+// costs microseconds on a quiet machine and a scheduler time slice on a busy one).
+constexpr int64_t MIN_TASK_WORK = int64_t(1) << 17;
+
+// Tile shape (rows, features) by the number of rows M, measured on Zen 5 (CPU time, weights from DRAM):
+// 6 features per tile stream more weight rows at once (1-4 rows, and 7+ rows in tiles of <= 4), 4 features
+// keep 5-6 rows in one tile.  The shape never changes a result (every (row, feature) is one dot()).
+inline std::pair<int64_t, int64_t> tile_shape(int64_t M, bool pairs) {
+  if (pairs) return {3, 6};  // bf16 pair tiles hold 2 x-vectors per row
+  if (M == 5 || M == 6) return {6, 4};
+  return {4, 6};
+}
+
+// x [M, K] -> xd [M, Kp] (Kp = K rounded up to 32): per chunk of 32, the even-k values then the odd-k values.
+inline std::vector<float> deinterleave_pairs(const float* x, int64_t M, int64_t K, int64_t Kp) {
+  std::vector<float> xd(M * Kp, 0.0f);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t k0 = k / (2 * LANES) * (2 * LANES), j = k - k0;
+      xd[r * Kp + k0 + (j % 2) * LANES + j / 2] = x[r * K + k];
+    }
+  return xd;
+}
+
+// A virtual concatenation of weight matrices [N_i, K] along the output features.
+template <typename W>
+struct Rows {
+  std::vector<const W*> base;
+  std::vector<int64_t> start;  // first global feature of each matrix
+  int64_t K = 0, N = 0;
+  const W* row(int64_t n) const {
+    size_t i = base.size() - 1;
+    while (start[i] > n) --i;
+    return base[i] + (n - start[i]) * K;
+  }
+};
+
+template <typename A, typename W>
+void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y) {
+  const int64_t K = w.K, N = w.N;
+  constexpr bool pairs = FR_AVX512 && std::is_same<W, c10::BFloat16>::value;
+  const bool use_pairs = pairs && !g_portable;
+  const auto [RT, FT] = tile_shape(M, use_pairs);
+  const int64_t Kp = (K + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
+  const std::vector<float> xd = use_pairs ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
+                                          : std::vector<float>();
+  const int64_t blocks = (N + FT - 1) / FT;
+  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, FT * M * K));
+  // rows per tile: as even as possible (20 rows -> 4 x 5, not 6+6+6+2); a row's result never depends on it
+  const int64_t tiles = (M + RT - 1) / RT, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t fb = b0; fb < b1; ++fb) {
+      const int64_t f0 = fb * FT;
+      const int fn = static_cast<int>(std::min<int64_t>(FT, N - f0));
+      const W* wrow[8];
+      for (int f = 0; f < fn; ++f) wrow[f] = w.row(f0 + f);
+      for (int64_t r0 = 0; r0 < M; r0 += per_tile) {
+        const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
+#if FR_AVX512
+        if constexpr (pairs) {
+          if (use_pairs) {
+            block_pairs(xd.data() + r0 * Kp, rn, Kp, reinterpret_cast<const c10::BFloat16* const*>(wrow), fn, K,
+                        reinterpret_cast<float*>(y) + r0 * N + f0, N);
+            continue;
+          }
+        }
+        if constexpr (kVec<A, W> && !pairs) {
+          if (!g_portable) {
+            block_avx512<W>(x + r0 * K, rn, K, wrow, fn, static_cast<int>(FT), K, y + r0 * N + f0, N);
+            continue;
+          }
+        }
+#endif
+        for (int r = 0; r < rn; ++r)
+          for (int f = 0; f < fn; ++f) y[(r0 + r) * N + f0 + f] = dot_ref<A, W>(x + (r0 + r) * K, wrow[f], K);
+      }
+      if (bias != nullptr)
+        for (int64_t r = 0; r < M; ++r)
+          for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+    }
+  });
+}
+
+template <typename A, typename W>
+torch::Tensor linear_typed(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                           const c10::optional<torch::Tensor>& bias) {
+  Rows<W> rows;
+  rows.K = x.size(1);
+  for (const auto& w : ws) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == rows.K && w.is_contiguous(), "linear: weight must be [N, K] contiguous");
+    rows.base.push_back(reinterpret_cast<const W*>(w.data_ptr()));
+    rows.start.push_back(rows.N);
+    rows.N += w.size(0);
+  }
+  const A* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == rows.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous(),
+                "linear: bias must be [N] in the activation dtype");
+    b = static_cast<const A*>(bias->data_ptr());
+  }
+  auto y = torch::empty({x.size(0), rows.N}, x.options());
+  linear_kernel<A, W>(static_cast<const A*>(x.data_ptr()), x.size(0), rows, b, static_cast<A*>(y.data_ptr()));
+  return y;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                     const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "linear: x must be [M, K] contiguous");
+  TORCH_CHECK(!ws.empty(), "linear: no weights");
+  const auto wt = ws[0].scalar_type();
+  for (const auto& w : ws) TORCH_CHECK(w.scalar_type() == wt, "linear: weights of one call share a dtype");
+  if (x.scalar_type() == torch::kDouble) {
+    TORCH_CHECK(wt == torch::kDouble, "linear: float64 activations need float64 weights");
+    return linear_typed<double, double>(x, ws, bias);
+  }
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear: activations must be float32 or float64");
+  switch (wt) {
+    case torch::kFloat: return linear_typed<float, float>(x, ws, bias);
+    case torch::kBFloat16: return linear_typed<float, c10::BFloat16>(x, ws, bias);
+    case torch::kHalf: return linear_typed<float, c10::Half>(x, ws, bias);
+    default: TORCH_CHECK(false, "linear: unsupported weight dtype");
+  }
+}
+
+// ------------------------------------------------------------------------------------------ vector helpers
+// exp over n values in place (AVX-512 for full blocks of 16, the scalar definition for the rest: same bits).
+template <typename A>
+inline void exp_inplace(A* v, int64_t n) {
+  int64_t i = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable)
+      for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(v + i, exp_det(_mm512_loadu_ps(v + i)));
+  }
+#endif
+  for (; i < n; ++i) v[i] = exp_det(v[i]);
+}
+
+// acc[d] = fma(s, v[d], acc[d]) for d < D (lane-wise: vectorizing over d keeps each lane's order).
+template <typename A>
+inline void axpy(A s, const A* v, A* acc, int64_t D) {
+  int64_t d = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 sv = _mm512_set1_ps(s);
+      for (; d + LANES <= D; d += LANES)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(sv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+    }
+  }
+#endif
+  for (; d < D; ++d) acc[d] = std::fma(s, v[d], acc[d]);
+}
+
+template <typename A>
+inline A dot_same(const A* x, const A* w, int64_t K) {
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      float out;
+      const float* rows[1] = {w};
+      tile_avx512<1, 1>(x, K, rows, K, &out, 1);
+      return out;
+    }
+  }
+#endif
+  return dot_ref<A, A>(x, w, K);
+}
+
+// ------------------------------------------------------------------------------------------ rms norm
+// y = w * (x * (1 / sqrt(dot(x, x) / K + eps)));  with `add`, first h += add (in place).
+template <typename A>
+void rmsnorm_kernel(A* h, const A* add, const A* w, A* y, int64_t M, int64_t K, double eps) {
+  at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, K)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      A* hr = h + r * K;
+      if (add != nullptr)
+        for (int64_t k = 0; k < K; ++k) hr[k] = hr[k] + add[r * K + k];
+      A var = dot_same<A>(hr, hr, K) / A(K);
+      A inv = A(1) / std::sqrt(var + A(eps));
+      for (int64_t k = 0; k < K; ++k) y[r * K + k] = w[k] * (hr[k] * inv);
+    }
+  });
+}
+
+torch::Tensor rmsnorm(torch::Tensor h, const c10::optional<torch::Tensor>& add, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && w.is_contiguous() && w.numel() == h.size(1), "rmsnorm: shapes");
+  TORCH_CHECK(w.scalar_type() == h.scalar_type(), "rmsnorm: weight dtype must match");
+  if (add.has_value()) TORCH_CHECK(add->sizes() == h.sizes() && add->is_contiguous() && add->scalar_type() == h.scalar_type(),
+                                   "rmsnorm: add must match h");
+  auto y = torch::empty_like(h);
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "rmsnorm", [&] {
+    rmsnorm_kernel<scalar_t>(h.data_ptr<scalar_t>(), add.has_value() ? add->data_ptr<scalar_t>() : nullptr,
+                             w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), h.size(0), h.size(1), eps);
+  });
+  return y;
+}
+
+// ------------------------------------------------------------------------------------------ silu * up
+// gu [M, 2I] = [gate | up] -> gate / (1 + exp(-gate)) * up
+torch::Tensor silu_mul(const torch::Tensor& gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "silu_mul: gu must be [M, 2I]");
+  const int64_t M = gu.size(0), I = gu.size(1) / 2;
+  auto y = torch::empty({M, I}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "silu_mul", [&] {
+    const scalar_t* g = gu.data_ptr<scalar_t>();
+    scalar_t* out = y.data_ptr<scalar_t>();
+    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / (8 * I)), [&](int64_t r0, int64_t r1) {
+      std::vector<scalar_t> e(I);
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* gr = g + r * 2 * I;
+        for (int64_t i = 0; i < I; ++i) e[i] = -gr[i];
+        exp_inplace<scalar_t>(e.data(), I);
+        for (int64_t i = 0; i < I; ++i) out[r * I + i] = gr[i] / (scalar_t(1) + e[i]) * gr[I + i];
+      }
+    });
+  });
+  return y;
+}
+
+// ------------------------------------------------------------------------------------------ attention
+// RoPE as transformers: out_i = x_i * cos_i + rotate_half(x)_i * sin_i (no fused multiply-add).
+template <typename A>
+inline void rope(const A* x, const A* c, const A* s, A* out, int64_t D) {
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; ++i) out[i] = x[i] * c[i] + (-x[i + h]) * s[i];
+  for (int64_t i = h; i < D; ++i) out[i] = x[i] * c[i] + x[i - h] * s[i];
+}
+
+template <typename A>
+struct AttnArgs {
+  const A* qkv; const A* cos; const A* sin; A* kc; A* vc; const int64_t* starts; A* out;
+  int64_t B, T, Hq, Hkv, D, length, sk0, sk1, sk2, sv0, sv1, sv2;
+  A scale;
+  // prefix segments held by reference (row b: seg[seg_off[b] .. seg_off[b+1]) of (address, tokens)), each a
+  // contiguous [layers, 2, Hkv, tokens, D] tensor; this call is layer `layer`
+  const int64_t* seg; const int64_t* seg_off; int64_t layer;
+};
+
+// A KV piece: keys at k (row stride ks), values at v (row stride vs), n tokens.
+template <typename A>
+struct Piece { const A* k; const A* v; int64_t ks, vs, n; };
+
+template <typename A>
+void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
+  const int64_t M = a.B * a.T, W = (a.Hq + 2 * a.Hkv) * a.D;
+  at::parallel_for(0, M, std::max<int64_t>(16, MIN_TASK_WORK / std::max<int64_t>(1, W)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t b = m / a.T, col = a.length + m % a.T;
+      const A* row = a.qkv + m * W;
+      const A* c = a.cos + m * a.D;
+      const A* s = a.sin + m * a.D;
+      for (int64_t h = 0; h < a.Hq; ++h) rope(row + h * a.D, c, s, qrot + (m * a.Hq + h) * a.D, a.D);
+      for (int64_t h = 0; h < a.Hkv; ++h) {
+        rope(row + (a.Hq + h) * a.D, c, s, a.kc + b * a.sk0 + h * a.sk1 + col * a.sk2, a.D);
+        std::memcpy(a.vc + b * a.sv0 + h * a.sv1 + col * a.sv2, row + (a.Hq + a.Hkv + h) * a.D, a.D * sizeof(A));
+      }
+    }
+  });
+}
+
+// scores[g][c] = dot(q_g, k_c) for the G query heads of one KV head and keys c < n (row stride n): the same
+// dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
+template <typename A>
+void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld) {
+  int64_t c0 = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable && D % LANES == 0)
+      for (; c0 + 16 <= n; c0 += 16)
+        for (int64_t g = 0; g < G; ++g) scores16(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
+  }
+#endif
+  for (; c0 < n; ++c0)
+    for (int64_t g = 0; g < G; ++g) sc[g * ld + c0] = dot_same<A>(q + g * D, kb + c0 * kstride, D);
+}
+
+// acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order, continuing from acc: the weighted values of
+// G heads (e rows of stride lde); keys held in several pieces are accumulated piece after piece.  The AVX-512 code keeps a (<= 4 heads x 64 values) block in registers.
+#if FR_AVX512
+template <int GN, int DN>
+inline void wv_block(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D) {
+  __m512 r[GN][DN];
+  for (int g = 0; g < GN; ++g)
+    for (int j = 0; j < DN; ++j) r[g][j] = _mm512_loadu_ps(acc + g * D + 16 * j);
+  for (int64_t c = 0; c < n; ++c) {
+    __m512 v[DN];
+    for (int j = 0; j < DN; ++j) v[j] = _mm512_loadu_ps(vb + c * vstride + 16 * j);
+    for (int g = 0; g < GN; ++g) {
+      __m512 w = _mm512_set1_ps(e[g * lde + c]);
+      for (int j = 0; j < DN; ++j) r[g][j] = _mm512_fmadd_ps(w, v[j], r[g][j]);
+    }
+  }
+  for (int g = 0; g < GN; ++g)
+    for (int j = 0; j < DN; ++j) _mm512_storeu_ps(acc + g * D + 16 * j, r[g][j]);
+}
+
+template <int GN>
+inline void wv_rows(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D,
+                    int dn) {
+  switch (dn) {
+    case 4: wv_block<GN, 4>(e, n, lde, vb, vstride, acc, D); break;
+    case 3: wv_block<GN, 3>(e, n, lde, vb, vstride, acc, D); break;
+    case 2: wv_block<GN, 2>(e, n, lde, vb, vstride, acc, D); break;
+    default: wv_block<GN, 1>(e, n, lde, vb, vstride, acc, D); break;
+  }
+}
+#endif
+
+template <typename A>
+void weighted_values(const A* e, int64_t G, int64_t n, int64_t lde, const A* vb, int64_t vstride, int64_t D, A* acc) {
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable && D % LANES == 0) {
+      for (int64_t g0 = 0; g0 < G; g0 += 4)
+        for (int64_t d0 = 0; d0 < D; d0 += 4 * LANES) {
+          const int dn = static_cast<int>(std::min<int64_t>(4, (D - d0) / LANES));
+          const float* eg = e + g0 * lde;
+          float* ag = acc + g0 * D + d0;
+          switch (std::min<int64_t>(4, G - g0)) {
+            case 4: wv_rows<4>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            case 3: wv_rows<3>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            case 2: wv_rows<2>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+            default: wv_rows<1>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+          }
+        }
+      return;
+    }
+  }
+#endif
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * lde + c], vb[c * vstride + d], acc[g * D + d]);
+}
+
+// s[c] <- exp(s[c] * scale - max_c(s[c] * scale)) in place; returns the denominator: blocks of 16 summed by
+// tree16 (in A), the blocks accumulated in double, in order (the max is exact in any order).
+template <typename A>
+double softmax_numerators(A* s, int64_t n, A scale) {
+  A mx = -std::numeric_limits<A>::infinity();
+  int64_t c = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 mv = _mm512_set1_ps(mx);
+      const __m512 sv = _mm512_set1_ps(scale);
+      for (; c + LANES <= n; c += LANES) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + c), sv);
+        _mm512_storeu_ps(s + c, v);
+        mv = _mm512_max_ps(mv, v);
+      }
+      mx = _mm512_reduce_max_ps(mv);
+    }
+  }
+#endif
+  for (; c < n; ++c) {
+    s[c] = s[c] * scale;
+    mx = std::max(mx, s[c]);
+  }
+  for (c = 0; c < n; ++c) s[c] = s[c] - mx;
+  exp_inplace<A>(s, n);
+  double sum = 0.0;
+  c = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable)
+      for (; c + LANES <= n; c += LANES) sum += double(hsum_tree(_mm512_loadu_ps(s + c)));
+  }
+#endif
+  for (; c < n; c += LANES) sum += block_sum<A>(s + c, std::min<int64_t>(LANES, n - c));
+  return sum;
+}
+
+// The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
+template <typename A>
+void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector<Piece<A>>& pieces, A* out,
+                  std::vector<A>& sc, std::vector<A>& acc) {
+  const int64_t D = a.D;
+  int64_t n = 0;
+  for (const auto& p : pieces) n += p.n;
+  sc.resize(G * n);
+  acc.assign(G * D, A(0));
+  int64_t off = 0;
+  for (const auto& p : pieces) {
+    scores_block<A>(q, G, p.k, p.ks, p.n, D, sc.data() + off, n);
+    off += p.n;
+  }
+  std::vector<double> sums(G, 0.0);
+  for (int64_t g = 0; g < G; ++g) sums[g] = softmax_numerators<A>(sc.data() + g * n, n, a.scale);
+  off = 0;
+  for (const auto& p : pieces) {
+    weighted_values<A>(sc.data() + off, G, p.n, n, p.v, p.vs, D, acc.data());
+    off += p.n;
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const A denom = A(sums[g]);
+    // head g of this group is query head (first head of the group) + g: out rows are consecutive heads
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = acc[g * D + d] / denom;
+  }
+}
+
+// Row b's keys for KV head hk and query j (0-based among the T new tokens): its prefix segments, then its
+// buffer columns [starts[b], length + j].
+template <typename A>
+void row_pieces(const AttnArgs<A>& a, int64_t b, int64_t hk, int64_t j, std::vector<Piece<A>>& pieces) {
+  pieces.clear();
+  if (a.seg_off != nullptr)
+    for (int64_t s = a.seg_off[b]; s < a.seg_off[b + 1]; ++s) {
+      const A* base = reinterpret_cast<const A*>(a.seg[2 * s]);
+      const int64_t n = a.seg[2 * s + 1];
+      pieces.push_back({base + ((a.layer * 2 + 0) * a.Hkv + hk) * n * a.D,
+                        base + ((a.layer * 2 + 1) * a.Hkv + hk) * n * a.D, a.D, a.D, n});
+    }
+  const int64_t start = a.starts[b], end = a.length + j + 1;
+  pieces.push_back({a.kc + b * a.sk0 + hk * a.sk1 + start * a.sk2, a.vc + b * a.sv0 + hk * a.sv1 + start * a.sv2,
+                    a.sk2, a.sv2, end - start});
+}
+
+template <typename A>
+void attention_kernel(const AttnArgs<A>& a) {
+  const int64_t M = a.B * a.T, groups = a.Hq / a.Hkv;
+  std::vector<A> qrot(M * a.Hq * a.D);
+  write_kv_and_rope_q(a, qrot.data());
+  const int64_t tasks = M * a.Hkv, work = std::max<int64_t>(1, 2 * groups * (a.length + a.T) * a.D);
+  at::parallel_for(0, tasks, std::max<int64_t>(1, MIN_TASK_WORK / work), [&](int64_t t0, int64_t t1) {
+    std::vector<A> sc, acc;
+    std::vector<Piece<A>> pieces;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
+      const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
+      row_pieces<A>(a, b, hk, m % a.T, pieces);
+      attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc);
+    }
+  });
+}
+
+// qkv [B*T, (Hq + 2 Hkv) D] (q | k | v, before RoPE); cos, sin [B*T, D]; kc, vc [B, Hkv, cap, D] (views);
+// starts [B]: row b's first valid column; the T new tokens of row b go to columns length .. length+T-1.
+// seg [S, 2] int64 (address, tokens) and seg_off [B + 1]: prefix segments read before the buffer columns
+// (contiguous [layers, 2, Hkv, tokens, D] tensors the caller keeps alive); empty seg_off: none.
+torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor kc,
+                        torch::Tensor vc, const torch::Tensor& starts, int64_t length, int64_t T, int64_t Hq,
+                        int64_t Hkv, double scale, const torch::Tensor& seg, const torch::Tensor& seg_off,
+                        int64_t layer) {
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "attention: inputs contiguous");
+  TORCH_CHECK(kc.dim() == 4 && vc.dim() == 4 && kc.stride(3) == 1 && vc.stride(3) == 1, "attention: cache layout");
+  TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous(), "attention: starts int64");
+  const int64_t B = kc.size(0), D = kc.size(3);
+  TORCH_CHECK(qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D && Hq % Hkv == 0, "attention: qkv shape");
+  TORCH_CHECK(length + T <= kc.size(2) && starts.numel() == B, "attention: cache too small");
+  const bool segmented = seg_off.numel() > 0;
+  TORCH_CHECK(!segmented || (seg_off.numel() == B + 1 && seg_off.scalar_type() == torch::kLong &&
+                             seg.scalar_type() == torch::kLong && seg.is_contiguous() && seg_off.is_contiguous()),
+              "attention: seg [S, 2] and seg_off [B + 1] int64");
+  auto out = torch::empty({B * T, Hq * D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "attention", [&] {
+    AttnArgs<scalar_t> a{qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                         kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), starts.data_ptr<int64_t>(),
+                         out.data_ptr<scalar_t>(), B, T, Hq, Hkv, D, length, kc.stride(0), kc.stride(1), kc.stride(2),
+                         vc.stride(0), vc.stride(1), vc.stride(2), scalar_t(scale),
+                         segmented ? seg.data_ptr<int64_t>() : nullptr,
+                         segmented ? seg_off.data_ptr<int64_t>() : nullptr, layer};
+    attention_kernel<scalar_t>(a);
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------ vocabulary
+
+// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite.
+template <typename A>
+void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& finite) {
+  m = -std::numeric_limits<A>::infinity();
+  finite = true;
+  int64_t c0 = 0;
+  double s = 0.0, sd = 0.0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      __m512 mv = _mm512_set1_ps(m);
+      __mmask16 bad = 0;
+      for (; c0 + LANES <= V; c0 += LANES) {
+        const __m512 v = _mm512_loadu_ps(l + c0);
+        bad |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN or infinity
+        mv = _mm512_max_ps(mv, v);
+      }
+      m = _mm512_reduce_max_ps(mv);
+      finite = bad == 0;
+    }
+  }
+#endif
+  for (; c0 < V; ++c0) {
+    finite = finite && std::isfinite(l[c0]);
+    m = std::max(m, l[c0]);
+  }
+  if (!finite) return;
+  c0 = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      const __m512 mv = _mm512_set1_ps(m);
+      for (; c0 + LANES <= V; c0 += LANES) {
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(l + c0), mv), e = exp_det(d);
+        s += double(hsum_tree(e));
+        sd += double(hsum_tree(_mm512_mul_ps(e, d)));
+      }
+    }
+  }
+#endif
+  A e[LANES], d[LANES], ed[LANES];
+  for (; c0 < V; c0 += LANES) {
+    const int64_t n = std::min<int64_t>(LANES, V - c0);
+    for (int64_t j = 0; j < n; ++j) d[j] = e[j] = l[c0 + j] - m;
+    exp_inplace<A>(e, n);
+    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] * d[j];
+    s += block_sum<A>(e, n);
+    sd += block_sum<A>(ed, n);
+  }
+  log_s = std::log(s);
+  ent = log_s - sd / s;
+}
+
+std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "vocab_stats: logits [B, V] contiguous");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  auto opt = logits.options();
+  auto mx = torch::empty({B}, opt);
+  auto log_s = torch::empty({B}, opt.dtype(torch::kDouble));
+  auto ent = torch::empty({B}, opt.dtype(torch::kDouble));
+  auto fin = torch::empty({B}, opt.dtype(torch::kBool));
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "vocab_stats", [&] {
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, B, std::max<int64_t>(1, MIN_TASK_WORK / (8 * V)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        bool f;
+        stats_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], log_s.data_ptr<double>()[r],
+                            ent.data_ptr<double>()[r], f);
+        fin.data_ptr<bool>()[r] = f;
+      }
+    });
+  });
+  return {mx, log_s, ent, fin};
+}
+
+// Inverse-CDF draw from q_tau in token order with one uniform u: e[c] = exp((l[c] - m) / tau); the total T and
+// the CDF follow the block scheme (blocks by tree16, accumulated in double; inside the chosen block, sequential
+// double sums from the block's start).  Returns the token and log T.
+template <typename A>
+void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, double& log_t, std::vector<double>& cum) {
+  const int64_t nb = (V + LANES - 1) / LANES;
+  cum.resize(nb);
+  A e[LANES];
+  double s = 0.0;
+  int64_t b0 = 0;
+#if FR_AVX512
+  if constexpr (std::is_same<A, float>::value) {
+    if (!g_portable) {
+      const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(tau);
+      for (; (b0 + 1) * LANES <= V; ++b0) {
+        s += double(hsum_tree(exp_det(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(l + b0 * LANES), mv), tv))));
+        cum[b0] = s;
+      }
+    }
+  }
+#endif
+  for (int64_t b = b0; b < nb; ++b) {
+    const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
+    for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+    exp_inplace<A>(e, n);
+    s += block_sum<A>(e, n);
+    cum[b] = s;
+  }
+  log_t = std::log(s);
+  const double target = u * s;
+  int64_t b = std::upper_bound(cum.begin(), cum.end(), target) - cum.begin();
+  if (b >= nb) b = nb - 1;
+  while (b > 0 && cum[b] == cum[b - 1]) --b;  // never a block of zero mass
+  const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
+  for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+  exp_inplace<A>(e, n);
+  double run = b > 0 ? cum[b - 1] : 0.0;
+  token = -1;
+  for (int64_t j = 0; j < n; ++j) {
+    if (e[j] > A(0)) token = c0 + j;
+    run += double(e[j]);
+    if (e[j] > A(0) && run > target) break;
+  }
+}
+
+// rows [R] (int64): which logits rows; m [B] from vocab_stats; taus, us [R] (double).
+std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& mx, const torch::Tensor& rows,
+                                const torch::Tensor& taus, const torch::Tensor& us) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "draw: logits [B, V] contiguous");
+  const int64_t R = rows.numel(), V = logits.size(1);
+  auto tok = torch::empty({R}, rows.options());
+  auto log_t = torch::empty({R}, taus.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "draw", [&] {
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, R, std::max<int64_t>(1, MIN_TASK_WORK / (8 * V)), [&](int64_t i0, int64_t i1) {
+      std::vector<double> cum;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = rows.data_ptr<int64_t>()[i];
+        draw_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], scalar_t(taus.data_ptr<double>()[i]),
+                           us.data_ptr<double>()[i], tok.data_ptr<int64_t>()[i], log_t.data_ptr<double>()[i], cum);
+      }
+    });
+  });
+  return {tok, log_t};
+}
+
+// ------------------------------------------------------------------------------------------ misc
+// Streams `x` once (a sum of float32 lanes) to measure the memory read bandwidth.
+double stream_read(const torch::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), "stream_read: float32 contiguous");
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel(), chunk = 1 << 16;
+  std::vector<double> part(at::get_num_threads() + 1, 0.0);
+  at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t lo = c0 * chunk, hi = std::min(n, c1 * chunk);
+    int64_t i = lo;
+    double s = 0.0;
+#if FR_AVX512
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 64 <= hi; i += 64) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+    }
+    s += double(hsum_tree(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+#endif
+    float acc[LANES] = {};
+    for (; i + LANES <= hi; i += LANES)
+      for (int l = 0; l < LANES; ++l) acc[l] += p[i + l];
+    for (; i < hi; ++i) acc[0] += p[i];
+    part[at::get_thread_num()] += s + double(tree16(acc));
+  });
+  double s = 0.0;
+  for (double v : part) s += v;
+  return s;
+}
+
+// A copy of `src` in 2 MiB-aligned memory advised for transparent huge pages (Linux; elsewhere a plain copy):
+// streaming 0.5 GB of weights per step through 4 KiB pages costs a page walk every 4 KiB.
+torch::Tensor huge_page_copy(const torch::Tensor& src) {
+  TORCH_CHECK(src.is_contiguous(), "huge_page_copy: contiguous tensors only");
+  constexpr size_t align = size_t(2) << 20;
+  const size_t bytes = std::max<size_t>(src.nbytes(), 1), size = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size);
+  TORCH_CHECK(p != nullptr, "huge_page_copy: out of memory");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(p, size, MADV_HUGEPAGE);
+#endif
+  std::memcpy(p, src.data_ptr(), src.nbytes());
+  return torch::from_blob(p, src.sizes(), [](void* q) { std::free(q); }, src.options());
+}
+
+void set_portable(bool on) { g_portable = on; }
+bool vectorized() { return FR_AVX512 && !g_portable; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over a virtual concatenation of weights");
+  m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");
+  m.def("silu_mul", &silu_mul, "[gate | up] -> silu(gate) * up");
+  m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
+  m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
+  m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");
+  m.def("stream_read", &stream_read, "read a float32 tensor once (bandwidth probe)");
+  m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
+  m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
+  m.def("vectorized", &vectorized, "whether the AVX-512 path is in use");
+}

@@ -1,0 +1,174 @@
+"""The native kernels: the AVX-512 code against the portable definition (bit for bit), and the engine's
+batch invariance in float32 / bfloat16 - a request's bits never depend on what it is batched with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig, native
+from forerun.runtime_ext.engine.models import build_tiny_model, load_model
+from forerun.runtime_ext.protocol import SamplingParams
+
+K = native.kernels()
+pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
+
+
+def both_paths(fn):
+    """fn() with the vectorized code, then with the portable definition."""
+    K.set_portable(False)
+    try:
+        fast = fn()
+        K.set_portable(True)
+        slow = fn()
+    finally:
+        K.set_portable(False)
+    return fast, slow
+
+
+def assert_same(a, b):
+    for x, y in zip(a if isinstance(a, (list, tuple)) else [a], b if isinstance(b, (list, tuple)) else [b]):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k", [576, 37, 64])
+def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype, k):
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(23, k, generator=g)
+    ws = [torch.randn(50, k, generator=g).to(wdtype), torch.randn(7, k, generator=g).to(wdtype)]
+    bias = torch.randn(57, generator=g)
+    fast, slow = both_paths(lambda: K.linear(x, ws, bias))
+    assert_same(fast, slow)
+    alone = torch.cat([K.linear(x[i : i + 1].contiguous(), ws, bias) for i in range(23)])
+    assert torch.equal(alone, fast) and torch.equal(K.linear(x[5:12].contiguous(), ws, bias), fast[5:12])
+    ref = x.double() @ torch.cat(ws).double().T + bias.double()
+    assert (fast.double() - ref).abs().max() < 1e-3
+
+
+NONE = torch.empty(0, dtype=torch.long)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_vector_path_is_the_portable_definition(dtype):
+    g = torch.Generator().manual_seed(1)
+    B, T, Hq, Hkv, D, length = 3, 5, 6, 2, 32, 20
+    qkv = torch.randn(B * T, (Hq + 2 * Hkv) * D, generator=g, dtype=dtype)
+    cos, sin = torch.randn(B * T, D, generator=g, dtype=dtype), torch.randn(B * T, D, generator=g, dtype=dtype)
+    cache = torch.randn(2, B, Hkv, length + T + 3, D, generator=g, dtype=dtype)
+    starts = torch.tensor([0, 7, 19])
+
+    def run():
+        kv = cache.clone()
+        return [K.attention(qkv, cos, sin, kv[0], kv[1], starts, length, T, Hq, Hkv, 0.17, NONE, NONE, 0), kv]
+
+    fast, slow = both_paths(run)
+    assert_same(fast, slow)
+    # the same row alone (its own keys only) gives the same bits
+    kv = cache[:, 1:2].clone()
+    alone = K.attention(qkv[T : 2 * T].contiguous(), cos[T : 2 * T].contiguous(), sin[T : 2 * T].contiguous(),
+                        kv[0], kv[1], starts[1:2].contiguous(), length, T, Hq, Hkv, 0.17, NONE, NONE, 0)
+    assert torch.equal(alone, fast[0][T : 2 * T])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_over_prefix_segments_equals_the_same_keys_in_the_buffer(dtype):
+    """Keys read in place from prefix segments (radix-cache KV) give the bits of the same keys in the buffer."""
+    g = torch.Generator().manual_seed(3)
+    layers, layer, T, Hq, Hkv, D = 2, 1, 3, 4, 2, 32
+    pieces = [torch.randn(layers, 2, Hkv, n, D, generator=g, dtype=dtype) for n in (17, 5, 40)]
+    prefix = torch.cat(pieces, dim=3)  # [layers, 2, Hkv, 62, D]
+    P, own = prefix.shape[3], 4
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g, dtype=dtype)
+    cos, sin = torch.randn(T, D, generator=g, dtype=dtype), torch.randn(T, D, generator=g, dtype=dtype)
+    tail = torch.randn(2, 1, Hkv, own + T, D, generator=g, dtype=dtype)
+    full = torch.zeros(2, 1, Hkv, P + own + T, D, dtype=dtype)  # the same keys, all in the buffer
+    full[:, 0, :, :P] = prefix[layer]
+    full[:, 0, :, P : P + own] = tail[:, 0, :, :own]
+    seg = torch.tensor([[t.data_ptr(), t.shape[3]] for t in pieces], dtype=torch.long)
+    off = torch.tensor([0, len(pieces)], dtype=torch.long)
+    for portable in (False, True):
+        K.set_portable(portable)
+        try:
+            a = K.attention(qkv, cos, sin, full[0], full[1], torch.tensor([0]), P + own, T, Hq, Hkv, 0.2, NONE, NONE, 0)
+            b = K.attention(qkv, cos, sin, tail[0], tail[1], torch.tensor([0]), own, T, Hq, Hkv, 0.2, seg, off, layer)
+        finally:
+            K.set_portable(False)
+        assert torch.equal(a, b)
+        assert torch.equal(full[:, 0, :, P + own :], tail[:, 0, :, own:])  # the new keys land alike
+
+
+def test_norm_silu_and_vocabulary_math_vector_path_is_the_portable_definition():
+    g = torch.Generator().manual_seed(2)
+    h, add, w = torch.randn(7, 100, generator=g), torch.randn(7, 100, generator=g), torch.randn(100, generator=g)
+
+    def norm():
+        hh = h.clone()
+        return [K.rmsnorm(hh, add, w, 1e-5), hh]
+
+    assert_same(*both_paths(norm))
+    gu = torch.cat([torch.linspace(-100, 100, 999), torch.randn(999, generator=g)]).reshape(1, -1).contiguous()
+    assert_same(*both_paths(lambda: K.silu_mul(gu)))
+    logits = torch.randn(4, 5003, generator=g) * 5
+    fast, slow = both_paths(lambda: K.vocab_stats(logits))
+    assert_same(fast, slow)
+    rows, taus, us = torch.arange(4), torch.tensor([1.0, 0.5, 0.25, 2.0], dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    assert_same(*both_paths(lambda: K.draw(logits, fast[0], rows, taus, us)))
+    lse = torch.logsumexp(logits.double(), -1)
+    assert (fast[0].double() + fast[1] - lse).abs().max() < 1e-6
+
+
+def _requests(tokenizer, n_new):
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Once upon a time",
+             "The capital of France is Paris, and the capital of Italy is"]
+    reqs = []
+    for i in range(20):
+        ids = list(tokenizer.encode(texts[i % len(texts)] + " " * (i // len(texts))))
+        temp = [0.0, 1.0, 0.7, 0.25][i % 4]
+        reqs.append((ids, SamplingParams(max_new_tokens=n_new + i % 3, temperature=temp, seed=i, ignore_eos=True,
+                                         top_logprobs_num=2 if i % 5 == 0 else 0)))
+    return reqs
+
+
+def _key(out):
+    return (out.output_ids, out.output_logq, out.output_logp0, out.output_entropy)
+
+
+def check_batch_sizes_1_to_20(eng, n_new, seed=0):
+    """20 requests alone (cold cache), then in batches of every size 1..20 in random order with the cache
+    left warm: every output's tokens and log-probs are bit-identical to the request alone."""
+    reqs = _requests(eng.tokenizer, n_new)
+    alone = []
+    for ids, p in reqs:
+        eng.flush_cache()
+        alone.append(_key(eng.generate(ids, p)))
+    rng = np.random.default_rng(seed)
+    for size in range(1, 21):
+        order = rng.permutation(20).tolist()
+        for start in range(0, 20, size):
+            chunk = order[start : start + size]
+            outs = eng.generate_batch([reqs[i] for i in chunk])
+            for i, out in zip(chunk, outs):
+                assert _key(out) == alone[i], f"request {i} differs in a batch of {len(chunk)}"
+    assert eng.stats()["max_batch_rows"] == 20
+
+
+def test_float32_batches_of_every_size_are_bit_identical_to_alone():
+    with EmbeddedEngine(build_tiny_model(torch.float32, hidden_size=96), EngineConfig(batch_window_ms=5)) as eng:
+        assert eng.plan.path == "native" and eng.batch_invariant
+        check_batch_sizes_1_to_20(eng, n_new=6)
+
+
+def test_bfloat16_weights_batches_are_bit_identical_and_close_to_float32():
+    with EmbeddedEngine(build_tiny_model(torch.bfloat16, hidden_size=96), EngineConfig(batch_window_ms=5)) as eng:
+        assert eng.kv_dtype == torch.float32
+        check_batch_sizes_1_to_20(eng, n_new=4, seed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_model_batches_of_every_size_are_bit_identical_to_alone(dtype):
+    with EmbeddedEngine(load_model("default", dtype=dtype), EngineConfig(batch_window_ms=20)) as eng:
+        assert eng.plan.path == "native"
+        check_batch_sizes_1_to_20(eng, n_new=4)

@@ -6,7 +6,7 @@
   forward pass (no engine, no radix cache, no ready cache), on every state the session can have held
   while the request ran: the states between the log lengths read before and after the serve (one
   committed-but-not-yet-logged mutation included).
-* Fast-path answers must match the oracle's argmax *and* its logit gap (float64, to 1e-9); an exact match
+* Fast-path answers must match the oracle's argmax *and* its logit gap (float64, to 5e-6: see TOL); an exact match
   reads its own entry, an ad-hoc (relaxed) query the generic header's distribution (§3.4).
 
 No assertion counts how often a path was taken (that is timing): a deterministic sequential phase with
@@ -68,11 +68,17 @@ class ColdOracle:
         return self.cache[ids]
 
 
+# The engine's lean float64 forward keeps RMSNorm in float64; transformers' LlamaRMSNorm casts to float32 and
+# back, so the two differ by up to ~1e-6 in a logit of the tiny model (measured 8.3e-7).  Distinct states of
+# the session differ by orders of magnitude more, so this tolerance still tells every state apart.
+TOL = 5e-6
+
+
 def _agrees(oracle, ids, token, gap):
     z = oracle.logits(ids)
     top = np.sort(z)[-2:]
-    best = set(np.flatnonzero(z >= top[1] - 1e-9).tolist())
-    return token in best and (gap is None or abs((top[1] - top[0]) - gap) < 1e-9)
+    best = set(np.flatnonzero(z >= top[1] - TOL).tolist())
+    return token in best and (gap is None or abs((top[1] - top[0]) - gap) < TOL)
 
 
 def check_serve(oracle, states, rec):

@@ -78,6 +78,9 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     add_model_arguments(e, with_backend=True)
     add_backend_arguments(e, concurrency=True)  # items in flight per runtime (1: clean per-item timings)
     e.add_argument("--data-dir", default=None, help="offline datasets folder (default: FORERUN_DATA_DIR, ../shared/datasets)")
+    e.add_argument("--dataset-file", action="append", default=[], metavar="NAME=PATH",
+                   help="read dataset NAME from this one file (its usual schema), e.g. lcb-v6=lcb_release_v6.jsonl; "
+                        "repeatable")
     e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods)")
     _settings_arguments(e)
     e.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
@@ -122,6 +125,27 @@ def _datasets(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _dataset_files(items: list[str], names: list[str]) -> dict[str, str]:
+    """--dataset-file NAME=PATH entries as {dataset: path}, each naming one of the selected datasets."""
+    from ..eval.datasets import dataset_spec
+
+    files: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path:
+            raise ValueError(f"--dataset-file {item!r}: expected NAME=PATH")
+        try:
+            ds = dataset_spec(name).name
+        except KeyError as e:
+            raise ValueError(f"--dataset-file: {e.args[0]}") from None
+        if ds not in names:
+            raise ValueError(f"--dataset-file {item!r}: {ds} is not among --datasets ({', '.join(names)})")
+        if not os.path.isfile(path):
+            raise ValueError(f"--dataset-file {item!r}: no such file")
+        files[ds] = path
+    return files
+
+
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can be checked before a model is loaded."""
     from ..eval.datasets import load_prompts
@@ -136,7 +160,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     settings = EvalSettings(n=args.n, block=args.block, K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta,
                             best_of=args.best_of, best_of_select=args.best_of_select, smc_particles=args.smc_particles,
                             smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess)
-    prompts = {ds: load_prompts(ds, data_dir=args.data_dir, limit=args.limit) for ds in _datasets(args.datasets)}
+    names = _datasets(args.datasets)
+    files = _dataset_files(args.dataset_file, names)
+    prompts = {ds: load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds)) for ds in names}
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts}
 
 

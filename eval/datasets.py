@@ -7,6 +7,7 @@
     HumanEval               humaneval                       164         humaneval.jsonl
     MBPP                    mbpp                            500         mbpp.jsonl, task_id 11-510
     LCB V6                  lcb-v5 (lcb)                    279         lcb.jsonl (release_v5, NOT v6)
+                            lcb-v6                          (yours)     lcb_v6.jsonl (not shipped; see below)
     GPQA Diamond            gpqa (gpqa-diamond)             198         gpqa_diamond.csv
     MMLU                    mmlu                            14,042      mmlu_test.jsonl (reordered as HF:
                                                                             subjects alphabetical, stable)
@@ -17,6 +18,10 @@ order (its first 20 prompts are the first 20 of AIME 2024 in the HF `Maxwell-Jia
 MBPP is listed with 257 instances (the *sanitized* test split, whose prompts were rewritten); only the
 original full set is available offline, so `mbpp` is its standard test split, task_id 11-510 (500).
 LiveCodeBench v6 has no offline copy: `lcb-v5` is release_v5 (public tests only; label results "lcb-v5").
+A release_v6 file with the same schema (`livecodebench/code_generation_lite` rows: question_content,
+public_test_cases, starter_code) is accepted when given: as `lcb_v6.jsonl` in the data directory, or any path
+through `load_prompts("lcb-v6", file=PATH)` (`forerun eval --dataset-file lcb-v6=PATH`); its results are
+labelled "lcb-v6".
 
 Where the files come from (`resolve_data_dir`): an explicit `data_dir` > env `FORERUN_DATA_DIR` >
 `shared/datasets` found by walking up from this package's source folder (a checkout with `shared/`
@@ -179,7 +184,8 @@ def _mbpp(row: dict, where: str) -> Prompt:
 _FUNC_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 
-def _lcb(row: dict, where: str, index: int) -> Prompt:
+def _lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt:
+    """One LiveCodeBench row; `name` is "lcb-v5" or "lcb-v6" (the release the file holds)."""
     raw = _need(row, "public_test_cases", (str, list), where)
     try:
         tests = json.loads(raw) if isinstance(raw, str) else raw
@@ -189,9 +195,10 @@ def _lcb(row: dict, where: str, index: int) -> Prompt:
         raise DatasetError(f"{where}: public_test_cases must be a list of {{input, output, testtype}} objects")
     starter = row.get("starter_code") or ""
     m = _FUNC_NAME.search(starter)
-    return Prompt("lcb-v5", f"lcb-v5-{index}", _need(row, "question_content", str, where), None,
+    return Prompt(name, f"{name}-{index}", _need(row, "question_content", str, where), None,
                   extra={"tests": tests, "starter_code": starter, "func_name": m.group(1) if m else None,
-                         "testtype": tests[0].get("testtype") if tests else None, "release": "release_v5"})
+                         "testtype": tests[0].get("testtype") if tests else None,
+                         "release": "release_" + name.rsplit("-", 1)[1]})
 
 
 def _mmlu(row: dict, where: str, index: int) -> Prompt:
@@ -230,7 +237,7 @@ class DatasetSpec:
     packaged: tuple[str, ...]
     """File names of the packaged slices (empty: never packaged)."""
     size: int
-    """Rows of the full offline copy."""
+    """Rows of the full offline copy (0: no offline copy ships; the user supplies the file)."""
     hf: str
     """Hugging Face source (Table 3), for `hub=True`."""
     aliases: tuple[str, ...] = ()
@@ -251,6 +258,9 @@ DATASETS: dict[str, DatasetSpec] = {
                     note="standard test split of the full set (task_id 11-510); Table 3's 257 is the sanitized split"),
         DatasetSpec("lcb-v5", "code", ("lcb.jsonl",), (), 279, "livecodebench/code_generation_lite (release_v5)",
                     aliases=("lcb", "livecodebench"), note="release_v5, public tests only; not LCB v6"),
+        DatasetSpec("lcb-v6", "code", ("lcb_v6.jsonl",), (), 0, "livecodebench/code_generation_lite (release_v6)",
+                    aliases=("livecodebench-v6",),
+                    note="not shipped: release_v6 rows in lcb.jsonl's schema, given as a file"),
         DatasetSpec("gpqa", "mc", ("gpqa_diamond.csv",), (), 198, "Idavidrein/gpqa (gpqa_diamond)",
                     aliases=("gpqa-diamond", "gpqa_diamond"), note="choices shuffled per question at load time"),
         DatasetSpec("mmlu", "mc", ("mmlu_test.jsonl",), ("mmlu.jsonl",), 14042, "cais/mmlu (all, test)"),
@@ -353,13 +363,14 @@ def _read_dir(spec: DatasetSpec, folder: Path, names: tuple[str, ...], gpqa_seed
     for fname in names:
         path = folder / fname
         if not path.is_file():
-            raise DatasetError(f"dataset {spec.name!r}: file {path} not found")
+            hint = f" ({spec.note})" if not spec.size else ""
+            raise DatasetError(f"dataset {spec.name!r}: file {path} not found{hint}")
         if spec.name == "gpqa":
             out.extend(_gpqa(row, f"{path}:{ln}", gpqa_seed) for ln, row in _iter_csv(path))
             continue
         rows = _iter_jsonl(path)
-        if spec.name == "lcb-v5":
-            out.extend(_lcb(row, f"{path}:{ln}", i) for i, (ln, row) in enumerate(rows))
+        if spec.name in ("lcb-v5", "lcb-v6"):
+            out.extend(_lcb(row, f"{path}:{ln}", i, spec.name) for i, (ln, row) in enumerate(rows))
         elif spec.name == "mmlu":
             # HF cais/mmlu "all" order: subjects alphabetical, source order within a subject (stable sort)
             parsed = [(row, ln) for ln, row in rows]
@@ -382,15 +393,24 @@ def _read_dir(spec: DatasetSpec, folder: Path, names: tuple[str, ...], gpqa_seed
 
 
 def load_prompts(name: str, *, data_dir: str | os.PathLike[str] | None = None, limit: int | None = None,
-                 hub: bool = False, gpqa_seed: int = GPQA_SHUFFLE_SEED) -> list[Prompt]:
+                 hub: bool = False, gpqa_seed: int = GPQA_SHUFFLE_SEED,
+                 file: str | os.PathLike[str] | None = None) -> list[Prompt]:
     """The first `limit` prompts (all when None) of dataset `name`, in upstream order.
 
     Reads from `resolve_data_dir(data_dir)`; the packaged slices hold 20 prompts, so asking them for more
-    (or for GPQA / LCB, never packaged) raises `DatasetError` naming FORERUN_DATA_DIR.
+    (or for GPQA / LCB, never packaged) raises `DatasetError` naming FORERUN_DATA_DIR.  `file` reads that one
+    file instead, in the dataset's schema (datasets stored as one file only; e.g. an LCB release_v6 copy).
     """
     spec = dataset_spec(name)
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    if file is not None:
+        path = Path(file)
+        if len(spec.files) != 1:
+            raise DatasetError(f"dataset {spec.name!r} is stored as {len(spec.files)} files "
+                               f"({', '.join(spec.files)}): give a data directory instead of one file")
+        prompts = _read_dir(spec, path.parent, (path.name,), gpqa_seed)
+        return prompts if limit is None else prompts[:limit]
     if hub:
         from .datasets_hub import read_hub  # the online reader needs this module's row parsers
 

@@ -61,9 +61,10 @@ def read_hub(spec: DatasetSpec, gpqa_seed: int) -> list[Prompt]:
         got = [_mbpp(r, f"hub:{spec.hf}[{i}]")
                for i, r in enumerate(rows("google-research-datasets/mbpp", "full", split="test"))]
         return [p for p in got if 11 <= p.extra["task_id"] <= 510]
-    if name == "lcb-v5":
-        got = rows("livecodebench/code_generation_lite", split="test", version_tag="release_v5", trust_remote_code=True)
-        return [_lcb(r, f"hub:{spec.hf}[{i}]", i) for i, r in enumerate(got)]
+    if name in ("lcb-v5", "lcb-v6"):
+        got = rows("livecodebench/code_generation_lite", split="test", version_tag="release_" + name[-2:],
+                   trust_remote_code=True)
+        return [_lcb(r, f"hub:{spec.hf}[{i}]", i, name) for i, r in enumerate(got)]
     if name == "gpqa":
         return [_gpqa(r, f"hub:{spec.hf}[{i}]", gpqa_seed)
                 for i, r in enumerate(rows("Idavidrein/gpqa", "gpqa_diamond", split="train"))]

@@ -4,7 +4,7 @@
     math       math500, aime(2024/2025)       `math_answers.grade_math` (last \\boxed{} + math-verify;
                                               AIME: integers)
     mc         gpqa, mmlu                     `choice.grade_choice` (robust letter extraction)
-    code       humaneval, mbpp, lcb-v5        `code.grade_code` (the program and the tests in `eval.sandbox`)
+    code       humaneval, mbpp, lcb-v5/6      `code.grade_code` (the program and the tests in `eval.sandbox`)
 
 `grade(prompt, response_text)` picks the grader by `prompt.category` and returns a `Grade`.
 """

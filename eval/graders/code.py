@@ -4,7 +4,7 @@
     humaneval   solution (the prompt's stub prepended when the solution lacks    it runs to the end
                 the entry point) + the dataset's `check` + check(entry_point)
     mbpp        solution + test_setup_code + the test_list asserts              it runs to the end
-    lcb-v5      stdin tests: the solution with the test's input on stdin        stdout matches (per line, tokens;
+    lcb-v5/v6   stdin tests: the solution with the test's input on stdin        stdout matches (per line, tokens;
                                                                                 floats within 1e-6), every test
                 functional tests: the solution + a call of Solution().<name>    the JSON result equals, every test
                 with the JSON-decoded arguments (one per input line)

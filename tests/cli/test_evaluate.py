@@ -62,6 +62,14 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "--methods", "greedy", "--out", "{tmp}/r.jsonl"], "--datasets is required"),
     (["eval", "--datasets", "math500", "--methods", "presto-power-mh-predictive", "--out", "{tmp}/r.jsonl"],
      "--classifier"),
+    (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v6"], "expected NAME=PATH"),
+    (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v9={tmp}/full.jsonl"],
+     "unknown dataset"),
+    (["eval", "--datasets", "math500", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v6={tmp}/full.jsonl"],
+     "not among --datasets"),
+    (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v6={tmp}/absent.jsonl"],
+     "no such file"),
+    (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--data-dir", "{tmp}"], "not shipped"),
     (["eval", "report", "{tmp}/none.jsonl", "--out", "{tmp}/rep"], "no such run file"),
     (["eval", "report", "{tmp}/full.jsonl", "--out", "{tmp}/full.jsonl"], "not a directory"),
     (["eval", "report", "{tmp}/bad.jsonl", "--out", "{tmp}/rep"], "not a JSON line"),
@@ -138,3 +146,21 @@ def test_items_are_spread_over_every_backend_url(tmp_path, capsys):
     pm = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "power-mh"}
     pre = {r["prompt_id"]: r["response_ids"] for r in recs if r["method"] == "presto-power-mh"}
     assert pm == pre  # identical chains, whichever server ran them
+
+
+def test_an_lcb_v6_file_is_evaluated_and_labelled_v6(tmp_path, capsys):
+    from forerun.eval.datasets import resolve_data_dir
+
+    src = resolve_data_dir()
+    if src.packaged:
+        pytest.skip("the offline LCB copy is not available here")
+    v6 = tmp_path / "lcb_release_v6.jsonl"  # stand-in rows: v6 has v5's schema
+    v6.write_text("".join((src.path / "lcb.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:2]))
+    run = tmp_path / "run.jsonl"
+    assert main(["eval", "--model", "tiny", "--datasets", "lcb-v6", "--dataset-file", f"lcb-v6={v6}",
+                 "--methods", "greedy", "--limit", "2", "--n", "8", "--out", str(run)]) == 0
+    capsys.readouterr()
+    recs = load_run(run, repair=False)
+    assert sorted(r["prompt_id"] for r in recs) == ["lcb-v6-0", "lcb-v6-1"]
+    assert {r["dataset"] for r in recs} == {"lcb-v6"}
+    assert all(r["grade"] is not None for r in recs)

@@ -58,8 +58,43 @@ def test_aliases_and_unknown(shared):
            [p.id for p in load_prompts("lcb-v5", data_dir=shared, limit=3)]
     assert load_prompts("LCB", data_dir=shared, limit=1)[0].dataset == "lcb-v5"
     assert len(load_prompts("gpqa-diamond", data_dir=shared, limit=2)) == 2
-    with pytest.raises(KeyError, match="unknown dataset 'lcb-v6'"):
+    with pytest.raises(KeyError, match="unknown dataset 'lcb-v7'"):
+        load_prompts("lcb-v7", data_dir=shared)
+
+
+def _v6_copy(shared: Path, folder: Path, name: str, rows: int = 4) -> Path:
+    """A stand-in release_v6 file: the first rows of the v5 copy (the schema is the same)."""
+    lines = (shared / "lcb.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:rows]
+    path = folder / name
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_lcb_v6_is_read_from_a_given_file_and_labelled_v6(shared, tmp_path):
+    v5 = load_prompts("lcb-v5", data_dir=shared, limit=4)
+    v6 = load_prompts("lcb-v6", file=_v6_copy(shared, tmp_path, "release_v6_rows.jsonl"))
+    assert [p.dataset for p in v6] == ["lcb-v6"] * 4
+    assert [p.id for p in v6] == [f"lcb-v6-{i}" for i in range(4)]
+    assert {p.extra["release"] for p in v6} == {"release_v6"} and v5[0].extra["release"] == "release_v5"
+    assert [(p.question, p.extra["tests"], p.extra["func_name"]) for p in v6] == \
+           [(p.question, p.extra["tests"], p.extra["func_name"]) for p in v5]
+    assert all(p.category == "code" for p in v6)
+    # the data directory's lcb_v6.jsonl is read the same way; limit applies
+    _v6_copy(shared, tmp_path, "lcb_v6.jsonl")
+    assert [p.id for p in load_prompts("livecodebench-v6", data_dir=tmp_path, limit=2)] == ["lcb-v6-0", "lcb-v6-1"]
+
+
+def test_lcb_v6_missing_or_misused_file_errors(shared, tmp_path):
+    with pytest.raises(DatasetError, match="lcb_v6.jsonl not found.*not shipped"):
         load_prompts("lcb-v6", data_dir=shared)
+    with pytest.raises(DatasetError, match="not found"):
+        load_prompts("lcb-v6", file=tmp_path / "absent.jsonl")
+    with pytest.raises(DatasetError, match="stored as 2 files"):
+        load_prompts("aime", file=tmp_path / "aime.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_content": "q"}\n')
+    with pytest.raises(DatasetError, match="bad.jsonl:1"):
+        load_prompts("lcb-v6", file=bad)
 
 
 def test_limit(shared):

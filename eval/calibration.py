@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import binomtest
@@ -186,3 +186,16 @@ def plot_risk_coverage(points: Sequence[GatePoint], path: str, *, title: str = "
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def first_token_labels(tokenizer: Any, words: Mapping[str, Sequence[str]]) -> dict[int, str]:
+    """A, the fast-answer set of a task: the first token of each answer word (with and without a leading
+    space) -> its label.  A first token that starts words of two labels is ambiguous and left out."""
+    claims: dict[int, set[str]] = {}
+    for label, variants in words.items():
+        for w in variants:
+            for variant in (w, " " + w):
+                ids = tokenizer.encode(variant, add_special_tokens=False)
+                if ids:
+                    claims.setdefault(int(ids[0]), set()).add(label)
+    return {t: next(iter(lbl)) for t, lbl in claims.items() if len(lbl) == 1}

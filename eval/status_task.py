@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .calibration import GatePair
+from .calibration import GatePair, first_token_labels
 from ..programs.sessions import SessionFormat, StreamingSession
 from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ..runtime_ext.preposition.ready_cache import GateConfig
@@ -99,16 +99,8 @@ def make_windows(n: int, *, seed: int = 0, max_batches: int = 4) -> list[StatusW
 
 
 def answer_tokens(tokenizer: Any) -> dict[int, str]:
-    """A: the first token of each answer word, with and without a leading space -> its label
-    (a first token shared by both labels is left out)."""
-    claims: dict[int, set[str]] = {}
-    for label, words in ANSWER_WORDS.items():
-        for w in words:
-            for variant in (w, " " + w):
-                ids = tokenizer.encode(variant, add_special_tokens=False)
-                if ids:
-                    claims.setdefault(int(ids[0]), set()).add(label)
-    return {t: next(iter(lbl)) for t, lbl in claims.items() if len(lbl) == 1}
+    """A: the first token of each answer word (with and without a leading space) -> its label."""
+    return first_token_labels(tokenizer, ANSWER_WORDS)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from .calibration import GatePair, GatePoint, gate_point, pick_threshold, sweep_threshold
+from .calibration import GatePair, GatePoint, first_token_labels, gate_point, pick_threshold, sweep_threshold
 from ..programs.sessions import SessionFormat, StreamingSession
 from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ..runtime_ext.preposition.ready_cache import GateConfig
@@ -75,18 +75,9 @@ def make_windows(n: int, length: int = 12, *, seed: int = 0, drift: float = 1.0,
 
 
 def answer_tokens(tokenizer: Any) -> dict[int, Direction]:
-    """A: the first token of each answer word (with and without a leading space) -> its direction.
-
-    A token that starts words of both directions is ambiguous and left out.
-    """
-    claims: dict[int, set[str]] = {}
-    for label, words in ANSWER_WORDS.items():
-        for w in words:
-            for variant in (w, " " + w):
-                ids = tokenizer.encode(variant, add_special_tokens=False)
-                if ids:
-                    claims.setdefault(int(ids[0]), set()).add(label)
-    return {t: next(iter(lbl)) for t, lbl in claims.items() if len(lbl) == 1}  # type: ignore[misc]
+    """A: the first token of each answer word (with and without a leading space) -> its direction; a token
+    that starts words of both directions is ambiguous and left out."""
+    return first_token_labels(tokenizer, ANSWER_WORDS)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

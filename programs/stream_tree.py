@@ -81,14 +81,16 @@ class StateRef:
         self.state = kernel.decide(parent, self.cut, suffixes, self.transition, stream).proposal
         return self.state
 
-    def tokens(self, upto: int, rows: Rows, kernel: TransitionKernel, stream: DecisionStream) -> np.ndarray | None:
-        """x_{0:upto} of this state, or None while a position is not decoded yet."""
+    def tokens(self, upto: int, rows: Rows, kernel: TransitionKernel, stream: DecisionStream,
+               waits: dict[str, int] | None = None) -> np.ndarray | None:
+        """x_{0:upto} of this state, or None while a position is not decoded yet (then `waits[rid]` = the
+        tokens the running row must have decoded for it to be known)."""
         if self.state is not None:
             return self.state.tokens[:upto]
         if self.parent is None or self.cut < 0:
             return None
         if upto <= self.cut:
-            return self.parent.tokens(upto, rows, kernel, stream)
+            return self.parent.tokens(upto, rows, kernel, stream, waits)
         if self.requests is None:
             return None
         if len(self.requests) > 1:  # MultiTryMH: the proposal is the selected candidate, known once all are
@@ -96,8 +98,10 @@ class StateRef:
             return None if state is None else state.tokens[:upto]
         row = rows.get(self.requests[0])
         if row is None or len(row.ids) < upto - self.cut:
+            if row is not None and waits is not None:
+                waits[row.rid] = min(waits.get(row.rid, upto - self.cut), upto - self.cut)
             return None
-        head = self.parent.tokens(self.cut, rows, kernel, stream)
+        head = self.parent.tokens(self.cut, rows, kernel, stream, waits)
         if head is None:
             return None
         return np.concatenate([head, np.asarray(row.ids[: upto - self.cut], dtype=np.int64)])
@@ -136,9 +140,10 @@ Expand = Callable[[TreeNode], None]
 
 
 def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: int, expand: Expand, *,
-              traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None) -> list[TreeNode]:
+              traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None) -> Iterator[TreeNode]:
     """The first `max_nodes` nodes below the realized state `root` (which decides transition
-    `first_transition`; depth < depth_cap) in traversal order, each expanded.
+    `first_transition`; depth < depth_cap) in traversal order, each expanded (lazily: a consumer that has
+    spent its budget stops early).
 
     "bfs": depth by depth; "predictive": best first by the probability that the walk reaches the node, with
     ĥ = hhat(node) at every expanded node.  Below a node whose cut is unknown the acceptance child's state
@@ -146,15 +151,16 @@ def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: 
     if traversal == "predictive" and hhat is None:
         raise ValueError("the predictive traversal needs hhat")
     if depth_cap < 1 or max_nodes < 1:
-        return []
+        return
     order = itertools.count()
     start = TreeNode(depth=0, transition=first_transition, state=root, known_cut=root.cut, accepts=0, reach=1.0, heap=0)
     frontier: Any = deque([start]) if traversal == "bfs" else [(-1.0, 0, next(order), start)]
-    out: list[TreeNode] = []
-    while frontier and len(out) < max_nodes:
+    count = 0
+    while frontier and count < max_nodes:
         node = frontier.popleft() if traversal == "bfs" else heapq.heappop(frontier)[3]
         expand(node)
-        out.append(node)
+        count += 1
+        yield node
         if node.depth + 1 >= depth_cap:
             continue
         h = float(hhat(node)) if traversal == "predictive" else 0.5
@@ -163,7 +169,6 @@ def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: 
                 frontier.append(child)
             else:
                 heapq.heappush(frontier, (-child.reach, child.depth, next(order), child))
-    return out
 
 
 def _children(node: TreeNode, h: float) -> Iterator[TreeNode]:

@@ -157,7 +157,10 @@ class _BlockRun:
         self.started: list[Row] = []
         self.windows: list[Window] = []
         self.needs: tuple[SuffixRequest, ...] = ()
-        self.max_nodes = min(self.pf.max_nodes, 4 * self.pf.budget + 16)
+        self.max_nodes = self.pf.max_nodes
+        self.waits: dict[str, int] = {}
+        """rid -> tokens that running row must decode before a node the last plan met becomes feasible."""
+        self.dirty = True
         self.lockstep = bool(getattr(self.io, "lockstep", False))
 
     # ------------------------------------------------------------------------------------------ the loop
@@ -165,8 +168,10 @@ class _BlockRun:
         try:
             while self.k < self.K:
                 if self.advance():
+                    self.dirty = True
                     continue
-                self.plan()
+                if self.dirty:  # re-plan only when the feasible set or the ranking may have changed
+                    self.plan()
                 self.consume()
         finally:
             for row in list(self.by_rid.values()):
@@ -192,11 +197,15 @@ class _BlockRun:
                 raise EngineError(f"streamed row {u.rid} failed: {u.error}") from u.error
             if u.aborted:
                 self.forget(row)
+                self.dirty = True
                 continue
             window.row_steps += max(len(u.ids) - len(row.ids), 0)
             row.ids = u.ids
             if u.suffix is not None:
                 row.suffix = u.suffix
+                self.dirty = True
+            elif len(u.ids) >= self.waits.get(row.rid, len(u.ids) + 1):
+                self.dirty = True
 
     # ------------------------------------------------------------------------------------------ the walk
     def requests_at(self, tokens: np.ndarray, cut: int, j: int) -> tuple[SuffixRequest, ...]:
@@ -236,6 +245,7 @@ class _BlockRun:
         became feasible (a child inside a running row) displaces - and start the rest."""
         nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand,
                           traversal=self.pf.traversal, hhat=self.hhat if self.pf.traversal == "predictive" else None)
+        self.dirty, self.waits = False, {}
         missing = [r for r in dict.fromkeys(self.needs) if r not in self.rows]
         if missing or not self.windows:  # the walk waits on a request no row was running: a new window
             self.open_window()
@@ -243,6 +253,8 @@ class _BlockRun:
         target: dict[SuffixRequest, str | None] = dict.fromkeys(self.needs)
         slots = limit - sum(1 for r in self.needs if not self.complete(r))
         for node in nodes:
+            if slots <= 0:  # every later node ranks below the N_pf kept: none can displace one
+                break
             if node.requests is None:
                 continue
             todo = [r for r in dict.fromkeys(node.requests) if r not in target]
@@ -257,6 +269,7 @@ class _BlockRun:
         for req, source in target.items():
             if req not in self.rows:
                 self.start([req], source)
+                self.dirty = True  # the next plan learns where the new row's children become feasible
         self.windows[-1].max_rows = max(self.windows[-1].max_rows, len(self.running_rows()))
 
     def complete(self, request: SuffixRequest) -> bool:
@@ -272,7 +285,7 @@ class _BlockRun:
             node.cut = self.kernel.cut(state, node.transition, self.stream)
         else:
             node.cut = self.kernel.cut(self.root.state, node.transition, self.stream)  # depends on T only
-        tokens = node.state.tokens(node.cut, self.rows, self.kernel, self.stream)
+        tokens = node.state.tokens(node.cut, self.rows, self.kernel, self.stream, self.waits)
         if tokens is not None:
             node.requests = self.requests_at(tokens, node.cut, node.transition)
 

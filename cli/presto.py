@@ -4,6 +4,7 @@
                    (--prompt TEXT | --dataset NAME --index I) [--n --block --K --alpha --seed]
                    [--model M | --backend URL[,URL...] [--tokenizer PATH]] [--records FILE] [--json]
     forerun bench presto [--dataset math500 --prompts P --n --block --K --npf --samplers ...]
+                         [--traversals bfs predictive streaming streaming-predictive] [--cost-model]
                          [--model M [--concurrency N] | --backend URL[,URL...] [--concurrency N] [--flush-cache]]
                          [--paper] [--records FILE] [--json]
 
@@ -33,6 +34,9 @@ __all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS",
 
 SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
 
+TRAVERSAL_CHOICES = ("bfs", "predictive", "streaming", "streaming-predictive")
+"""PreSTO variants: round-based (BFS / predictive rule) and streaming (issue 12) in BFS or ĥ order."""
+
 CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
 """CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
 
@@ -46,7 +50,9 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=None, help="run seed (default 10086)")
     add_model_arguments(p, with_backend=True)
     add_backend_arguments(p, concurrency=concurrency)
-    p.add_argument("--traversal", choices=("bfs", "predictive"), default="bfs", help="tree traversal rule (bfs)")
+    p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default="bfs",
+                   help="tree traversal rule (bfs); streaming[-predictive]: streaming PreSTO, rows started the moment "
+                        "their prefix exists, N_pf rows at once, BFS (or ĥ) order")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
     p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
@@ -82,6 +88,13 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
                    help="samplers to pair with their PreSTO variants (default power-mh)")
     b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")
+    b.add_argument("--traversals", nargs="+", choices=TRAVERSAL_CHOICES, default=None,
+                   help="several PreSTO variants side by side against one set of sequential chains (default: "
+                        "--traversal), e.g. bfs predictive streaming")
+    b.add_argument("--cost-model", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure the decode-step time against the rows decoding (embedded engine) and predict each "
+                        "row's call time from its decode steps and row-steps (default: on when a streaming variant "
+                        "runs on the embedded engine)")
     b.add_argument("--flush-cache", action="store_true",
                    help="with --backend: flush the server's prefix cache before each chain (waits for the server to "
                         "be idle; never by default: a shared server's cache belongs to its other users too). The "
@@ -103,12 +116,15 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                 seed=base["seed"] if args.seed is None else args.seed)
 
 
-def _prefetch(args: argparse.Namespace, npf: int):
+def _prefetch(args: argparse.Namespace, npf: int, traversal: str | None = None):
     from ..programs.samplers import PrefetchConfig
 
-    cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, call_overhead=args.call_overhead,
+    traversal = traversal or args.traversal
+    streaming = traversal.startswith("streaming")
+    cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
+                call_overhead=None if streaming else args.call_overhead,
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
-    if args.traversal == "bfs":
+    if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
     if not args.classifier:
         raise CommandError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
@@ -164,7 +180,9 @@ def _checked_inputs(args: argparse.Namespace, kinds: list[str]) -> tuple[dict[st
     """Everything that can be wrong with the arguments, found before the model loads."""
     output_file(args.records, "--records")
     st = _settings(args)
-    return st, _configs(args, kinds, st), _prefetch(args, st["npf"])
+    labels = getattr(args, "traversals", None) or [args.traversal]
+    prefetch = {label: _prefetch(args, st["npf"], label) for label in dict.fromkeys(labels)}
+    return st, _configs(args, kinds, st), prefetch
 
 
 # sample / bench presto report an engine or server failure with exit 2 (their contract since the first release)
@@ -175,7 +193,8 @@ def sample_command(args: argparse.Namespace) -> int:
     from ..programs.records import RecordWriter
     from ..programs.samplers import make_sampler
 
-    st, (cfg,), prefetch = _checked_inputs(args, [args.sampler])
+    st, (cfg,), variants = _checked_inputs(args, [args.sampler])
+    prefetch = variants[args.traversal]
     if not args.dataset and not args.prompt:
         raise CommandError("--prompt must not be empty")
     prompt = _dataset_prompt(args) if args.dataset else None
@@ -213,7 +232,7 @@ def sample_command(args: argparse.Namespace) -> int:
 
 @reports_errors("bench presto", engine_error_code=2)
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import timestamp
+    from ..eval.bench_presto import cost_model_prediction, timestamp
     from ..eval.datasets import load_prompts
 
     st, configs, prefetch = _checked_inputs(args, list(args.samplers))
@@ -228,19 +247,26 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         rows = _bench_rows(args, pool, prompts, configs, prefetch)
         wall = time.perf_counter() - start
+        leases = list(pool.leases)  # the chains' (the cost model below leases a slot too)
+        cost = _cost_model(args, pool, prompts, prefetch, st)
     runtime = pool.first
-    chains = 2 * len(prompts) * len(configs)
+    chains = (1 + len(prefetch)) * len(prompts) * len(configs)
     meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype,
             "backend": runtime.location if len(pool.runtimes) == 1 else [rt.location for rt in pool.runtimes],
-            "concurrency": pool.slots, "chains_per_runtime": pool.leases, "chains": chains, "wall_s": wall,
+            "concurrency": pool.slots, "chains_per_runtime": leases, "chains": chains, "wall_s": wall,
             "chains_per_s": chains / wall, "determinism": notes[0] if notes else "token for token",
             "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
-            "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead}
+            "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead,
+            "traversals": list(prefetch)}
+    if cost is not None:
+        meta["cost_model"] = cost
+        for r in rows:
+            r["cost_model_prediction"] = cost_model_prediction(r, cost["fit"])
     if args.json:
         print_json({"meta": meta, "rows": rows})
     else:
         _print_bench(args, meta, rows, st, len(prompts))
-    not_identical = [r["sampler"] for r in rows if r["identical_chains"] != r["prompts"]]
+    not_identical = [f"{r['sampler']} ({r['traversal']})" for r in rows if r["identical_chains"] != r["prompts"]]
     if not_identical and not notes:
         print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
         return 1
@@ -253,11 +279,12 @@ def _print_bench(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict
 
     print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
           f"{args.dataset} × {n_prompts} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
-          f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} traversal={args.traversal}")
+          f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} variants={','.join(meta['traversals'])}")
     print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
           "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
           "nodes,req/call = PreSTO nodes scored and requests generated per call")
     print(format_table(rows))
+    _print_streaming(rows, meta)
     print(f"{meta['chains']} chains in {meta['wall_s']:.2f} s = {meta['chains_per_s']:.3f} chains/s "
           f"(concurrency {meta['concurrency']} per runtime, chains per runtime {meta['chains_per_runtime']}); "
           f"determinism: {meta['determinism']}")
@@ -275,10 +302,49 @@ def _bench_rows(args: argparse.Namespace, pool: Any, prompts: list[Any], configs
     items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
     _check_context(runtime, [len(ids) for _, ids in items], configs[0].response_length)
     writer = RecordWriter(args.records, model=runtime.name) if args.records else None
-    total = 2 * len(items) * sum(cfg.num_blocks * cfg.steps_per_block for cfg in configs)
+    total = (1 + len(prefetch)) * len(items) * sum(cfg.num_blocks * cfg.steps_per_block for cfg in configs)
     flush = args.flush_cache or (runtime.is_embedded and pool.slots == 1)  # never a shared server by default
     with _bar(total, "bench presto") as bar:
         pairs = run_pairs(pool, items, configs, prefetch, flush=flush, progress=bar.set_postfix_str,
                           on_transitions=bar.update,
                           on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
     return [pair.table_row() for pair in pairs]
+
+
+def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetch: dict[str, Any],
+                st: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-step cost against rows (`step_cost_curve`) on the embedded engine, when asked or by default with a
+    streaming variant; None on a server (no step timer) or when not wanted."""
+    runtime = pool.first
+    wanted = args.cost_model if args.cost_model is not None else any(p.streaming for p in prefetch.values())
+    if not wanted or not runtime.is_embedded:
+        return None
+    from ..eval.bench_presto import step_cost_curve
+    from ..programs.prompts import chat_prompt_ids
+
+    ids = chat_prompt_ids(runtime.tokenizer, prompts[0].messages())
+    sizes = sorted({1, 2, 4, 6, 8, 12, 16, st["npf"]} | ({20} if st["npf"] >= 20 else set()))
+    with pool.lease() as rt:
+        return step_cost_curve(rt.engine, ids, rows=sizes)
+
+
+def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    for r in rows:
+        sm = r.get("streaming")
+        if sm:
+            print(f"{r['sampler']} {r['traversal']}: {sm['transitions_per_window']:.2f} transitions/window, "
+                  f"{sm['decode_steps_per_window']:.1f} decode steps/window, {sm['rows_per_step']:.2f} rows/step "
+                  f"(max {sm['max_rows']}), rows started/aborted per window {sm['rows_started_per_window']:.1f}/"
+                  f"{sm['rows_aborted_per_window']:.1f}, wasted tokens {100 * sm['wasted_token_share']:.0f}%")
+    cost = meta.get("cost_model")
+    if not cost:
+        return
+    rel = ", ".join(f"{p['rows']}:{p['x_one_row']:.2f}x" for p in cost["relative"])
+    print(f"cost model: decode step t(r) = {1000 * cost['fit']['a_s']:.2f} ms + {1000 * cost['fit']['b_s']:.2f} ms·r "
+          f"(rows:time vs one row {rel})")
+    for r in rows:
+        pred = r["cost_model_prediction"]
+        print(f"  {r['sampler']} {r['traversal']}: decode steps {r['decode_steps'][0]:.0f}/{r['decode_steps'][1]:.0f}, "
+              f"row-steps {r['row_steps'][0]:.0f}/{r['row_steps'][1]:.0f}; predicted speedup "
+              f"{pred['predicted_speedup']:.2f}x (measured {pred['measured_speedup']:.2f}x), "
+              f"where rows are free {pred['speedup_rows_free']:.2f}x")

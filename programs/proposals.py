@@ -193,6 +193,13 @@ class ProgramProposalModel:
         self.require_entropy = bool(require_entropy)
         self.last_wall_time = math.nan
 
+    def streams(self) -> Any:
+        """The rows of streaming PreSTO on this backend's engine (`stream_proposals.EngineStreams`)."""
+        from .stream_proposals import open_streams  # it reads suffixes with this module's helpers
+
+        return open_streams(self.backend, tempered_temperatures=self.tempered_temperatures,
+                            require_entropy=self.require_entropy)
+
     def generate(self, requests: Sequence[SuffixRequest]) -> list[Suffix]:
         if not requests:
             raise ValueError("a model call needs at least one request")

@@ -133,6 +133,9 @@ class PrefetchConfig:
     the predicted transitions F̂ within the budget (Eq. 17); a number: maximise F̂ / (κ0 + requests)."""
     reuse_suffixes: bool = True
     """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
+    streaming: bool = False
+    """Streaming PreSTO (`streaming`, issue 12): every request is a row started the moment its prefix is
+    known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -254,6 +257,7 @@ class BlockwiseSampler:
         self.kernel = make_kernel(config)
         self.clock = clock
         self._progress: Callable[[int], None] | None = None
+        self._last_steps = 0
 
     @property
     def name(self) -> str:
@@ -269,6 +273,7 @@ class BlockwiseSampler:
         todo = [r for r in unique if cache is None or r not in cache]
         by_request = {r: cache.get(r) for r in unique if cache is not None and r in cache}
         wall = 0.0
+        self._last_steps = max((r.max_tokens for r in todo), default=0)  # decode steps of the call (one per token)
         if todo:
             start = self.clock()
             out = self.model.generate(todo)
@@ -346,7 +351,8 @@ class SequentialSampler(BlockwiseSampler):
             result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
                                            kind="mh", block=block, wall_time=wall, nodes_scored=1,
                                            distinct_requests=distinct, generated_requests=generated,
-                                           generated_tokens=tokens, transitions=1, nodes=(node,)))
+                                           generated_tokens=tokens, transitions=1, nodes=(node,),
+                                           decode_steps=self._last_steps, row_steps=tokens))
             result.history.append(accepted)
             if accepted:
                 result.state = decision.proposal
@@ -437,7 +443,8 @@ class PrestoSampler(BlockwiseSampler):
                                        kind="mh" if generated else "reuse", block=block, wall_time=wall,
                                        nodes_scored=len(nodes), distinct_requests=distinct,
                                        generated_requests=generated, generated_tokens=tokens,
-                                       transitions=len(steps), speculation_misses=scored.misses, nodes=nodes))
+                                       transitions=len(steps), speculation_misses=scored.misses, nodes=nodes,
+                                       decode_steps=self._last_steps, row_steps=tokens))
         result.history.extend(s.accepted for s in steps)
         state = scored.state_of(final)
         assert state is not None  # the walk only passes scored proposals
@@ -447,5 +454,9 @@ class PrestoSampler(BlockwiseSampler):
 
 def make_sampler(model: ProposalModel, config: SamplerConfig, *, presto: bool = False,
                  prefetch: PrefetchConfig = PrefetchConfig()) -> BlockwiseSampler:
-    """The sequential sampler of `config.kind`, or its PreSTO variant."""
+    """The sequential sampler of `config.kind`, or its PreSTO variant (streaming when `prefetch.streaming`)."""
+    if presto and prefetch.streaming:
+        from .streaming import StreamingPrestoSampler  # it builds on this module
+
+        return StreamingPrestoSampler(model, config, prefetch)
     return PrestoSampler(model, config, prefetch) if presto else SequentialSampler(model, config)

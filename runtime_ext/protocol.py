@@ -14,7 +14,7 @@ SGLang-shaped `meta_info` plus typed per-token arrays:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,47 @@ class Engine(Protocol):
     def flush_cache(self) -> None: ...
 
     def server_info(self) -> dict[str, Any]: ...
+
+
+# -- runtime extension: streamed rows (issue 12, streaming PreSTO) --------------------------------------
+@dataclass(frozen=True)
+class RowEvent:
+    """Progress of one streamed request: the tokens generated so far; `output` once it finished (an aborted
+    request finishes with finish_reason {"type": "abort"}), `error` when it failed."""
+
+    rid: str
+    output_ids: tuple[int, ...]
+    finished: bool = False
+    output: GenerateOutput | None = None
+    error: BaseException | None = None
+
+    @property
+    def aborted(self) -> bool:
+        reason = (self.output.meta_info.get("finish_reason") or {}) if self.output is not None else {}
+        return reason.get("type") == "abort"
+
+
+RowListener = Callable[[list[RowEvent]], None]
+"""Receives the events of a batch of streamed rows (the embedded engine: once per decode step)."""
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """Optional runtime extension: start a request without waiting, hear its progress token by token, and
+    let a request start from a running request's tokens.
+
+    - `submit_stream(ids, params, rid=, listener=, share_from=)`: the request runs like `generate`; the
+      listener receives `RowEvent`s as tokens arrive and once at the end (finished, aborted or failed).
+    - `share_from=rid` names a running request whose tokens so far begin with `ids` (up to a position p):
+      the embedded engine shares that row's KV (the child's prefill is a cache hit); an SGLang server
+      re-prefills the tokens the parent generated after its own prompt (c′ − c for a PreSTO child),
+      unless its radix cache already holds them.  It is a hint: outputs never depend on it.
+    - `abort(rid)` stops a request (queued or running); its slot is free for the next one.
+    The embedded engine calls the listener on its worker thread between decode steps (a request the
+    listener submits joins the next step); a server client calls it from its stream-reading thread.
+    """
+
+    def submit_stream(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
+                      listener: RowListener, share_from: str | None = None) -> None: ...
+
+    def abort(self, rid: str) -> None: ...

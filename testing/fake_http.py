@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from .fake_stream import write_event_stream
+
 if TYPE_CHECKING:
     from .fake_sglang_server import FakeSGLangServer
 
@@ -67,6 +69,10 @@ class Handler(BaseHTTPRequestHandler):
                 server.requests.append((path, body))
             if path == "/generate":
                 self._generate(body)
+            elif path == "/abort_request":
+                with server.lock:
+                    server.aborted_rids.add(str((body or {}).get("rid")))
+                self._send(200, b"", "text/plain")
             elif path in ("/server_info", "/get_server_info"):
                 self._send(200, server.server_info())
             elif path in ("/health", "/health_generate", "/ready"):
@@ -129,6 +135,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         out = server.handle_generate(body)
+        if isinstance(body, dict) and body.get("stream") and isinstance(out, dict):
+            rid = out["meta_info"].get("id", "")
+            write_event_stream(self, out, rid, lambda r: r in server.aborted_rids, server.stream_step_s)
+            return
         for o in (out if isinstance(out, list) else [out]):
             if mode == "abort":
                 o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",

@@ -27,7 +27,8 @@ The server's modes, as SGLang's:
 
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
-POST /open_session, POST /close_session, GET /metrics (Prometheus text).
+POST /open_session, POST /close_session, GET /metrics (Prometheus text), POST /abort_request; a /generate
+with `"stream": true` answers with SGLang's server-sent events (`fake_stream`).
 
 Failure injection (`FakeSGLangServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
@@ -96,6 +97,9 @@ class FakeSGLangServer:
         self.deterministic = deterministic
         self.sampling_backend = sampling_backend or ("pytorch" if deterministic else "flashinfer")
         self.step_s = step_s
+        self.stream_step_s = 0.002
+        """Pause between the chunks of a streamed /generate (`fake_stream`): children start mid-stream."""
+        self.aborted_rids: set[str] = set()
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None

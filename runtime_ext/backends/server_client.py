@@ -45,6 +45,7 @@ import requests
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
 from .server_sessions import SessionMirror
+from .server_stream import ServerStreamingMixin
 from .server_wire import (
     ENTROPY_KEY,
     LOGP0_KEY,
@@ -146,8 +147,9 @@ def _load_tokenizer(path: str) -> Any:
         ) from e
 
 
-class SGLangServerClient:
-    """The SGLang server as a forerun `Engine` (generate / generate_batch / flush_cache / server_info)."""
+class SGLangServerClient(ServerStreamingMixin):
+    """The SGLang server as a forerun `Engine` (generate / generate_batch / flush_cache / server_info) and a
+    `protocol.StreamingEngine` (`server_stream`)."""
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  http: requests.Session | None = None) -> None:

@@ -73,6 +73,9 @@ class Request:
     input_top: list[Any] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     stop_text_cut: int | None = None
+    # streaming (runtime extension, `streaming`): progress listener and the running row to share KV from
+    listener: Any = None
+    share_from: str | None = None
 
     @property
     def input_logprob_start(self) -> int:

@@ -45,10 +45,11 @@ from .output import build_output
 from .prefill import PromptKV, compute_prompt_kv, fill_input_logprobs, prefill_span
 from .radix_cache import RadixCache, RadixNode
 from .requests import Request, RequestMode, command_request, make_request
+from .streaming import StreamingMixin, notify_rows
 
 
-class EmbeddedEngine:
-    """In-process CPU engine (see module docstring); satisfies `protocol.Engine`."""
+class EmbeddedEngine(StreamingMixin):
+    """In-process CPU engine (see module docstring); satisfies `protocol.Engine` and `protocol.StreamingEngine`."""
 
     def __init__(self, model: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
         if not isinstance(model, LoadedModel):
@@ -81,7 +82,8 @@ class EmbeddedEngine:
         self._closed = False
         self._counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "decode_steps": 0,
                           "decode_rows": 0, "prefill_tokens": 0, "prefill_calls": 0, "generated_tokens": 0,
-                          "max_batch_rows": 0, "peak_kv_pool_tokens": 0, "rebuilds": 0}
+                          "max_batch_rows": 0, "peak_kv_pool_tokens": 0, "rebuilds": 0, "decode_s": 0.0,
+                          "stream_shared_tokens": 0}
         self._after_prefill = {RequestMode.GENERATE: self._start_decode, RequestMode.LOGITS: self._return_logits,
                                RequestMode.PIN: self._hold_pin}
         self._worker = threading.Thread(target=self._loop, name="forerun-engine", daemon=True)
@@ -329,15 +331,17 @@ class EmbeddedEngine:
         req.error = exc
         self._counters["failed"] += 1
         req.done.set()
+        notify_rows([req])
 
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
         req.finish_reason = reason
         self._release(req)
         req.result = build_output(req, self.tokenizer)
         self._counters["finished"] += 1
+        req.done.set()
         if reason.get("type") == "abort":
             self._counters["aborted"] += 1
-        req.done.set()
+            notify_rows([req])
 
     def _handle_aborts(self) -> None:
         with self._cv:
@@ -401,6 +405,7 @@ class EmbeddedEngine:
     def _prefill(self, r: Request) -> list[torch.Tensor] | None:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
+        self._share_from_parent(r)
         span = prefill_span(r)
         kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters,
                                share_prefix=self._normal.share_prefix)
@@ -443,6 +448,7 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------------------------- decode
     def _step(self, batch: RunningBatch) -> None:
         """One batched decode step: a token for every row; finished rows leave the batch."""
+        start = time.perf_counter()
         batch.ensure_step_room()  # capacity covers max_new_tokens; kept as a guard
         rows = list(batch.rows)
         x, positions, mask, row_starts = batch.step_inputs()
@@ -455,9 +461,11 @@ class EmbeddedEngine:
         finished = sample_step(rows, logits, vocab_size=self.vocab_size, eos_token_ids=self.model_info.eos_token_ids,
                                tokenizer=self.tokenizer, kernels=self.plan.kernels)
         self._counters["generated_tokens"] += B
+        self._counters["decode_s"] += time.perf_counter() - start  # forward + sampling (per-step cost model)
         self._note_pool()
         if finished:
             self._retire(batch, finished)
+        notify_rows(rows)
 
     def _retire(self, batch: RunningBatch, finished: Sequence[Finished]) -> None:
         """Cache the finished rows' KV, take them out of the batch, then finish or fail each."""

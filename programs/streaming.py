@@ -1,0 +1,347 @@
+"""Streaming PreSTO (issue 12): a prefetched request starts the moment its prefix exists.
+
+Round-based PreSTO (`samplers.PrestoSampler`) generates a subtree per batched call, and Condition 1 keeps a
+request whose cut c′ lies beyond its parent proposal's cut c out of the call that generates that proposal.
+Here every request is a *row* of its own, started the moment it is feasible - its prefix x_{0:c′} is known,
+possibly because the parent proposal's row has just decoded position c′ − 1 (`stream_tree`) - and the MH
+walk decides transition k the moment the proposal of the realized state is complete.  After each step of
+the engine (`stream_proposals.ProposalStreams.updates`) the sampler:
+
+1. walks as far as the completed proposals allow - with the kernel's own `cut`, `requests`, `decide` and
+   the decision stream's uniform at the realized state, i.e. exactly the sequential sampler's decisions;
+2. enumerates the tree below the realized state (BFS, or best first by the reach probability of the
+   predictive rule's ĥ) and keeps the N_pf best-ranked feasible requests running: rows no node needs any
+   more (the walk went the other way) or that a better-ranked request displaces are aborted at once, and
+   their slots go to the next feasible requests.
+
+Exactness (Proposition 1): the walk looks rows up by the exact `SuffixRequest` the sequential sampler would
+send at the realized state (same prefix ids, length, τ, seed of transition j); the engine keys noise by
+(seed, absolute position) and is batch-invariant, so a row started early, next to other rows or with
+shared KV, returns the suffix that request returns in any call.  Speculation only decides *which* rows run.
+
+Windows.  A window is the streaming counterpart of a call: at most T engine decode steps (the longest a
+round-based call or a sequential step can take), and a new one also opens when the walk needs a request no
+row was running (a restart: the engine starts it from scratch, as a new call would).  Windows partition the
+MH phase, so their wall times add up to the model-call time of Eq. 20 (block extensions excluded), and
+transitions per window compare with transitions per call; within one the walk crosses any number of
+acceptances.  Each window is one `CallRecord` (kind "mh") with the rows started and aborted in it, the
+wasted tokens (of rows the walk never used), its decode steps and Σ rows over them.  (On a server, whose
+events are not decode steps, only restarts open windows.)
+
+    paper / notion                             code
+    N_pf (concurrent distinct rows)            PrefetchConfig.budget
+    traversal rule                             PrefetchConfig.traversal ("bfs" | "predictive")
+    MHTransition at the realized state         _BlockRun.advance
+    prefetch: abort unreachable, start rows    _BlockRun.plan
+    window (a "call")                          Window -> CallRecord
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..runtime_ext.protocol import EngineError
+from .acceptance import accept_decision
+from .cut_statistics import root_cut_features
+from .prefetch_tree import accept_child
+from .proposals import ProposalModel, Suffix, SuffixRequest
+from .random_streams import DecisionStream
+from .records import CallRecord
+from .samplers import BlockwiseSampler, ChainResult, PrefetchConfig, SamplerConfig
+from .stream_proposals import ProposalStreams
+from .stream_tree import StateRef, TreeNode, walk_tree
+from .traversal import CandidateNode
+
+
+@dataclass(eq=False)
+class Row:
+    """One started request: its tokens so far, its suffix once complete."""
+
+    rid: str
+    request: SuffixRequest
+    window: int
+    ids: tuple[int, ...] = ()
+    suffix: Suffix | None = None
+    aborted: bool = False
+    used: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.suffix is None and not self.aborted
+
+
+@dataclass
+class Window:
+    """One window of the MH phase (see module docstring)."""
+
+    start: float
+    end: float = 0.0
+    decisions: list[tuple[int, int, float, bool, Any]] = field(default_factory=list)
+    """(transition j, cut, log A, accepted, state) of each realized decision."""
+    rows_started: int = 0
+    rows_aborted: int = 0
+    steps: int = 0
+    row_steps: int = 0
+    max_rows: int = 0
+
+
+class MemoStream:
+    """A `DecisionStream` whose draws are computed once (the tree asks for the same j many times)."""
+
+    def __init__(self, stream: DecisionStream) -> None:
+        self._stream = stream
+        self._memo: dict[Any, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._stream, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            key = (name, args, tuple(sorted(kwargs.items())))
+            if key not in self._memo:
+                self._memo[key] = fn(*args, **kwargs)
+            return self._memo[key]
+        return call
+
+
+class StreamingPrestoSampler(BlockwiseSampler):
+    """PreSTO with streamed rows (module docstring); `streams` defaults to `model.streams()`."""
+
+    variant = "streaming"
+
+    def __init__(self, model: ProposalModel, config: SamplerConfig, prefetch: PrefetchConfig = PrefetchConfig(),
+                 streams: ProposalStreams | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(model, config, clock)
+        self.prefetch = prefetch
+        self._streams = streams
+
+    @property
+    def name(self) -> str:
+        return f"streaming-presto-{self.config.kind}"
+
+    @property
+    def streams(self) -> ProposalStreams:
+        if self._streams is None:
+            opener = getattr(self.model, "streams", None)
+            if opener is None:
+                raise EngineError(f"{type(self.model).__name__} cannot stream rows: streaming PreSTO needs a model "
+                                  "with streams() (the program model on the embedded engine or a server)")
+            self._streams = opener()
+        return self._streams
+
+    def _run_block(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
+        _BlockRun(self, result, stream, block).run()
+
+
+class _BlockRun:
+    """The K transitions of one block (module docstring)."""
+
+    def __init__(self, sampler: StreamingPrestoSampler, result: ChainResult, stream: DecisionStream,
+                 block: int) -> None:
+        self.sampler, self.result, self.block = sampler, result, block
+        self.kernel, self.pf = sampler.kernel, sampler.prefetch
+        self.stream: Any = MemoStream(stream)
+        self.io = sampler.streams
+        self.K = sampler.config.steps_per_block
+        self.T = result.state.length
+        self.k = 0
+        self.root = StateRef.root(result.state)
+        self.rows: dict[SuffixRequest, Row] = {}
+        self.by_rid: dict[str, Row] = {}
+        self.started: list[Row] = []
+        self.windows: list[Window] = []
+        self.needs: tuple[SuffixRequest, ...] = ()
+        self.max_nodes = self.pf.max_nodes
+        self.waits: dict[str, int] = {}
+        """rid -> tokens that running row must decode before a node the last plan met becomes feasible."""
+        self.dirty = True
+        self.lockstep = bool(getattr(self.io, "lockstep", False))
+
+    # ------------------------------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        try:
+            while self.k < self.K:
+                if self.advance():
+                    self.dirty = True
+                    continue
+                if self.dirty:  # re-plan only when the feasible set or the ranking may have changed
+                    self.plan()
+                self.consume()
+        finally:
+            for row in list(self.by_rid.values()):
+                if row.running:
+                    self.abort(row)
+            self.io.pause()
+            if self.windows:
+                self.windows[-1].end = self.sampler.clock()
+            self.record_windows()
+
+    def consume(self) -> None:
+        batch = self.io.updates()
+        window = self.windows[-1]
+        if self.lockstep and window.steps and window.steps + batch.steps > self.T:  # at most T steps a window
+            self.open_window()
+            window = self.windows[-1]
+        window.steps += batch.steps
+        for u in batch.updates:
+            row = self.by_rid.get(u.rid)
+            if row is None or not row.running:
+                continue
+            if u.error is not None:
+                raise EngineError(f"streamed row {u.rid} failed: {u.error}") from u.error
+            if u.aborted:
+                self.forget(row)
+                self.dirty = True
+                continue
+            window.row_steps += max(len(u.ids) - len(row.ids), 0)
+            row.ids = u.ids
+            if u.suffix is not None:
+                row.suffix = u.suffix
+                self.dirty = True
+            elif len(u.ids) >= self.waits.get(row.rid, len(u.ids) + 1):
+                self.dirty = True
+
+    # ------------------------------------------------------------------------------------------ the walk
+    def requests_at(self, tokens: np.ndarray, cut: int, j: int) -> tuple[SuffixRequest, ...]:
+        prefix = self.result.prompt_ids + tuple(tokens[:cut].tolist())
+        return tuple(self.kernel.requests(prefix, cut, self.T, j, self.stream))
+
+    def advance(self) -> bool:
+        """Decide transition k at the realized state if its proposal is complete (the sequential decision)."""
+        state = self.root.state
+        assert state is not None
+        j = self.k
+        cut = self.kernel.cut(state, j, self.stream)
+        self.needs = self.requests_at(state.tokens, cut, j)
+        rows = [self.rows.get(r) for r in self.needs]
+        if not self.windows or any(row is None or row.suffix is None for row in rows):
+            return False
+        suffixes = [row.suffix for row in rows if row is not None and row.suffix is not None]
+        decision = self.kernel.decide(state, cut, suffixes, j, self.stream)
+        accepted = accept_decision(self.stream.accept_log_uniform(j), decision.log_accept)
+        for row in rows:
+            assert row is not None
+            row.used = True
+        self.windows[-1].decisions.append((j, cut, decision.log_accept, accepted, state))
+        self.result.history.append(accepted)
+        if accepted:
+            self.result.state = decision.proposal
+            self.root = StateRef.root(decision.proposal)
+        self.k += 1
+        self.sampler._advanced(1)
+        return True
+
+    # ------------------------------------------------------------------------------------------ prefetch
+    def plan(self) -> None:
+        """Keep the N_pf best-ranked feasible requests running: the walk's own first, then the tree's in
+        traversal order (a running row counts, a complete one is free); abort every other running row - the
+        ones no node below the realized state needs any more, and the ones a better-ranked request that
+        became feasible (a child inside a running row) displaces - and start the rest."""
+        nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand,
+                          traversal=self.pf.traversal, hhat=self.hhat if self.pf.traversal == "predictive" else None)
+        self.dirty, self.waits = False, {}
+        missing = [r for r in dict.fromkeys(self.needs) if r not in self.rows]
+        if missing or not self.windows:  # the walk waits on a request no row was running: a new window
+            self.open_window()
+        limit = max(self.pf.budget, len(self.needs))
+        target: dict[SuffixRequest, str | None] = dict.fromkeys(self.needs)
+        slots = limit - sum(1 for r in self.needs if not self.complete(r))
+        for node in nodes:
+            if slots <= 0:  # every later node ranks below the N_pf kept: none can displace one
+                break
+            if node.requests is None:
+                continue
+            todo = [r for r in dict.fromkeys(node.requests) if r not in target]
+            cost = sum(1 for r in todo if not self.complete(r))
+            if todo and cost <= slots:
+                assert node.cut is not None
+                source = node.state.source(node.cut, self.rows)
+                target.update((r, source) for r in todo)
+                slots -= cost
+        for row in [r for r in self.by_rid.values() if r.running and r.request not in target]:
+            self.abort(row)
+        for req, source in target.items():
+            if req not in self.rows:
+                self.start([req], source)
+                self.dirty = True  # the next plan learns where the new row's children become feasible
+        self.windows[-1].max_rows = max(self.windows[-1].max_rows, len(self.running_rows()))
+
+    def complete(self, request: SuffixRequest) -> bool:
+        row = self.rows.get(request)
+        return row is not None and row.suffix is not None
+
+    def expand(self, node: TreeNode) -> None:
+        """The node's cut and, once its prefix is known, its requests (the kernel's, at the node's state)."""
+        if self.kernel.state_dependent_cut:
+            state = node.state.complete(self.rows, self.kernel, self.stream)
+            if state is None:
+                return
+            node.cut = self.kernel.cut(state, node.transition, self.stream)
+        else:
+            node.cut = self.kernel.cut(self.root.state, node.transition, self.stream)  # depends on T only
+        tokens = node.state.tokens(node.cut, self.rows, self.kernel, self.stream, self.waits)
+        if tokens is not None:
+            node.requests = self.requests_at(tokens, node.cut, node.transition)
+
+    def hhat(self, node: TreeNode) -> float:
+        """ĥ(v+; ε) of the predictive rule at the node (Features 3/4 from the realized state)."""
+        assert self.pf.branch_prob is not None and self.root.state is not None
+        cut = node.cut if node.cut is not None else self.kernel.cut(self.root.state, node.transition, self.stream)
+        where = dict(parent_cut=node.known_cut, accepts_on_path=node.accepts) if self.pf.tree_position else {}
+        cand = CandidateNode(node.depth, cut, self.T, features=root_cut_features(self.root.state, cut), **where)
+        return float(self.pf.branch_prob(cand))
+
+    # ------------------------------------------------------------------------------------------ rows
+    def running_rows(self) -> list[Row]:
+        return [r for r in self.by_rid.values() if r.running]
+
+    def start(self, requests: list[SuffixRequest], share_from: str | None) -> None:
+        for req in requests:
+            row = Row(rid=f"stream-{uuid.uuid4().hex[:16]}", request=req, window=len(self.windows) - 1)
+            self.rows[req] = row
+            self.by_rid[row.rid] = row
+            self.started.append(row)
+            self.windows[-1].rows_started += 1
+            running = self.by_rid.get(share_from) if share_from else None
+            self.io.start(row.rid, req, share_from if running is not None and running.running else None)
+
+    def abort(self, row: Row) -> None:
+        self.io.abort(row.rid)
+        self.windows[-1].rows_aborted += 1
+        self.forget(row)
+
+    def forget(self, row: Row) -> None:
+        row.aborted = True
+        if self.rows.get(row.request) is row:
+            del self.rows[row.request]
+        self.by_rid.pop(row.rid, None)
+
+    # ------------------------------------------------------------------------------------------ windows
+    def open_window(self) -> None:
+        now = self.sampler.clock()
+        if self.windows:
+            self.windows[-1].end = now
+        self.windows.append(Window(start=now))
+
+    def record_windows(self) -> None:
+        """One CallRecord per window: tokens and waste of the rows started in it."""
+        res, s = self.result, self.sampler
+        for w_index, w in enumerate(self.windows):
+            rows = [r for r in self.started if r.window == w_index]
+            tokens = sum(len(r.suffix.ids) if r.suffix is not None else len(r.ids) for r in rows)
+            wasted = sum(len(r.suffix.ids) if r.suffix is not None else len(r.ids) for r in rows if not r.used)
+            call_index = len(res.calls)
+            nodes = tuple(s._node_record(res, self.block, call_index, accept_child(0), self.T, cut, j, log_a, True,
+                                         accepted, state) for j, cut, log_a, accepted, state in w.decisions)
+            res.calls.append(CallRecord(
+                prompt_id=res.prompt_id, sampler=s.name, call_index=call_index, kind="mh", block=self.block,
+                wall_time=w.end - w.start, nodes_scored=len(nodes), distinct_requests=len(rows),
+                generated_requests=len(rows), generated_tokens=tokens, transitions=len(nodes), nodes=nodes,
+                rows_started=w.rows_started, rows_aborted=w.rows_aborted, wasted_tokens=wasted, decode_steps=w.steps,
+                row_steps=w.row_steps, max_rows=w.max_rows))

@@ -1,0 +1,62 @@
+"""Server-sent events of the fake SGLang server: `/generate` with `"stream": true`, as SGLang 0.5.23 streams.
+
+`srt/entrypoints/http_server.py` (`serve_generate_request`) answers a streamed request with
+`Content-Type: text/event-stream` and one `data: <json>\\n\\n` line per output batch, then `data: [DONE]\\n\\n`.
+With the server's default (`incremental_streaming_output` off, `tokenizer_manager.py`) each chunk is cumulative:
+`output_ids` and every per-token list of `meta_info` hold all tokens so far, `finish_reason` is null until the
+last chunk, and an intermediate chunk's `text` is null (the detokenized text is filled in the last one).  The
+fake emits one chunk per generated token, `stream_step_s` apart, and stops early - with a last chunk whose
+finish_reason is {"type": "abort"} - when `/abort_request {"rid"}` names the request or the client disconnects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any, Iterator
+
+
+def stream_chunks(out: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The cumulative chunks of a finished response `out` (one per token; the last one is `out`)."""
+    n = len(out["output_ids"])
+    for t in range(1, n):
+        meta = {k: _head(k, v, t, n) for k, v in out["meta_info"].items()}
+        meta.update(finish_reason=None, completion_tokens=t)
+        yield {"text": None, "output_ids": out["output_ids"][:t], "meta_info": meta}
+    yield out
+
+
+def _head(key: str, value: Any, t: int, n: int) -> Any:
+    """The first t tokens' part of a per-token meta_info value (lists over the n output tokens)."""
+    if not key.startswith("output_") or not isinstance(value, list):
+        return copy.deepcopy(value)
+    if len(value) == n:
+        return copy.deepcopy(value[:t])
+    if value and all(isinstance(row, list) and len(row) == n for row in value):  # one row per temperature
+        return [row[:t] for row in value]
+    return copy.deepcopy(value)
+
+
+def write_event_stream(handler: Any, out: dict[str, Any], rid: str, aborted: Any, step_s: float) -> None:
+    """Send `out` as SGLang's event stream on `handler` (a BaseHTTPRequestHandler); `aborted(rid)` stops it."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
+    try:
+        for chunk in stream_chunks(out):
+            if aborted(rid):
+                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason={
+                    "type": "abort", "message": "Abort request", "status_code": None, "err_type": None}))
+                handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                break
+            handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            handler.wfile.flush()
+            if step_s > 0 and chunk is not out:
+                time.sleep(step_s)
+        handler.wfile.write(b"data: [DONE]\n\n")
+        handler.wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):  # the client went away: SGLang aborts the request
+        pass

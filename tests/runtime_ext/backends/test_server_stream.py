@@ -1,0 +1,114 @@
+"""Streaming on an SGLang server (issue 12): the fake server streams as SGLang 0.5.23 does, the client turns the
+events into rows, and streaming PreSTO over concurrent streamed requests gives the sequential chain."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import requests
+
+from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
+from forerun.runtime_ext.runtime import open_runtime
+from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+
+def test_sglangs_own_source_streams_data_lines_and_done():
+    """The wire format the fake copies, read from SGLang 0.5.23's http_server.py (not imported: it needs the
+    GPU runtime)."""
+    spec = importlib.util.find_spec("sglang")
+    src = (Path(spec.submodule_search_locations[0]) / "srt" / "entrypoints" / "http_server.py").read_text()
+    assert 'yield b"data: " + dumps_json(out) + b"\\n\\n"' in src
+    assert 'yield b"data: [DONE]\\n\\n"' in src
+    assert 'media_type="text/event-stream"' in src
+
+
+def test_the_fake_server_streams_cumulative_chunks_then_done():
+    with FakeSGLangServer() as srv:
+        ids = srv.tokenizer.encode("hi there")
+        body = {"input_ids": ids, "rid": "s1", "stream": True, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 5, "temperature": 0.5, "ignore_eos": True, "sampling_seed": 3}}
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=10) as resp:
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            lines = [ln.decode() for ln in resp.iter_lines() if ln]
+        plain = requests.post(srv.url + "/generate", json=dict(body, stream=False, rid="s2"), timeout=10).json()
+    assert all(ln.startswith("data: ") for ln in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [1, 2, 3, 4, 5]
+    assert chunks[-1]["output_ids"] == plain["output_ids"]
+
+
+def test_client_streams_rows_and_a_child_from_the_parents_tokens():
+    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+        client = runtime.engine
+        assert isinstance(client, StreamingEngine)
+        ids = srv.tokenizer.encode("parent")
+        p = SamplingParams(max_new_tokens=8, temperature=0.5, seed=5, ignore_eos=True, return_logprob=True)
+        events, done = [], threading.Event()
+        child_prompt: list[int] = []
+
+        def listen(batch):
+            events.extend(batch)
+            for e in batch:
+                if e.rid == "parent" and len(e.output_ids) == 3 and not e.finished and not child_prompt:
+                    child_prompt.extend(ids + list(e.output_ids))
+                    client.submit_stream(child_prompt, SamplingParams(max_new_tokens=4, temperature=0.5, seed=9,
+                                                                      ignore_eos=True, return_logprob=True),
+                                         rid="child", listener=listen, share_from="parent")
+            if {e.rid for e in events if e.finished} == {"parent", "child"}:
+                done.set()
+
+        client.submit_stream(ids, p, rid="parent", listener=listen)
+        assert done.wait(20)
+        final = {e.rid: e for e in events if e.finished}
+        assert final["parent"].error is None and final["child"].error is None
+        alone = client.generate(ids, p)
+        assert final["parent"].output.output_ids == alone.output_ids
+        assert list(final["parent"].output.output_logp0) == list(alone.output_logp0)  # the two-pass recipe
+        streamed = [b for b in srv.generate_bodies() if b.get("stream")]
+        assert [b["input_ids"] for b in streamed] == [ids, child_prompt]
+        assert child_prompt[len(ids):] == list(alone.output_ids[:3])
+
+
+def test_abort_stops_a_streamed_row():
+    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+        srv.stream_step_s = 0.02
+        client = runtime.engine
+        events, done = [], threading.Event()
+
+        def listen(batch):
+            events.extend(batch)
+            if any(len(e.output_ids) == 2 and not e.finished for e in batch):
+                client.abort("row")
+            if any(e.finished for e in batch):
+                done.set()
+
+        client.submit_stream(srv.tokenizer.encode("x"), SamplingParams(max_new_tokens=50, seed=1, ignore_eos=True),
+                             rid="row", listener=listen)
+        assert done.wait(20)
+        last = events[-1]
+        assert last.finished and last.aborted and len(last.output_ids) < 50
+        assert "row" in srv.aborted_rids
+
+
+def test_streaming_presto_on_a_server_gives_the_sequential_chain():
+    from forerun.eval.bench_presto import proposal_model_for
+
+    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+        ids = srv.tokenizer.encode("stream a chain")
+        for seed in range(3):
+            cfg = SamplerConfig(kind="power-mh", response_length=12, block_size=6 if seed else 12, steps_per_block=5,
+                                seed=seed)
+            pm = proposal_model_for(runtime.backend, "power-mh")
+            seq = make_sampler(pm, cfg).run(ids)
+            res = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=6, streaming=True)).run(ids)
+            assert seq.response_ids == res.response_ids and seq.history == res.history, seed
+            assert all(c.max_rows <= 6 for c in res.mh_calls)
+        streamed = [b["input_ids"] for b in srv.generate_bodies() if b.get("stream")]
+        assert streamed and all(s[: len(ids)] == ids for s in streamed)

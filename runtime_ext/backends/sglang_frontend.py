@@ -6,7 +6,8 @@ machines: sglang installed with ``--no-deps``, no triton), a no-op module is reg
 before the import so that the frontend imports cleanly.  When the runtime is installed (GPU machines),
 sglang is imported untouched.
 
-Everything else in forerun takes SGLang names from here, never from ``sglang`` directly.
+Everything else in forerun takes SGLang names from here, never from ``sglang`` directly (the server-side
+plugin too: `hook_registry()` imports the runtime's hook registry, which exists only where the runtime is).
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ from sglang.lang.backend.base_backend import BaseBackend  # noqa: E402
 from sglang.lang.choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized  # noqa: E402
 from sglang.lang.interpreter import ProgramState, StreamExecutor  # noqa: E402
 from sglang.lang.ir import SglSamplingParams  # noqa: E402
+
+
+
+def hook_registry() -> tuple[type, type]:
+    """(HookRegistry, HookType) of the SGLang runtime's plugin system (`sglang.srt.plugins`); only importable in
+    a server process, where the runtime is installed."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    return HookRegistry, HookType
+
 
 function = sgl.function
 gen = sgl.gen

@@ -1,7 +1,8 @@
 """The forerun sampler plugin for a launched SGLang 0.5.23 server: log p0, the entropy of p0 and log q_τ' at
 requested temperatures τ' for every generated token, in the generation pass itself.
 
-The one place forerun imports the SGLang *runtime* (`sglang.srt`), and only inside `register()`, which SGLang
+The SGLang runtime's sampler plugin; it reaches the runtime (`sglang.srt`, through `sglang_frontend.hook_registry`,
+the one sglang import point) only inside `register()`, which SGLang
 calls in each of its processes: forerun declares it under the entry-point group `sglang.srt.plugins`
 (pyproject.toml), and `srt/plugins/__init__.py` `load_plugins()` runs every installed plugin.  `register()`
 does nothing unless FORERUN_SGLANG_PLUGIN=1 (`scripts/launch_runtime --plugin` sets it), so installing forerun
@@ -53,7 +54,9 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point: register the hooks when FORERUN_SGLANG_PLUGIN=1."""
     if os.environ.get(PLUGIN_ENV) != "1":
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from .sglang_frontend import hook_registry
+
+    HookRegistry, HookType = hook_registry()
 
     HookRegistry.register(SAMPLER_FORWARD, sampler_forward_hook, HookType.AROUND)
     HookRegistry.register(f"{BATCH_INFO}.adjusted_from_schedule_batch", keep_custom_params, HookType.AFTER)

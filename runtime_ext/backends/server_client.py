@@ -398,21 +398,25 @@ class SGLangServerClient(ServerStreamingMixin):
         for it, full, out in zip(items, fulls, outs):
             self._record_session(it, full, out)
         # pass 2: log p0 of the generated tokens (and top-k of p0) by scoring prompt + output
-        need = [i for i, (it, out) in enumerate(zip(items, outs))
-                if self.config.two_pass_logp0 and it.params.return_logprob and out["output_ids"]
-                and not it.plugin and not self._logq_is_logp0(it.params)]
+        need = [i for i, (it, out) in enumerate(zip(items, outs)) if self._needs_logp0_pass(it, out)]
         scores: dict[int, dict[str, Any]] = {}
         if need:
-            score_items = []
-            for i in need:
-                it = items[i]
-                full = fulls[i] + [int(t) for t in outs[i]["output_ids"]]
-                sp = SamplingParams(max_new_tokens=0, temperature=1.0, return_logprob=True,
-                                    logprob_start_len=len(fulls[i]) - 1, top_logprobs_num=it.params.top_logprobs_num)
-                score_items.append(WireRequest(full, sp, f"{it.rid}-logp0", None, it.priority))
+            score_items = [self._logp0_request(items[i], fulls[i], outs[i]) for i in need]
             for i, s in zip(need, self._send(score_items, batched=True)):
                 scores[i] = s
         return [self._to_output(it, out, scores.get(i)) for i, (it, out) in enumerate(zip(items, outs))]
+
+    def _needs_logp0_pass(self, it: WireRequest, out: dict[str, Any]) -> bool:
+        """Whether the exact recipe's pass 2 (scoring prompt + output for log p0) runs for this request."""
+        return bool(self.config.two_pass_logp0 and it.params.return_logprob and out["output_ids"]
+                    and not it.plugin and not self._logq_is_logp0(it.params))
+
+    def _logp0_request(self, it: WireRequest, prompt: Sequence[int], out: dict[str, Any]) -> WireRequest:
+        """Pass 2: prefill-only scoring of prompt + generated ids, log p0 from the prompt's last position on."""
+        full = [int(t) for t in prompt] + [int(t) for t in out["output_ids"]]
+        sp = SamplingParams(max_new_tokens=0, temperature=1.0, return_logprob=True,
+                            logprob_start_len=len(prompt) - 1, top_logprobs_num=it.params.top_logprobs_num)
+        return WireRequest(full, sp, f"{it.rid}-logp0", None, it.priority)
 
     def _full_prompt(self, it: WireRequest) -> list[int]:
         """The ids the server runs: the request's own, or a session request's history + new turn."""

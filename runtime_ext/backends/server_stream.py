@@ -100,14 +100,9 @@ class ServerStreamingMixin:
 
     def _score_stream(self: Any, item: WireRequest, out: dict[str, Any]) -> dict[str, Any] | None:
         """Pass 2 of the exact recipe for a finished stream (as `_generate_many` does for a plain request)."""
-        p = item.params
-        if not (self.config.two_pass_logp0 and p.return_logprob and out["output_ids"] and not item.plugin
-                and not self._logq_is_logp0(p)):
+        if not self._needs_logp0_pass(item, out):
             return None
-        full = list(item.ids) + [int(t) for t in out["output_ids"]]
-        sp = SamplingParams(max_new_tokens=0, temperature=1.0, return_logprob=True,
-                            logprob_start_len=len(item.ids) - 1, top_logprobs_num=p.top_logprobs_num)
-        return self._send([WireRequest(full, sp, f"{item.rid}-logp0", None, item.priority)], batched=False)[0]
+        return self._send([self._logp0_request(item, item.ids, out)], batched=False)[0]
 
 
 def _aborted(item: WireRequest, ids: tuple[int, ...]) -> GenerateOutput:

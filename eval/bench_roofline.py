@@ -1,18 +1,21 @@
-"""The roofline part of `forerun bench engine`: decode speed for 1, 6 and 20 rows against the memory-bandwidth
-bound, measured in the same run.
+"""The roofline part of `forerun bench engine`: decode speed for 1, 6 and 20 rows against the machine's two
+ceilings, both measured in the same run.
 
 A decode step must read every weight matrix once (the native kernels read each once for all rows) and every
-row's KV; on a CPU that traffic is the floor of a step's time:
+row's KV, and must do every row's multiply-adds; on a CPU the slower of the two is the floor of a step's time:
 
     bytes per step      = weight bytes + Σ_rows context_row × KV bytes per token
-    bytes per token     = bytes per step / rows
-    bound (tokens / s)  = rows × bandwidth / bytes per step
-    fraction of bound   = measured tokens / s ÷ bound
+    FMAs per step       = rows × (weight elements + layers × 2 × heads × head_dim × context)
+    floor (s / step)    = max(bytes / bandwidth, FMAs / FMA rate)
+    fraction of floor   = floor ÷ measured seconds per step   (1 = at the hardware limit)
 
-The bandwidth is measured here, now: numpy's sum over 512 MB (one thread; two threads on the halves) and
-the engine's own streaming read (`native` kernels' `stream_read`, 1 and 2 threads); the best of them is the
-bound's bandwidth.  The rows decode `decode_tokens` tokens each at τ = 1/4 (PowerMH's proposal
-temperature) from the same cached prompt with distinct seeds, so every step carries exactly `rows` rows.
+The bandwidth is probed right before every timed repetition (a shared VM's memory bandwidth drifts by 2x
+within minutes; a probe taken once would compare a step with another moment's machine): the best of numpy's
+sum over 512 MB (one thread; two threads on the halves) and the kernels' `stream_read` over huge-page memory
+(1 and 2 threads, the memory the packed weights live in).  The FMA rate is `fma_peak` on every thread.  The
+rows decode `decode_tokens` tokens each at τ = 1/4 (PowerMH's proposal temperature) from the same cached prompt
+with distinct seeds, so every step carries exactly `rows` rows.  Each fraction is the median over repetitions
+of the per-repetition fraction.
 """
 
 from __future__ import annotations
@@ -63,25 +66,47 @@ def _numpy_two_threads(a: np.ndarray) -> None:
         t.join()
 
 
+def _with_threads(n: int, fn: Any) -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+class Probes:
+    """The bandwidth and compute probes, with their buffers allocated once."""
+
+    def __init__(self, mib: int = 512) -> None:
+        self.array = np.ones(mib * 2**20 // 8)
+        self.k = native.kernels()
+        self.huge = self.k.huge_page_copy(torch.ones(mib * 2**20 // 4)) if self.k is not None else None
+        self.threads = torch.get_num_threads()
+
+    def bandwidth(self, repeats: int = 3) -> dict[str, float]:
+        """Read bandwidth in GB/s (1e9 bytes / s) by each probe, and the best of them ("best")."""
+        a = self.array
+        out = {"numpy_sum_1_thread": a.nbytes / _best_seconds(a.sum, repeats) / 1e9,
+               "numpy_sum_2_threads": a.nbytes / _best_seconds(lambda: _numpy_two_threads(a), repeats) / 1e9}
+        if self.huge is not None:
+            b = self.huge
+            for n in sorted({1, self.threads}):
+                out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / _with_threads(
+                    n, lambda: _best_seconds(lambda: self.k.stream_read(b), repeats)) / 1e9
+        out["best"] = max(out.values())
+        return out
+
+    def fma_rate(self, iters: int = 2_000_000, repeats: int = 3) -> float | None:
+        """float32 multiply-adds per second on all engine threads (None without the native kernels)."""
+        if self.k is None:
+            return None
+        return self.threads * iters * 12 * 16 / _best_seconds(lambda: self.k.fma_peak(iters), repeats)
+
+
 def measure_bandwidth(mib: int = 512, repeats: int = 5) -> dict[str, float]:
-    """Read bandwidth in GB/s (1e9 bytes / s) by each probe, and the best of them ("best")."""
-    a = np.ones(mib * 2**20 // 8)
-    out = {"numpy_sum_1_thread": a.nbytes / _best_seconds(a.sum, repeats) / 1e9,
-           "numpy_sum_2_threads": a.nbytes / _best_seconds(lambda: _numpy_two_threads(a), repeats) / 1e9}
-    del a
-    k = native.kernels()
-    if k is not None:
-        b = torch.ones(mib * 2**20 // 4)
-        before = torch.get_num_threads()
-        try:
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / _best_seconds(
-                    lambda: k.stream_read(b), repeats) / 1e9
-        finally:
-            torch.set_num_threads(before)
-    out["best"] = max(out.values())
-    return out
+    """Read bandwidth in GB/s by each probe, and the best of them ("best")."""
+    return Probes(mib).bandwidth(repeats)
 
 
 def weight_bytes(engine: Any) -> int:
@@ -89,47 +114,81 @@ def weight_bytes(engine: Any) -> int:
     lean = getattr(engine.plan, "lean", None)
     if lean is not None:
         return int(lean.weight_bytes)
-    mats = {id(m.weight): m.weight for m in engine.model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in mats.values())
+    return sum(w.numel() * w.element_size() for w in _linear_weights(engine))
+
+
+def weight_elements(engine: Any) -> int:
+    """Multiply-adds per row of one decode step's matrix products."""
+    lean = getattr(engine.plan, "lean", None)
+    if lean is not None:
+        return int(lean.weight_elements)
+    return sum(w.numel() for w in _linear_weights(engine))
+
+
+def _linear_weights(engine: Any) -> list[torch.Tensor]:
+    return list({id(m.weight): m.weight for m in engine.model.modules() if isinstance(m, torch.nn.Linear)}.values())
 
 
 def kv_bytes_per_token(engine: Any) -> int:
     return engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * engine.kv_dtype.itemsize
 
 
-def time_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, repeats: int) -> float:
-    """Median seconds per decode step of `rows` rows decoding `tokens` tokens from the cached `prompt`."""
+def time_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, rep: int) -> float:
+    """Seconds per decode step of `rows` rows decoding `tokens` tokens from the cached `prompt` (seeds by `rep`)."""
     engine.generate(list(prompt), SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))  # cache the prompt
-    times = []
-    for rep in range(repeats + 1):
-        reqs = [(list(prompt), SamplingParams(max_new_tokens=tokens, temperature=0.25, seed=1000 * rep + i,
-                                              ignore_eos=True)) for i in range(rows)]
-        t0 = time.perf_counter()
-        engine.generate_batch(reqs)
-        if rep > 0:
-            times.append((time.perf_counter() - t0) / tokens)
-    return statistics.median(times)
+    reqs = [(list(prompt), SamplingParams(max_new_tokens=tokens, temperature=0.25, seed=1000 * rep + i,
+                                          ignore_eos=True)) for i in range(rows)]
+    t0 = time.perf_counter()
+    engine.generate_batch(reqs)
+    return (time.perf_counter() - t0) / tokens
 
 
 def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = RooflineConfig()) -> dict[str, Any]:
-    """Tokens/s, bytes per token and the fraction of the bandwidth bound for each batch size."""
-    bw = measure_bandwidth(config.bandwidth_mib)
-    w, kv = weight_bytes(engine), kv_bytes_per_token(engine)
+    """Tokens/s, bytes and FMAs per step, and the fraction of the floor for each batch size (see module doc)."""
+    probes = Probes(config.bandwidth_mib)
+    fma_rate = probes.fma_rate()
+    w, kv, elems = weight_bytes(engine), kv_bytes_per_token(engine), weight_elements(engine)
+    attn_per_token = engine.num_layers * 2 * int(engine.model.config.num_attention_heads) * engine.head_dim
     context = len(prompt) + config.decode_tokens / 2
+    samples: dict[int, list[tuple[float, float]]] = {r: [] for r in config.rows}
+    bandwidths = []
+    for rows in config.rows:
+        time_rows(engine, prompt, rows, min(8, config.decode_tokens), 0)  # warm-up of this batch size
+    for rep in range(1, config.repeats + 1):
+        for rows in config.rows:
+            bw = probes.bandwidth()
+            bandwidths.append(bw)
+            samples[rows].append((bw["best"], time_rows(engine, prompt, rows, config.decode_tokens, rep)))
     table = []
     for rows in config.rows:
-        step = time_rows(engine, prompt, rows, config.decode_tokens, config.repeats)
         step_bytes = w + rows * context * kv
-        bound = rows * bw["best"] * 1e9 / step_bytes
+        step_fmas = rows * (elems + attn_per_token * context)
+        fractions, bounds = [], []
+        for bw, step in samples[rows]:
+            floor = max(step_bytes / (bw * 1e9), step_fmas / fma_rate if fma_rate else 0.0)
+            fractions.append(floor / step)
+            bounds.append(rows / floor)
+        step = statistics.median(s for _, s in samples[rows])
+        memory_s = step_bytes / (statistics.median(b for b, _ in samples[rows]) * 1e9)
+        compute_s = step_fmas / fma_rate if fma_rate else 0.0
         table.append({"rows": rows, "step_s": step, "tokens_per_s": rows / step, "bytes_per_step": step_bytes,
-                      "bytes_per_token": step_bytes / rows, "bound_tokens_per_s": bound,
-                      "fraction_of_bound": rows / step / bound})
+                      "bytes_per_token": step_bytes / rows, "fmas_per_step": step_fmas,
+                      "bandwidth_gb_s": statistics.median(b for b, _ in samples[rows]),
+                      "limit": "compute" if compute_s > memory_s else "memory",
+                      "bound_tokens_per_s": statistics.median(bounds),
+                      "fraction_of_bound": statistics.median(fractions)})
     by_rows = {r["rows"]: r for r in table}
-    ratio = by_rows[max(by_rows)]["step_s"] / by_rows[min(by_rows)]["step_s"]
-    bw_after = measure_bandwidth(config.bandwidth_mib)["best"]
-    return {"bandwidth_gb_s": bw, "bandwidth_after_gb_s": bw_after, "weight_bytes": w, "kv_bytes_per_token": kv,
+    lo, hi = min(by_rows), max(by_rows)
+    ratio = by_rows[hi]["step_s"] / by_rows[lo]["step_s"]
+    floor_ratio = by_rows[lo]["bound_tokens_per_s"] / by_rows[lo]["rows"] / (by_rows[hi]["bound_tokens_per_s"] / hi)
+    best = [b["best"] for b in bandwidths]
+    return {"bandwidth_gb_s": {"best": statistics.median(best), "min": min(best), "max": max(best),
+                               "probes": {k: statistics.median(b[k] for b in bandwidths) for k in bandwidths[0]
+                                          if k != "best"}},
+            "fma_per_s": fma_rate, "weight_bytes": w, "weight_elements": elems, "kv_bytes_per_token": kv,
             "mean_context_tokens": context, "rows": table, "kernels": engine.plan.path,
-            "batch_invariant": engine.batch_invariant, f"step_{max(by_rows)}_rows_over_{min(by_rows)}_row": ratio}
+            "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
+            f"floor_{hi}_rows_over_{lo}_row": floor_ratio}
 
 
 def roofline_goals(speedup_vs_generate: float, r: dict[str, Any]) -> dict[str, bool]:
@@ -143,16 +202,19 @@ def roofline_goals(speedup_vs_generate: float, r: dict[str, Any]) -> dict[str, b
 
 def format_roofline(r: dict[str, Any]) -> str:
     bw = r["bandwidth_gb_s"]
-    probes = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in bw.items() if k != "best")
-    lines = [f"(e) memory bandwidth {bw['best']:.1f} GB/s (best of: {probes}; after the runs: "
-             f"{r['bandwidth_after_gb_s']:.1f}); weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV "
-             f"{r['kv_bytes_per_token'] / 1024:.0f} KiB per context token; kernels {r['kernels']} "
-             f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
-             f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'bound tok/s':>11} {'of bound':>8}"]
+    probes = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in bw["probes"].items())
+    fma = f"{r['fma_per_s'] / 1e9:.0f} GFMA/s" if r["fma_per_s"] else "unmeasured (no native kernels)"
+    lines = [f"(e) memory bandwidth {bw['best']:.1f} GB/s (median of the probes before each run, range "
+             f"{bw['min']:.1f}-{bw['max']:.1f}; medians: {probes}); float32 FMA rate {fma}",
+             f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
+             f"context token; kernels {r['kernels']} ({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
+             f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]
     for row in r["rows"]:
         lines.append(f"    {row['rows']:>4} {row['step_s'] * 1e3:>8.1f} {row['tokens_per_s']:>9.1f} "
-                     f"{row['bytes_per_token'] / 1e6:>9.1f} {row['bound_tokens_per_s']:>11.1f} "
+                     f"{row['bytes_per_token'] / 1e6:>9.1f} {row['limit']:>8} {row['bound_tokens_per_s']:>11.1f} "
                      f"{100 * row['fraction_of_bound']:>7.0f}%")
     key = next(k for k in r if k.startswith("step_") and k.endswith("_row"))
-    lines.append(f"    one step of {r['rows'][-1]['rows']} rows costs {r[key]:.2f}x one row (goal <= 2.5x)")
+    fkey = key.replace("step_", "floor_")
+    lines.append(f"    one step of {r['rows'][-1]['rows']} rows costs {r[key]:.2f}x one row (goal <= 2.5x; at the "
+                 f"two ceilings it would cost {r[fkey]:.2f}x)")
     return "\n".join(lines)

@@ -7,17 +7,18 @@ one, a decode step, or with any other rows beside it.  The weights are read once
     notion                                     code
     h (residual stream, float32 or float64)    `h` [tokens, hidden]; bf16/fp16 weights are widened in the dot
     RMSNorm(h) · w                             kernels.rmsnorm (the residual add fused in)
-    q | k | v = x [Wq | Wk | Wv]^T (+ b)       kernels.linear(x, [Wq, Wk, Wv], b) (no weight copy)
+    q | k | v = x [Wq | Wk | Wv]^T (+ b)       kernels.linear(x, pack([Wq, Wk, Wv]), b)
     RoPE, KV append, softmax(q k^T / √d) v     kernels.attention over the engine's KV buffer
-    silu(x Wg^T) ⊙ (x Wu^T), then W_down       kernels.linear(x, [Wg, Wu]) -> kernels.silu_mul -> kernels.linear
-    logits of the last `keep` positions         kernels.linear(norm(h), [W_lm_head])
+    silu(x Wg^T) ⊙ (x Wu^T), then W_down       kernels.linear(x, pack([Wg, Wu])) -> kernels.silu_mul -> kernels.linear
+    logits of the last `keep` positions         kernels.linear(norm(h), pack([W_lm_head]))
 
 Activations, KV and logits are float32 for float32 / bfloat16 / float16 weights (weight-only reduced
 precision: the bytes read per step halve, every sum stays float32), float64 for float64 weights.
 
-Every weight matrix of 2 MiB or more is moved (same values, same Parameter objects, so transformers'
-forward keeps working) into memory advised for transparent huge pages: a decode step streams all weights,
-and 4 KiB pages cost a page walk every 4 KiB (measured: the single-row step ~25 % faster at best).
+Every matrix a call reads is copied once, at load, into the kernels' packed layout (`kernels.pack`: one
+sequential stream per call, in huge-page memory): a decode step streams all weights, and six row-major rows
+read side by side ran at half the bandwidth.  The model's own parameters stay as they are (transformers'
+forward, used by benchmarks and by non-Llama models, keeps working), so the native path holds the weights twice.
 """
 
 from __future__ import annotations
@@ -32,22 +33,6 @@ _ROPE_CHUNK = 1024
 values never depend on which other positions were asked for."""
 
 _LLAMA_TYPES = ("llama", "mistral", "qwen2")
-
-
-def move_to_huge_pages(model: Any, kernels: Any, min_bytes: int = 2 << 20) -> int:
-    """Relocate the model's linear / embedding weights into huge-page memory (in place); bytes moved."""
-    seen: set[int] = set()
-    moved = 0
-    for mod in model.modules():
-        p = getattr(mod, "weight", None)
-        if not isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) or p is None or id(p) in seen:
-            continue
-        seen.add(id(p))
-        if p.numel() * p.element_size() >= min_bytes and not getattr(p, "_forerun_huge", False):
-            p.data = kernels.huge_page_copy(p.data.contiguous())
-            p._forerun_huge = True
-            moved += p.numel() * p.element_size()
-    return moved
 
 
 def activation_dtype(weight_dtype: torch.dtype) -> torch.dtype:
@@ -94,12 +79,12 @@ def segment_table(segments: Sequence[Sequence[torch.Tensor]] | None, dtype: torc
 @dataclass(frozen=True)
 class _Layer:
     ln1: torch.Tensor
-    qkv: list[torch.Tensor]
+    qkv: Any  # kernels.Packed
     qkv_bias: torch.Tensor | None
-    o: list[torch.Tensor]
+    o: Any
     ln2: torch.Tensor
-    gate_up: list[torch.Tensor]
-    down: list[torch.Tensor]
+    gate_up: Any
+    down: Any
 
 
 class RopeTable:
@@ -139,7 +124,6 @@ class LeanForward:
         if reason is not None:
             raise ValueError(f"lean forward: {reason}")
         self.k = kernels
-        move_to_huge_pages(model, kernels)
         cfg, body = model.config, model.model
         self.dtype = activation_dtype(model.dtype)
         self.hidden = int(cfg.hidden_size)
@@ -149,18 +133,22 @@ class LeanForward:
         self.scale = float(body.layers[0].self_attn.scaling)
         self.eps = float(cfg.rms_norm_eps)
         self.embed = body.embed_tokens.weight
-        self.lm_head = model.lm_head.weight
+        self.lm_head = kernels.pack([model.lm_head.weight.detach().contiguous()])
         self.final_norm = self._vec(body.norm.weight)
         self.layers = [self._layer(layer) for layer in body.layers]
         self.rope = RopeTable(body.rotary_emb, self.dtype)
-        self.weight_bytes = self._weight_bytes()
+        packed = [self.lm_head] + [w for L in self.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
+        self.weight_bytes = sum(int(p.nbytes) for p in packed)
+        """Bytes of packed weights one decode step reads (every matrix once, the embedding row aside)."""
+        self.weight_elements = sum(int(p.N) * int(p.K) for p in packed)
+        """Multiply-adds per row of one step's matrix products."""
 
     def _vec(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(self.dtype).contiguous()
 
     def _layer(self, layer: Any) -> _Layer:
         at, mlp = layer.self_attn, layer.mlp
-        mats = lambda *mods: [m.weight.detach().contiguous() for m in mods]
+        mats = lambda *mods: self.k.pack([m.weight.detach().contiguous() for m in mods])
         biases = [getattr(m, "bias", None) for m in (at.q_proj, at.k_proj, at.v_proj)]
         qkv_bias = None
         if any(b is not None for b in biases):
@@ -169,11 +157,6 @@ class LeanForward:
         return _Layer(ln1=self._vec(layer.input_layernorm.weight), qkv=mats(at.q_proj, at.k_proj, at.v_proj),
                       qkv_bias=qkv_bias, o=mats(at.o_proj), ln2=self._vec(layer.post_attention_layernorm.weight),
                       gate_up=mats(mlp.gate_proj, mlp.up_proj), down=mats(mlp.down_proj))
-
-    def _weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads (every matrix once, the embedding row aside)."""
-        mats = [self.lm_head] + [w for L in self.layers for w in (*L.qkv, *L.o, *L.gate_up, *L.down)]
-        return sum(w.numel() * w.element_size() for w in mats)
 
     def forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 logits_to_keep: int, row_starts: Sequence[int],
@@ -198,4 +181,4 @@ class LeanForward:
             y = k.rmsnorm(h, d, nxt, self.eps)
         keep = min(max(int(logits_to_keep), 1), T)
         last = y.view(B, T, -1)[:, T - keep:].reshape(B * keep, -1).contiguous()
-        return k.linear(last, [self.lm_head], None).view(B, keep, -1)
+        return k.linear(last, self.lm_head, None).view(B, keep, -1)

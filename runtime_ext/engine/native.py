@@ -2,13 +2,15 @@
 cached, loaded on first use.
 
     kernel                 what it computes (see the C++ file's header for the fixed reduction orders)
-    linear(x, [W..], b)    y = x W^T + b over a virtual concatenation of weights; weights read once per call
+    pack([W..])            a call's weight matrices concatenated along the outputs, in one sequential stream
+    linear(x, packed, b)   y = x W^T + b; the packed weights are read once per call for all rows
     rmsnorm(h, add, w)     h += add (in place), y = w * h / sqrt(mean(h^2) + eps)
     silu_mul(gu)           silu(gate) * up
     attention(...)         RoPE, KV write into the buffer, per-query softmax attention over its own keys
     vocab_stats(logits)    per row: max, log Σ exp(l - max), entropy, all finite
     draw(...)              inverse-CDF draws from q_τ in token order
     stream_read(x)         one pass over a tensor (the memory-bandwidth probe of `forerun bench engine`)
+    fma_peak(iters)        register-only multiply-adds on every thread (its compute probe)
 
 Each result of a row is the same sequence of IEEE operations whatever else is in the call, so the engine is
 batch-invariant in every dtype it runs.  The ISA flags are part of the extension's name (an AVX-512 build is

@@ -73,27 +73,43 @@ inline double block_sum(const A* e, int64_t n) {
   return double(tree16(t));
 }
 
-// bf16 weights pair up: lane l takes, for each chunk of 32 (k0 = 0, 32, ...), k0 + 2l then k0 + 2l + 1 (a bf16
-// pair is one 32-bit word: a shift and a mask widen both halves in place, no lane-crossing shuffle).
-inline float dot_ref_pairs(const float* x, const c10::BFloat16* w, int64_t K) {
-  float acc[LANES] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES)
-    for (int l = 0; l < LANES; ++l) {
-      const int64_t ke = k0 + 2 * l, ko = ke + 1;
-      if (ke < K) acc[l] = std::fma(x[ke], widen(w[ke]), acc[l]);
-      if (ko < K) acc[l] = std::fma(x[ko], widen(w[ko]), acc[l]);
-    }
+// ------------------------------------------------------------------------------------------ packed weights
+// The weight matrices of one call, concatenated along the output features into W [N, K], are stored packed:
+// blocks of PACK_F features, each block a run of chunks of CH inputs per feature,
+//     packed[b][c][f][j] = W[b * PACK_F + f][c * CH + j]        (zero past N and past K),
+// CH = 16 (32 for bfloat16: a pair of bf16 is one 32-bit word), so one call streams its weights as ONE sequential
+// run.  (Reading PACK_F row-major rows side by side is PACK_F short streams that the hardware prefetcher does not
+// ramp up on: measured 2x slower from DRAM.)  The layout moves values only; the sums below are the definition.
+constexpr int PACK_F = 6;
+template <typename W>
+constexpr int64_t pack_chunk() { return std::is_same<W, c10::BFloat16>::value ? 32 : 16; }
+
+// dot(x, W[f]) for the feature whose first chunk is at `wf` (= block + f * CH); chunks lie `cs` = PACK_F * CH apart.
+// float32 / float16 / float64 weights: lane l takes k = l, l + 16, l + 32, ...; bfloat16: in each chunk of 32 inputs
+// (k0 = 0, 32, ...) lane l takes k0 + 2l then k0 + 2l + 1.
+template <typename A, typename W>
+inline A dot_packed(const A* x, const W* wf, int64_t K, int64_t cs) {
+  A acc[LANES] = {};
+  if constexpr (std::is_same<W, c10::BFloat16>::value) {
+    for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wf += cs)
+      for (int l = 0; l < LANES; ++l) {
+        const int64_t ke = k0 + 2 * l, ko = ke + 1;
+        if (ke < K) acc[l] = std::fma(x[ke], A(widen(wf[2 * l])), acc[l]);
+        if (ko < K) acc[l] = std::fma(x[ko], A(widen(wf[2 * l + 1])), acc[l]);
+      }
+  } else {
+    for (int64_t k0 = 0; k0 < K; k0 += LANES, wf += cs)
+      for (int l = 0; l < LANES && k0 + l < K; ++l) acc[l] = std::fma(x[k0 + l], A(widen(wf[l])), acc[l]);
+  }
   return tree16(acc);
 }
 
-template <typename A, typename W>
-inline A dot_ref(const A* x, const W* w, int64_t K) {
-  if constexpr (std::is_same<W, c10::BFloat16>::value) return dot_ref_pairs(x, w, K);
+// dot(x, w) of two contiguous vectors of one dtype (norms, attention scores): the lanes of the float32 case above.
+template <typename A>
+inline A dot_ref(const A* x, const A* w, int64_t K) {
   A acc[LANES] = {};
-  int64_t k = 0;
-  for (; k + LANES <= K; k += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
-  for (int l = 0; k + l < K; ++l) acc[l] = std::fma(x[k + l], A(widen(w[k + l])), acc[l]);
+  for (int64_t k0 = 0; k0 < K; k0 += LANES)
+    for (int l = 0; l < LANES && k0 + l < K; ++l) acc[l] = std::fma(x[k0 + l], w[k0 + l], acc[l]);
   return tree16(acc);
 }
 
@@ -206,52 +222,59 @@ inline __m512 exp_det(__m512 x) {
   return _mm512_mask_mov_ps(y, nan, x);
 }
 
-template <int R, int F, typename W>
-inline void tile_avx512(const float* x, int64_t ldx, const W* const* wrow, int64_t K, float* y, int64_t ldy) {
+// A tile of R rows x PACK_F features over one packed block (float32 / float16 weights, chunks of 16): per chunk,
+// PACK_F weight vectors and R x-vectors, R x PACK_F accumulators (R <= 4: 24 + 6 + 1 of the 32 registers).
+template <int R, typename W>
+inline void tile_packed(const float* x, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn) {
+  constexpr int F = PACK_F;
   __m512 acc[R][F];
   for (int r = 0; r < R; ++r)
     for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + LANES <= K; k += LANES) {
+  const W* wc = blk;
+  for (; k + LANES <= K; k += LANES, wc += F * LANES) {
     __m512 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = load_w(wrow[f] + k);
+    for (int f = 0; f < F; ++f) wv[f] = load_w(wc + f * LANES);
     for (int r = 0; r < R; ++r) {
-      __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
       for (int f = 0; f < F; ++f) acc[r][f] = _mm512_fmadd_ps(xv, wv[f], acc[r][f]);
     }
   }
   if (k < K) {
-    __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
+    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
     __m512 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = load_w_mask(wrow[f] + k, m);
+    for (int f = 0; f < F; ++f) wv[f] = load_w_mask(wc + f * LANES, m);
     for (int r = 0; r < R; ++r) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
       for (int f = 0; f < F; ++f) acc[r][f] = _mm512_mask3_fmadd_ps(xv, wv[f], acc[r][f], m);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+    for (int f = 0; f < fn; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
 }
 
-template <int R, typename W, int FW = 4>
-inline void rows_avx512(const float* x, int64_t ldx, const W* const* wrow, int fn, int64_t K, float* y, int64_t ldy) {
-  if (fn == FW) {
-    tile_avx512<R, FW>(x, ldx, wrow, K, y, ldy);
-  } else {
-    for (int f = 0; f < fn; ++f) tile_avx512<R, 1>(x, ldx, wrow + f, K, y + f, ldy);
+template <typename W>
+inline void block_avx512(const float* x, int rn, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn) {
+  switch (rn) {
+    case 4: tile_packed<4, W>(x, ldx, blk, K, y, ldy, fn); return;
+    case 3: tile_packed<3, W>(x, ldx, blk, K, y, ldy, fn); return;
+    case 2: tile_packed<2, W>(x, ldx, blk, K, y, ldy, fn); return;
+    default: tile_packed<1, W>(x, ldx, blk, K, y, ldy, fn); return;
   }
 }
 
-// bf16 weights (see dot_ref_pairs): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
-// 16 odd-k values, zero past K); a weight chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
-template <int R, int F>
-inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int64_t K, float* y,
-                       int64_t ldy) {
+// bf16 weights (see dot_packed): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
+// 16 odd-k values, zero past K); a feature's chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
+template <int R>
+inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y, int64_t ldy,
+                       int fn) {
+  constexpr int F = PACK_F;
   __m512 acc[R][F];
   for (int r = 0; r < R; ++r)
     for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES) {
+  const c10::BFloat16* wc = blk;
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wc += F * 2 * LANES) {
     __m512 xe[R], xo[R];
     for (int r = 0; r < R; ++r) {
       xe[r] = _mm512_loadu_ps(xd + r * ldx + k0);
@@ -259,7 +282,7 @@ inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const*
     }
     if (k0 + 2 * LANES <= K) {
       for (int f = 0; f < F; ++f) {
-        const __m512i wv = _mm512_loadu_si512(wrow[f] + k0);
+        const __m512i wv = _mm512_loadu_si512(wc + f * 2 * LANES);
         const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
         const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
         for (int r = 0; r < R; ++r) {
@@ -269,14 +292,13 @@ inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const*
       }
     } else {
       const int64_t left = K - k0;
-      const __mmask32 m32 = static_cast<__mmask32>((left >= 32 ? 0xFFFFFFFFull : ((1ull << left) - 1)));
       __mmask16 me = 0, mo = 0;
       for (int l = 0; l < LANES; ++l) {
         if (2 * l < left) me |= static_cast<__mmask16>(1u << l);
         if (2 * l + 1 < left) mo |= static_cast<__mmask16>(1u << l);
       }
       for (int f = 0; f < F; ++f) {
-        const __m512i wv = _mm512_maskz_loadu_epi16(m32, wrow[f] + k0);
+        const __m512i wv = _mm512_loadu_si512(wc + f * 2 * LANES);  // zero past K in the packed block
         const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
         const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
         for (int r = 0; r < R; ++r) {
@@ -287,47 +309,15 @@ inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const*
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+    for (int f = 0; f < fn; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
 }
 
-template <int R>
-inline void rows_pairs(const float* xd, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K, float* y,
-                       int64_t ldy) {
-  if (fn == 6) {
-    tile_pairs<R, 6>(xd, ldx, wrow, K, y, ldy);
-  } else {
-    for (int f = 0; f < fn; ++f) tile_pairs<R, 1>(xd, ldx, wrow + f, K, y + f, ldy);
-  }
-}
-
-inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* const* wrow, int fn, int64_t K,
-                        float* y, int64_t ldy) {
+inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y,
+                        int64_t ldy, int fn) {
   switch (rn) {
-    case 3: rows_pairs<3>(xd, ldx, wrow, fn, K, y, ldy); return;
-    case 2: rows_pairs<2>(xd, ldx, wrow, fn, K, y, ldy); return;
-    default: rows_pairs<1>(xd, ldx, wrow, fn, K, y, ldy); return;
-  }
-}
-
-// A tile of rn rows x fn features: 4 features per tile with up to 6 rows, or 6 features with up to 4 rows.
-template <typename W>
-inline void block_avx512(const float* x, int rn, int64_t ldx, const W* const* wrow, int fn, int features, int64_t K,
-                         float* y, int64_t ldy) {
-  if (features == 6) {
-    switch (rn) {
-      case 4: rows_avx512<4, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
-      case 3: rows_avx512<3, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
-      case 2: rows_avx512<2, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
-      default: rows_avx512<1, W, 6>(x, ldx, wrow, fn, K, y, ldy); return;
-    }
-  }
-  switch (rn) {
-    case 6: rows_avx512<6>(x, ldx, wrow, fn, K, y, ldy); return;
-    case 5: rows_avx512<5>(x, ldx, wrow, fn, K, y, ldy); return;
-    case 4: rows_avx512<4>(x, ldx, wrow, fn, K, y, ldy); return;
-    case 3: rows_avx512<3>(x, ldx, wrow, fn, K, y, ldy); return;
-    case 2: rows_avx512<2>(x, ldx, wrow, fn, K, y, ldy); return;
-    default: rows_avx512<1>(x, ldx, wrow, fn, K, y, ldy); return;
+    case 3: tile_pairs<3>(xd, ldx, blk, K, y, ldy, fn); return;
+    case 2: tile_pairs<2>(xd, ldx, blk, K, y, ldy, fn); return;
+    default: tile_pairs<1>(xd, ldx, blk, K, y, ldy, fn); return;
   }
 }
 
@@ -339,20 +329,9 @@ constexpr bool kVec = false;
 #endif
 
 // ------------------------------------------------------------------------------------------ linear
-constexpr int TILE_ROWS = 6;
-constexpr int TILE_FEATURES = 4;
 // Fewest multiply-adds a parallel task gets: smaller calls run on the calling thread alone (a parallel region
 // costs microseconds on a quiet machine and a scheduler time slice on a busy one).
 constexpr int64_t MIN_TASK_WORK = int64_t(1) << 17;
-
-// Tile shape (rows, features) by the number of rows M, measured on Zen 5 (CPU time, weights from DRAM):
-// 6 features per tile stream more weight rows at once (1-4 rows, and 7+ rows in tiles of <= 4), 4 features
-// keep 5-6 rows in one tile.  The shape never changes a result (every (row, feature) is one dot()).
-inline std::pair<int64_t, int64_t> tile_shape(int64_t M, bool pairs) {
-  if (pairs) return {3, 6};  // bf16 pair tiles hold 2 x-vectors per row
-  if (M == 5 || M == 6) return {6, 4};
-  return {4, 6};
-}
 
 // x [M, K] -> xd [M, Kp] (Kp = K rounded up to 32): per chunk of 32, the even-k values then the odd-k values.
 inline std::vector<float> deinterleave_pairs(const float* x, int64_t M, int64_t K, int64_t Kp) {
@@ -365,57 +344,46 @@ inline std::vector<float> deinterleave_pairs(const float* x, int64_t M, int64_t 
   return xd;
 }
 
-// A virtual concatenation of weight matrices [N_i, K] along the output features.
-template <typename W>
-struct Rows {
-  std::vector<const W*> base;
-  std::vector<int64_t> start;  // first global feature of each matrix
-  int64_t K = 0, N = 0;
-  const W* row(int64_t n) const {
-    size_t i = base.size() - 1;
-    while (start[i] > n) --i;
-    return base[i] + (n - start[i]) * K;
-  }
+// Weights of one call, packed (see "packed weights"): `data` holds ceil(N / PACK_F) blocks.
+struct Packed {
+  torch::Tensor data;
+  int64_t N = 0, K = 0;
 };
 
+// y [M, N] = x W^T (+ b): every feature block is read from memory once and visited by every row tile while it
+// sits in L1; rows per tile as even as possible (a row's result never depends on the tiling).
 template <typename A, typename W>
-void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y) {
-  const int64_t K = w.K, N = w.N;
+void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y) {
+  constexpr int64_t CH = pack_chunk<W>(), cs = PACK_F * CH;
+  const int64_t block = (K + CH - 1) / CH * cs, blocks = (N + PACK_F - 1) / PACK_F;
   constexpr bool pairs = FR_AVX512 && std::is_same<W, c10::BFloat16>::value;
-  const bool use_pairs = pairs && !g_portable;
-  const auto [RT, FT] = tile_shape(M, use_pairs);
+  const bool vec = kVec<A, W> && !g_portable;
+  const int64_t rt = pairs ? 3 : 4, tiles = (M + rt - 1) / rt, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
   const int64_t Kp = (K + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
-  const std::vector<float> xd = use_pairs ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
-                                          : std::vector<float>();
-  const int64_t blocks = (N + FT - 1) / FT;
-  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, FT * M * K));
-  // rows per tile: as even as possible (20 rows -> 4 x 5, not 6+6+6+2); a row's result never depends on it
-  const int64_t tiles = (M + RT - 1) / RT, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
+  const std::vector<float> xd = pairs && vec ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
+                                             : std::vector<float>();
+  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, PACK_F * M * K));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t fb = b0; fb < b1; ++fb) {
-      const int64_t f0 = fb * FT;
-      const int fn = static_cast<int>(std::min<int64_t>(FT, N - f0));
-      const W* wrow[8];
-      for (int f = 0; f < fn; ++f) wrow[f] = w.row(f0 + f);
+      const int64_t f0 = fb * PACK_F;
+      const int fn = static_cast<int>(std::min<int64_t>(PACK_F, N - f0));
+      const W* blk = pk + fb * block;
       for (int64_t r0 = 0; r0 < M; r0 += per_tile) {
         const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
 #if FR_AVX512
-        if constexpr (pairs) {
-          if (use_pairs) {
-            block_pairs(xd.data() + r0 * Kp, rn, Kp, reinterpret_cast<const c10::BFloat16* const*>(wrow), fn, K,
-                        reinterpret_cast<float*>(y) + r0 * N + f0, N);
-            continue;
-          }
-        }
-        if constexpr (kVec<A, W> && !pairs) {
-          if (!g_portable) {
-            block_avx512<W>(x + r0 * K, rn, K, wrow, fn, static_cast<int>(FT), K, y + r0 * N + f0, N);
+        if constexpr (kVec<A, W>) {
+          if (vec) {
+            if constexpr (pairs)
+              block_pairs(xd.data() + r0 * Kp, rn, Kp, blk, K, reinterpret_cast<float*>(y) + r0 * N + f0, N, fn);
+            else
+              block_avx512<W>(x + r0 * K, rn, K, blk, K, y + r0 * N + f0, N, fn);
             continue;
           }
         }
 #endif
         for (int r = 0; r < rn; ++r)
-          for (int f = 0; f < fn; ++f) y[(r0 + r) * N + f0 + f] = dot_ref<A, W>(x + (r0 + r) * K, wrow[f], K);
+          for (int f = 0; f < fn; ++f)
+            y[(r0 + r) * N + f0 + f] = dot_packed<A, W>(x + (r0 + r) * K, blk + f * CH, K, cs);
       }
       if (bias != nullptr)
         for (int64_t r = 0; r < M; ++r)
@@ -425,44 +393,70 @@ void linear_kernel(const A* x, int64_t M, const Rows<W>& w, const A* bias, A* y)
 }
 
 template <typename A, typename W>
-torch::Tensor linear_typed(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
-                           const c10::optional<torch::Tensor>& bias) {
-  Rows<W> rows;
-  rows.K = x.size(1);
-  for (const auto& w : ws) {
-    TORCH_CHECK(w.dim() == 2 && w.size(1) == rows.K && w.is_contiguous(), "linear: weight must be [N, K] contiguous");
-    rows.base.push_back(reinterpret_cast<const W*>(w.data_ptr()));
-    rows.start.push_back(rows.N);
-    rows.N += w.size(0);
-  }
+torch::Tensor linear_typed(const torch::Tensor& x, const Packed& w, const c10::optional<torch::Tensor>& bias) {
   const A* b = nullptr;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == rows.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous(),
+    TORCH_CHECK(bias->numel() == w.N && bias->scalar_type() == x.scalar_type() && bias->is_contiguous(),
                 "linear: bias must be [N] in the activation dtype");
     b = static_cast<const A*>(bias->data_ptr());
   }
-  auto y = torch::empty({x.size(0), rows.N}, x.options());
-  linear_kernel<A, W>(static_cast<const A*>(x.data_ptr()), x.size(0), rows, b, static_cast<A*>(y.data_ptr()));
+  auto y = torch::empty({x.size(0), w.N}, x.options());
+  linear_kernel<A, W>(static_cast<const A*>(x.data_ptr()), x.size(0), w.K, static_cast<const W*>(w.data.data_ptr()),
+                      w.N, b, static_cast<A*>(y.data_ptr()));
   return y;
 }
 
-torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
-                     const c10::optional<torch::Tensor>& bias) {
+torch::Tensor linear(const torch::Tensor& x, const Packed& w, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "linear: x must be [M, K] contiguous");
-  TORCH_CHECK(!ws.empty(), "linear: no weights");
-  const auto wt = ws[0].scalar_type();
-  for (const auto& w : ws) TORCH_CHECK(w.scalar_type() == wt, "linear: weights of one call share a dtype");
+  TORCH_CHECK(x.size(1) == w.K, "linear: x has ", x.size(1), " inputs, the weights ", w.K);
+  const auto wt = w.data.scalar_type();
   if (x.scalar_type() == torch::kDouble) {
     TORCH_CHECK(wt == torch::kDouble, "linear: float64 activations need float64 weights");
-    return linear_typed<double, double>(x, ws, bias);
+    return linear_typed<double, double>(x, w, bias);
   }
   TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear: activations must be float32 or float64");
   switch (wt) {
-    case torch::kFloat: return linear_typed<float, float>(x, ws, bias);
-    case torch::kBFloat16: return linear_typed<float, c10::BFloat16>(x, ws, bias);
-    case torch::kHalf: return linear_typed<float, c10::Half>(x, ws, bias);
+    case torch::kFloat: return linear_typed<float, float>(x, w, bias);
+    case torch::kBFloat16: return linear_typed<float, c10::BFloat16>(x, w, bias);
+    case torch::kHalf: return linear_typed<float, c10::Half>(x, w, bias);
     default: TORCH_CHECK(false, "linear: unsupported weight dtype");
   }
+}
+
+torch::Tensor huge_page_zeros(int64_t numel, const torch::TensorOptions& options);
+
+template <typename W>
+void pack_typed(const std::vector<torch::Tensor>& ws, int64_t K, W* out, int64_t block) {
+  constexpr int64_t CH = pack_chunk<W>(), cs = PACK_F * CH;
+  int64_t n = 0;
+  for (const auto& w : ws) {
+    const W* src = static_cast<const W*>(w.data_ptr());
+    for (int64_t i = 0; i < w.size(0); ++i, ++n) {
+      W* dst = out + n / PACK_F * block + n % PACK_F * CH;
+      for (int64_t k = 0; k < K; ++k) dst[k / CH * cs + k % CH] = src[i * K + k];
+    }
+  }
+}
+
+// The matrices [N_i, K] of one call, concatenated along the output features and packed (huge-page memory).
+Packed pack(const std::vector<torch::Tensor>& ws) {
+  TORCH_CHECK(!ws.empty(), "pack: no weights");
+  Packed p;
+  p.K = ws[0].size(1);
+  const auto wt = ws[0].scalar_type();
+  for (const auto& w : ws) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == p.K && w.is_contiguous() && w.device().is_cpu(),
+                "pack: weights must be [N, K] contiguous CPU tensors with one K");
+    TORCH_CHECK(w.scalar_type() == wt, "pack: weights of one call share a dtype");
+    p.N += w.size(0);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, wt, "pack", [&] {
+    constexpr int64_t CH = pack_chunk<scalar_t>();
+    const int64_t block = (p.K + CH - 1) / CH * PACK_F * CH, blocks = (p.N + PACK_F - 1) / PACK_F;
+    p.data = huge_page_zeros(blocks * block, ws[0].options());
+    pack_typed<scalar_t>(ws, p.K, p.data.data_ptr<scalar_t>(), block);
+  });
+  return p;
 }
 
 // ------------------------------------------------------------------------------------------ vector helpers
@@ -500,14 +494,18 @@ inline A dot_same(const A* x, const A* w, int64_t K) {
 #if FR_AVX512
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      float out;
-      const float* rows[1] = {w};
-      tile_avx512<1, 1>(x, K, rows, K, &out, 1);
-      return out;
+      __m512 acc = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + LANES <= K; k += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc);
+      if (k < K) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
+        acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), _mm512_maskz_loadu_ps(m, w + k), acc, m);
+      }
+      return hsum_tree(acc);
     }
   }
 #endif
-  return dot_ref<A, A>(x, w, K);
+  return dot_ref<A>(x, w, K);
 }
 
 // ------------------------------------------------------------------------------------------ rms norm
@@ -983,19 +981,55 @@ double stream_read(const torch::Tensor& x) {
   return s;
 }
 
-// A copy of `src` in 2 MiB-aligned memory advised for transparent huge pages (Linux; elsewhere a plain copy):
+// `iters` rounds of 12 independent float32 vector multiply-adds per thread, registers only: the compute probe of
+// `forerun bench engine` (the caller times it; the returned sum keeps the work from being optimized away).
+double fma_peak(int64_t iters) {
+  const int threads = at::get_num_threads();
+  std::vector<double> part(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+#if FR_AVX512
+      __m512 acc[12];
+      for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(float(j + t));
+      const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+      for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
+      for (int j = 0; j < 12; ++j) part[t] += double(hsum_tree(acc[j]));
+#else
+      float acc[12 * LANES];
+      for (int j = 0; j < 12 * LANES; ++j) acc[j] = float(j + t);
+      for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 12 * LANES; ++j) acc[j] = std::fma(acc[j], 0.999999f, 1e-7f);
+      for (int j = 0; j < 12 * LANES; ++j) part[t] += acc[j];
+#endif
+    }
+  });
+  double s = 0.0;
+  for (double v : part) s += v;
+  return s;
+}
+
+// `numel` zeros in 2 MiB-aligned memory advised for transparent huge pages (Linux; elsewhere plain memory):
 // streaming 0.5 GB of weights per step through 4 KiB pages costs a page walk every 4 KiB.
-torch::Tensor huge_page_copy(const torch::Tensor& src) {
-  TORCH_CHECK(src.is_contiguous(), "huge_page_copy: contiguous tensors only");
+torch::Tensor huge_page_zeros(int64_t numel, const torch::TensorOptions& options) {
   constexpr size_t align = size_t(2) << 20;
-  const size_t bytes = std::max<size_t>(src.nbytes(), 1), size = (bytes + align - 1) / align * align;
+  const size_t bytes = std::max<size_t>(size_t(numel) * options.dtype().itemsize(), 1);
+  const size_t size = (bytes + align - 1) / align * align;
   void* p = std::aligned_alloc(align, size);
-  TORCH_CHECK(p != nullptr, "huge_page_copy: out of memory");
+  TORCH_CHECK(p != nullptr, "huge_page_zeros: out of memory");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   madvise(p, size, MADV_HUGEPAGE);
 #endif
-  std::memcpy(p, src.data_ptr(), src.nbytes());
-  return torch::from_blob(p, src.sizes(), [](void* q) { std::free(q); }, src.options());
+  std::memset(p, 0, size);
+  return torch::from_blob(p, {numel}, [](void* q) { std::free(q); }, options);
+}
+
+// A copy of `src` in huge-page memory (the bandwidth probe's buffer).
+torch::Tensor huge_page_copy(const torch::Tensor& src) {
+  TORCH_CHECK(src.is_contiguous(), "huge_page_copy: contiguous tensors only");
+  auto t = huge_page_zeros(src.numel(), src.options());
+  std::memcpy(t.data_ptr(), src.data_ptr(), src.nbytes());
+  return t.view(src.sizes());
 }
 
 void set_portable(bool on) { g_portable = on; }
@@ -1004,13 +1038,20 @@ bool vectorized() { return FR_AVX512 && !g_portable; }
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over a virtual concatenation of weights");
+  pybind11::class_<Packed>(m, "Packed")
+      .def_readonly("data", &Packed::data)
+      .def_readonly("N", &Packed::N)
+      .def_readonly("K", &Packed::K)
+      .def_property_readonly("nbytes", [](const Packed& p) { return p.data.nbytes(); });
+  m.def("pack", &pack, "the weights [N_i, K] of one call, concatenated and packed for one sequential stream");
+  m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over packed weights (read once for all rows)");
   m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");
   m.def("silu_mul", &silu_mul, "[gate | up] -> silu(gate) * up");
   m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
   m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
   m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");
   m.def("stream_read", &stream_read, "read a float32 tensor once (bandwidth probe)");
+  m.def("fma_peak", &fma_peak, "iters x 12 x 16 float32 multiply-adds per thread, registers only (compute probe)");
   m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
   m.def("vectorized", &vectorized, "whether the AVX-512 path is in use");

@@ -39,10 +39,11 @@ def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype,
     x = torch.randn(23, k, generator=g)
     ws = [torch.randn(50, k, generator=g).to(wdtype), torch.randn(7, k, generator=g).to(wdtype)]
     bias = torch.randn(57, generator=g)
-    fast, slow = both_paths(lambda: K.linear(x, ws, bias))
+    packed = K.pack(ws)
+    fast, slow = both_paths(lambda: K.linear(x, packed, bias))
     assert_same(fast, slow)
-    alone = torch.cat([K.linear(x[i : i + 1].contiguous(), ws, bias) for i in range(23)])
-    assert torch.equal(alone, fast) and torch.equal(K.linear(x[5:12].contiguous(), ws, bias), fast[5:12])
+    alone = torch.cat([K.linear(x[i : i + 1].contiguous(), packed, bias) for i in range(23)])
+    assert torch.equal(alone, fast) and torch.equal(K.linear(x[5:12].contiguous(), packed, bias), fast[5:12])
     ref = x.double() @ torch.cat(ws).double().T + bias.double()
     assert (fast.double() - ref).abs().max() < 1e-3
 

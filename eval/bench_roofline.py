@@ -104,11 +104,6 @@ class Probes:
         return self.threads * iters * 12 * 16 / _best_seconds(lambda: self.k.fma_peak(iters), repeats)
 
 
-def measure_bandwidth(mib: int = 512, repeats: int = 5) -> dict[str, float]:
-    """Read bandwidth in GB/s by each probe, and the best of them ("best")."""
-    return Probes(mib).bandwidth(repeats)
-
-
 def weight_bytes(engine: Any) -> int:
     """Bytes of weight matrices one decode step reads (the embedding lookup aside)."""
     lean = getattr(engine.plan, "lean", None)

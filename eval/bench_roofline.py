@@ -9,10 +9,12 @@ row's KV, and must do every row's multiply-adds; on a CPU the slower of the two 
     floor (s / step)    = max(bytes / bandwidth, FMAs / FMA rate)
     fraction of floor   = floor ÷ measured seconds per step   (1 = at the hardware limit)
 
-The bandwidth is probed right before every timed repetition (a shared VM's memory bandwidth drifts by 2x
-within minutes; a probe taken once would compare a step with another moment's machine): the best of numpy's
-sum over 512 MB (one thread; two threads on the halves) and the kernels' `stream_read` over huge-page memory
-(1 and 2 threads, the memory the packed weights live in).  The FMA rate is `fma_peak` on every thread.  The
+The bandwidth is probed right before AND right after every timed repetition (a shared VM's memory bandwidth
+moves between ~35 and ~65 GB/s within seconds; a probe taken once compares a step with another moment's
+machine): each probe is the best of numpy's sum over 512 MB (one thread; two threads on the halves) and the
+kernels' `stream_read` over huge-page memory (1 and 2 threads, the memory the packed weights live in).  A
+repetition counts only when its two probes agree within `stable_within` (else it is re-run, up to `attempts`
+times; the count of re-runs is reported), and its floor uses their mean.  The FMA rate is `fma_peak` on every thread.  The
 rows decode `decode_tokens` tokens each at τ = 1/4 (PowerMH's proposal temperature) from the same cached prompt
 with distinct seeds, so every step carries exactly `rows` rows.  Each fraction is the median over repetitions
 of the per-repetition fraction.
@@ -45,6 +47,16 @@ class RooflineConfig:
     """Timed repetitions per batch size (median reported)."""
     bandwidth_mib: int = 512
     """Size of the bandwidth probe's buffer."""
+    stable_within: float = 0.10
+    """Largest relative difference between the probes before and after a repetition for it to count."""
+    attempts: int = 4
+    """Runs of a repetition at most, waiting for a stable bandwidth (the last one counts regardless, flagged)."""
+
+    def __post_init__(self) -> None:
+        if not self.rows or min(self.rows) < 1 or self.decode_tokens < 1 or self.repeats < 1:
+            raise ValueError("roofline: rows, decode_tokens and repeats must be >= 1")
+        if not 0 < self.stable_within or self.attempts < 1:
+            raise ValueError("roofline: stable_within must be > 0 and attempts >= 1")
 
 
 def _best_seconds(fn: Any, repeats: int) -> float:
@@ -83,9 +95,11 @@ class Probes:
         self.k = native.kernels()
         self.huge = self.k.huge_page_copy(torch.ones(mib * 2**20 // 4)) if self.k is not None else None
         self.threads = torch.get_num_threads()
+        self.history: list[dict[str, float]] = []
 
     def bandwidth(self, repeats: int = 3) -> dict[str, float]:
-        """Read bandwidth in GB/s (1e9 bytes / s) by each probe, and the best of them ("best")."""
+        """Read bandwidth in GB/s (1e9 bytes / s) by each probe, and the best of them ("best"); every result
+        is also kept in `history`."""
         a = self.array
         out = {"numpy_sum_1_thread": a.nbytes / _best_seconds(a.sum, repeats) / 1e9,
                "numpy_sum_2_threads": a.nbytes / _best_seconds(lambda: _numpy_two_threads(a), repeats) / 1e9}
@@ -95,6 +109,7 @@ class Probes:
                 out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / _with_threads(
                     n, lambda: _best_seconds(lambda: self.k.stream_read(b), repeats)) / 1e9
         out["best"] = max(out.values())
+        self.history.append(out)
         return out
 
     def fma_rate(self, iters: int = 2_000_000, repeats: int = 3) -> float | None:
@@ -138,6 +153,19 @@ def time_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, rep: i
     return (time.perf_counter() - t0) / tokens
 
 
+def _timed_between_probes(probes: Probes, run: Any, config: RooflineConfig) -> tuple[float, float, int, bool]:
+    """(bandwidth, seconds, re-runs, stable): `run()` timed between two bandwidth probes that agree within
+    config.stable_within (re-run up to config.attempts times); the bandwidth is the two probes' mean."""
+    for attempt in range(config.attempts):
+        before = probes.bandwidth()["best"]
+        seconds = run()
+        after = probes.bandwidth()["best"]
+        stable = abs(after - before) <= config.stable_within * min(after, before)
+        if stable or attempt == config.attempts - 1:
+            return (before + after) / 2, seconds, attempt, stable
+    raise AssertionError("unreachable")
+
+
 def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = RooflineConfig()) -> dict[str, Any]:
     """Tokens/s, bytes and FMAs per step, and the fraction of the floor for each batch size (see module doc)."""
     probes = Probes(config.bandwidth_mib)
@@ -146,14 +174,16 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
     attn_per_token = engine.num_layers * 2 * int(engine.model.config.num_attention_heads) * engine.head_dim
     context = len(prompt) + config.decode_tokens / 2
     samples: dict[int, list[tuple[float, float]]] = {r: [] for r in config.rows}
-    bandwidths = []
+    reruns, unstable = 0, 0
     for rows in config.rows:
         time_rows(engine, prompt, rows, min(8, config.decode_tokens), 0)  # warm-up of this batch size
     for rep in range(1, config.repeats + 1):
         for rows in config.rows:
-            bw = probes.bandwidth()
-            bandwidths.append(bw)
-            samples[rows].append((bw["best"], time_rows(engine, prompt, rows, config.decode_tokens, rep)))
+            bw, seconds, again, stable = _timed_between_probes(
+                probes, lambda: time_rows(engine, prompt, rows, config.decode_tokens, rep), config)
+            reruns, unstable = reruns + again, unstable + (not stable)
+            samples[rows].append((bw, seconds))
+    bandwidths = probes.history
     table = []
     for rows in config.rows:
         step_bytes = w + rows * context * kv
@@ -183,6 +213,7 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
             "fma_per_s": fma_rate, "weight_bytes": w, "weight_elements": elems, "kv_bytes_per_token": kv,
             "mean_context_tokens": context, "rows": table, "kernels": engine.plan.path,
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
+            "reruns_for_stable_bandwidth": reruns, "unstable_samples": unstable,
             f"floor_{hi}_rows_over_{lo}_row": floor_ratio}
 
 
@@ -199,8 +230,10 @@ def format_roofline(r: dict[str, Any]) -> str:
     bw = r["bandwidth_gb_s"]
     probes = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in bw["probes"].items())
     fma = f"{r['fma_per_s'] / 1e9:.0f} GFMA/s" if r["fma_per_s"] else "unmeasured (no native kernels)"
-    lines = [f"(e) memory bandwidth {bw['best']:.1f} GB/s (median of the probes before each run, range "
+    lines = [f"(e) memory bandwidth {bw['best']:.1f} GB/s (median of the probes around each run, range "
              f"{bw['min']:.1f}-{bw['max']:.1f}; medians: {probes}); float32 FMA rate {fma}",
+             f"    probes before and after each run: {r['reruns_for_stable_bandwidth']} run(s) repeated because "
+             f"they differed by more than the tolerance, {r['unstable_samples']} kept unstable",
              f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
              f"context token; kernels {r['kernels']} ({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
              f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]

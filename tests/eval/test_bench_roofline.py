@@ -1,0 +1,40 @@
+"""The roofline's sampling rule: a run counts only between two bandwidth probes that agree."""
+
+import pytest
+
+from forerun.eval.bench_roofline import RooflineConfig, _timed_between_probes
+
+
+class ScriptedProbes:
+    """Bandwidth probes returning a fixed sequence of "best" values."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def bandwidth(self):
+        return {"best": self.values.pop(0)}
+
+
+def test_a_run_between_disagreeing_probes_is_repeated():
+    runs = []
+    probes = ScriptedProbes([40.0, 64.0, 40.0, 42.0])  # 40 -> 64: the VM moved during the run; 40 -> 42 agrees
+    bw, seconds, reruns, stable = _timed_between_probes(probes, lambda: runs.append(1) or 0.5, RooflineConfig())
+    assert (bw, seconds, reruns, stable) == (41.0, 0.5, 1, True) and len(runs) == 2
+
+
+def test_the_last_attempt_is_kept_and_flagged_unstable():
+    probes = ScriptedProbes([40.0, 64.0, 40.0, 64.0])
+    out = _timed_between_probes(probes, lambda: 0.25, RooflineConfig(attempts=2))
+    assert out == (52.0, 0.25, 1, False)
+
+
+def test_tolerance_is_relative_to_the_lower_probe():
+    # 10 % of 40 is 4: 40 -> 44 agrees, 40 -> 44.5 does not
+    assert _timed_between_probes(ScriptedProbes([40.0, 44.0]), lambda: 1.0, RooflineConfig())[3]
+    assert not _timed_between_probes(ScriptedProbes([40.0, 44.5]), lambda: 1.0, RooflineConfig(attempts=1))[3]
+
+
+@pytest.mark.parametrize("bad", [dict(rows=()), dict(repeats=0), dict(stable_within=0.0), dict(attempts=0)])
+def test_config_is_validated(bad):
+    with pytest.raises(ValueError):
+        RooflineConfig(**bad)

@@ -12,6 +12,7 @@ from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
 from forerun.runtime_ext.protocol import EngineError, GenerateOutput, SamplingParams
 from forerun.runtime_ext.backends.token_exact import TokenExactBackend
+from forerun.testing.chains import assert_same_chain
 
 
 class _NoTokenizer:
@@ -87,7 +88,7 @@ def test_samplers_run_unchanged_on_the_program_path():
         cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=5, seed=4)
         a = make_sampler(toy, cfg).run([1, 2])
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run([1, 2])
-        assert a.response_ids == b.response_ids and a.history == b.history, kind
+        assert_same_chain(a, b, kind)
 
 
 def test_multitry_program_sends_the_temperature_marker_and_reads_the_arrays():
@@ -163,7 +164,7 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
         cfg = SamplerConfig(kind=kind, response_length=8, block_size=4, steps_per_block=steps, seed=seed)
         a = make_sampler(pm, cfg).run(prompt)
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=4)).run(prompt)
-        assert a.response_ids == b.response_ids and a.history == b.history
+        assert_same_chain(a, b)
 
 
 @pytest.mark.slow
@@ -180,7 +181,7 @@ def test_default_model_identical_chain_one_prompt():
         pm = proposal_model_for(backend, kind, cfg.mtm_temperatures)
         a = make_sampler(pm, cfg).run(ids)
         b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
-        assert a.response_ids == b.response_ids and a.history == b.history
+        assert_same_chain(a, b)
     runtime.close()
 
 
@@ -203,7 +204,7 @@ def test_default_model_identical_chains_ten_math500_prompts(dtype):
             a = make_sampler(pm, cfg).run(ids)
             runtime.engine.flush_cache()  # PreSTO starts from another cache state: must not matter
             b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20)).run(ids)
-            assert a.response_ids == b.response_ids and a.history == b.history, p.id
+            assert_same_chain(a, b, p.id)
             assert list(a.state.logp0) == list(b.state.logp0)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from forerun.programs.prefetch_tree import node_depth
@@ -17,6 +16,7 @@ from forerun.programs.samplers import (
     SequentialSampler,
     make_sampler,
 )
+from forerun.testing.chains import assert_same_chain
 
 TEMPS = (0.25, 0.5, 1.0)
 
@@ -35,13 +35,6 @@ def run_pair(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, model_seed=3, alph
     return seq, pre
 
 
-def assert_identical(seq, pre, label=""):
-    assert seq.response_ids == pre.response_ids, label
-    assert seq.history == pre.history, label
-    assert np.allclose(seq.state.logp0, pre.state.logp0), label
-    assert seq.transitions == pre.transitions
-
-
 @pytest.mark.parametrize("unit", ["request", "node"])
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
 @pytest.mark.parametrize("npf", [1, 4, 20])
@@ -49,7 +42,7 @@ def test_identical_chains_many_seeds(kind, npf, unit):
     deferred_rounds = 0
     for seed in range(20):
         seq, pre = run_pair(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0, unit=unit)
-        assert_identical(seq, pre, f"seed {seed}")
+        assert_same_chain(seq, pre, f"seed {seed}")
         assert seq.transitions == 2 * 10
         for c in pre.rounds:
             if unit == "node":
@@ -67,7 +60,7 @@ def test_identical_chains_many_seeds(kind, npf, unit):
 def test_identical_chains_multitry(npf, unit):
     for seed in range(12):
         seq, pre = run_pair("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4, unit=unit)
-        assert_identical(seq, pre, f"seed {seed}")
+        assert_same_chain(seq, pre, f"seed {seed}")
         if unit == "request":  # 2M - 1 = 7 requests per transition; the root's is made even above N_pf
             assert all(c.generated_requests <= max(npf, 7) for c in pre.rounds)
 
@@ -79,7 +72,7 @@ def test_identical_chains_odd_sizes_and_several_blocks(kind, n, block, K, npf):
         for unit in ("request", "node"):
             seq, pre = run_pair(kind, seed, npf, n=n, block=block, K=K, vocab=4, unit=unit,
                                 mtm_candidates=2 if kind == "multitry-mh" else 4)
-            assert_identical(seq, pre, f"{unit} seed {seed}")
+            assert_same_chain(seq, pre, f"{unit} seed {seed}")
             assert seq.transitions == (n // block) * K
 
 
@@ -89,7 +82,7 @@ def test_identical_chains_without_reuse_and_with_a_small_node_cap(kind):
         for extra in ({"reuse_suffixes": False}, {"max_nodes": 2}, {"max_nodes": 1}):
             seq, pre = run_pair(kind, seed, 20, n=8, block=8, K=12, vocab=4, **extra,
                                 mtm_candidates=2 if kind == "multitry-mh" else 4)
-            assert_identical(seq, pre, f"seed {seed} {extra}")
+            assert_same_chain(seq, pre, f"seed {seed} {extra}")
             if "max_nodes" in extra:
                 assert all(c.nodes_scored <= extra["max_nodes"] for c in pre.rounds)
 
@@ -121,7 +114,7 @@ def test_entropy_cut_prefetches_below_acceptances_and_validates_the_cut():
     below, misses = 0, 0
     for seed in range(8):
         seq, pre = run_pair("entropy-cut", seed, 20, n=8, block=8, K=20, vocab=5)
-        assert_identical(seq, pre, f"seed {seed}")
+        assert_same_chain(seq, pre, f"seed {seed}")
         below += sum(1 for c in pre.rounds for n in c.nodes if n.accepts_on_path > 0)
         misses += sum(c.speculation_misses for c in pre.rounds)
         for c in pre.rounds:
@@ -173,7 +166,7 @@ def test_predictive_traversal_keeps_the_chain():
             pre = make_sampler(model, cfg, presto=True,
                                prefetch=PrefetchConfig(budget=5, traversal="predictive",
                                                        branch_prob=lambda node: 0.2 + 0.6 * node.cut_fraction)).run([1, 2])
-            assert seq.response_ids == pre.response_ids and seq.history == pre.history
+            assert_same_chain(seq, pre, (kind, seed))
 
 
 def test_config_validation():

@@ -3,13 +3,13 @@ start inside a running row, unreachable rows aborted, windows that cross accepta
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
 from forerun.programs.streaming import StreamingPrestoSampler
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.testing.stepped_streams import SteppedStreams
+from forerun.testing.chains import assert_same_chain
 
 TEMPS = (0.25, 0.5, 1.0)
 
@@ -36,12 +36,6 @@ def run_streaming(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, alpha=4.0, tr
     return seq, res, streams
 
 
-def assert_identical(seq, res, label=""):
-    assert seq.response_ids == res.response_ids, label
-    assert seq.history == res.history, label
-    assert np.array_equal(seq.state.logp0, res.state.logp0), label
-
-
 @pytest.mark.parametrize("traversal", ["bfs", "predictive"])
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
 @pytest.mark.parametrize("npf", [1, 3, 20])
@@ -49,7 +43,7 @@ def test_identical_chains_many_seeds(kind, npf, traversal):
     shared = 0
     for seed in range(16):
         seq, res, streams = run_streaming(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0, traversal=traversal)
-        assert_identical(seq, res, f"seed {seed}")
+        assert_same_chain(seq, res, f"seed {seed}")
         assert res.transitions == 2 * 10
         assert streams.max_rows <= npf  # at most N_pf rows decode at once
         assert all(ok for _, _, ok in streams.shares)  # a child's prefix is its parent's tokens so far
@@ -65,7 +59,7 @@ def test_identical_chains_many_seeds(kind, npf, traversal):
 def test_identical_chains_multitry(npf):
     for seed in range(8):
         seq, res, streams = run_streaming("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4)
-        assert_identical(seq, res, f"seed {seed}")
+        assert_same_chain(seq, res, f"seed {seed}")
         assert streams.max_rows <= max(npf, 7)  # the walk's own 2M − 1 rows run even above N_pf
 
 
@@ -76,7 +70,7 @@ def test_identical_chains_odd_sizes_and_several_blocks(kind, n, block, K, npf):
         for traversal in ("bfs", "predictive"):
             seq, res, _ = run_streaming(kind, seed, npf, n=n, block=block, K=K, vocab=4, traversal=traversal,
                                         mtm_candidates=2)
-            assert_identical(seq, res, f"seed {seed} {traversal}")
+            assert_same_chain(seq, res, f"seed {seed} {traversal}")
             assert [c.block for c in res.calls if c.kind == "extend"] == list(range(1, n // block + 1))
 
 
@@ -86,7 +80,7 @@ def test_windows_cross_acceptances_and_rows_are_aborted():
     windows = accepted_inside = aborted = transitions = 0
     for seed in range(12):
         seq, res, streams = run_streaming("power-mh", seed, 12, n=16, block=16, K=12)
-        assert_identical(seq, res)
+        assert_same_chain(seq, res)
         windows += res.num_calls
         transitions += res.transitions
         aborted += len(streams.aborted)

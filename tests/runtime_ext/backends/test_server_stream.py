@@ -14,6 +14,7 @@ from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sample
 from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
 from forerun.runtime_ext.runtime import open_runtime
 from forerun.testing.fake_sglang_server import FakeSGLangServer
+from forerun.testing.chains import assert_same_chain
 
 
 def test_sglangs_own_source_streams_data_lines_and_done():
@@ -108,7 +109,7 @@ def test_streaming_presto_on_a_server_gives_the_sequential_chain():
             pm = proposal_model_for(runtime.backend, "power-mh")
             seq = make_sampler(pm, cfg).run(ids)
             res = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=6, streaming=True)).run(ids)
-            assert seq.response_ids == res.response_ids and seq.history == res.history, seed
+            assert_same_chain(seq, res, seed)
             assert all(c.max_rows <= 6 for c in res.mh_calls)
         streamed = [b["input_ids"] for b in srv.generate_bodies() if b.get("stream")]
         assert streamed and all(s[: len(ids)] == ids for s in streamed)

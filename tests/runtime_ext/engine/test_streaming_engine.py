@@ -13,6 +13,7 @@ from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sample
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import EngineError, SamplingParams, StreamingEngine
+from forerun.testing.chains import assert_same_chain
 
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
@@ -122,7 +123,7 @@ def test_streaming_presto_on_the_tiny_engine_gives_the_sequential_chain(engine, 
         a = make_sampler(pm, cfg).run(prompt)
         for npf in (1, 6):
             b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=npf, streaming=True)).run(prompt)
-            assert a.response_ids == b.response_ids and a.history == b.history, (seed, npf)
+            assert_same_chain(a, b, (seed, npf))
             assert list(a.state.logp0) == list(b.state.logp0)
             assert all(c.max_rows <= max(npf, 3) for c in b.mh_calls)
 
@@ -150,5 +151,5 @@ def test_default_model_streaming_chains_are_the_sequential_chains(dtype):
             a = make_sampler(pm, cfg).run(prompt)
             runtime.engine.flush_cache()
             b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20, streaming=True)).run(prompt)
-            assert a.response_ids == b.response_ids and a.history == b.history, kind
+            assert_same_chain(a, b, kind)
             assert list(a.state.logp0) == list(b.state.logp0)

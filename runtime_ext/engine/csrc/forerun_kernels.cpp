@@ -13,8 +13,9 @@
 //   exp_det(x)            one fixed polynomial (Cephes expf), the same operations in the vector and scalar code.
 //   vocabulary statistics blocks of 16 summed by the same tree, blocks accumulated sequentially in double.
 //
-// The portable code below IS the definition; the AVX-512 code (when compiled with -mavx512f) performs the
-// identical operations on 16 lanes at once, so both give the same bits (a test checks it).  Build flags
+// The portable code below IS the definition; the vector code performs the identical operations on 16 lanes at
+// once (V16: one AVX-512 register, or two AVX2 registers when built with -mavx2 -mfma -mf16c), so every build
+// gives the same bits (a test checks vector against portable on the machine it runs on).  Build flags
 // include -ffp-contract=off so the compiler never fuses a multiply and an add that the definition keeps apart.
 
 #include <torch/extension.h>
@@ -36,8 +37,14 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define FR_AVX512 1
+#define FR_VEC 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define FR_AVX512 0
+#define FR_VEC 1
 #else
 #define FR_AVX512 0
+#define FR_VEC 0
 #endif
 
 namespace {
@@ -137,40 +144,68 @@ inline float exp_det(float x) {
 }
 inline double exp_det(double x) { return std::exp(x); }
 
+#if FR_VEC
+// ------------------------------------------------------------------------------------------ 16-lane vectors
+// V16 holds the 16 lanes of the definition above: one __m512 with AVX-512, two __m256 (lanes 0-7, 8-15) with
+// AVX2.  Every operation is lane-wise IEEE (or the fixed tree of hsum), so both backends give the same bits as
+// the portable code.  M16 selects lanes (tails, special values of exp).
 #if FR_AVX512
-// ------------------------------------------------------------------------------------------ AVX-512
-inline __m512 load_w(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load_w(const c10::BFloat16* p) {
+struct V16 { __m512 v; };
+struct M16 { __mmask16 m; };
+constexpr int kRegsPerV16 = 1;
+inline V16 vzero() { return {_mm512_setzero_ps()}; }
+inline V16 vset1(float s) { return {_mm512_set1_ps(s)}; }
+inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline M16 vfirst(int64_t n) { return {static_cast<__mmask16>((1u << n) - 1u)}; }  // lanes < n, 0 <= n <= 16
+inline V16 vload(const float* p, M16 m) { return {_mm512_maskz_loadu_ps(m.m, p)}; }
+inline V16 vload_w(const float* p) { return vload(p); }
+inline V16 vload_w(const c10::BFloat16* p) {
   __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))};
 }
-inline __m512 load_w(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+inline V16 vload_w(const c10::Half* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+// 32 bf16 (64 bytes) as 16 pairs: even = the low halves widened, odd = the high halves
+inline void vload_pairs(const c10::BFloat16* p, V16& even, V16& odd) {
+  const __m512i w = _mm512_loadu_si512(p);
+  even = {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  odd = {_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
 }
-inline __m512 load_w_mask(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_w_mask(const c10::BFloat16* p, __mmask16 m) {
-  __m256i v = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 vfma(V16 a, V16 b, V16 c, M16 m) { return {_mm512_mask3_fmadd_ps(a.v, b.v, c.v, m.m)}; }  // c past m
+inline V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 vdiv(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 vmin(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline float vmax_lanes(V16 a) { return _mm512_reduce_max_ps(a.v); }
+inline V16 vround(V16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// 2^n for integral n in [-126, 127]
+inline V16 vpow2(V16 n) {
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
 }
-inline __m512 load_w_mask(const c10::Half* p, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-
-inline float hsum_tree(__m512 a) {
-  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+inline M16 vunordered(V16 a) { return {_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q)}; }
+inline M16 vnot_greater(V16 a, V16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_NGT_UQ)}; }  // !(a > b)
+inline M16 vgreater(V16 a, V16 b) { return {_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)}; }
+inline M16 vnonfinite(V16 a) { return {_mm512_fpclass_ps_mask(a.v, 0x99)}; }  // NaN or infinity
+inline M16 vor(M16 a, M16 b) { return {static_cast<__mmask16>(a.m | b.m)}; }
+inline bool vany(M16 a) { return a.m != 0; }
+inline V16 vselect(M16 m, V16 yes, V16 no) { return {_mm512_mask_mov_ps(no.v, m.m, yes.v)}; }
+inline float hsum_tree(V16 a) {
+  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
   __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
   __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
   return _mm_cvtss_f32(t1);
 }
-
-// Lane j of the result = hsum_tree(a[j]) for the 16 vectors a[0..15]: the same tree (t8, t4, t2, t1) for
-// each, computed for 16 vectors at once with shuffles (15 adds instead of 16 x 4).
-inline __m512 hsum16(const __m512* a) {
+// out[j] = hsum_tree(a[j]) for 16 vectors: the same tree (t8, t4, t2, t1) for each, computed for 16 vectors at
+// once with shuffles (15 adds instead of 16 x 4).
+inline void hsum16(const V16* a, float* out) {
   __m512 r8[8], r4[4], r2[2];
   for (int i = 0; i < 8; ++i)
-    r8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    r8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0x44),
+                          _mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0xEE));
   for (int i = 0; i < 4; ++i)
     r4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                           _mm512_shuffle_f32x4(r8[2 * i], r8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -181,51 +216,126 @@ inline __m512 hsum16(const __m512* a) {
                                   _mm512_shuffle_ps(r2[0], r2[1], _MM_SHUFFLE(3, 1, 3, 1)));
   // r1 lane 4k + m holds vector 4m + k
   const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_permutexvar_ps(idx, r1);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, r1));
 }
+#else  // AVX2 + FMA + F16C
+struct V16 { __m256 lo, hi; };
+struct M16 { __m256 lo, hi; };  // all-ones lanes are selected
+constexpr int kRegsPerV16 = 2;
+inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 vset1(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, V16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+inline M16 vfirst(int64_t n) {
+  const __m256i nv = _mm256_set1_epi32(static_cast<int>(n));
+  return {_mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))),
+          _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)))};
+}
+inline V16 vload(const float* p, M16 m) {  // lanes past m are neither read nor kept
+  return {_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)), _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
+}
+inline __m256 widen8(const c10::BFloat16* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+inline __m256 widen8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline V16 vload_w(const float* p) { return vload(p); }
+inline V16 vload_w(const c10::BFloat16* p) { return {widen8(p), widen8(p + 8)}; }
+inline V16 vload_w(const c10::Half* p) { return {widen8(p), widen8(p + 8)}; }
+inline void vload_pairs(const c10::BFloat16* p, V16& even, V16& odd) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+  odd = {_mm256_castsi256_ps(_mm256_and_si256(a, hi)), _mm256_castsi256_ps(_mm256_and_si256(b, hi))};
+}
+inline V16 vselect(M16 m, V16 yes, V16 no) { return {_mm256_blendv_ps(no.lo, yes.lo, m.lo), _mm256_blendv_ps(no.hi, yes.hi, m.hi)}; }
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 vfma(V16 a, V16 b, V16 c, M16 m) { return vselect(m, vfma(a, b, c), c); }  // c past m
+inline V16 vadd(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 vsub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 vdiv(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V16 vmin(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline float vmax_lanes(V16 a) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, _mm256_max_ps(a.lo, a.hi));
+  float m = t[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, t[i]);
+  return m;
+}
+inline V16 vround(V16 a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+inline __m256 pow2_8(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline V16 vpow2(V16 n) { return {pow2_8(n.lo), pow2_8(n.hi)}; }
+inline M16 vunordered(V16 a) { return {_mm256_cmp_ps(a.lo, a.lo, _CMP_UNORD_Q), _mm256_cmp_ps(a.hi, a.hi, _CMP_UNORD_Q)}; }
+inline M16 vnot_greater(V16 a, V16 b) { return {_mm256_cmp_ps(a.lo, b.lo, _CMP_NGT_UQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_NGT_UQ)}; }
+inline M16 vgreater(V16 a, V16 b) { return {_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)}; }
+inline M16 vnonfinite(V16 a) {  // x - x is NaN exactly for NaN and infinity
+  const V16 d = vsub(a, a);
+  return vunordered(d);
+}
+inline M16 vor(M16 a, M16 b) { return {_mm256_or_ps(a.lo, b.lo), _mm256_or_ps(a.hi, b.hi)}; }
+inline bool vany(M16 a) { return _mm256_movemask_ps(_mm256_or_ps(a.lo, a.hi)) != 0; }
+inline float hsum_tree(V16 a) {
+  __m256 t8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+  return _mm_cvtss_f32(t1);
+}
+inline void hsum16(const V16* a, float* out) {
+  for (int j = 0; j < 16; ++j) out[j] = hsum_tree(a[j]);
+}
+#endif
 
-// scores[c] = dot(q, k_c) for 16 keys at once (D a multiple of 16): one accumulator per key, then hsum16.
-inline void scores16(const float* q, const float* kb, int64_t kstride, int64_t D, float* out) {
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+// scores[c] = dot(q, k_c) for KEYS keys at once (D a multiple of 16): one accumulator per key, then the tree.
+// KEYS: as many accumulators as the registers hold (16 with AVX-512, 4 with AVX2).
+constexpr int SCORE_KEYS = FR_AVX512 ? 16 : 4;
+inline void score_keys(const float* q, const float* kb, int64_t kstride, int64_t D, float* out) {
+  V16 acc[SCORE_KEYS];
+  for (int j = 0; j < SCORE_KEYS; ++j) acc[j] = vzero();
   for (int64_t d = 0; d < D; d += LANES) {
-    const __m512 qv = _mm512_loadu_ps(q + d);
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + j * kstride + d), acc[j]);
+    const V16 qv = vload(q + d);
+    for (int j = 0; j < SCORE_KEYS; ++j) acc[j] = vfma(qv, vload(kb + j * kstride + d), acc[j]);
   }
-  _mm512_storeu_ps(out, hsum16(acc));
+  if constexpr (SCORE_KEYS == 16) {
+    hsum16(acc, out);
+  } else {
+    for (int j = 0; j < SCORE_KEYS; ++j) out[j] = hsum_tree(acc[j]);
+  }
 }
 
-inline __m512 exp_det(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.0f);
-  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  __mmask16 small = _mm512_cmp_ps_mask(x, lo, _CMP_NGT_UQ);  // !(x > lo)
-  __mmask16 big = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 r2 = _mm512_mul_ps(r, r);
-  p = _mm512_fmadd_ps(p, r2, r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+inline V16 exp_det(V16 x) {
+  const M16 nan = vunordered(x), small = vnot_greater(x, vset1(-87.33654f)), big = vgreater(x, vset1(88.0f));
+  const V16 n = vround(vmul(x, vset1(1.44269504088896341f)));
+  V16 r = vfma(n, vset1(-0.693359375f), x);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V16 p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  const V16 r2 = vmul(r, r);
+  p = vfma(p, r2, r);
+  p = vadd(p, vset1(1.0f));
   // n is clamped so that the exponent bits stay valid in the lanes that are replaced below
-  __m512 nc = _mm512_max_ps(_mm512_min_ps(n, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-126.0f));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nc), _mm512_set1_epi32(127)), 23);
-  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  y = _mm512_mask_mov_ps(y, small, _mm512_setzero_ps());
-  y = _mm512_mask_mov_ps(y, big, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
-  return _mm512_mask_mov_ps(y, nan, x);
+  V16 y = vmul(p, vpow2(vmax(vmin(n, vset1(127.0f)), vset1(-126.0f))));
+  y = vselect(small, vzero(), y);
+  y = vselect(big, vset1(std::numeric_limits<float>::infinity()), y);
+  return vselect(nan, x, y);
 }
 
 // Software prefetch of a weight block ahead, spread over the chunk steps of the tiles visiting the current block.
 // With several row tiles a block is used in a burst (the first tile reads it from memory, the others from L1): the
 // hardware prefetcher alone leaves that first tile waiting on memory (measured: 20 rows 65 -> 83 GFMA/s with it).
-// It moves no value; with one tile (<= 4 rows, a pure stream) it is off: there it cost 3-8 %.
+// It moves no value; with one tile (a pure stream) it is off: there it cost 3-8 %.
 struct Prefetch {
   const char* p = nullptr;
   const char* end = nullptr;
@@ -235,33 +345,38 @@ struct Prefetch {
   }
 };
 
+// Rows per tile of the linear kernels: R x PACK_F accumulators must stay in registers (AVX-512: 24 + 6 + 1 of 32;
+// AVX2: one row is 12 of 16).  bf16 pairs need two x vectors per row, hence 3 rows with AVX-512.
+constexpr int TILE_ROWS = FR_AVX512 ? 4 : 1;
+constexpr int TILE_ROWS_PAIRS = FR_AVX512 ? 3 : 1;
+
 // A tile of R rows x PACK_F features over one packed block (float32 / float16 weights, chunks of 16): per chunk,
-// PACK_F weight vectors and R x-vectors, R x PACK_F accumulators (R <= 4: 24 + 6 + 1 of the 32 registers).
+// PACK_F weight vectors and R x-vectors, R x PACK_F accumulators.
 template <int R, typename W>
 inline void tile_packed(const float* x, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn,
                         Prefetch pf) {
   constexpr int F = PACK_F;
-  __m512 acc[R][F];
+  V16 acc[R][F];
   for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
+    for (int f = 0; f < F; ++f) acc[r][f] = vzero();
   int64_t k = 0;
   const W* wc = blk;
   for (; k + LANES <= K; k += LANES, wc += F * LANES) {
     pf.step();
-    __m512 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = load_w(wc + f * LANES);
+    V16 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = vload_w(wc + f * LANES);
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
-      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_fmadd_ps(xv, wv[f], acc[r][f]);
+      const V16 xv = vload(x + r * ldx + k);
+      for (int f = 0; f < F; ++f) acc[r][f] = vfma(xv, wv[f], acc[r][f]);
     }
   }
-  if (k < K) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
-    __m512 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = load_w_mask(wc + f * LANES, m);
+  if (k < K) {  // the last chunk: the packed block is zero past K, the lanes past K keep their sums
+    const M16 m = vfirst(K - k);
+    V16 wv[F];
+    for (int f = 0; f < F; ++f) wv[f] = vload_w(wc + f * LANES);
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
-      for (int f = 0; f < F; ++f) acc[r][f] = _mm512_mask3_fmadd_ps(xv, wv[f], acc[r][f], m);
+      const V16 xv = vload(x + r * ldx + k, m);
+      for (int f = 0; f < F; ++f) acc[r][f] = vfma(xv, wv[f], acc[r][f], m);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -269,9 +384,9 @@ inline void tile_packed(const float* x, int64_t ldx, const W* blk, int64_t K, fl
 }
 
 template <typename W>
-inline void block_avx512(const float* x, int rn, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn,
-                         Prefetch pf) {
-  switch (rn) {
+inline void block_vec(const float* x, int rn, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn,
+                      Prefetch pf) {
+  switch (rn) {  // rn <= TILE_ROWS
     case 4: tile_packed<4, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
     case 3: tile_packed<3, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
     case 2: tile_packed<2, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
@@ -285,42 +400,35 @@ template <int R>
 inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y, int64_t ldy,
                        int fn, Prefetch pf) {
   constexpr int F = PACK_F;
-  __m512 acc[R][F];
+  V16 acc[R][F];
   for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) acc[r][f] = _mm512_setzero_ps();
-  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int f = 0; f < F; ++f) acc[r][f] = vzero();
   const c10::BFloat16* wc = blk;
   for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wc += F * 2 * LANES) {
     pf.step();
-    __m512 xe[R], xo[R];
+    V16 xe[R], xo[R];
     for (int r = 0; r < R; ++r) {
-      xe[r] = _mm512_loadu_ps(xd + r * ldx + k0);
-      xo[r] = _mm512_loadu_ps(xd + r * ldx + k0 + LANES);
+      xe[r] = vload(xd + r * ldx + k0);
+      xo[r] = vload(xd + r * ldx + k0 + LANES);
     }
     if (k0 + 2 * LANES <= K) {
       for (int f = 0; f < F; ++f) {
-        const __m512i wv = _mm512_loadu_si512(wc + f * 2 * LANES);
-        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
-        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        V16 we, wo;
+        vload_pairs(wc + f * 2 * LANES, we, wo);
         for (int r = 0; r < R; ++r) {
-          acc[r][f] = _mm512_fmadd_ps(xe[r], we, acc[r][f]);
-          acc[r][f] = _mm512_fmadd_ps(xo[r], wo, acc[r][f]);
+          acc[r][f] = vfma(xe[r], we, acc[r][f]);
+          acc[r][f] = vfma(xo[r], wo, acc[r][f]);
         }
       }
     } else {
       const int64_t left = K - k0;
-      __mmask16 me = 0, mo = 0;
-      for (int l = 0; l < LANES; ++l) {
-        if (2 * l < left) me |= static_cast<__mmask16>(1u << l);
-        if (2 * l + 1 < left) mo |= static_cast<__mmask16>(1u << l);
-      }
+      const M16 me = vfirst((left + 1) / 2), mo = vfirst(left / 2);  // lane l: k0 + 2l < K, k0 + 2l + 1 < K
       for (int f = 0; f < F; ++f) {
-        const __m512i wv = _mm512_loadu_si512(wc + f * 2 * LANES);  // zero past K in the packed block
-        const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
-        const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+        V16 we, wo;
+        vload_pairs(wc + f * 2 * LANES, we, wo);  // zero past K in the packed block
         for (int r = 0; r < R; ++r) {
-          acc[r][f] = _mm512_mask3_fmadd_ps(xe[r], we, acc[r][f], me);
-          acc[r][f] = _mm512_mask3_fmadd_ps(xo[r], wo, acc[r][f], mo);
+          acc[r][f] = vfma(xe[r], we, acc[r][f], me);
+          acc[r][f] = vfma(xo[r], wo, acc[r][f], mo);
         }
       }
     }
@@ -331,7 +439,7 @@ inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, i
 
 inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y,
                         int64_t ldy, int fn, Prefetch pf) {
-  switch (rn) {
+  switch (rn) {  // rn <= TILE_ROWS_PAIRS
     case 3: tile_pairs<3>(xd, ldx, blk, K, y, ldy, fn, pf); return;
     case 2: tile_pairs<2>(xd, ldx, blk, K, y, ldy, fn, pf); return;
     default: tile_pairs<1>(xd, ldx, blk, K, y, ldy, fn, pf); return;
@@ -343,6 +451,7 @@ constexpr bool kVec = std::is_same<A, float>::value && !std::is_same<W, double>:
 #else
 template <typename A, typename W>
 constexpr bool kVec = false;
+constexpr int TILE_ROWS = 4, TILE_ROWS_PAIRS = 3;
 #endif
 
 // ------------------------------------------------------------------------------------------ linear
@@ -376,9 +485,9 @@ template <typename A, typename W>
 void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y) {
   constexpr int64_t CH = pack_chunk<W>(), cs = PACK_F * CH;
   const int64_t block = (K + CH - 1) / CH * cs, blocks = (N + PACK_F - 1) / PACK_F;
-  constexpr bool pairs = FR_AVX512 && std::is_same<W, c10::BFloat16>::value;
+  constexpr bool pairs = FR_VEC && std::is_same<W, c10::BFloat16>::value;
   const bool vec = kVec<A, W> && !g_portable;
-  const int64_t rt = pairs ? 3 : 4, tiles = (M + rt - 1) / rt, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
+  const int64_t rt = pairs ? TILE_ROWS_PAIRS : TILE_ROWS, tiles = (M + rt - 1) / rt, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
   const int64_t Kp = (K + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
   const std::vector<float> xd = pairs && vec ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
                                              : std::vector<float>();
@@ -395,7 +504,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
       const W* blk = pk + fb * block;
       for (int64_t r0 = 0, t = 0; r0 < M; r0 += per_tile, ++t) {
         const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
-#if FR_AVX512
+#if FR_VEC
         if constexpr (kVec<A, W>) {
           if (vec) {
             Prefetch pf;
@@ -408,7 +517,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
             if constexpr (pairs)
               block_pairs(xd.data() + r0 * Kp, rn, Kp, blk, K, reinterpret_cast<float*>(y) + r0 * N + f0, N, fn, pf);
             else
-              block_avx512<W>(x + r0 * K, rn, K, blk, K, y + r0 * N + f0, N, fn, pf);
+              block_vec<W>(x + r0 * K, rn, K, blk, K, y + r0 * N + f0, N, fn, pf);
             continue;
           }
         }
@@ -492,14 +601,14 @@ Packed pack(const std::vector<torch::Tensor>& ws) {
 }
 
 // ------------------------------------------------------------------------------------------ vector helpers
-// exp over n values in place (AVX-512 for full blocks of 16, the scalar definition for the rest: same bits).
+// exp over n values in place (the vector code for full blocks of 16, the scalar definition for the rest: same bits).
 template <typename A>
 inline void exp_inplace(A* v, int64_t n) {
   int64_t i = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable)
-      for (; i + LANES <= n; i += LANES) _mm512_storeu_ps(v + i, exp_det(_mm512_loadu_ps(v + i)));
+      for (; i + LANES <= n; i += LANES) vstore(v + i, exp_det(vload(v + i)));
   }
 #endif
   for (; i < n; ++i) v[i] = exp_det(v[i]);
@@ -509,12 +618,11 @@ inline void exp_inplace(A* v, int64_t n) {
 template <typename A>
 inline void axpy(A s, const A* v, A* acc, int64_t D) {
   int64_t d = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      __m512 sv = _mm512_set1_ps(s);
-      for (; d + LANES <= D; d += LANES)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(sv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+      const V16 sv = vset1(s);
+      for (; d + LANES <= D; d += LANES) vstore(acc + d, vfma(sv, vload(v + d), vload(acc + d)));
     }
   }
 #endif
@@ -523,15 +631,15 @@ inline void axpy(A s, const A* v, A* acc, int64_t D) {
 
 template <typename A>
 inline A dot_same(const A* x, const A* w, int64_t K) {
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      __m512 acc = _mm512_setzero_ps();
+      V16 acc = vzero();
       int64_t k = 0;
-      for (; k + LANES <= K; k += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc);
+      for (; k + LANES <= K; k += LANES) acc = vfma(vload(x + k), vload(w + k), acc);
       if (k < K) {
-        const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1u);
-        acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), _mm512_maskz_loadu_ps(m, w + k), acc, m);
+        const M16 m = vfirst(K - k);
+        acc = vfma(vload(x + k, m), vload(w + k, m), acc, m);
       }
       return hsum_tree(acc);
     }
@@ -637,11 +745,11 @@ void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
 template <typename A>
 void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld) {
   int64_t c0 = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0)
-      for (; c0 + 16 <= n; c0 += 16)
-        for (int64_t g = 0; g < G; ++g) scores16(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
+      for (; c0 + SCORE_KEYS <= n; c0 += SCORE_KEYS)
+        for (int64_t g = 0; g < G; ++g) score_keys(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
   }
 #endif
   for (; c0 < n; ++c0)
@@ -649,23 +757,25 @@ void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n
 }
 
 // acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order, continuing from acc: the weighted values of
-// G heads (e rows of stride lde); keys held in several pieces are accumulated piece after piece.  The AVX-512 code keeps a (<= 4 heads x 64 values) block in registers.
-#if FR_AVX512
+// G heads (e rows of stride lde); keys held in several pieces are accumulated piece after piece.  The vector code
+// keeps a block of WV_HEADS heads x WV_VECS * 16 values in registers (AVX-512: 4 x 64, AVX2: 2 x 32).
+#if FR_VEC
+constexpr int WV_HEADS = FR_AVX512 ? 4 : 2, WV_VECS = FR_AVX512 ? 4 : 2;
 template <int GN, int DN>
 inline void wv_block(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D) {
-  __m512 r[GN][DN];
+  V16 r[GN][DN];
   for (int g = 0; g < GN; ++g)
-    for (int j = 0; j < DN; ++j) r[g][j] = _mm512_loadu_ps(acc + g * D + 16 * j);
+    for (int j = 0; j < DN; ++j) r[g][j] = vload(acc + g * D + 16 * j);
   for (int64_t c = 0; c < n; ++c) {
-    __m512 v[DN];
-    for (int j = 0; j < DN; ++j) v[j] = _mm512_loadu_ps(vb + c * vstride + 16 * j);
+    V16 v[DN];
+    for (int j = 0; j < DN; ++j) v[j] = vload(vb + c * vstride + 16 * j);
     for (int g = 0; g < GN; ++g) {
-      __m512 w = _mm512_set1_ps(e[g * lde + c]);
-      for (int j = 0; j < DN; ++j) r[g][j] = _mm512_fmadd_ps(w, v[j], r[g][j]);
+      const V16 w = vset1(e[g * lde + c]);
+      for (int j = 0; j < DN; ++j) r[g][j] = vfma(w, v[j], r[g][j]);
     }
   }
   for (int g = 0; g < GN; ++g)
-    for (int j = 0; j < DN; ++j) _mm512_storeu_ps(acc + g * D + 16 * j, r[g][j]);
+    for (int j = 0; j < DN; ++j) vstore(acc + g * D + 16 * j, r[g][j]);
 }
 
 template <int GN>
@@ -682,15 +792,15 @@ inline void wv_rows(const float* e, int64_t n, int64_t lde, const float* vb, int
 
 template <typename A>
 void weighted_values(const A* e, int64_t G, int64_t n, int64_t lde, const A* vb, int64_t vstride, int64_t D, A* acc) {
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0) {
-      for (int64_t g0 = 0; g0 < G; g0 += 4)
-        for (int64_t d0 = 0; d0 < D; d0 += 4 * LANES) {
-          const int dn = static_cast<int>(std::min<int64_t>(4, (D - d0) / LANES));
+      for (int64_t g0 = 0; g0 < G; g0 += WV_HEADS)
+        for (int64_t d0 = 0; d0 < D; d0 += WV_VECS * LANES) {
+          const int dn = static_cast<int>(std::min<int64_t>(WV_VECS, (D - d0) / LANES));
           const float* eg = e + g0 * lde;
           float* ag = acc + g0 * D + d0;
-          switch (std::min<int64_t>(4, G - g0)) {
+          switch (std::min<int64_t>(WV_HEADS, G - g0)) {
             case 4: wv_rows<4>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
             case 3: wv_rows<3>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
             case 2: wv_rows<2>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
@@ -712,17 +822,17 @@ template <typename A>
 double softmax_numerators(A* s, int64_t n, A scale) {
   A mx = -std::numeric_limits<A>::infinity();
   int64_t c = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      __m512 mv = _mm512_set1_ps(mx);
-      const __m512 sv = _mm512_set1_ps(scale);
+      V16 mv = vset1(mx);
+      const V16 sv = vset1(scale);
       for (; c + LANES <= n; c += LANES) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + c), sv);
-        _mm512_storeu_ps(s + c, v);
-        mv = _mm512_max_ps(mv, v);
+        const V16 v = vmul(vload(s + c), sv);
+        vstore(s + c, v);
+        mv = vmax(mv, v);
       }
-      mx = _mm512_reduce_max_ps(mv);
+      mx = vmax_lanes(mv);
     }
   }
 #endif
@@ -734,10 +844,10 @@ double softmax_numerators(A* s, int64_t n, A scale) {
   exp_inplace<A>(s, n);
   double sum = 0.0;
   c = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable)
-      for (; c + LANES <= n; c += LANES) sum += double(hsum_tree(_mm512_loadu_ps(s + c)));
+      for (; c + LANES <= n; c += LANES) sum += double(hsum_tree(vload(s + c)));
   }
 #endif
   for (; c < n; c += LANES) sum += block_sum<A>(s + c, std::min<int64_t>(LANES, n - c));
@@ -847,18 +957,18 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
   finite = true;
   int64_t c0 = 0;
   double s = 0.0, sd = 0.0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      __m512 mv = _mm512_set1_ps(m);
-      __mmask16 bad = 0;
+      V16 mv = vset1(m);
+      M16 bad = vfirst(0);  // no lane yet
       for (; c0 + LANES <= V; c0 += LANES) {
-        const __m512 v = _mm512_loadu_ps(l + c0);
-        bad |= _mm512_fpclass_ps_mask(v, 0x99);  // NaN or infinity
-        mv = _mm512_max_ps(mv, v);
+        const V16 v = vload(l + c0);
+        bad = vor(bad, vnonfinite(v));
+        mv = vmax(mv, v);
       }
-      m = _mm512_reduce_max_ps(mv);
-      finite = bad == 0;
+      m = vmax_lanes(mv);
+      finite = !vany(bad);
     }
   }
 #endif
@@ -868,14 +978,14 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
   }
   if (!finite) return;
   c0 = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      const __m512 mv = _mm512_set1_ps(m);
+      const V16 mv = vset1(m);
       for (; c0 + LANES <= V; c0 += LANES) {
-        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(l + c0), mv), e = exp_det(d);
+        const V16 d = vsub(vload(l + c0), mv), e = exp_det(d);
         s += double(hsum_tree(e));
-        sd += double(hsum_tree(_mm512_mul_ps(e, d)));
+        sd += double(hsum_tree(vmul(e, d)));
       }
     }
   }
@@ -925,12 +1035,12 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   A e[LANES];
   double s = 0.0;
   int64_t b0 = 0;
-#if FR_AVX512
+#if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
-      const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(tau);
+      const V16 mv = vset1(m), tv = vset1(tau);
       for (; (b0 + 1) * LANES <= V; ++b0) {
-        s += double(hsum_tree(exp_det(_mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(l + b0 * LANES), mv), tv))));
+        s += double(hsum_tree(exp_det(vdiv(vsub(vload(l + b0 * LANES), mv), tv))));
         cum[b0] = s;
       }
     }
@@ -992,15 +1102,15 @@ double stream_read(const torch::Tensor& x) {
     const int64_t lo = c0 * chunk, hi = std::min(n, c1 * chunk);
     int64_t i = lo;
     double s = 0.0;
-#if FR_AVX512
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#if FR_VEC
+    V16 a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;
     for (; i + 64 <= hi; i += 64) {
-      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+      a0 = vadd(a0, vload(p + i));
+      a1 = vadd(a1, vload(p + i + 16));
+      a2 = vadd(a2, vload(p + i + 32));
+      a3 = vadd(a3, vload(p + i + 48));
     }
-    s += double(hsum_tree(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))));
+    s += double(hsum_tree(vadd(vadd(a0, a1), vadd(a2, a3))));
 #endif
     float acc[LANES] = {};
     for (; i + LANES <= hi; i += LANES)
@@ -1020,13 +1130,17 @@ double fma_peak(int64_t iters) {
   std::vector<double> part(threads, 0.0);
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-#if FR_AVX512
-      __m512 acc[12];
-      for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(float(j + t));
-      const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-      for (int64_t i = 0; i < iters; ++i)
-        for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
-      for (int j = 0; j < 12; ++j) part[t] += double(hsum_tree(acc[j]));
+#if FR_VEC
+      // 12 vectors in groups that fit the registers (AVX2: two groups of 6, each 12 independent 8-lane chains)
+      constexpr int group = 12 / kRegsPerV16;
+      const V16 m = vset1(0.999999f), c = vset1(1e-7f);
+      for (int j0 = 0; j0 < 12; j0 += group) {
+        V16 acc[group];
+        for (int j = 0; j < group; ++j) acc[j] = vset1(float(j0 + j + t));
+        for (int64_t i = 0; i < iters; ++i)
+          for (int j = 0; j < group; ++j) acc[j] = vfma(acc[j], m, c);
+        for (int j = 0; j < group; ++j) part[t] += double(hsum_tree(acc[j]));
+      }
 #else
       float acc[12 * LANES];
       for (int j = 0; j < 12 * LANES; ++j) acc[j] = float(j + t);
@@ -1065,7 +1179,7 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
 }
 
 void set_portable(bool on) { g_portable = on; }
-bool vectorized() { return FR_AVX512 && !g_portable; }
+bool vectorized() { return FR_VEC && !g_portable; }
 
 }  // namespace
 
@@ -1086,5 +1200,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_peak", &fma_peak, "iters x 12 x 16 float32 multiply-adds per thread, registers only (compute probe)");
   m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
-  m.def("vectorized", &vectorized, "whether the AVX-512 path is in use");
+  m.def("vectorized", &vectorized, "whether the vector (AVX-512 or AVX2) path is in use");
 }

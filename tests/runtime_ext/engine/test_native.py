@@ -1,5 +1,6 @@
-"""The native kernels: the AVX-512 code against the portable definition (bit for bit), and the engine's
-batch invariance in float32 / bfloat16 - a request's bits never depend on what it is batched with."""
+"""The native kernels: the vector code (AVX-512 or AVX2, whichever this machine builds) against the portable
+definition (bit for bit), and the engine's batch invariance in float32 / bfloat16 - a request's bits never
+depend on what it is batched with."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def both_paths(fn):
     finally:
         K.set_portable(False)
     return fast, slow
+
+
+def test_the_vector_code_is_built_wherever_the_machine_has_avx2_or_avx512():
+    # otherwise every vector-vs-portable test below compares the portable code with itself
+    assert K.vectorized() == (native.isa() in ("avx512", "avx2"))
 
 
 def assert_same(a, b):

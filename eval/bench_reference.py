@@ -104,12 +104,15 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     from ..programs.prompts import chat_prompt_ids
     from ..runtime_ext.engine import EngineConfig
     from ..runtime_ext.engine.models import convert_gguf, default_model_path
+    from ..runtime_ext.engine.native import on_transient_thread
     from ..runtime_ext.runtime import open_runtime
     from .datasets import load_prompts
 
     ns = load_reference(cfg.reference)
     folder = convert_gguf(default_model_path())
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    # the reference's torch work runs on transient threads (native.on_transient_thread): on the main thread its
+    # OpenMP pool would slow forerun's engine thread
+    hf = on_transient_thread(lambda: AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval())
     hf.generation_config.eos_token_id = None
     tok = AutoTokenizer.from_pretrained(str(folder))
     random.seed(cfg.seed)
@@ -118,7 +121,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     with open_runtime("default", engine_config=EngineConfig(num_threads=cfg.threads)) as runtime:
         for p in load_prompts("math500", limit=cfg.prompts):
             ids = chat_prompt_ids(runtime.tokenizer, p.messages())
-            ref += _reference_steps(ns, hf, tok, ids, cfg)
+            ref += on_transient_thread(_reference_steps, ns, hf, tok, ids, cfg)
             fr += _forerun_steps(runtime, ids, cfg)
     return _summary(ref, fr, cfg)
 

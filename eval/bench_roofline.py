@@ -88,18 +88,25 @@ def _with_threads(n: int, fn: Any) -> Any:
 
 
 class Probes:
-    """The bandwidth and compute probes, with their buffers allocated once."""
+    """The bandwidth and compute probes, with their buffers allocated once.  Their torch and native work runs on
+    transient threads (native.on_transient_thread): on the calling thread its OpenMP pool would slow the engine."""
 
     def __init__(self, mib: int = 512) -> None:
         self.array = np.ones(mib * 2**20 // 8)
         self.k = native.kernels()
-        self.huge = self.k.huge_page_copy(torch.ones(mib * 2**20 // 4)) if self.k is not None else None
+        self.huge = native.on_transient_thread(lambda: self.k.huge_page_copy(torch.ones(mib * 2**20 // 4))) \
+            if self.k is not None else None
         self.threads = torch.get_num_threads()
         self.history: list[dict[str, float]] = []
 
     def bandwidth(self, repeats: int = 3) -> dict[str, float]:
         """Read bandwidth in GB/s (1e9 bytes / s) by each probe, and the best of them ("best"); every result
         is also kept in `history`."""
+        out = native.on_transient_thread(self._bandwidth, repeats)
+        self.history.append(out)
+        return out
+
+    def _bandwidth(self, repeats: int) -> dict[str, float]:
         a = self.array
         out = {"numpy_sum_1_thread": a.nbytes / _best_seconds(a.sum, repeats) / 1e9,
                "numpy_sum_2_threads": a.nbytes / _best_seconds(lambda: _numpy_two_threads(a), repeats) / 1e9}
@@ -109,14 +116,14 @@ class Probes:
                 out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / _with_threads(
                     n, lambda: _best_seconds(lambda: self.k.stream_read(b), repeats)) / 1e9
         out["best"] = max(out.values())
-        self.history.append(out)
         return out
 
     def fma_rate(self, iters: int = 2_000_000, repeats: int = 3) -> float | None:
         """float32 multiply-adds per second on all engine threads (None without the native kernels)."""
         if self.k is None:
             return None
-        return self.threads * iters * 12 * 16 / _best_seconds(lambda: self.k.fma_peak(iters), repeats)
+        return self.threads * iters * 12 * 16 / native.on_transient_thread(
+            _best_seconds, lambda: self.k.fma_peak(iters), repeats)
 
 
 def weight_bytes(engine: Any) -> int:
@@ -166,6 +173,15 @@ def _timed_between_probes(probes: Probes, run: Any, config: RooflineConfig) -> t
     raise AssertionError("unreachable")
 
 
+def kernel_isa(engine: Any) -> str:
+    """The instruction set the native kernels run with here ("avx512", "avx2"), "portable" for their scalar code,
+    "none" on the transformers path: a step's speed depends on it."""
+    k = engine.plan.kernels
+    if engine.plan.path != "native" or k is None:
+        return "none"
+    return native.isa() if k.vectorized() else "portable"
+
+
 def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = RooflineConfig()) -> dict[str, Any]:
     """Tokens/s, bytes and FMAs per step, and the fraction of the floor for each batch size (see module doc)."""
     probes = Probes(config.bandwidth_mib)
@@ -212,6 +228,7 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
                                           if k != "best"}},
             "fma_per_s": fma_rate, "weight_bytes": w, "weight_elements": elems, "kv_bytes_per_token": kv,
             "mean_context_tokens": context, "rows": table, "kernels": engine.plan.path,
+            "vector_isa": kernel_isa(engine),
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
             "reruns_for_stable_bandwidth": reruns, "unstable_samples": unstable,
             f"floor_{hi}_rows_over_{lo}_row": floor_ratio}
@@ -235,7 +252,8 @@ def format_roofline(r: dict[str, Any]) -> str:
              f"    probes before and after each run: {r['reruns_for_stable_bandwidth']} run(s) repeated because "
              f"they differed by more than the tolerance, {r['unstable_samples']} kept unstable",
              f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
-             f"context token; kernels {r['kernels']} ({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
+             f"context token; kernels {r['kernels']}, vector code {r['vector_isa']} "
+             f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
              f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]
     for row in r["rows"]:
         lines.append(f"    {row['rows']:>4} {row['step_s'] * 1e3:>8.1f} {row['tokens_per_s']:>9.1f} "

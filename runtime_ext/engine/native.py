@@ -14,7 +14,8 @@ cached, loaded on first use.
 
 Each result of a row is the same sequence of IEEE operations whatever else is in the call, so the engine is
 batch-invariant in every dtype it runs.  The ISA flags are part of the extension's name (an AVX-512 build is
-never loaded on a machine without it); the portable C++ path gives the same bits as the AVX-512 one.
+never loaded on a machine without it); the portable C++ path gives the same bits as the vector one (AVX-512, or
+AVX2 + FMA + F16C: the same 16 lanes in two registers).
 Without a C++ compiler, `kernels()` returns None and the engine falls back to its transformers path.
 """
 
@@ -24,7 +25,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -32,6 +33,7 @@ _SOURCE = Path(__file__).with_name("csrc") / "forerun_kernels.cpp"
 _LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
@@ -84,6 +86,31 @@ def kernels() -> Any | None:
                 log.warning("forerun native kernels unavailable (%s); using the transformers path", _STATE["reason"])
         _STATE["module"] = module
         return module
+
+
+def on_transient_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) on a new thread that ends with it; returns its result or re-raises its exception.
+
+    torch's OpenMP runtime (libgomp) gives every thread that runs a parallel region a worker pool of its own, kept
+    for the thread's life, and with more pooled threads than cores its workers stop spinning between regions, so
+    each region pays a futex wake-up.  The engine decodes on its scheduler thread; measured on 2 cores, a
+    transformers `generate` on the main thread left the engine's later decode steps 2.5x slower (24 -> 62 ms per
+    token, float32).  Torch work that is not the engine's (a transformers baseline, a bandwidth probe) runs here,
+    so its pool ends with the thread."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="forerun-transient")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def unavailable_reason() -> str | None:

@@ -1,0 +1,56 @@
+"""native.on_transient_thread: torch work that is not the engine's leaves no OpenMP pool behind (a pooled thread
+per extra pool would slow the engine's decode on a small machine; see the function's docstring)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from forerun.runtime_ext.engine.native import on_transient_thread
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def settle(expected: int, timeout: float = 5.0) -> int:
+    """The thread count once it reaches `expected` (pool workers exit shortly after their thread), else the last."""
+    deadline = time.monotonic() + timeout
+    while os_threads() != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return os_threads()
+
+
+def parallel_work() -> float:
+    return float(torch.ones(1 << 23).sum())  # large enough for torch to run an OpenMP parallel region
+
+
+def test_result_and_exception_pass_through_and_the_work_runs_on_another_thread():
+    assert on_transient_thread(lambda a, b=0: (a + b, threading.get_ident()), 2, b=3)[0] == 5
+    assert on_transient_thread(threading.get_ident) != threading.get_ident()
+    with pytest.raises(KeyError, match="boom"):
+        on_transient_thread(lambda: {}["boom"])
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one torch thread: no OpenMP workers to count")
+def test_parallel_torch_work_leaves_no_pool_on_the_calling_thread():
+    seen: dict[str, int] = {}
+
+    def caller() -> None:  # a thread that never ran OpenMP work: a pool it got would live as long as it
+        before = os_threads()
+        assert on_transient_thread(parallel_work) == float(1 << 23)
+        seen["after transient"], seen["before"] = settle(before), before
+        parallel_work()  # the control: the same work on this thread leaves its pool's workers behind
+        seen["after inline"] = settle(before + 1, timeout=1.0)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert seen["after transient"] == seen["before"]
+    assert seen["after inline"] > seen["before"]

@@ -345,6 +345,17 @@ struct Prefetch {
   }
 };
 
+// y[r * ldy + F0 + f] = hsum_tree(acc[r][f]) for F0 + f < fn: the sums of all F features first (constant indices
+// only, so the compiler keeps the accumulators in registers; a runtime index into acc would put them in memory).
+template <int R, int F, int F0 = 0>
+inline void store_sums(const V16 (&acc)[R][F], float* y, int64_t ldy, int fn) {
+  for (int r = 0; r < R; ++r) {
+    float sums[F];
+    for (int f = 0; f < F; ++f) sums[f] = hsum_tree(acc[r][f]);
+    for (int f = 0; F0 + f < fn && f < F; ++f) y[r * ldy + F0 + f] = sums[f];
+  }
+}
+
 // Rows per tile of the linear kernels: R x PACK_F accumulators must stay in registers (AVX-512: 24 + 6 + 1 of 32;
 // AVX2: one row is 12 of 16).  bf16 pairs need two x vectors per row, hence 3 rows with AVX-512.
 constexpr int TILE_ROWS = FR_AVX512 ? 4 : 1;
@@ -361,26 +372,27 @@ inline void tile_packed(const float* x, int64_t ldx, const W* blk, int64_t K, fl
     for (int f = 0; f < F; ++f) acc[r][f] = vzero();
   int64_t k = 0;
   const W* wc = blk;
+  // per chunk: the R x-vectors, then each weight vector used by every row as soon as it is loaded (registers:
+  // R x-vectors + R * F accumulators + 1 weight vector)
   for (; k + LANES <= K; k += LANES, wc += F * LANES) {
     pf.step();
-    V16 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = vload_w(wc + f * LANES);
-    for (int r = 0; r < R; ++r) {
-      const V16 xv = vload(x + r * ldx + k);
-      for (int f = 0; f < F; ++f) acc[r][f] = vfma(xv, wv[f], acc[r][f]);
+    V16 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = vload(x + r * ldx + k);
+    for (int f = 0; f < F; ++f) {
+      const V16 wv = vload_w(wc + f * LANES);
+      for (int r = 0; r < R; ++r) acc[r][f] = vfma(xv[r], wv, acc[r][f]);
     }
   }
   if (k < K) {  // the last chunk: the packed block is zero past K, the lanes past K keep their sums
     const M16 m = vfirst(K - k);
-    V16 wv[F];
-    for (int f = 0; f < F; ++f) wv[f] = vload_w(wc + f * LANES);
-    for (int r = 0; r < R; ++r) {
-      const V16 xv = vload(x + r * ldx + k, m);
-      for (int f = 0; f < F; ++f) acc[r][f] = vfma(xv, wv[f], acc[r][f], m);
+    V16 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = vload(x + r * ldx + k, m);
+    for (int f = 0; f < F; ++f) {
+      const V16 wv = vload_w(wc + f * LANES);
+      for (int r = 0; r < R; ++r) acc[r][f] = vfma(xv[r], wv, acc[r][f], m);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int f = 0; f < fn; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+  store_sums<R, F>(acc, y, ldy, fn);
 }
 
 template <typename W>
@@ -396,15 +408,17 @@ inline void block_vec(const float* x, int rn, int64_t ldx, const W* blk, int64_t
 
 // bf16 weights (see dot_packed): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
 // 16 odd-k values, zero past K); a feature's chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
-template <int R>
+// The tile covers features F0 .. F0 + F - 1 of the block (AVX2: a block in two passes of 3, as 2 x-vectors per row
+// and 2 registers per accumulator leave room for 3 features only).
+constexpr int PAIRS_PASS = FR_AVX512 ? PACK_F : PACK_F / 2;
+template <int R, int F0 = 0, int F = PAIRS_PASS>
 inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y, int64_t ldy,
                        int fn, Prefetch pf) {
-  constexpr int F = PACK_F;
   V16 acc[R][F];
   for (int r = 0; r < R; ++r)
     for (int f = 0; f < F; ++f) acc[r][f] = vzero();
-  const c10::BFloat16* wc = blk;
-  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wc += F * 2 * LANES) {
+  const c10::BFloat16* wc = blk + F0 * 2 * LANES;
+  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wc += PACK_F * 2 * LANES) {
     pf.step();
     V16 xe[R], xo[R];
     for (int r = 0; r < R; ++r) {
@@ -433,8 +447,8 @@ inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, i
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int f = 0; f < fn; ++f) y[r * ldy + f] = hsum_tree(acc[r][f]);
+  store_sums<R, F, F0>(acc, y, ldy, fn);
+  if constexpr (F0 + F < PACK_F) tile_pairs<R, F0 + F, F>(xd, ldx, blk, K, y, ldy, fn, pf);  // the next pass
 }
 
 inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y,

@@ -38,8 +38,16 @@ def test_result_and_exception_pass_through_and_the_work_runs_on_another_thread()
         on_transient_thread(lambda: {}["boom"])
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one torch thread: no OpenMP workers to count")
-def test_parallel_torch_work_leaves_no_pool_on_the_calling_thread():
+@pytest.fixture
+def two_torch_threads():
+    """Two torch threads (other tests may have set one), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_parallel_torch_work_leaves_no_pool_on_the_calling_thread(two_torch_threads):
     seen: dict[str, int] = {}
 
     def caller() -> None:  # a thread that never ran OpenMP work: a pool it got would live as long as it

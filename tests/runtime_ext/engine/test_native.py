@@ -124,6 +124,10 @@ def test_norm_silu_and_vocabulary_math_vector_path_is_the_portable_definition():
     assert_same(*both_paths(lambda: K.draw(logits, fast[0], rows, taus, us)))
     lse = torch.logsumexp(logits.double(), -1)
     assert (fast[0].double() + fast[1] - lse).abs().max() < 1e-6
+    bad = logits.clone()
+    bad[0, 17], bad[1, 4000], bad[2, 33] = float("nan"), float("inf"), float("-inf")  # inside the vector blocks
+    fast, slow = both_paths(lambda: K.vocab_stats(bad))
+    assert fast[3].tolist() == slow[3].tolist() == [False, False, False, True]
 
 
 def _requests(tokenizer, n_new):

@@ -179,6 +179,8 @@ def kernel_isa(engine: Any) -> str:
     k = engine.plan.kernels
     if engine.plan.path != "native" or k is None:
         return "none"
+    if engine.plan.kv_dtype == torch.float64:  # the vector code is float32 only
+        return "portable"
     return native.isa() if k.vectorized() else "portable"
 
 

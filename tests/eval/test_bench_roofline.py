@@ -38,3 +38,19 @@ def test_tolerance_is_relative_to_the_lower_probe():
 def test_config_is_validated(bad):
     with pytest.raises(ValueError):
         RooflineConfig(**bad)
+
+
+def test_the_reported_vector_isa_is_the_code_that_runs(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from forerun.eval import bench_roofline
+
+    monkeypatch.setattr(bench_roofline.native, "isa", lambda: "avx2")
+    vec = SimpleNamespace(vectorized=lambda: True)
+    engine = lambda path, dtype, k=vec: SimpleNamespace(plan=SimpleNamespace(path=path, kv_dtype=dtype, kernels=k))
+    assert bench_roofline.kernel_isa(engine("native", torch.float32)) == "avx2"
+    assert bench_roofline.kernel_isa(engine("native", torch.float64)) == "portable"  # vector code is float32 only
+    assert bench_roofline.kernel_isa(engine("native", torch.float32, SimpleNamespace(vectorized=lambda: False))) == "portable"
+    assert bench_roofline.kernel_isa(engine("sdpa", torch.float32, None)) == "none"

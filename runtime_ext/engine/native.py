@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -97,20 +98,8 @@ def on_transient_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     transformers `generate` on the main thread left the engine's later decode steps 2.5x slower (24 -> 62 ms per
     token, float32).  Torch work that is not the engine's (a transformers baseline, a bandwidth probe) runs here,
     so its pool ends with the thread."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name="forerun-transient")
-    worker.start()
-    worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="forerun-transient") as one:  # joined on exit
+        return one.submit(fn, *args, **kwargs).result()
 
 
 def unavailable_reason() -> str | None:

@@ -149,6 +149,14 @@ inline double exp_det(double x) { return std::exp(x); }
 // V16 holds the 16 lanes of the definition above: one __m512 with AVX-512, two __m256 (lanes 0-7, 8-15) with
 // AVX2.  Every operation is lane-wise IEEE (or the fixed tree of hsum), so both backends give the same bits as
 // the portable code.  M16 selects lanes (tails, special values of exp).
+
+// The rest of tree16 once t8[l] = a[l] + a[l + 8] is formed: t4, t2, then t2[0] + t2[1].
+inline float tree8(__m256 t8) {
+  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+  return _mm_cvtss_f32(t1);
+}
 #if FR_AVX512
 struct V16 { __m512 v; };
 struct M16 { __mmask16 m; };
@@ -193,11 +201,7 @@ inline M16 vor(M16 a, M16 b) { return {static_cast<__mmask16>(a.m | b.m)}; }
 inline bool vany(M16 a) { return a.m != 0; }
 inline V16 vselect(M16 m, V16 yes, V16 no) { return {_mm512_mask_mov_ps(no.v, m.m, yes.v)}; }
 inline float hsum_tree(V16 a) {
-  __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
-  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
-  return _mm_cvtss_f32(t1);
+  return tree8(_mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)));
 }
 // out[j] = hsum_tree(a[j]) for 16 vectors: the same tree (t8, t4, t2, t1) for each, computed for 16 vectors at
 // once with shuffles (15 adds instead of 16 x 4).
@@ -282,13 +286,7 @@ inline M16 vnonfinite(V16 a) {  // x - x is NaN exactly for NaN and infinity
 }
 inline M16 vor(M16 a, M16 b) { return {_mm256_or_ps(a.lo, b.lo), _mm256_or_ps(a.hi, b.hi)}; }
 inline bool vany(M16 a) { return _mm256_movemask_ps(_mm256_or_ps(a.lo, a.hi)) != 0; }
-inline float hsum_tree(V16 a) {
-  __m256 t8 = _mm256_add_ps(a.lo, a.hi);
-  __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-  __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-  __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
-  return _mm_cvtss_f32(t1);
-}
+inline float hsum_tree(V16 a) { return tree8(_mm256_add_ps(a.lo, a.hi)); }
 inline void hsum16(const V16* a, float* out) {
   for (int j = 0; j < 16; ++j) out[j] = hsum_tree(a[j]);
 }

@@ -12,6 +12,9 @@ one, a decode step, or with any other rows beside it.  The weights are read once
     silu(x Wg^T) ⊙ (x Wu^T), then W_down       kernels.linear(x, pack([Wg, Wu])) -> kernels.silu_mul -> kernels.linear
     logits of the last `keep` positions         kernels.linear(norm(h), pack([W_lm_head]))
 
+The loop over the layers runs natively (`kernels.layer_stack`: the same kernel calls in the same order, with
+the GIL released): a decode step makes a handful of Python calls instead of ~8 per layer.
+
 Activations, KV and logits are float32 for float32 / bfloat16 / float16 weights (weight-only reduced
 precision: the bytes read per step halve, every sum stays float32), float64 for float64 weights.
 
@@ -136,6 +139,12 @@ class LeanForward:
         self.lm_head = kernels.pack([model.lm_head.weight.detach().contiguous()])
         self.final_norm = self._vec(body.norm.weight)
         self.layers = [self._layer(layer) for layer in body.layers]
+        L = self.layers
+        self.stack = kernels.layer_stack([x.qkv for x in L], [x.qkv_bias for x in L], [x.o for x in L],
+                                         [x.gate_up for x in L], [x.down for x in L], [x.ln1 for x in L],
+                                         [x.ln2 for x in L], self.final_norm, self.eps, self.scale, self.num_heads,
+                                         self.num_kv_heads)
+        """The layer loop, run natively (kernels.LayerStack: the calls of the module docstring, in that order)."""
         self.rope = RopeTable(body.rotary_emb, self.dtype)
         packed = [self.lm_head] + [w for L in self.layers for w in (L.qkv, L.o, L.gate_up, L.down)]
         self.weight_bytes = sum(int(p.nbytes) for p in packed)
@@ -170,15 +179,7 @@ class LeanForward:
         h = torch.nn.functional.embedding(input_ids.reshape(-1), self.embed).to(self.dtype).contiguous()
         cos, sin = self.rope.lookup(position_ids.reshape(-1))
         starts = torch.tensor(list(row_starts), dtype=torch.long)
-        y = k.rmsnorm(h, None, self.layers[0].ln1, self.eps)
-        for i, L in enumerate(self.layers):
-            qkv = k.linear(y, L.qkv, L.qkv_bias)
-            a = k.attention(qkv, cos, sin, buf[i, 0], buf[i, 1], starts, length, T, self.num_heads,
-                            self.num_kv_heads, self.scale, seg, seg_off, i)
-            y = k.rmsnorm(h, k.linear(a, L.o, None), L.ln2, self.eps)
-            d = k.linear(k.silu_mul(k.linear(y, L.gate_up, None)), L.down, None)
-            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.final_norm
-            y = k.rmsnorm(h, d, nxt, self.eps)
+        y = self.stack.forward(h, cos, sin, buf, starts, length, T, seg, seg_off)
         keep = min(max(int(logits_to_keep), 1), T)
         last = y.view(B, T, -1)[:, T - keep:].reshape(B * keep, -1).contiguous()
         return k.linear(last, self.lm_head, None).view(B, keep, -1)

@@ -1193,6 +1193,55 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
   return t.view(src.sizes());
 }
 
+// ------------------------------------------------------------------------------------------ layer loop
+// The decoder layers of the lean forward (runtime_ext/engine/lean.py), looped here instead of in Python: the same
+// kernel calls in the same order (so the same bits), without ~8 Python calls per layer on a decode step's
+// critical path.  Per layer i:
+//     y = rmsnorm(h, d_{i-1}, ln1[i])            (h += the previous layer's MLP output; layer 0: y = rmsnorm(h))
+//     a = attention(linear(y, qkv[i], qkv_bias[i]))   over buf[i]
+//     y = rmsnorm(h, linear(a, o[i]), ln2[i])    (h += the attention output)
+//     d = linear(silu_mul(linear(y, gate_up[i])), down[i])
+// and finally y = rmsnorm(h, d_last, final_norm).  h is updated in place (the residual stream).
+struct LayerStack {
+  std::vector<Packed> qkv, o, gate_up, down;
+  std::vector<c10::optional<torch::Tensor>> qkv_bias;
+  std::vector<torch::Tensor> ln1, ln2;
+  torch::Tensor final_norm;
+  double eps = 0.0, scale = 0.0;
+  int64_t heads = 0, kv_heads = 0;
+
+  // buf [layers, 2, B, Hkv, cap, D]; the other arguments as for `attention`.  Returns the final-normed y.
+  torch::Tensor forward(torch::Tensor h, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& buf,
+                        const torch::Tensor& starts, int64_t length, int64_t T, const torch::Tensor& seg,
+                        const torch::Tensor& seg_off) const {
+    const int64_t layers = static_cast<int64_t>(qkv.size());
+    TORCH_CHECK(buf.dim() == 6 && buf.size(0) >= layers && buf.size(1) == 2, "layer stack: buf [layers, 2, B, H, cap, D]");
+    torch::Tensor y = rmsnorm(h, c10::nullopt, ln1[0], eps);
+    for (int64_t i = 0; i < layers; ++i) {
+      const torch::Tensor kv = buf.select(0, i);
+      const torch::Tensor a = attention(linear(y, qkv[i], qkv_bias[i]), cos, sin, kv.select(0, 0), kv.select(0, 1),
+                                        starts, length, T, heads, kv_heads, scale, seg, seg_off, i);
+      y = rmsnorm(h, linear(a, o[i], c10::nullopt), ln2[i], eps);
+      const torch::Tensor d = linear(silu_mul(linear(y, gate_up[i], c10::nullopt)), down[i], c10::nullopt);
+      y = rmsnorm(h, d, i + 1 < layers ? ln1[i + 1] : final_norm, eps);
+    }
+    return y;
+  }
+};
+
+LayerStack layer_stack(std::vector<Packed> qkv, std::vector<c10::optional<torch::Tensor>> qkv_bias,
+                       std::vector<Packed> o, std::vector<Packed> gate_up, std::vector<Packed> down,
+                       std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> ln2, torch::Tensor final_norm,
+                       double eps, double scale, int64_t heads, int64_t kv_heads) {
+  const size_t n = qkv.size();
+  TORCH_CHECK(n > 0 && qkv_bias.size() == n && o.size() == n && gate_up.size() == n && down.size() == n &&
+                  ln1.size() == n && ln2.size() == n,
+              "layer_stack: one entry per layer in every list");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "layer_stack: heads must be a multiple of kv_heads");
+  return LayerStack{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), std::move(qkv_bias),
+                    std::move(ln1), std::move(ln2), std::move(final_norm), eps, scale, heads, kv_heads};
+}
+
 void set_portable(bool on) { g_portable = on; }
 bool vectorized() { return FR_VEC && !g_portable; }
 
@@ -1204,6 +1253,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("N", &Packed::N)
       .def_readonly("K", &Packed::K)
       .def_property_readonly("nbytes", [](const Packed& p) { return p.data.nbytes(); });
+  pybind11::class_<LayerStack>(m, "LayerStack")
+      .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           "h (updated in place), cos, sin, buf, starts, length, T, seg, seg_off -> the final-normed hidden states");
+  m.def("layer_stack", &layer_stack, "the decoder layers' packed weights and norms, looped natively by forward()");
   m.def("pack", &pack, "the weights [N_i, K] of one call, concatenated and packed for one sequential stream");
   m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over packed weights (read once for all rows)");
   m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");

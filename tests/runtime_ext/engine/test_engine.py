@@ -3,7 +3,6 @@ direct log q_τ / entropy computations, alone-vs-batched invariance, radix reuse
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,6 +20,7 @@ from forerun.runtime_ext.engine import (
 )
 from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import Engine, EngineError, SamplingParams
+from forerun.testing.transformers_oracle import norms_in_model_dtype
 
 TOL = 1e-10
 
@@ -34,25 +34,6 @@ def engine():
 
 def prompt(engine, text):
     return list(engine.tokenizer.encode(text))
-
-
-@contextlib.contextmanager
-def norms_in_model_dtype():
-    """transformers' LlamaRMSNorm computes in float32 even in a float64 model (an upcast meant for fp16);
-    the engine's float64 forward computes it in float64, and so does the oracle (the rest of transformers'
-    forward - attention, RoPE, MLP - is unchanged)."""
-    from transformers.models.llama import modeling_llama
-
-    original = modeling_llama.LlamaRMSNorm.forward
-
-    def forward(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    modeling_llama.LlamaRMSNorm.forward = forward
-    try:
-        yield
-    finally:
-        modeling_llama.LlamaRMSNorm.forward = original
 
 
 def full_logp(engine, ids):

@@ -139,10 +139,10 @@ class LeanForward:
         self.lm_head = kernels.pack([model.lm_head.weight.detach().contiguous()])
         self.final_norm = self._vec(body.norm.weight)
         self.layers = [self._layer(layer) for layer in body.layers]
-        L = self.layers
-        self.stack = kernels.layer_stack([x.qkv for x in L], [x.qkv_bias for x in L], [x.o for x in L],
-                                         [x.gate_up for x in L], [x.down for x in L], [x.ln1 for x in L],
-                                         [x.ln2 for x in L], self.final_norm, self.eps, self.scale, self.num_heads,
+        per_layer = lambda field: [getattr(layer, field) for layer in self.layers]
+        self.stack = kernels.layer_stack(per_layer("qkv"), per_layer("qkv_bias"), per_layer("o"),
+                                         per_layer("gate_up"), per_layer("down"), per_layer("ln1"),
+                                         per_layer("ln2"), self.final_norm, self.eps, self.scale, self.num_heads,
                                          self.num_kv_heads)
         """The layer loop, run natively (kernels.LayerStack: the calls of the module docstring, in that order)."""
         self.rope = RopeTable(body.rotary_emb, self.dtype)

@@ -41,10 +41,10 @@ def assert_same(a, b):
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [576, 37, 64, 1000])
 def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype, k):
-    """k = 576 and 37: bf16 blocks widened once for all rows (AVX2); 1000: too wide for that, pair tiles per row."""
+    """k = 576: the model's width; 37 and 1000: inputs past the last whole chunk of 16 / 32 (bf16 pairs)."""
     g = torch.Generator().manual_seed(k)
     x = torch.randn(23, k, generator=g)
-    x[3] = -0.0  # sums of signed zeros: the zero padding of a widened block must not change them
+    x[3] = -0.0  # a row of signed zeros: every sum is a zero, its sign as the portable definition gives it
     ws = [torch.randn(50, k, generator=g).to(wdtype), torch.randn(7, k, generator=g).to(wdtype)]
     bias = torch.randn(57, generator=g)
     packed = K.pack(ws)

@@ -18,9 +18,9 @@ the GIL released): a decode step makes a handful of Python calls instead of ~8 p
 Activations, KV and logits are float32 for float32 / bfloat16 / float16 weights (weight-only reduced
 precision: the bytes read per step halve, every sum stays float32), float64 for float64 weights.
 
-Every matrix a call reads is copied once, at load, into the kernels' packed layout (`kernels.pack`: one
-sequential stream per call, in huge-page memory): a decode step streams all weights, and six row-major rows
-read side by side ran at half the bandwidth.  The model's own parameters stay as they are (transformers'
+Every matrix a call reads is copied once, at load, into the kernels' packed layout (`kernels.pack`: panels of
+16 output features stored input by input, one sequential run per call, in huge-page memory): a decode step
+streams all weights, and each step of an output's chain reads the 16 weights it needs as one vector.  The model's own parameters stay as they are (transformers'
 forward, used by benchmarks and by non-Llama models, keeps working), so the native path holds the weights twice.
 """
 

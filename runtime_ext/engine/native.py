@@ -2,7 +2,7 @@
 cached, loaded on first use.
 
     kernel                 what it computes (see the C++ file's header for the fixed reduction orders)
-    pack([W..])            a call's weight matrices concatenated along the outputs, in one sequential stream
+    pack([W..])            a call's weight matrices concatenated along the outputs, in panels of 16 outputs
     linear(x, packed, b)   y = x W^T + b; the packed weights are read once per call for all rows
     rmsnorm(h, add, w)     h += add (in place), y = w * h / sqrt(mean(h^2) + eps)
     silu_mul(gu)           silu(gate) * up

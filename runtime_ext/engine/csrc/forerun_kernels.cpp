@@ -6,8 +6,9 @@
 //   dot(x, w) over K      16 accumulation lanes, lane l takes k = l, l+16, l+32, ... in ascending order with
 //                         one fused multiply-add each; then the fixed tree 16 -> 8 -> 4 -> 2 -> 1
 //                         (t8[l] = a[l] + a[l+8], t4[l] = t8[l] + t8[l+4], t2[l] = t4[l] + t4[l+2], t2[0] + t2[1]).
-//   linear y = x W^T + b  one dot per (row, output feature); the weights are read ONCE per call for all rows
-//                         (an output-feature block stays in L1 while every row visits it).
+//   linear y = x W^T + b  per (row, output feature) ONE fused multiply-add chain over k = 0, 1, ..., K-1 in order,
+//                         y = fma(x[k], w[k], y) from y = +0, then + b; the weights are read ONCE per call for all
+//                         rows (a panel of output features stays in L2 while every row tile visits it).
 //   attention             per query over exactly its own keys [row_start, position]; scores by dot(), softmax
 //                         with exp_det() and a sequential double sum, output = sequential fma over the keys.
 //   exp_det(x)            one fixed polynomial (Cephes expf), the same operations in the vector and scalar code.
@@ -81,37 +82,26 @@ inline double block_sum(const A* e, int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------ packed weights
-// The weight matrices of one call, concatenated along the output features into W [N, K], are stored packed:
-// blocks of PACK_F features, each block a run of chunks of CH inputs per feature,
-//     packed[b][c][f][j] = W[b * PACK_F + f][c * CH + j]        (zero past N and past K),
-// CH = 16 (32 for bfloat16: a pair of bf16 is one 32-bit word), so one call streams its weights as ONE sequential
-// run.  (Reading PACK_F row-major rows side by side is PACK_F short streams that the hardware prefetcher does not
-// ramp up on: measured 2x slower from DRAM.)  The layout moves values only; the sums below are the definition.
-constexpr int PACK_F = 6;
-template <typename W>
-constexpr int64_t pack_chunk() { return std::is_same<W, c10::BFloat16>::value ? 32 : 16; }
+// The weight matrices of one call, concatenated along the output features into W [N, K], are stored packed in
+// panels of PANEL = 16 output features, input-major:
+//     packed[p][k][j] = W[p * 16 + j][k]        (zero past N; the panels padded to a multiple of MAX_TILE_PANELS),
+// so one call streams its weights as one sequential run (one row reads MAX_TILE_PANELS panels side by side), and
+// step k of a chain reads the 16 weights x[k] multiplies as one vector.  The layout moves values only; the chains
+// below are the definition.
+constexpr int PANEL = LANES;
+constexpr int MAX_TILE_PANELS = 4;
 
-// dot(x, W[f]) for the feature whose first chunk is at `wf` (= block + f * CH); chunks lie `cs` = PACK_F * CH apart.
-// float32 / float16 / float64 weights: lane l takes k = l, l + 16, l + 32, ...; bfloat16: in each chunk of 32 inputs
-// (k0 = 0, 32, ...) lane l takes k0 + 2l then k0 + 2l + 1.
+// The definition of linear for the 16 features of one panel: out[j] = the fma chain over k of x and W[p * 16 + j].
 template <typename A, typename W>
-inline A dot_packed(const A* x, const W* wf, int64_t K, int64_t cs) {
-  A acc[LANES] = {};
-  if constexpr (std::is_same<W, c10::BFloat16>::value) {
-    for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wf += cs)
-      for (int l = 0; l < LANES; ++l) {
-        const int64_t ke = k0 + 2 * l, ko = ke + 1;
-        if (ke < K) acc[l] = std::fma(x[ke], A(widen(wf[2 * l])), acc[l]);
-        if (ko < K) acc[l] = std::fma(x[ko], A(widen(wf[2 * l + 1])), acc[l]);
-      }
-  } else {
-    for (int64_t k0 = 0; k0 < K; k0 += LANES, wf += cs)
-      for (int l = 0; l < LANES && k0 + l < K; ++l) acc[l] = std::fma(x[k0 + l], A(widen(wf[l])), acc[l]);
-  }
-  return tree16(acc);
+inline void panel_chains(const A* x, const W* panel, int64_t K, A* out) {
+  A acc[PANEL] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int j = 0; j < PANEL; ++j) acc[j] = std::fma(x[k], A(widen(panel[k * PANEL + j])), acc[j]);
+  for (int j = 0; j < PANEL; ++j) out[j] = acc[j];
 }
 
-// dot(x, w) of two contiguous vectors of one dtype (norms, attention scores): the lanes of the float32 case above.
+// dot(x, w) of two contiguous vectors of one dtype (norms, attention scores): lane l takes k = l, l + 16, ... in
+// ascending order with one fma each, then the tree.
 template <typename A>
 inline A dot_ref(const A* x, const A* w, int64_t K) {
   A acc[LANES] = {};
@@ -166,6 +156,7 @@ inline V16 vset1(float s) { return {_mm512_set1_ps(s)}; }
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
 inline M16 vfirst(int64_t n) { return {static_cast<__mmask16>((1u << n) - 1u)}; }  // lanes < n, 0 <= n <= 16
+inline void vstore(float* p, V16 a, M16 m) { _mm512_mask_storeu_ps(p, m.m, a.v); }  // lanes past m untouched
 inline V16 vload(const float* p, M16 m) { return {_mm512_maskz_loadu_ps(m.m, p)}; }
 inline V16 vload_w(const float* p) { return vload(p); }
 inline V16 vload_w(const c10::BFloat16* p) {
@@ -173,12 +164,6 @@ inline V16 vload_w(const c10::BFloat16* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))};
 }
 inline V16 vload_w(const c10::Half* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
-// 32 bf16 (64 bytes) as 16 pairs: even = the low halves widened, odd = the high halves
-inline void vload_pairs(const c10::BFloat16* p, V16& even, V16& odd) {
-  const __m512i w = _mm512_loadu_si512(p);
-  even = {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
-  odd = {_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
-}
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 vfma(V16 a, V16 b, V16 c, M16 m) { return {_mm512_mask3_fmadd_ps(a.v, b.v, c.v, m.m)}; }  // c past m
 inline V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -238,6 +223,10 @@ inline M16 vfirst(int64_t n) {
 inline V16 vload(const float* p, M16 m) {  // lanes past m are neither read nor kept
   return {_mm256_maskload_ps(p, _mm256_castps_si256(m.lo)), _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.hi))};
 }
+inline void vstore(float* p, V16 a, M16 m) {  // lanes past m untouched
+  _mm256_maskstore_ps(p, _mm256_castps_si256(m.lo), a.lo);
+  _mm256_maskstore_ps(p + 8, _mm256_castps_si256(m.hi), a.hi);
+}
 inline __m256 widen8(const c10::BFloat16* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
@@ -246,13 +235,6 @@ inline __m256 widen8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si12
 inline V16 vload_w(const float* p) { return vload(p); }
 inline V16 vload_w(const c10::BFloat16* p) { return {widen8(p), widen8(p + 8)}; }
 inline V16 vload_w(const c10::Half* p) { return {widen8(p), widen8(p + 8)}; }
-inline void vload_pairs(const c10::BFloat16* p, V16& even, V16& odd) {
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
-  odd = {_mm256_castsi256_ps(_mm256_and_si256(a, hi)), _mm256_castsi256_ps(_mm256_and_si256(b, hi))};
-}
 inline V16 vselect(M16 m, V16 yes, V16 no) { return {_mm256_blendv_ps(no.lo, yes.lo, m.lo), _mm256_blendv_ps(no.hi, yes.hi, m.hi)}; }
 inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 inline V16 vfma(V16 a, V16 b, V16 c, M16 m) { return vselect(m, vfma(a, b, c), c); }  // c past m
@@ -330,131 +312,56 @@ inline V16 exp_det(V16 x) {
   return vselect(nan, x, y);
 }
 
-// Software prefetch of a weight block ahead, spread over the chunk steps of the tiles visiting the current block.
-// With several row tiles a block is used in a burst (the first tile reads it from memory, the others from L1): the
-// hardware prefetcher alone leaves that first tile waiting on memory (measured: 20 rows 65 -> 83 GFMA/s with it).
-// It moves no value; with one tile (a pure stream) it is off: there it cost 3-8 %.
-struct Prefetch {
-  const char* p = nullptr;
-  const char* end = nullptr;
-  int64_t per_step = 0;  // bytes per chunk step, a multiple of the 64-byte line
-  inline void step() {
-    for (int64_t i = 0; i < per_step && p < end; i += 64, p += 64) _mm_prefetch(p, _MM_HINT_T1);
-  }
-};
+// Fully unrolled small loops: the tiles' accumulator indices must be constants for GCC to keep them in registers.
+#define FR_UNROLL _Pragma("GCC unroll 16")
 
-// y[r * ldy + F0 + f] = hsum_tree(acc[r][f]) for F0 + f < fn: the sums of all F features first (constant indices
-// only, so the compiler keeps the accumulators in registers; a runtime index into acc would put them in memory).
-template <int R, int F, int F0 = 0>
-inline void store_sums(const V16 (&acc)[R][F], float* y, int64_t ldy, int fn) {
-  for (int r = 0; r < R; ++r) {
-    float sums[F];
-    for (int f = 0; f < F; ++f) sums[f] = hsum_tree(acc[r][f]);
-    for (int f = 0; F0 + f < fn && f < F; ++f) y[r * ldy + F0 + f] = sums[f];
-  }
-}
-
-// Rows per tile of the linear kernels: R x PACK_F accumulators must stay in registers (AVX-512: 24 + 6 + 1 of 32;
-// AVX2: one row is 12 of 16).  bf16 pairs need two x vectors per row, hence 3 rows with AVX-512.
-constexpr int TILE_ROWS = FR_AVX512 ? 4 : 1;
-constexpr int TILE_ROWS_PAIRS = FR_AVX512 ? 3 : 1;
-
-// A tile of R rows x PACK_F features over one packed block (float32 / float16 weights, chunks of 16): per chunk,
-// PACK_F weight vectors and R x-vectors, R x PACK_F accumulators.
-template <int R, typename W>
-inline void tile_packed(const float* x, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn,
-                        Prefetch pf) {
-  constexpr int F = PACK_F;
-  V16 acc[R][F];
-  for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) acc[r][f] = vzero();
+// A tile of linear: R rows against NP consecutive panels (w = the first one's, K x 16 weights each), R x NP
+// accumulators; lane j of acc[r][q] is the chain of row r and feature 16 q + j of the tile.  Per step k: NP weight
+// vectors, R broadcasts of x[r][k], R x NP fmas.  Only the first fn features are stored.
+template <int R, int NP, typename W>
+inline void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn) {
+  const int64_t ps = K * PANEL;  // panel q of the tile starts at w + q * ps
+  V16 acc[R][NP];
+  FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vzero();
+  // K >= 1.  A do-while, not a for: with a loop that may run zero times, GCC 12 stored every accumulator to the
+  // stack on every step (2.5-3x slower; seen with objdump).
   int64_t k = 0;
-  const W* wc = blk;
-  // per chunk: the R x-vectors, then each weight vector used by every row as soon as it is loaded (registers:
-  // R x-vectors + R * F accumulators + 1 weight vector)
-  for (; k + LANES <= K; k += LANES, wc += F * LANES) {
-    pf.step();
-    V16 xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = vload(x + r * ldx + k);
-    for (int f = 0; f < F; ++f) {
-      const V16 wv = vload_w(wc + f * LANES);
-      for (int r = 0; r < R; ++r) acc[r][f] = vfma(xv[r], wv, acc[r][f]);
+  do {
+    V16 b[NP];
+    FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
+    FR_UNROLL for (int r = 0; r < R; ++r) {
+      const V16 a = vset1(x[r * ldx + k]);
+      FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vfma(a, b[q], acc[r][q]);
     }
+  } while (++k < K);
+  FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) {
+    const int left = fn - q * PANEL;
+    if (left >= PANEL)
+      vstore(y + r * ldy + q * PANEL, acc[r][q]);
+    else if (left > 0)
+      vstore(y + r * ldy + q * PANEL, acc[r][q], vfirst(left));
   }
-  if (k < K) {  // the last chunk: the packed block is zero past K, the lanes past K keep their sums
-    const M16 m = vfirst(K - k);
-    V16 xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = vload(x + r * ldx + k, m);
-    for (int f = 0; f < F; ++f) {
-      const V16 wv = vload_w(wc + f * LANES);
-      for (int r = 0; r < R; ++r) acc[r][f] = vfma(xv[r], wv, acc[r][f], m);
-    }
-  }
-  store_sums<R, F>(acc, y, ldy, fn);
 }
+
+// Tile shapes: every tile of a call has the same NP (= tile_panels(M)).  One row: 4 panels (8 independent chains on
+// AVX2, enough to hide the fma latency; the call is a pure stream of the weights).  Two rows: TWO_ROW_PANELS.  More:
+// row tiles of 3 to TILE_ROWS rows, as even as possible, with TILE_PANELS panels.  Registers: AVX2 (16 ymm, 2 per
+// V16) 6 x 1 -> 12 accumulators + 2 weights + 1 broadcast; AVX-512 (32 zmm) 6 x 2 -> 12 + 2 + 1.  A row's results
+// never depend on the shape: every lane is one chain.
+constexpr int TILE_ROWS = 6;
+constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
+constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
+constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
 template <typename W>
-inline void block_vec(const float* x, int rn, int64_t ldx, const W* blk, int64_t K, float* y, int64_t ldy, int fn,
-                      Prefetch pf) {
-  switch (rn) {  // rn <= TILE_ROWS
-    case 4: tile_packed<4, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
-    case 3: tile_packed<3, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
-    case 2: tile_packed<2, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
-    default: tile_packed<1, W>(x, ldx, blk, K, y, ldy, fn, pf); return;
-  }
-}
-
-// bf16 weights (see dot_packed): xd holds each row's x deinterleaved per chunk of 32 (16 even-k values, then
-// 16 odd-k values, zero past K); a feature's chunk is one 64-byte load, widened by a shift (even k) and a mask (odd k).
-// The tile covers features F0 .. F0 + F - 1 of the block (AVX2: a block in two passes of 3, as 2 x-vectors per row
-// and 2 registers per accumulator leave room for 3 features only).
-constexpr int PAIRS_PASS = FR_AVX512 ? PACK_F : PACK_F / 2;
-template <int R, int F0 = 0, int F = PAIRS_PASS>
-inline void tile_pairs(const float* xd, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y, int64_t ldy,
-                       int fn, Prefetch pf) {
-  V16 acc[R][F];
-  for (int r = 0; r < R; ++r)
-    for (int f = 0; f < F; ++f) acc[r][f] = vzero();
-  const c10::BFloat16* wc = blk + F0 * 2 * LANES;
-  for (int64_t k0 = 0; k0 < K; k0 += 2 * LANES, wc += PACK_F * 2 * LANES) {
-    pf.step();
-    V16 xe[R], xo[R];
-    for (int r = 0; r < R; ++r) {
-      xe[r] = vload(xd + r * ldx + k0);
-      xo[r] = vload(xd + r * ldx + k0 + LANES);
-    }
-    if (k0 + 2 * LANES <= K) {
-      for (int f = 0; f < F; ++f) {
-        V16 we, wo;
-        vload_pairs(wc + f * 2 * LANES, we, wo);
-        for (int r = 0; r < R; ++r) {
-          acc[r][f] = vfma(xe[r], we, acc[r][f]);
-          acc[r][f] = vfma(xo[r], wo, acc[r][f]);
-        }
-      }
-    } else {
-      const int64_t left = K - k0;
-      const M16 me = vfirst((left + 1) / 2), mo = vfirst(left / 2);  // lane l: k0 + 2l < K, k0 + 2l + 1 < K
-      for (int f = 0; f < F; ++f) {
-        V16 we, wo;
-        vload_pairs(wc + f * 2 * LANES, we, wo);  // zero past K in the packed block
-        for (int r = 0; r < R; ++r) {
-          acc[r][f] = vfma(xe[r], we, acc[r][f], me);
-          acc[r][f] = vfma(xo[r], wo, acc[r][f], mo);
-        }
-      }
-    }
-  }
-  store_sums<R, F, F0>(acc, y, ldy, fn);
-  if constexpr (F0 + F < PACK_F) tile_pairs<R, F0 + F, F>(xd, ldx, blk, K, y, ldy, fn, pf);  // the next pass
-}
-
-inline void block_pairs(const float* xd, int rn, int64_t ldx, const c10::BFloat16* blk, int64_t K, float* y,
-                        int64_t ldy, int fn, Prefetch pf) {
-  switch (rn) {  // rn <= TILE_ROWS_PAIRS
-    case 3: tile_pairs<3>(xd, ldx, blk, K, y, ldy, fn, pf); return;
-    case 2: tile_pairs<2>(xd, ldx, blk, K, y, ldy, fn, pf); return;
-    default: tile_pairs<1>(xd, ldx, blk, K, y, ldy, fn, pf); return;
+inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn) {
+  switch (rn) {
+    case 1: tile<1, MAX_TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    case 2: tile<2, TWO_ROW_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    case 3: tile<3, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    case 4: tile<4, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    case 5: tile<5, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    default: tile<6, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
   }
 }
 
@@ -463,7 +370,8 @@ constexpr bool kVec = std::is_same<A, float>::value && !std::is_same<W, double>:
 #else
 template <typename A, typename W>
 constexpr bool kVec = false;
-constexpr int TILE_ROWS = 4, TILE_ROWS_PAIRS = 3;
+constexpr int TILE_ROWS = 6;
+constexpr int tile_panels(int64_t) { return 1; }
 #endif
 
 // ------------------------------------------------------------------------------------------ linear
@@ -471,79 +379,52 @@ constexpr int TILE_ROWS = 4, TILE_ROWS_PAIRS = 3;
 // costs microseconds on a quiet machine and a scheduler time slice on a busy one).
 constexpr int64_t MIN_TASK_WORK = int64_t(1) << 17;
 
-// How many weight blocks ahead the tiles prefetch (see Prefetch; 2 beat 1 and 4 at 6 and 20 rows).
-constexpr int64_t PREFETCH_AHEAD = 2;
 
-// x [M, K] -> xd [M, Kp] (Kp = K rounded up to 32): per chunk of 32, the even-k values then the odd-k values.
-inline std::vector<float> deinterleave_pairs(const float* x, int64_t M, int64_t K, int64_t Kp) {
-  std::vector<float> xd(M * Kp, 0.0f);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t k0 = k / (2 * LANES) * (2 * LANES), j = k - k0;
-      xd[r * Kp + k0 + (j % 2) * LANES + j / 2] = x[r * K + k];
-    }
-  return xd;
-}
-
-// Weights of one call, packed (see "packed weights"): `data` holds ceil(N / PACK_F) blocks.
+// Weights of one call, packed (see "packed weights"): `data` holds ceil(N / PANEL) panels of K x PANEL.
 struct Packed {
   torch::Tensor data;
   int64_t N = 0, K = 0;
 };
 
-// y [M, N] = x W^T (+ b): every feature block is read from memory once and visited by every row tile while it
-// sits in L1; rows per tile as even as possible (a row's result never depends on the tiling).
+// y [M, N] = x W^T (+ b).  Work units are runs of np consecutive panels (one tile's), split between the threads in
+// contiguous runs; every row tile visits a unit while it sits in L2, so the weights are read from memory once for
+// all rows.  (pack() pads the panels to a multiple of MAX_TILE_PANELS: a unit never reads past the data.)
 template <typename A, typename W>
 void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y) {
-  constexpr int64_t CH = pack_chunk<W>(), cs = PACK_F * CH;
-  const int64_t block = (K + CH - 1) / CH * cs, blocks = (N + PACK_F - 1) / PACK_F;
-  constexpr bool pairs = FR_VEC && std::is_same<W, c10::BFloat16>::value;
+  if (M == 0) return;
+  const int64_t pstride = K * PANEL;
   const bool vec = kVec<A, W> && !g_portable;
-  const int64_t rt = pairs ? TILE_ROWS_PAIRS : TILE_ROWS, tiles = (M + rt - 1) / rt, per_tile = (M + tiles - 1) / std::max<int64_t>(1, tiles);
-  const int64_t Kp = (K + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
-  const std::vector<float> xd = pairs && vec ? deinterleave_pairs(reinterpret_cast<const float*>(x), M, K, Kp)
-                                             : std::vector<float>();
-  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, PACK_F * M * K));
-  // prefetch (several tiles only): block fb + PREFETCH_AHEAD split evenly between the tiles, spread over their chunks
-  const int64_t ntiles = (M + per_tile - 1) / std::max<int64_t>(1, per_tile);
-  const int64_t block_bytes = block * int64_t(sizeof(W)), chunks = std::max<int64_t>(1, (K + CH - 1) / CH);
-  const int64_t pf_share = (block_bytes / std::max<int64_t>(1, ntiles) + 63) / 64 * 64;
-  const int64_t pf_step = std::max<int64_t>(64, (pf_share / chunks + 63) / 64 * 64);
+  const int64_t np = vec ? tile_panels(M) : 1, width = np * PANEL, units = (N + width - 1) / width;
+  [[maybe_unused]] const int64_t tiles = M <= 2 ? 1 : (M + TILE_ROWS - 1) / TILE_ROWS;
+  const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
   // Keep this body free of objects with destructors (a scratch std::vector, say): with one, GCC 12 kept the inlined
   // tiles' accumulators on the stack, loaded and stored on every step - every linear 1.4-2x slower at 1 to 20 rows
-  // (AVX2, measured 2026-12-02).  Scratch goes outside the parallel region, indexed by at::get_thread_num().
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t fb = b0; fb < b1; ++fb) {
-      const int64_t f0 = fb * PACK_F;
-      const int fn = static_cast<int>(std::min<int64_t>(PACK_F, N - f0));
-      const W* blk = pk + fb * block;
-      for (int64_t r0 = 0, t = 0; r0 < M; r0 += per_tile, ++t) {
-        const int rn = static_cast<int>(std::min<int64_t>(per_tile, M - r0));
+  // (AVX2, measured 2026-12-02).
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t f0 = u * width;
+      const int fn = static_cast<int>(std::min<int64_t>(width, N - f0));
+      const W* w = pk + u * np * pstride;
 #if FR_VEC
-        if constexpr (kVec<A, W>) {
-          if (vec) {
-            Prefetch pf;
-            if (ntiles > 1 && fb + PREFETCH_AHEAD < b1) {
-              const char* ahead = reinterpret_cast<const char*>(blk + PREFETCH_AHEAD * block);
-              pf.p = ahead + t * pf_share;
-              pf.end = std::min(pf.p + pf_share, ahead + block_bytes);
-              pf.per_step = pf_step;
-            }
-            if constexpr (pairs)
-              block_pairs(xd.data() + r0 * Kp, rn, Kp, blk, K, reinterpret_cast<float*>(y) + r0 * N + f0, N, fn, pf);
-            else
-              block_vec<W>(x + r0 * K, rn, K, blk, K, y + r0 * N + f0, N, fn, pf);
-            continue;
+      if constexpr (kVec<A, W>) {
+        if (vec) {
+          for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
+            const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
+            run_tile<W>(static_cast<int>(rn), x + r0 * K, K, w, K, y + r0 * N + f0, N, fn);
+            r0 += rn;
           }
+          if (bias != nullptr)
+            for (int64_t r = 0; r < M; ++r)
+              for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+          continue;
         }
-#endif
-        for (int r = 0; r < rn; ++r)
-          for (int f = 0; f < fn; ++f)
-            y[(r0 + r) * N + f0 + f] = dot_packed<A, W>(x + (r0 + r) * K, blk + f * CH, K, cs);
       }
-      if (bias != nullptr)
-        for (int64_t r = 0; r < M; ++r)
-          for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+#endif
+      for (int64_t r = 0; r < M; ++r) {
+        A out[PANEL];
+        panel_chains<A, W>(x + r * K, w, K, out);
+        for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = bias != nullptr ? out[f] + bias[f0 + f] : out[f];
+      }
     }
   });
 }
@@ -581,24 +462,12 @@ torch::Tensor linear(const torch::Tensor& x, const Packed& w, const c10::optiona
 
 torch::Tensor huge_page_zeros(int64_t numel, const torch::TensorOptions& options);
 
-template <typename W>
-void pack_typed(const std::vector<torch::Tensor>& ws, int64_t K, W* out, int64_t block) {
-  constexpr int64_t CH = pack_chunk<W>(), cs = PACK_F * CH;
-  int64_t n = 0;
-  for (const auto& w : ws) {
-    const W* src = static_cast<const W*>(w.data_ptr());
-    for (int64_t i = 0; i < w.size(0); ++i, ++n) {
-      W* dst = out + n / PACK_F * block + n % PACK_F * CH;
-      for (int64_t k = 0; k < K; ++k) dst[k / CH * cs + k % CH] = src[i * K + k];
-    }
-  }
-}
-
 // The matrices [N_i, K] of one call, concatenated along the output features and packed (huge-page memory).
 Packed pack(const std::vector<torch::Tensor>& ws) {
   TORCH_CHECK(!ws.empty(), "pack: no weights");
   Packed p;
   p.K = ws[0].size(1);
+  TORCH_CHECK(p.K >= 1, "pack: weights need at least one input");
   const auto wt = ws[0].scalar_type();
   for (const auto& w : ws) {
     TORCH_CHECK(w.dim() == 2 && w.size(1) == p.K && w.is_contiguous() && w.device().is_cpu(),
@@ -607,10 +476,20 @@ Packed pack(const std::vector<torch::Tensor>& ws) {
     p.N += w.size(0);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, wt, "pack", [&] {
-    constexpr int64_t CH = pack_chunk<scalar_t>();
-    const int64_t block = (p.K + CH - 1) / CH * PACK_F * CH, blocks = (p.N + PACK_F - 1) / PACK_F;
-    p.data = huge_page_zeros(blocks * block, ws[0].options());
-    pack_typed<scalar_t>(ws, p.K, p.data.data_ptr<scalar_t>(), block);
+    std::vector<const scalar_t*> rows;  // W[n] for every output feature n
+    for (const auto& w : ws)
+      for (int64_t i = 0; i < w.size(0); ++i) rows.push_back(w.data_ptr<scalar_t>() + i * p.K);
+    const int64_t panels = (p.N + PANEL - 1) / PANEL, K = p.K, N = p.N;
+    const int64_t padded = (panels + MAX_TILE_PANELS - 1) / MAX_TILE_PANELS * MAX_TILE_PANELS;  // whole units
+    p.data = huge_page_zeros(padded * K * PANEL, ws[0].options());
+    scalar_t* out = p.data.data_ptr<scalar_t>();
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t q = p0; q < p1; ++q)
+        for (int64_t j = 0; j < PANEL && q * PANEL + j < N; ++j) {
+          const scalar_t* src = rows[q * PANEL + j];
+          for (int64_t k = 0; k < K; ++k) out[(q * K + k) * PANEL + j] = src[k];
+        }
+    });
   });
   return p;
 }

@@ -41,7 +41,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [576, 37, 64, 1000])
 def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype, k):
-    """k = 576: the model's width; 37 and 1000: inputs past the last whole chunk of 16 / 32 (bf16 pairs)."""
+    """57 output features: a last panel of 9 (masked stores) inside a unit of 4 panels (one row's tile)."""
     g = torch.Generator().manual_seed(k)
     x = torch.randn(23, k, generator=g)
     x[3] = -0.0  # a row of signed zeros: every sum is a zero, its sign as the portable definition gives it
@@ -51,9 +51,47 @@ def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype,
     fast, slow = both_paths(lambda: K.linear(x, packed, bias))
     assert_same(fast, slow)
     alone = torch.cat([K.linear(x[i : i + 1].contiguous(), packed, bias) for i in range(23)])
-    assert torch.equal(alone, fast) and torch.equal(K.linear(x[5:12].contiguous(), packed, bias), fast[5:12])
+    assert torch.equal(alone, fast)
+    for rows in (2, 3, 7, 13):  # every tile shape: 1 row, 2 rows, tiles of 3-6 rows
+        assert torch.equal(K.linear(x[5 : 5 + rows].contiguous(), packed, bias), fast[5 : 5 + rows])
     ref = x.double() @ torch.cat(ws).double().T + bias.double()
     assert (fast.double() - ref).abs().max() < 1e-3
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a * b + c rounded once (IEEE fma), elementwise, from float64 arithmetic: a * b is exact in float64;
+    TwoSum gives s + e == a * b + c exactly; rounding s to float32 is then the correct rounding except when s lies
+    exactly halfway between two floats and e pushes the exact value to one side."""
+    p, c64 = a.astype(np.float64) * b.astype(np.float64), c.astype(np.float64)
+    s = p + c64
+    bv = s - p
+    e = (p - (s - bv)) + (c64 - bv)
+    r = s.astype(np.float32)
+    for toward in (-np.inf, np.inf):
+        n = np.nextafter(r, np.float32(toward))
+        midpoint = (r.astype(np.float64) + n.astype(np.float64)) / 2
+        r = np.where((s == midpoint) & (np.sign(e) == np.sign(n.astype(np.float64) - r)), n, r)
+    return r
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 37, 300])
+def test_linear_is_one_fma_chain_per_output_in_input_order(wdtype, k):
+    """The definition, computed independently: y[r, n] = fma(x[r, k], w[n, k], ...) for k = 0, 1, ... from +0, then
+    + b, each step one float32 rounding.  Both code paths, 1 to 9 rows, 35 outputs (a partial panel)."""
+    g = torch.Generator().manual_seed(100 + k)
+    x = torch.randn(9, k, generator=g) * torch.logspace(-3, 3, k)  # wide magnitudes: many roundings matter
+    w = torch.randn(35, k, generator=g).to(wdtype)
+    bias = torch.randn(35, generator=g)
+    xn, wn = x.numpy(), w.float().numpy()
+    want = np.zeros((9, 35), dtype=np.float32)
+    for j in range(k):
+        want = fma32(xn[:, j : j + 1], wn[None, :, j], want)
+    want = want + bias.numpy()
+    packed = K.pack([w])
+    for rows in (1, 2, 3, 9):
+        fast, slow = both_paths(lambda: K.linear(x[:rows].contiguous(), packed, bias))
+        assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
 
 
 NONE = torch.empty(0, dtype=torch.long)

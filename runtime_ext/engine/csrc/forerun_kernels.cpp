@@ -483,13 +483,13 @@ Packed pack(const std::vector<torch::Tensor>& ws) {
     const int64_t padded = (panels + MAX_TILE_PANELS - 1) / MAX_TILE_PANELS * MAX_TILE_PANELS;  // whole units
     p.data = huge_page_zeros(padded * K * PANEL, ws[0].options());
     scalar_t* out = p.data.data_ptr<scalar_t>();
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t q = p0; q < p1; ++q)
-        for (int64_t j = 0; j < PANEL && q * PANEL + j < N; ++j) {
-          const scalar_t* src = rows[q * PANEL + j];
-          for (int64_t k = 0; k < K; ++k) out[(q * K + k) * PANEL + j] = src[k];
-        }
-    });
+    // One thread on purpose: pack runs on the thread that loads the model, and a parallel region there would leave
+    // an OpenMP pool on it for its life (see native.on_transient_thread): the engine's decode steps 1.5-2x slower.
+    for (int64_t q = 0; q < panels; ++q)
+      for (int64_t j = 0; j < PANEL && q * PANEL + j < N; ++j) {
+        const scalar_t* src = rows[q * PANEL + j];
+        for (int64_t k = 0; k < K; ++k) out[(q * K + k) * PANEL + j] = src[k];
+      }
   });
   return p;
 }

@@ -379,8 +379,8 @@ constexpr int tile_panels(int64_t) { return 1; }
 // costs microseconds on a quiet machine and a scheduler time slice on a busy one).
 constexpr int64_t MIN_TASK_WORK = int64_t(1) << 17;
 
-
-// Weights of one call, packed (see "packed weights"): `data` holds ceil(N / PANEL) panels of K x PANEL.
+// Weights of one call, packed (see "packed weights"): `data` holds ceil(N / PANEL) panels of K x PANEL, padded with
+// zero panels to a multiple of MAX_TILE_PANELS.
 struct Packed {
   torch::Tensor data;
   int64_t N = 0, K = 0;

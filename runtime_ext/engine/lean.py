@@ -20,8 +20,9 @@ precision: the bytes read per step halve, every sum stays float32), float64 for 
 
 Every matrix a call reads is copied once, at load, into the kernels' packed layout (`kernels.pack`: panels of
 16 output features stored input by input, one sequential run per call, in huge-page memory): a decode step
-streams all weights, and each step of an output's chain reads the 16 weights it needs as one vector.  The model's own parameters stay as they are (transformers'
-forward, used by benchmarks and by non-Llama models, keeps working), so the native path holds the weights twice.
+streams all weights, and each step of an output's chain reads the 16 weights it needs as one vector.  The
+model's own parameters stay as they are (transformers' forward, used by benchmarks and by non-Llama models,
+keeps working), so the native path holds the weights twice.
 """
 
 from __future__ import annotations

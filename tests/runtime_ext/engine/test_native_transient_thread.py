@@ -28,6 +28,13 @@ def settle(expected: int, timeout: float = 5.0) -> int:
     return os_threads()
 
 
+def on_new_thread(fn) -> None:
+    """fn() on a fresh thread (one that never ran OpenMP work), joined."""
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
+
+
 def parallel_work() -> float:
     return float(torch.ones(1 << 23).sum())  # large enough for torch to run an OpenMP parallel region
 
@@ -58,9 +65,7 @@ def test_parallel_torch_work_leaves_no_pool_on_the_calling_thread(two_torch_thre
         parallel_work()  # the control: the same work on this thread leaves its pool's workers behind
         seen["after inline"] = settle(before + 1, timeout=1.0)
 
-    t = threading.Thread(target=caller)
-    t.start()
-    t.join()
+    on_new_thread(caller)
     assert seen["after transient"] == seen["before"]
     assert seen["after inline"] > seen["before"]
 
@@ -79,7 +84,5 @@ def test_packing_weights_leaves_no_pool_on_the_calling_thread(two_torch_threads)
         kernels.pack(ws)
         seen["after"], seen["before"] = settle(before, timeout=1.0), before
 
-    t = threading.Thread(target=caller)
-    t.start()
-    t.join()
+    on_new_thread(caller)
     assert seen["after"] == seen["before"]

@@ -318,8 +318,13 @@ inline V16 exp_det(V16 x) {
 // A tile of linear: R rows against NP consecutive panels (w = the first one's, K x 16 weights each), R x NP
 // accumulators; lane j of acc[r][q] is the chain of row r and feature 16 q + j of the tile.  Per step k: NP weight
 // vectors, R broadcasts of x[r][k], R x NP fmas.  Only the first fn features are stored.
-template <int R, int NP, typename W>
-inline void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn) {
+// PREFETCH: step k also prefetches NP cache lines of a slice of weights that a later tile will read, starting at
+// `pf`, line group (k * rate) >> 16 (`rate` = line groups per step in 1/65536ths, so K steps cover the slice evenly).
+// Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
+// small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
+template <int R, int NP, typename W, bool PREFETCH>
+__attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
+                                    const char* pf, int64_t rate) {
   const int64_t ps = K * PANEL;  // panel q of the tile starts at w + q * ps
   V16 acc[R][NP];
   FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vzero();
@@ -327,6 +332,8 @@ inline void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, i
   // stack on every step (2.5-3x slower; seen with objdump).
   int64_t k = 0;
   do {
+    if constexpr (PREFETCH)
+      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf + (((k * rate) >> 16) * NP + q) * 64, _MM_HINT_T0);
     V16 b[NP];
     FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
     FR_UNROLL for (int r = 0; r < R; ++r) {
@@ -350,18 +357,30 @@ inline void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, i
 // never depend on the shape: every lane is one chain.
 constexpr int TILE_ROWS = 6;
 constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
+constexpr int64_t PREFETCH_TILES = 2;
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
 constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
+// Prefetching tiles get pf != nullptr; the one- and two-row tiles stream their own panels and never prefetch.
+template <int R, typename W>
+inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
+                          const char* pf, int64_t rate) {
+  if (pf != nullptr)
+    tile<R, TILE_PANELS, W, true>(x, ldx, w, K, y, ldy, fn, pf, rate);
+  else
+    tile<R, TILE_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, pf, rate);
+}
+
 template <typename W>
-inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn) {
+inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
+                     const char* pf, int64_t rate) {
   switch (rn) {
-    case 1: tile<1, MAX_TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
-    case 2: tile<2, TWO_ROW_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
-    case 3: tile<3, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
-    case 4: tile<4, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
-    case 5: tile<5, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
-    default: tile<6, TILE_PANELS, W>(x, ldx, w, K, y, ldy, fn); return;
+    case 1: tile<1, MAX_TILE_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, nullptr, 0); return;
+    case 2: tile<2, TWO_ROW_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, nullptr, 0); return;
+    case 3: run_tile_rows<3, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
+    case 4: run_tile_rows<4, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
+    case 5: run_tile_rows<5, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
+    default: run_tile_rows<6, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
   }
 }
 
@@ -408,9 +427,19 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
 #if FR_VEC
       if constexpr (kVec<A, W>) {
         if (vec) {
+          // The last PREFETCH_TILES row tiles of this unit prefetch the thread's next unit, each an equal slice, so
+          // its weights arrive from memory while this unit computes (the first tile of a unit otherwise waits on
+          // memory with the compute idle).  One- and two-row calls stream and leave it to the hardware prefetcher.
+          const int64_t ubytes = np * pstride * static_cast<int64_t>(sizeof(W));
+          const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
+          const bool ahead = M > 2 && u + 1 < u1;
+          const char* next = reinterpret_cast<const char*>(w + np * pstride);
+          const int64_t rate = (int64_t(1) << 16) * (ubytes / pft) / (int64_t(64) * np * K);
           for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
             const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
-            run_tile<W>(static_cast<int>(rn), x + r0 * K, K, w, K, y + r0 * N + f0, N, fn);
+            const int64_t slice = t - (tiles - pft);
+            const char* pf = ahead && slice >= 0 ? next + ((slice * ubytes / pft) & ~int64_t(63)) : nullptr;
+            run_tile<W>(static_cast<int>(rn), x + r0 * K, K, w, K, y + r0 * N + f0, N, fn, pf, rate);
             r0 += rn;
           }
           if (bias != nullptr)

@@ -416,9 +416,15 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   const int64_t np = vec ? tile_panels(M) : 1, width = np * PANEL, units = (N + width - 1) / width;
   [[maybe_unused]] const int64_t tiles = M <= 2 ? 1 : (M + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
-  // Keep this body free of objects with destructors (a scratch std::vector, say): with one, GCC 12 kept the inlined
-  // tiles' accumulators on the stack, loaded and stored on every step - every linear 1.4-2x slower at 1 to 20 rows
-  // (AVX2, measured 2026-12-02).
+#if FR_VEC
+  // Calls of 3+ rows: the last `pft` row tiles of a unit prefetch the thread's next unit, each an equal slice of
+  // `ubytes` / pft, so its weights arrive from memory while this unit computes (the first tile of a unit otherwise
+  // waits on memory with the compute idle).  One- and two-row calls stream and leave it to the hardware prefetcher.
+  [[maybe_unused]] const int64_t ubytes = np * pstride * static_cast<int64_t>(sizeof(W));
+  [[maybe_unused]] const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
+  [[maybe_unused]] const int64_t rate =
+      (int64_t(1) << 16) * (ubytes / pft) / (int64_t(64) * np * std::max<int64_t>(1, K));
+#endif
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t f0 = u * width;
@@ -427,14 +433,8 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
 #if FR_VEC
       if constexpr (kVec<A, W>) {
         if (vec) {
-          // The last PREFETCH_TILES row tiles of this unit prefetch the thread's next unit, each an equal slice, so
-          // its weights arrive from memory while this unit computes (the first tile of a unit otherwise waits on
-          // memory with the compute idle).  One- and two-row calls stream and leave it to the hardware prefetcher.
-          const int64_t ubytes = np * pstride * static_cast<int64_t>(sizeof(W));
-          const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
           const bool ahead = M > 2 && u + 1 < u1;
           const char* next = reinterpret_cast<const char*>(w + np * pstride);
-          const int64_t rate = (int64_t(1) << 16) * (ubytes / pft) / (int64_t(64) * np * K);
           for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
             const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
             const int64_t slice = t - (tiles - pft);

@@ -666,16 +666,44 @@ void write_kv_and_rope_q(const AttnArgs<A>& a, A* qrot) {
   });
 }
 
+// Rows of KV (keys or values) to prefetch into L2, a few at a time: `left` rows of `bytes` each, `stride` bytes apart.
+struct RowStream {
+  const char* p = nullptr;
+  int64_t stride = 0, left = 0, bytes = 0;
+  void rows(int64_t n) {
+#if FR_VEC
+    for (; n > 0 && left > 0; --n, --left, p += stride)
+      for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+#endif
+  }
+};
+
+// What one attention task prefetches while it computes its scores, SCORE_KEYS rows of each stream per block of keys:
+// its own buffer columns' values (read by the weighted sum right after) and the keys of the thread's next task's
+// buffer columns.  Prefix segments are left out: the rows that share one read it in turn, so it stays in cache.
+// (Measured on Zen 4, 2026-12-02: 20 rows with a 74-token shared prefix and 64 own tokens, 30 layers' attention
+// 8.2 -> 5.6 ms, the whole forward 40.0 -> 37.0 ms; an earlier variant that prefetched the segments too gained less.)
+struct AttnPrefetch {
+  RowStream values, next_keys;
+  void rows(int64_t n) {
+    values.rows(n);
+    next_keys.rows(n);
+  }
+};
+
 // scores[g][c] = dot(q_g, k_c) for the G query heads of one KV head and keys c < n (row stride n): the same
 // dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
 template <typename A>
-void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld) {
+void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld,
+                  AttnPrefetch& pf) {
   int64_t c0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0)
-      for (; c0 + SCORE_KEYS <= n; c0 += SCORE_KEYS)
+      for (; c0 + SCORE_KEYS <= n; c0 += SCORE_KEYS) {
+        pf.rows(SCORE_KEYS);
         for (int64_t g = 0; g < G; ++g) score_keys(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
+      }
   }
 #endif
   for (; c0 < n; ++c0)
@@ -783,7 +811,7 @@ double softmax_numerators(A* s, int64_t n, A scale) {
 // The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
 template <typename A>
 void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector<Piece<A>>& pieces, A* out,
-                  std::vector<A>& sc, std::vector<A>& acc) {
+                  std::vector<A>& sc, std::vector<A>& acc, AttnPrefetch& pf) {
   const int64_t D = a.D;
   int64_t n = 0;
   for (const auto& p : pieces) n += p.n;
@@ -791,7 +819,7 @@ void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector
   acc.assign(G * D, A(0));
   int64_t off = 0;
   for (const auto& p : pieces) {
-    scores_block<A>(q, G, p.k, p.ks, p.n, D, sc.data() + off, n);
+    scores_block<A>(q, G, p.k, p.ks, p.n, D, sc.data() + off, n, pf);
     off += p.n;
   }
   std::vector<double> sums(G, 0.0);
@@ -808,8 +836,15 @@ void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector
   }
 }
 
-// Row b's keys for KV head hk and query j (0-based among the T new tokens): its prefix segments, then its
-// buffer columns [starts[b], length + j].
+// Row b's buffer columns [starts[b], length + j] for KV head hk and query j (0-based among the T new tokens).
+template <typename A>
+Piece<A> buffer_piece(const AttnArgs<A>& a, int64_t b, int64_t hk, int64_t j) {
+  const int64_t start = a.starts[b], end = a.length + j + 1;
+  return {a.kc + b * a.sk0 + hk * a.sk1 + start * a.sk2, a.vc + b * a.sv0 + hk * a.sv1 + start * a.sv2, a.sk2, a.sv2,
+          end - start};
+}
+
+// Row b's keys for KV head hk and query j: its prefix segments, then its buffer columns.
 template <typename A>
 void row_pieces(const AttnArgs<A>& a, int64_t b, int64_t hk, int64_t j, std::vector<Piece<A>>& pieces) {
   pieces.clear();
@@ -820,9 +855,7 @@ void row_pieces(const AttnArgs<A>& a, int64_t b, int64_t hk, int64_t j, std::vec
       pieces.push_back({base + ((a.layer * 2 + 0) * a.Hkv + hk) * n * a.D,
                         base + ((a.layer * 2 + 1) * a.Hkv + hk) * n * a.D, a.D, a.D, n});
     }
-  const int64_t start = a.starts[b], end = a.length + j + 1;
-  pieces.push_back({a.kc + b * a.sk0 + hk * a.sk1 + start * a.sk2, a.vc + b * a.sv0 + hk * a.sv1 + start * a.sv2,
-                    a.sk2, a.sv2, end - start});
+  pieces.push_back(buffer_piece(a, b, hk, j));
 }
 
 template <typename A>
@@ -838,7 +871,16 @@ void attention_kernel(const AttnArgs<A>& a) {
       const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
       const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
       row_pieces<A>(a, b, hk, m % a.T, pieces);
-      attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc);
+      AttnPrefetch pf;
+      const int64_t bytes = a.D * static_cast<int64_t>(sizeof(A));
+      const Piece<A>& own = pieces.back();
+      pf.values = {reinterpret_cast<const char*>(own.v), own.vs * static_cast<int64_t>(sizeof(A)), own.n, bytes};
+      if (t + 1 < t1) {
+        const int64_t m1 = (t + 1) / a.Hkv;
+        const Piece<A> next = buffer_piece(a, m1 / a.T, (t + 1) % a.Hkv, m1 % a.T);
+        pf.next_keys = {reinterpret_cast<const char*>(next.k), next.ks * static_cast<int64_t>(sizeof(A)), next.n, bytes};
+      }
+      attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc, pf);
     }
   });
 }

@@ -54,3 +54,39 @@ def test_the_reported_vector_isa_is_the_code_that_runs(monkeypatch):
     assert bench_roofline.kernel_isa(engine("native", torch.float64)) == "portable"  # vector code is float32 only
     assert bench_roofline.kernel_isa(engine("native", torch.float32, SimpleNamespace(vectorized=lambda: False))) == "portable"
     assert bench_roofline.kernel_isa(engine("sdpa", torch.float32, None)) == "none"
+
+
+def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from forerun.eval import bench_roofline
+
+    readings = [50e9, 110e9]  # the first probe disturbed: half the machine's rate
+
+    class FakeProbes:
+        def __init__(self, mib):
+            self.history = []
+
+        def bandwidth(self):
+            self.history.append({"best": 30.0, "numpy_sum_1_thread": 30.0})
+            return self.history[-1]
+
+        def fma_rate(self):
+            return readings.pop(0)
+
+    monkeypatch.setattr(bench_roofline, "Probes", FakeProbes)
+    monkeypatch.setattr(bench_roofline, "time_rows", lambda *args: 0.02)
+    monkeypatch.setattr(bench_roofline, "weight_bytes", lambda engine: 500_000_000)
+    monkeypatch.setattr(bench_roofline, "weight_elements", lambda engine: 125_000_000)
+    monkeypatch.setattr(bench_roofline, "kv_bytes_per_token", lambda engine: 1000)
+    engine = SimpleNamespace(num_layers=2, head_dim=4, batch_invariant=True,
+                             model=SimpleNamespace(config=SimpleNamespace(num_attention_heads=2)),
+                             plan=SimpleNamespace(path="native", kv_dtype=torch.float32, kernels=None))
+    r = bench_roofline.run_roofline(engine, [1, 2, 3], RooflineConfig(rows=(1, 20), repeats=1, decode_tokens=2))
+    assert r["fma_per_s"] == 110e9 and r["fma_per_s_readings"] == [50e9, 110e9]
+    twenty = next(row for row in r["rows"] if row["rows"] == 20)
+    assert twenty["limit"] == "compute"  # 20 x 125e6 FMAs / 110e9 = 23 ms > 500 MB / 30 GB/s = 17 ms
+    assert "110 GFMA/s (the higher of the readings before and after the runs: 50, 110)" in \
+        bench_roofline.format_roofline(r)

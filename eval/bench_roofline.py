@@ -232,7 +232,8 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
     return {"bandwidth_gb_s": {"best": statistics.median(best), "min": min(best), "max": max(best),
                                "probes": {k: statistics.median(b[k] for b in bandwidths) for k in bandwidths[0]
                                           if k != "best"}},
-            "fma_per_s": fma_rate, "fma_per_s_readings": fma_readings, "weight_bytes": w, "weight_elements": elems, "kv_bytes_per_token": kv,
+            "fma_per_s": fma_rate, "fma_per_s_readings": fma_readings, "weight_bytes": w, "weight_elements": elems,
+            "kv_bytes_per_token": kv,
             "mean_context_tokens": context, "rows": table, "kernels": engine.plan.path,
             "vector_isa": kernel_isa(engine),
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,

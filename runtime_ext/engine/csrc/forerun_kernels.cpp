@@ -321,7 +321,7 @@ inline V16 exp_det(V16 x) {
 // PREFETCH: step k also prefetches NP cache lines of a slice of weights that a later tile will read, starting at
 // `pf`, line group (k * rate) >> 16 (`rate` = line groups per step in 1/65536ths, so K steps cover the slice evenly),
 // into L2, not L1: the slices of a unit add up to more than L1 holds, and prefetched into L1 they evicted the lines
-// the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 30 % slower with _MM_HINT_T0 than with T1).
+// the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 41.9 ms of matrix products with T0, 29.2 with T1).
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
 template <int R, int NP, typename W, bool PREFETCH>
@@ -678,6 +678,13 @@ struct RowStream {
   }
 };
 
+// n rows of D elements at p, `stride` elements apart.
+template <typename A>
+RowStream row_stream(const A* p, int64_t stride, int64_t n, int64_t D) {
+  const int64_t size = static_cast<int64_t>(sizeof(A));
+  return {reinterpret_cast<const char*>(p), stride * size, n, D * size};
+}
+
 // What one attention task prefetches while it computes its scores, SCORE_KEYS rows of each stream per block of keys:
 // its own buffer columns' values (read by the weighted sum right after) and the keys of the thread's next task's
 // buffer columns.  Prefix segments are left out: the rows that share one read it in turn, so it stays in cache.
@@ -872,13 +879,12 @@ void attention_kernel(const AttnArgs<A>& a) {
       const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
       row_pieces<A>(a, b, hk, m % a.T, pieces);
       AttnPrefetch pf;
-      const int64_t bytes = a.D * static_cast<int64_t>(sizeof(A));
       const Piece<A>& own = pieces.back();
-      pf.values = {reinterpret_cast<const char*>(own.v), own.vs * static_cast<int64_t>(sizeof(A)), own.n, bytes};
+      pf.values = row_stream(own.v, own.vs, own.n, a.D);
       if (t + 1 < t1) {
         const int64_t m1 = (t + 1) / a.Hkv;
         const Piece<A> next = buffer_piece(a, m1 / a.T, (t + 1) % a.Hkv, m1 % a.T);
-        pf.next_keys = {reinterpret_cast<const char*>(next.k), next.ks * static_cast<int64_t>(sizeof(A)), next.n, bytes};
+        pf.next_keys = row_stream(next.k, next.ks, next.n, a.D);
       }
       attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc, pf);
     }

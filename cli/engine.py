@@ -129,7 +129,7 @@ def _prompt_ids(tok: Any, prompt: str, raw: bool) -> list[int]:
 
 @reports_errors("bench engine")
 def bench_engine_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_engine import EngineBenchConfig, format_engine_bench, run_engine_bench
+    from ..eval.engine_bench.bench import EngineBenchConfig, format_engine_bench, run_engine_bench
 
     config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
                                num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,

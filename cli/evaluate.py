@@ -40,7 +40,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _settings_arguments(e: argparse.ArgumentParser) -> None:
-    from ..eval.method_settings import EvalSettings
+    from ..eval.harness.settings import EvalSettings
 
     d = EvalSettings()
     e.add_argument("--n", type=positive_int, default=d.n, help=f"MH response length / max new tokens ({d.n})")
@@ -109,7 +109,7 @@ def check_output_file(path: str | None, resume: bool) -> Path:
 
 
 def _datasets(text: str | None) -> list[str]:
-    from ..eval.datasets import dataset_spec
+    from ..eval.datasets.loading import dataset_spec
 
     if not text:
         raise ValueError(f"--datasets is required (comma-separated names, or all: {', '.join(ALL_DATASETS)})")
@@ -127,7 +127,7 @@ def _datasets(text: str | None) -> list[str]:
 
 def _dataset_files(items: list[str], names: list[str]) -> dict[str, str]:
     """--dataset-file NAME=PATH entries as {dataset: path}, each naming one of the selected datasets."""
-    from ..eval.datasets import dataset_spec
+    from ..eval.datasets.loading import dataset_spec
 
     files: dict[str, str] = {}
     for item in items:
@@ -148,8 +148,8 @@ def _dataset_files(items: list[str], names: list[str]) -> dict[str, str]:
 
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can be checked before a model is loaded."""
-    from ..eval.datasets import load_prompts
-    from ..eval.method_settings import PREDICTIVE_METHODS, EvalSettings, parse_methods
+    from ..eval.datasets.loading import load_prompts
+    from ..eval.harness.settings import PREDICTIVE_METHODS, EvalSettings, parse_methods
 
     out = check_output_file(args.out, args.resume)
     methods = parse_methods(args.methods)
@@ -175,7 +175,7 @@ def _classifier(args: argparse.Namespace):
 
 
 def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -> None:
-    from ..eval.runs import strict_json
+    from ..eval.harness.runs import strict_json
 
     for rec in records:
         want = json.loads(json.dumps(strict_json(settings.for_method(rec["method"]))))
@@ -187,7 +187,7 @@ def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from ..eval.runs import RunFileError, load_run
+    from ..eval.harness.runs import RunFileError, load_run
 
     pool = None
     try:
@@ -210,8 +210,8 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
              classifier: Any) -> int:
     from tqdm import tqdm
 
-    from ..eval.runs import RunWriter, load_run, plan_items, run_items
-    from .evaluate_items import ItemRunner
+    from ..eval.harness.runs import RunWriter, load_run, plan_items, run_items
+    from ..eval.harness.items import ItemRunner
 
     items = plan_items(plan["prompts"], plan["methods"], args.seed)
     done = {r["key"] for r in existing}
@@ -235,8 +235,8 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
 
 
 def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], written: int, wall: float) -> int:
-    from ..eval.report import summarize
-    from ..eval.runs import strict_json
+    from ..eval.harness.report import summarize
+    from ..eval.harness.runs import strict_json
 
     summary = summarize(records)
     out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
@@ -254,8 +254,8 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ..eval.report_files import write_report
-    from ..eval.runs import RunFileError, load_run, strict_json
+    from ..eval.harness.report_files import write_report
+    from ..eval.harness.runs import RunFileError, load_run, strict_json
 
     try:
         if not Path(args.run).is_file():

@@ -147,7 +147,7 @@ def _bar(name: str, total: int) -> Iterator[Any]:
 # ------------------------------------------------------------------------------------------------
 @reports_errors("session demo")
 def session_demo_command(args: argparse.Namespace) -> int:
-    from ..eval.status_task import answer_tokens
+    from ..eval.preposition.status_task import answer_tokens
     from ..runtime_ext.preposition.ready_cache import GateConfig
 
     gate = GateConfig(threshold=args.tau)  # validated before the model loads
@@ -189,7 +189,7 @@ def _streaming_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: An
     """Three status batches on a streaming session with a standing query and an ad-hoc one."""
     import numpy as np
 
-    from ..eval.status_task import QUESTION, batch_text, status_session
+    from ..eval.preposition.status_task import QUESTION, batch_text, status_session
     from ..runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 
     tok = engine.tokenizer
@@ -241,8 +241,8 @@ def _agentic_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any)
 def bench_preposition_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
     plots = output_dir(args.plots, "--plots")
-    from ..eval.bench_preposition import BenchConfig, run_bench
-    from ..eval.bench_report import format_report
+    from ..eval.preposition.bench import BenchConfig, run_bench
+    from ..eval.preposition.report import format_report
 
     try:
         cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
@@ -272,8 +272,8 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     plot = output_file(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     if args.task == "status":
         return _calibrate_status(args, plot)
-    from ..eval.calibration import plot_risk_coverage
-    from ..eval.trend_task import answer_tokens, collect_pairs, make_windows, report
+    from ..eval.preposition.calibration import plot_risk_coverage
+    from ..eval.preposition.trend_task import answer_tokens, collect_pairs, make_windows, report
 
     windows = make_windows(args.windows, args.window_len, seed=args.seed)
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
@@ -293,8 +293,8 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
 
 def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     """The status feed: τ for r ≤ r_max picked on --windows windows, judged on as many held-out ones."""
-    from ..eval.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
-    from ..eval.status_task import QUESTION, collect_pairs, make_windows
+    from ..eval.preposition.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
+    from ..eval.preposition.status_task import QUESTION, collect_pairs, make_windows
 
     calib_w, held_w = make_windows(args.windows, seed=args.seed), make_windows(args.windows, seed=args.seed + 1)
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
@@ -313,7 +313,7 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     if args.json:
         print_json(out, indent=2, reasons=TAU_REASONS)
         return 0
-    from ..eval.bench_report import format_gate_point as point
+    from ..eval.preposition.report import format_gate_point as point
 
     print(f"status feed: {len(calib)} calibration + {len(held)} held-out windows; held-out accuracy of the standing "
           f"query's token {out['held_out_accuracy']:.3f}")
@@ -325,7 +325,7 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
 
 
 def _print_gate_report(rep: Any, pairs: list[Any], tok: Any) -> None:
-    from ..eval.trend_task import _top_counts_text
+    from ..eval.preposition.trend_task import _top_counts_text
 
     at = rep.at_tau
     print(f"{rep.n} windows, |A| = {rep.answer_set_size}; γ quantiles (10/50/90 %) "

@@ -106,7 +106,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     base = dict(CPU_DEFAULTS)
     if getattr(args, "paper", False):
-        from ..eval.bench_presto import PAPER_SETTINGS as P
+        from ..eval.presto.bench import PAPER_SETTINGS as P
 
         base.update(n=P["response_length"], block=P["block_size"], K=P["steps_per_block"], npf=P["budget"],
                     alpha=P["alpha"], seed=P["seed"])
@@ -157,7 +157,7 @@ def prompt_id_for_text(text: str) -> str:
 
 
 def _dataset_prompt(args: argparse.Namespace) -> Any:
-    from ..eval.datasets import load_prompts
+    from ..eval.datasets.loading import load_prompts
 
     prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
     if args.index >= len(prompts):
@@ -188,7 +188,7 @@ def _checked_inputs(args: argparse.Namespace, kinds: list[str]) -> tuple[dict[st
 # sample / bench presto report an engine or server failure with exit 2 (their contract since the first release)
 @reports_errors("sample", engine_error_code=2)
 def sample_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import proposal_model_for
+    from ..eval.presto.bench import proposal_model_for
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
     from ..programs.samplers import make_sampler
@@ -232,8 +232,8 @@ def sample_command(args: argparse.Namespace) -> int:
 
 @reports_errors("bench presto", engine_error_code=2)
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from ..eval.bench_presto import cost_model_prediction, timestamp
-    from ..eval.datasets import load_prompts
+    from ..eval.presto.bench import cost_model_prediction, timestamp
+    from ..eval.datasets.loading import load_prompts
 
     st, configs, prefetch = _checked_inputs(args, list(args.samplers))
     prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
@@ -275,7 +275,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
 
 def _print_bench(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict[str, Any]], st: dict[str, Any],
                  n_prompts: int) -> None:
-    from ..eval.bench_presto import format_table
+    from ..eval.presto.bench import format_table
 
     print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
           f"{args.dataset} × {n_prompts} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
@@ -294,7 +294,7 @@ def _bench_rows(args: argparse.Namespace, pool: Any, prompts: list[Any], configs
                 prefetch: Any) -> list[dict[str, Any]]:
     """Every sampler and its PreSTO variant on every prompt, the chains spread over the pool; one progress bar
     over all MH transitions."""
-    from ..eval.bench_presto import run_pairs
+    from ..eval.presto.bench import run_pairs
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
 
@@ -319,7 +319,7 @@ def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetc
     wanted = args.cost_model if args.cost_model is not None else any(p.streaming for p in prefetch.values())
     if not wanted or not runtime.is_embedded:
         return None
-    from ..eval.bench_presto import step_cost_curve
+    from ..eval.presto.bench import step_cost_curve
     from ..programs.prompts import chat_prompt_ids
 
     ids = chat_prompt_ids(runtime.tokenizer, prompts[0].messages())

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .kernels import ChainState
+from .transitions import ChainState
 
 LIKELIHOOD_FEATURES: tuple[str, ...] = ("logq_at_cut", "logq_jump_in", "logq_jump_out", "logq_suffix_mean")
 """Feature 3 (record field names)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .kernels import ChainState, Decision, TransitionKernel
+from .transitions import ChainState, Decision, TransitionKernel
 from .prefetch_tree import PrefetchRequest, accepts_on_path, is_accept_child, parent_of
 from .proposals import Suffix, SuffixRequest
 from .random_streams import DecisionStream

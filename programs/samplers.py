@@ -36,7 +36,7 @@ import numpy as np
 from .acceptance import EPSILON, accept_decision, epsilon_class
 from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from .cut_statistics import root_cut_features
-from .kernels import ChainState, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
+from .transitions import ChainState, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
 from .prefetch_round import round_requests, score_round
 from .prefetch_tree import PrefetchPlan, accept_child, accepts_on_path, mh_transition, node_depth, parent_of
 from .proposals import ProposalModel, Suffix, SuffixRequest
@@ -456,7 +456,7 @@ def make_sampler(model: ProposalModel, config: SamplerConfig, *, presto: bool = 
                  prefetch: PrefetchConfig = PrefetchConfig()) -> BlockwiseSampler:
     """The sequential sampler of `config.kind`, or its PreSTO variant (streaming when `prefetch.streaming`)."""
     if presto and prefetch.streaming:
-        from .streaming import StreamingPrestoSampler  # it builds on this module
+        from .streaming_presto import StreamingPrestoSampler  # it builds on this module
 
         return StreamingPrestoSampler(model, config, prefetch)
     return PrestoSampler(model, config, prefetch) if presto else SequentialSampler(model, config)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from .kernels import ChainState, TransitionKernel
+from .transitions import ChainState, TransitionKernel
 from .proposals import Suffix, SuffixRequest
 from .random_streams import DecisionStream
 

@@ -23,17 +23,16 @@ def test_package_data_declared_for_dataset_slices():
 
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     setuptools = cfg["tool"]["setuptools"]
-    data = setuptools["package-data"]["forerun.eval.data"]
+    data = setuptools["package-data"]["forerun.eval.datasets.data"]
     assert "*.jsonl" in data and "*.md" in data
-    assert "forerun.eval.data" in setuptools["packages"]
+    assert "forerun.eval.datasets.data" in setuptools["packages"]
     assert setuptools["package-dir"]["forerun.eval"] == "eval"
-    assert setuptools["package-dir"]["forerun.eval.data"] == "eval/data"
 
 
 def test_packaged_slices_present_and_never_gpqa_or_lcb():
     import importlib.resources
 
-    data = importlib.resources.files("forerun.eval") / "data"
+    data = importlib.resources.files("forerun.eval.datasets") / "data"
     names = {p.name for p in data.iterdir()}
     assert "PROVENANCE.md" in names
     for name in ("math500.jsonl", "humaneval.jsonl", "mbpp.jsonl", "mmlu.jsonl", "aime2024.jsonl", "aime2025.jsonl"):

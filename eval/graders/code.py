@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any
 
-from ..sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from .sandbox import SandboxLimits, SandboxResult, run_sandboxed
 
 LIMITS = SandboxLimits(cpu_s=10, wall_s=20)
 LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .kernels import TOKEN_AXIS, copy_segments, empty_kv_buffer
+from .forward import TOKEN_AXIS, copy_segments, empty_kv_buffer
 from .requests import Request
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..protocol import EngineError
-from .kernels import copy_segments, empty_kv_buffer
+from .forward import copy_segments, empty_kv_buffer
 from .output import top_entries
 from .radix_cache import RadixCache
 from .requests import Request, RequestMode

@@ -38,14 +38,14 @@ from .admission import check_fits_budget, take_admissible
 from .admission import release as release_reservation
 from .batch import RunningBatch
 from .config import EngineConfig
-from .kernels import TOKEN_AXIS, forward_on_buffer, plan_forward
+from .forward import TOKEN_AXIS, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
 from .output import build_output
 from .prefill import PromptKV, compute_prompt_kv, fill_input_logprobs, prefill_span
 from .radix_cache import RadixCache, RadixNode
 from .requests import Request, RequestMode, command_request, make_request
-from .streaming import StreamingMixin, notify_rows
+from .row_streams import StreamingMixin, notify_rows
 
 
 class EmbeddedEngine(StreamingMixin):

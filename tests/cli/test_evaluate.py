@@ -15,7 +15,7 @@ import pytest
 
 from forerun.cli.evaluate import VOLATILE_FIELDS
 from forerun.cli.main import main
-from forerun.eval.runs import load_run
+from forerun.eval.harness.runs import load_run
 
 ARGS = ["eval", "--model", "tiny", "--datasets", "math500,mmlu", "--methods",
         "greedy,power-mh,presto-power-mh,power-smc", "--limit", "3", "--n", "16", "--K", "4", "--smc-block", "4"]
@@ -149,7 +149,7 @@ def test_items_are_spread_over_every_backend_url(tmp_path, capsys):
 
 
 def test_an_lcb_v6_file_is_evaluated_and_labelled_v6(tmp_path, capsys):
-    from forerun.eval.datasets import resolve_data_dir
+    from forerun.eval.datasets.loading import resolve_data_dir
 
     src = resolve_data_dir()
     if src.packaged:

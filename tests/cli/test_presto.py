@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from forerun.eval.bench_presto import PairResult, format_table
+from forerun.eval.presto.bench import PairResult, format_table
 from forerun.cli.main import build_parser, main
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.records import read_node_records

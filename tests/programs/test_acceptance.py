@@ -228,7 +228,7 @@ def test_epsilon_classes_and_decision():
 
 
 def _state(model, x, tau):
-    from forerun.programs.kernels import ChainState
+    from forerun.programs.transitions import ChainState
 
     lq, lp, ent, byt = arrays(model, x, tau)
     return ChainState(np.array(x), lq, lp, ent, byt)

@@ -27,7 +27,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from forerun.programs.acceptance import mtm_log_weight
-from forerun.programs.kernels import ChainState
+from forerun.programs.transitions import ChainState
 from forerun.programs.proposals import Suffix
 from forerun.programs.random_streams import DecisionStream
 from forerun.programs.samplers import SamplerConfig, make_kernel

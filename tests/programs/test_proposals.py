@@ -169,7 +169,7 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
 
 @pytest.mark.slow
 def test_default_model_identical_chain_one_prompt():
-    from forerun.eval.bench_presto import proposal_model_for
+    from forerun.eval.presto.bench import proposal_model_for
     from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime
 
@@ -190,8 +190,8 @@ def test_default_model_identical_chain_one_prompt():
 def test_default_model_identical_chains_ten_math500_prompts(dtype):
     """Issue 14: sequential and PreSTO PowerMH chains of 10 MATH500 prompts at n = 64, K = 30 are identical
     in float32 and in bf16 (the engine is batch-invariant in both)."""
-    from forerun.eval.bench_presto import proposal_model_for
-    from forerun.eval.datasets import load_prompts
+    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.eval.datasets.loading import load_prompts
     from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime
 

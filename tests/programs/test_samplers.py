@@ -8,7 +8,7 @@ import pytest
 
 from forerun.programs.prefetch_tree import node_depth
 from forerun.testing.logit_table_model import LogitTableModel
-from forerun.programs.kernels import ChainState
+from forerun.programs.transitions import ChainState
 from forerun.programs.samplers import (
     PrefetchConfig,
     PrestoSampler,

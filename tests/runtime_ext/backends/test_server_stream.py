@@ -99,7 +99,7 @@ def test_abort_stops_a_streamed_row():
 
 
 def test_streaming_presto_on_a_server_gives_the_sequential_chain():
-    from forerun.eval.bench_presto import proposal_model_for
+    from forerun.eval.presto.bench import proposal_model_for
 
     with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         ids = srv.tokenizer.encode("stream a chain")

@@ -1,0 +1,1 @@
+"""`forerun bench engine`: the embedded engine against transformers and against the hardware's roofline."""

@@ -1,0 +1,101 @@
+"""The methods `forerun eval` compares, their settings, and one runner that gives every method the same
+record shape.
+
+    method                      what it is                                               model calls
+    greedy                      argmax decoding, stops at EOS                            1
+    low-temp                    one sample at τ = 1/α, stops at EOS (E.8)                1
+    best-of-n                   N samples at τ in one batch, the highest Σ log q_τ (E.8)  1
+    power-mh                    PowerMH (Karan & Du): blockwise MH toward p0^α, fixed n   1 per transition
+    entropy-cut                 EntropyCut (Zhou et al.): cuts at entropy jumps          1 per transition
+    multitry-mh                 MultiTryMH (simplified EGPS)                             1 per transition
+    presto-<sampler>            its PreSTO variant, BFS traversal (the paper's default)  1 per prefetch round
+    presto-<sampler>-predictive its PreSTO variant, predictive traversal (needs a        1 per prefetch round
+                                certainty classifier: --classifier FILE)
+    power-smc                   Power-SMC (Azizi et al. 2026): P particles, 1 batch/block 1 per block
+
+EOS semantics follow App. E.8: the MH samplers generate exactly n tokens (EOS ignored); the baselines and
+Power-SMC stop at EOS (at most n tokens).
+
+Timing fields of a record: `wall_s` is the whole generation of the item (every model call, the block
+extensions included; model loading and grading excluded); `call_time_s` is the App. D.2 cumulative
+model-call time (MH samplers: the MH calls only, block extensions excluded, as in Table 7; the others: every
+call).  `transitions` / `transitions_per_call` exist for the MH samplers only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+from ...programs.baselines import BaselineConfig, DecodingBaseline
+from ...programs.completions import DecodeResult, ProgramCompletionModel
+from ...programs.power_smc import PowerSMC, PowerSMCConfig
+from ...programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
+from ..presto.bench import proposal_model_for
+from .settings import BASELINES, METHODS, EvalSettings
+
+def _mh_outcome(res: ChainResult) -> dict[str, Any]:
+    tpc = res.transitions_per_call
+    return {"response_ids": list(res.response_ids), "finished": None, "call_time_s": res.call_time,
+            "num_calls": res.num_calls, "all_calls": len(res.calls), "transitions": res.transitions,
+            "transitions_per_call": tpc, "time_per_call_s": res.time_per_call,
+            "log_likelihood": res.log_likelihood, "confidence": res.confidence,
+            "extra": {"accepts": int(sum(res.history)), "history": [bool(h) for h in res.history]}}
+
+
+def _decode_outcome(res: DecodeResult) -> dict[str, Any]:
+    n = res.num_calls
+    extra = {k: v for k, v in res.extra.items() if k != "log_weights"}
+    return {"response_ids": list(res.response_ids), "finished": bool(res.response.finished),
+            "call_time_s": res.call_time, "num_calls": n, "all_calls": n, "transitions": None,
+            "transitions_per_call": None, "time_per_call_s": res.call_time / n if n else math.nan,
+            "log_likelihood": res.log_likelihood, "confidence": res.confidence, "extra": extra}
+
+
+class MethodRunner:
+    """Runs any method on one prompt over a runtime's frontend backend; thread-safe (one per run)."""
+
+    def __init__(self, backend: Any, settings: EvalSettings,
+                 classifier: Any = None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.classifier = classifier
+        """The certainty classifier of the predictive traversal (`CertaintyClassifier`), or None."""
+
+    def _mh(self, method: str, seed: int):
+        s = self.settings
+        kind = method.removeprefix("presto-").removesuffix("-predictive")
+        cfg = SamplerConfig(kind=kind, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
+                            alpha=s.alpha, beta=s.beta, seed=seed)
+        predictive = method.endswith("-predictive")
+        if predictive and self.classifier is None:
+            raise ValueError(f"{method} needs a certainty classifier (--classifier FILE)")
+        prefetch = PrefetchConfig(budget=s.npf, traversal="predictive" if predictive else "bfs",
+                                  branch_prob=self.classifier.branch_prob_of if predictive else None,
+                                  tree_position=predictive and self.classifier.uses_tree_position)
+        model = proposal_model_for(self.backend, kind, cfg.mtm_temperatures)
+        return make_sampler(model, cfg, presto=method.startswith("presto-"), prefetch=prefetch)
+
+    def _decoder(self, method: str, seed: int):
+        s = self.settings
+        model = ProgramCompletionModel(self.backend)
+        if method == "power-smc":
+            return PowerSMC(model, PowerSMCConfig(alpha=s.alpha, particles=s.smc_particles, max_new_tokens=s.n,
+                                                  block_size=s.smc_block, ramp_tokens=s.smc_ramp,
+                                                  ess_threshold=s.smc_ess, seed=seed))
+        return DecodingBaseline(model, BaselineConfig(kind=method, max_new_tokens=s.n, alpha=s.alpha,
+                                                      samples=s.best_of, select=s.best_of_select, seed=seed))
+
+    def run(self, method: str, prompt_ids: Sequence[int], prompt_id: str, seed: int) -> dict[str, Any]:
+        """Generate for one (method, prompt, seed): the record fields of the outcome, with `wall_s`."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}")
+        mh = method not in BASELINES and method != "power-smc"
+        runner = self._mh(method, seed) if mh else self._decoder(method, seed)
+        start = time.perf_counter()
+        res = runner.run(prompt_ids, prompt_id=prompt_id)
+        wall = time.perf_counter() - start
+        out = _mh_outcome(res) if mh else _decode_outcome(res)
+        out["wall_s"] = wall
+        return out

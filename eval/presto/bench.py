@@ -1,0 +1,257 @@
+"""`forerun bench presto`: each sampler and its PreSTO variant on the same prompts, in ONE run.
+
+Prints the columns of PreSTO's Table 7 (App. D.2): total model-call time, MH transitions per call (the mean
+over prompts of K ÷ calls, and Table 2's K ÷ mean calls), time per call, the Eq. 20 speedup (ratio of mean
+cumulative call times), the reduction in calls and the increase in time per call (ratios of means, speedup =
+reduction / increase), the median per-prompt speedup, whether the sequential and PreSTO chains were identical
+(same seed -> same tokens and accept/reject history), and what a PreSTO call costs (nodes scored, distinct
+requests, requests and tokens generated per call).
+Block-extension calls are identical in both variants and excluded from the call metrics.
+
+Several PreSTO variants run side by side on the same prompts (`--traversals bfs predictive streaming`): the
+sequential chains run once and each variant is one row against them.  A streaming variant's "calls" are its
+windows (`programs.streaming`), so its row reads the same way (transitions per window, Eq. 20 on the MH
+phase), with the rows started / aborted, the wasted tokens and the rows per decode step added.  Every row also
+carries its decode steps S and row-steps G per chain: with a measured per-step time t(r) ≈ a + b·r
+(`step_cost_curve`), the model-call time is predicted as a·S + b·G (`cost_model_prediction`), and a ratio of S
+alone is what the speedup becomes where extra rows are free (b → 0, a wide accelerator batch).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ...programs.proposals import ProgramProposalModel
+from ...programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
+
+PAPER_SETTINGS = dict(response_length=1024, block_size=1024, alpha=4.0, steps_per_block=100, budget=20, seed=10086)
+"""Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, N_pf = 20, seed 10086."""
+
+
+@dataclass
+class PairResult:
+    """One sampler and one PreSTO variant over the same prompts."""
+
+    sampler: str
+    sequential: list[ChainResult] = field(default_factory=list)
+    presto: list[ChainResult] = field(default_factory=list)
+    unflushed: int = 0
+    traversal: str = "bfs"
+    """The PreSTO variant: "bfs", "predictive", "streaming" (BFS order) or "streaming-predictive"."""
+    """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
+
+    def _mean(self, runs: list[ChainResult], attr: str) -> float:
+        return float(np.mean([getattr(r, attr) for r in runs]))
+
+    def _std(self, runs: list[ChainResult], attr: str) -> float:
+        return float(np.std([getattr(r, attr) for r in runs]))
+
+    def table_row(self) -> dict[str, Any]:
+        seq, pre = self.sequential, self.presto
+        speedup = self._mean(seq, "call_time") / self._mean(pre, "call_time")
+        increase = self._mean(pre, "time_per_call") / self._mean(seq, "time_per_call")
+        per_prompt = [s.call_time / p.call_time for s, p in zip(seq, pre)]
+        identical = sum(1 for s, p in zip(seq, pre) if s.response_ids == p.response_ids and s.history == p.history)
+        return {
+            "sampler": self.sampler,
+            "prompts": len(seq),
+            "total_time_s": [self._mean(seq, "call_time"), self._mean(pre, "call_time")],
+            "total_time_std_s": [self._std(seq, "call_time"), self._std(pre, "call_time")],
+            "transitions_per_call": [self._mean(seq, "transitions_per_call"), self._mean(pre, "transitions_per_call")],
+            "transitions_per_call_std": [self._std(seq, "transitions_per_call"),
+                                         self._std(pre, "transitions_per_call")],
+            # Table 2 (App. E.2): K (transitions per chain) ÷ the mean number of calls over prompts
+            "transitions_per_call_table2": [self._mean(seq, "transitions") / self._mean(seq, "num_calls"),
+                                            self._mean(pre, "transitions") / self._mean(pre, "num_calls")],
+            # what a PreSTO call costs, per model call (means over prompts of per-chain totals ÷ calls)
+            "presto_per_call": {name: float(np.mean([r.total(name) / r.num_calls for r in pre]))
+                                for name in ("nodes_scored", "distinct_requests", "generated_requests",
+                                             "generated_tokens")},
+            "presto_reuse_rounds": float(np.mean([len(r.rounds) - r.num_calls for r in pre])),
+            "time_per_call_s": [self._mean(seq, "time_per_call"), self._mean(pre, "time_per_call")],
+            "calls": [self._mean(seq, "num_calls"), self._mean(pre, "num_calls")],
+            "speedup_eq20": speedup,
+            "reduction_in_calls": speedup * increase,
+            "increase_in_time_per_call": increase,
+            "median_prompt_speedup": float(statistics.median(per_prompt)),
+            "per_prompt_speedup": per_prompt,
+            "identical_chains": identical,
+            "unflushed_chains": self.unflushed,
+            "accept_rate": float(np.mean([np.mean(s.history) for s in seq])),
+            "traversal": self.traversal,
+            "decode_steps": [float(np.mean([_sum(r, "decode_steps") for r in runs])) for runs in (seq, pre)],
+            "row_steps": [float(np.mean([_sum(r, "row_steps") for r in runs])) for runs in (seq, pre)],
+            **({"streaming": streaming_metrics(pre)} if self.traversal.startswith("streaming") else {}),
+        }
+
+
+def _sum(run: ChainResult, name: str) -> int:
+    return int(sum(getattr(c, name) for c in run.mh_calls))
+
+
+def streaming_metrics(runs: Sequence[ChainResult]) -> dict[str, Any]:
+    """Per-window figures of streaming chains: means over windows of all prompts, and each prompt's windows."""
+    windows = [c for r in runs for c in r.mh_calls]
+    mean = lambda name: float(np.mean([getattr(c, name) for c in windows]))  # noqa: E731
+    steps = sum(c.decode_steps for c in windows)
+    return {
+        "windows": len(windows),
+        "transitions_per_window": mean("transitions"),
+        "decode_steps_per_window": mean("decode_steps"),
+        "rows_per_step": sum(c.row_steps for c in windows) / steps if steps else math.nan,
+        "rows_started_per_window": mean("rows_started"),
+        "rows_aborted_per_window": mean("rows_aborted"),
+        "wasted_tokens_per_window": mean("wasted_tokens"),
+        "wasted_token_share": (sum(c.wasted_tokens for c in windows) / max(sum(c.generated_tokens for c in windows), 1)),
+        "max_rows": max((c.max_rows for c in windows), default=0),
+        "per_prompt": [[{"transitions": c.transitions, "decode_steps": c.decode_steps, "row_steps": c.row_steps,
+                         "max_rows": c.max_rows, "rows_started": c.rows_started, "rows_aborted": c.rows_aborted,
+                         "wasted_tokens": c.wasted_tokens, "wall_s": c.wall_time} for c in r.mh_calls] for r in runs],
+    }
+
+
+def step_cost_curve(engine: Any, prompt_ids: Sequence[int], rows: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 20),
+                    tokens: int = 16) -> dict[str, Any]:
+    """Time of one decode step against the rows decoding (the embedded engine's own step timer), and the
+    least-squares fit t(r) = a + b·r.  Each size decodes `tokens` steps of r rows on one cached prompt."""
+    from ...runtime_ext.protocol import SamplingParams
+
+    engine.generate(list(prompt_ids), SamplingParams(max_new_tokens=2, seed=1, ignore_eos=True))  # warm + cache
+    points = []
+    for r in rows:
+        before = engine.stats()
+        engine.generate_batch([(list(prompt_ids), SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=100 + i,
+                                                                 ignore_eos=True)) for i in range(r)])
+        after = engine.stats()
+        steps = after["decode_steps"] - before["decode_steps"]
+        points.append({"rows": r, "step_s": (after["decode_s"] - before["decode_s"]) / max(steps, 1),
+                       "mean_rows": (after["decode_rows"] - before["decode_rows"]) / max(steps, 1)})
+    x = np.array([p["mean_rows"] for p in points])
+    y = np.array([p["step_s"] for p in points])
+    b, a = np.polyfit(x, y, 1) if len(points) > 1 else (0.0, float(y[0]))
+    one = next((p["step_s"] for p in points if p["rows"] == 1), float(a + b))
+    return {"points": points, "fit": {"a_s": float(a), "b_s": float(b)},
+            "relative": [{"rows": p["rows"], "x_one_row": p["step_s"] / one} for p in points]}
+
+
+def cost_model_prediction(row: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
+    """Model-call time predicted as a·S + b·G from the row's decode steps S and row-steps G (means per chain), the
+    speedup it predicts, and the speedup where extra rows are free (b = 0: S_sequential / S_variant)."""
+    a, b = fit["a_s"], fit["b_s"]
+    (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
+    t_seq, t_pre = a * s_seq + b * g_seq, a * s_pre + b * g_pre
+    return {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan,
+            "speedup_rows_free": s_seq / s_pre if s_pre else math.nan,
+            "measured_speedup": row["speedup_eq20"]}
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One independent chain of the benchmark: a sampler config, sequential or a PreSTO variant, on one prompt."""
+
+    cfg: SamplerConfig
+    presto: bool
+    prompt_id: str
+    ids: tuple[int, ...]
+    variant: str = "bfs"
+    """The PreSTO variant's label (a key of the benchmark's prefetch configs); "" for sequential."""
+
+
+def chains_of(prompts: Sequence[tuple[str, Sequence[int]]], configs: Sequence[SamplerConfig],
+              variants: Sequence[str] = ("bfs",)) -> list[Chain]:
+    """Every chain, in a fixed order: config, prompt, sequential then each PreSTO variant."""
+    return [Chain(cfg, variant != "", pid, tuple(int(t) for t in ids), variant) for cfg in configs
+            for pid, ids in prompts for variant in ("", *variants)]
+
+
+def run_pairs(
+    pool: Any,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    configs: Sequence[SamplerConfig],
+    prefetch: PrefetchConfig | dict[str, PrefetchConfig],
+    *,
+    flush: bool = False,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[ChainResult], None] | None = None,
+    on_transitions: Callable[[int], None] | None = None,
+) -> list[PairResult]:
+    """Run every config sequentially and with PreSTO on every prompt; the chains are independent and run
+    concurrently over `pool` (`runtime_ext.pool.RuntimePool`: each chain keeps one runtime slot for its whole
+    life).  `flush` clears the runtime's prefix cache before each chain so that neither variant reuses the
+    other's KV (a busy shared server may decline; counted in `PairResult.unflushed`).  The callbacks run under
+    one lock: `progress(label)` after each chain, `on_transitions(k)` after every k realized transitions.
+    `prefetch` is one PreSTO variant's config, or several by label (one row per config and label, the sequential
+    chains shared)."""
+    variants = prefetch if isinstance(prefetch, dict) else {"streaming" if prefetch.streaming else prefetch.traversal:
+                                                            prefetch}
+    lock = threading.Lock()
+
+    def locked(fn: Callable[..., None] | None) -> Callable[..., None] | None:
+        if fn is None:
+            return None
+
+        def call(*a: Any) -> None:
+            with lock:
+                fn(*a)
+        return call
+
+    report, record, step = locked(progress), locked(on_result), locked(on_transitions)
+
+    def one(runtime: Any, chain: Chain) -> tuple[ChainResult, bool]:
+        flushed = bool(runtime.flush()) if flush else True
+        model = proposal_model_for(runtime.backend, chain.cfg.kind, chain.cfg.mtm_temperatures)
+        pf = variants[chain.variant] if chain.presto else PrefetchConfig()
+        sampler = make_sampler(model, chain.cfg, presto=chain.presto, prefetch=pf)
+        res = sampler.run(list(chain.ids), prompt_id=chain.prompt_id, progress=step)
+        if record is not None:
+            record(res)
+        if report is not None:
+            report(f"{res.sampler} {chain.prompt_id}")
+        return res, flushed
+
+    chains = chains_of(prompts, configs, list(variants))
+    results = pool.map(one, chains)
+    pairs: dict[tuple[int, str], PairResult] = {(id(cfg), v): PairResult(sampler=cfg.kind, traversal=v)
+                                                 for cfg in configs for v in variants}
+    for chain, (res, flushed) in zip(chains, results):
+        for v in (variants if not chain.presto else [chain.variant]):
+            pair = pairs[(id(chain.cfg), v)]
+            (pair.presto if chain.presto else pair.sequential).append(res)
+            pair.unflushed += 0 if flushed else 1
+    return list(pairs.values())
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Table 7 layout: sequential / PreSTO per cell, then the ratios."""
+    head = (f"{'sampler':<12} {'variant':<20} {'total time (s)':>22} {'transitions/call':>18} {'K÷calls':>8} {'time/call (s)':>17} "
+            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10} {'nodes,req/call':>15}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        tt, tpc, tc = r["total_time_s"], r["transitions_per_call"], r["time_per_call_s"]
+        per_call = r["presto_per_call"]
+        lines.append(
+            f"{r['sampler']:<12} {r.get('traversal', 'bfs'):<20} {tt[0]:>9.2f}±{r['total_time_std_s'][0]:<4.2f}/{tt[1]:>6.2f} "
+            f"{tpc[0]:>8.2f}/{tpc[1]:<9.2f} {r['transitions_per_call_table2'][1]:>8.2f} {tc[0]:>8.3f}/{tc[1]:<8.3f} "
+            f"{r['speedup_eq20']:>7.2f}x {r['median_prompt_speedup']:>6.2f}x {r['reduction_in_calls']:>6.2f}x "
+            f"{r['increase_in_time_per_call']:>7.2f}x {r['identical_chains']:>4}/{r['prompts']:<5} "
+            f"{per_call['nodes_scored']:>7.1f},{per_call['generated_requests']:<7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = ()) -> ProgramProposalModel:
+    """The suffix-proposal model a sampler needs: MultiTryMH asks for log q at its temperatures 𝒯; only
+    EntropyCut requires the per-token entropy of p0 (a stock SGLang server does not report it)."""
+    return ProgramProposalModel(backend, tempered_temperatures=temperatures if kind == "multitry-mh" else (),
+                                require_entropy=kind == "entropy-cut")
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

@@ -1,0 +1,282 @@
+"""Dataset loaders: counts against the offline copies, packaged slices, GPQA shuffle, malformed rows."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from forerun.eval.datasets import loading as ds
+from forerun.eval.datasets.loading import (
+    DATASETS,
+    DatasetError,
+    Prompt,
+    load_prompts,
+    packaged_data_dir,
+    resolve_data_dir,
+)
+
+EXPECTED = {"math500": 500, "humaneval": 164, "mbpp": 500, "mmlu": 14042, "gpqa": 198, "lcb-v5": 279, "aime": 60,
+            "aime2024": 30, "aime2025": 30}
+
+
+def _shared_dir() -> Path:
+    src = resolve_data_dir()
+    if src.packaged:
+        pytest.skip("no shared/datasets folder found near the checkout and FORERUN_DATA_DIR unset: "
+                    "the full offline datasets are not available here")
+    return src.path
+
+
+@pytest.fixture(scope="module")
+def shared() -> Path:
+    return _shared_dir()
+
+
+@pytest.fixture()
+def no_data_dir(monkeypatch):
+    """Make resolution fall through to the packaged slices."""
+    monkeypatch.delenv(ds.DATA_DIR_ENV, raising=False)
+    monkeypatch.setattr(ds, "_checkout_data_dir", lambda max_levels=4: None)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_full_counts(shared, name):
+    prompts = load_prompts(name, data_dir=shared)
+    assert len(prompts) == EXPECTED[name] == DATASETS[name].size
+    assert len({p.id for p in prompts}) == len(prompts), "ids must be unique"
+    for p in prompts[:50]:
+        assert p.question.strip() and p.user_message().strip()
+        assert p.dataset == name
+
+
+def test_aliases_and_unknown(shared):
+    assert [p.id for p in load_prompts("lcb", data_dir=shared, limit=3)] == \
+           [p.id for p in load_prompts("lcb-v5", data_dir=shared, limit=3)]
+    assert load_prompts("LCB", data_dir=shared, limit=1)[0].dataset == "lcb-v5"
+    assert len(load_prompts("gpqa-diamond", data_dir=shared, limit=2)) == 2
+    with pytest.raises(KeyError, match="unknown dataset 'lcb-v7'"):
+        load_prompts("lcb-v7", data_dir=shared)
+
+
+def _v6_copy(shared: Path, folder: Path, name: str, rows: int = 4) -> Path:
+    """A stand-in release_v6 file: the first rows of the v5 copy (the schema is the same)."""
+    lines = (shared / "lcb.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:rows]
+    path = folder / name
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_lcb_v6_is_read_from_a_given_file_and_labelled_v6(shared, tmp_path):
+    v5 = load_prompts("lcb-v5", data_dir=shared, limit=4)
+    v6 = load_prompts("lcb-v6", file=_v6_copy(shared, tmp_path, "release_v6_rows.jsonl"))
+    assert [p.dataset for p in v6] == ["lcb-v6"] * 4
+    assert [p.id for p in v6] == [f"lcb-v6-{i}" for i in range(4)]
+    assert {p.extra["release"] for p in v6} == {"release_v6"} and v5[0].extra["release"] == "release_v5"
+    assert [(p.question, p.extra["tests"], p.extra["func_name"]) for p in v6] == \
+           [(p.question, p.extra["tests"], p.extra["func_name"]) for p in v5]
+    assert all(p.category == "code" for p in v6)
+    # the data directory's lcb_v6.jsonl is read the same way; limit applies
+    _v6_copy(shared, tmp_path, "lcb_v6.jsonl")
+    assert [p.id for p in load_prompts("livecodebench-v6", data_dir=tmp_path, limit=2)] == ["lcb-v6-0", "lcb-v6-1"]
+
+
+def test_lcb_v6_missing_or_misused_file_errors(shared, tmp_path):
+    with pytest.raises(DatasetError, match="lcb_v6.jsonl not found.*not shipped"):
+        load_prompts("lcb-v6", data_dir=shared)
+    with pytest.raises(DatasetError, match="not found"):
+        load_prompts("lcb-v6", file=tmp_path / "absent.jsonl")
+    with pytest.raises(DatasetError, match="stored as 2 files"):
+        load_prompts("aime", file=tmp_path / "aime.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_content": "q"}\n')
+    with pytest.raises(DatasetError, match="bad.jsonl:1"):
+        load_prompts("lcb-v6", file=bad)
+
+
+def test_limit(shared):
+    assert len(load_prompts("math500", data_dir=shared, limit=20)) == 20
+    assert load_prompts("math500", data_dir=shared, limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        load_prompts("math500", data_dir=shared, limit=-1)
+
+
+def test_math_fields(shared):
+    p = load_prompts("math500", data_dir=shared, limit=1)[0]
+    assert p.id == "test/precalculus/807.json" and p.extra["subject"] == "precalculus"
+    assert p.answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert "\\boxed{}" in p.user_message() and p.question in p.user_message()
+    assert p.text == p.question and p.category == "math"
+    assert p.messages() == [{"role": "user", "content": p.user_message()}]
+    aime = load_prompts("aime", data_dir=shared)
+    assert [p.extra["year"] for p in aime] == [2024] * 30 + [2025] * 30
+    assert aime[0].id == "2024-II-4" and aime[0].answer == "33"
+    assert all(p.dataset == "aime" for p in aime)
+
+
+def test_code_fields(shared):
+    he = load_prompts("humaneval", data_dir=shared, limit=1)[0]
+    assert he.id == "HumanEval/0" and he.extra["entry_point"] == "has_close_elements"
+    assert "def check" in he.extra["test"] and he.question in he.user_message()
+    mbpp = load_prompts("mbpp", data_dir=shared)
+    assert [p.extra["task_id"] for p in mbpp] == list(range(11, 511))
+    assert mbpp[0].extra["test_list"][0] in mbpp[0].user_message()
+    lcb = load_prompts("lcb-v5", data_dir=shared)
+    kinds = collections.Counter(t["testtype"] for p in lcb for t in p.extra["tests"])
+    assert kinds == {"stdin": 474, "functional": 262}  # the counts the offline README states
+    functional = [p for p in lcb if p.extra["starter_code"].strip()]
+    assert functional and all(p.extra["func_name"] for p in functional)
+    assert functional[0].extra["starter_code"].strip() in functional[0].user_message()
+    assert all(p.answer is None for p in lcb)
+
+
+def test_mmlu_hf_order_and_letters(shared):
+    mmlu = load_prompts("mmlu", data_dir=shared)
+    subjects = [p.extra["subject"] for p in mmlu]
+    assert subjects == sorted(subjects)  # HF "all" order
+    assert len(set(subjects)) == 57
+    p = mmlu[0]
+    assert p.extra["subject"] == "abstract_algebra" and len(p.choices) == 4
+    assert p.answer == "ABCD"[p.extra["answer_index"]]
+    msg = p.user_message()
+    for letter, choice in zip("ABCD", p.choices):
+        assert f"{letter}) {choice.strip()}" in msg
+
+
+def test_gpqa_shuffle_is_fixed_and_per_question(shared):
+    a = load_prompts("gpqa", data_dir=shared)
+    b = load_prompts("gpqa", data_dir=shared)
+    assert [p.choices for p in a] == [p.choices for p in b]
+    # independent of how many rows are loaded
+    assert [p.choices for p in load_prompts("gpqa", data_dir=shared, limit=5)] == [p.choices for p in a[:5]]
+    import csv
+
+    with open(shared / "gpqa_diamond.csv", encoding="utf-8", newline="") as fh:
+        rows = {r["Record ID"]: r for r in csv.DictReader(fh)}
+    for p in a:
+        row = rows[p.id]
+        assert p.choices[p.extra["answer_index"]] == row["Correct Answer"].strip()
+        assert p.answer == "ABCD"[p.extra["answer_index"]]
+        assert sorted(p.choices) == sorted(row[k].strip() for k in
+                                           ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
+                                            "Incorrect Answer 3"))
+    positions = collections.Counter(p.extra["answer_index"] for p in a)
+    assert len(positions) == 4 and min(positions.values()) > 25  # actually shuffled, not always "A"
+    other = load_prompts("gpqa", data_dir=shared, gpqa_seed=1)
+    assert [p.choices for p in other] != [p.choices for p in a]
+
+
+def test_packaged_slices_match_the_full_data(shared, no_data_dir):
+    assert resolve_data_dir().packaged
+    for name in ("math500", "humaneval", "mbpp", "mmlu", "aime2024", "aime2025", "aime"):
+        packaged = load_prompts(name, limit=20)
+        full = load_prompts(name, data_dir=shared, limit=20)
+        assert packaged == full, name
+
+
+def test_packaged_slices_alone(no_data_dir):
+    for name in ("math500", "humaneval", "mbpp", "mmlu", "aime2024", "aime2025", "aime"):
+        with pytest.warns(UserWarning, match="packaged"):
+            prompts = load_prompts(name)
+        assert len(prompts) == 20
+    with pytest.raises(DatasetError, match="FORERUN_DATA_DIR"):
+        load_prompts("math500", limit=21)
+    for name in ("gpqa", "lcb"):
+        with pytest.raises(DatasetError, match="not packaged"):
+            load_prompts(name, limit=1)
+
+
+def test_no_gpqa_or_lcb_rows_in_the_repo():
+    data = packaged_data_dir()
+    names = {p.name for p in data.iterdir()}
+    assert names == {"PROVENANCE.md", "math500.jsonl", "humaneval.jsonl", "mbpp.jsonl", "mmlu.jsonl",
+                     "aime2024.jsonl", "aime2025.jsonl"}
+    # no packaged line contains a GPQA question (checked against the data dir when it is there)
+    src = resolve_data_dir()
+    if not src.packaged and (src.path / "gpqa_diamond.csv").is_file():
+        import csv
+
+        with open(src.path / "gpqa_diamond.csv", encoding="utf-8", newline="") as fh:
+            questions = [r["Question"].strip()[:80] for r in csv.DictReader(fh)]
+        blob = "".join((data / n).read_text(encoding="utf-8") for n in names)
+        assert not any(q and json.dumps(q)[1:-1] in blob for q in questions)
+
+
+def test_resolution_order(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv(ds.DATA_DIR_ENV, str(b))
+    assert resolve_data_dir(a).path == a and resolve_data_dir(a).origin == "argument"
+    assert resolve_data_dir().path == b and resolve_data_dir().origin == "env"
+    monkeypatch.setenv(ds.DATA_DIR_ENV, str(tmp_path / "missing"))
+    with pytest.raises(DatasetError, match=ds.DATA_DIR_ENV):
+        resolve_data_dir()
+    with pytest.raises(DatasetError, match="not a directory"):
+        resolve_data_dir(tmp_path / "nope")
+    monkeypatch.delenv(ds.DATA_DIR_ENV)
+    found = resolve_data_dir()
+    assert found.origin in ("checkout", "packaged")
+    with pytest.raises(DatasetError, match="math500.jsonl"):
+        load_prompts("math500", data_dir=a)
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_malformed_rows_name_file_and_line(tmp_path):
+    good = json.dumps({"problem": "1+1?", "answer": "2", "unique_id": "test/algebra/1.json"})
+    _write(tmp_path / "math500.jsonl", [good, good.replace("1.json", "2.json"), "{not json"])
+    with pytest.raises(DatasetError, match=r"math500\.jsonl:3: bad JSON"):
+        load_prompts("math500", data_dir=tmp_path)
+    _write(tmp_path / "math500.jsonl", [good, json.dumps({"problem": "x", "unique_id": "u"})])
+    with pytest.raises(DatasetError, match=r"math500\.jsonl:2: missing field 'answer'"):
+        load_prompts("math500", data_dir=tmp_path)
+    _write(tmp_path / "math500.jsonl", [json.dumps(["a", "list"])])
+    with pytest.raises(DatasetError, match=r"math500\.jsonl:1: expected a JSON object"):
+        load_prompts("math500", data_dir=tmp_path)
+    _write(tmp_path / "mmlu_test.jsonl", [json.dumps({"question": "q", "subject": "s", "choices": ["a", "b"],
+                                                       "answer": 5})])
+    with pytest.raises(DatasetError, match=r"mmlu_test\.jsonl:1: answer index 5"):
+        load_prompts("mmlu", data_dir=tmp_path)
+    _write(tmp_path / "lcb.jsonl", [json.dumps({"question_content": "q", "starter_code": "",
+                                                 "public_test_cases": "[{oops"})])
+    with pytest.raises(DatasetError, match=r"lcb\.jsonl:1: public_test_cases is not valid JSON"):
+        load_prompts("lcb", data_dir=tmp_path)
+    (tmp_path / "gpqa_diamond.csv").write_text("Question,Correct Answer\nq,a,extra\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"gpqa_diamond\.csv:2"):
+        load_prompts("gpqa", data_dir=tmp_path)
+
+
+def test_hub_needs_datasets_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
+    with pytest.raises(DatasetError, match="datasets"):
+        load_prompts("math500", hub=True)
+
+
+def test_cli_helpers(shared):
+    parser = argparse.ArgumentParser()
+    ds.add_dataset_arguments(parser)
+    args = parser.parse_args(["--dataset", "lcb", "--prompts", "3", "--data-dir", str(shared)])
+    prompts = ds.prompts_from_args(args)
+    assert len(prompts) == 3 and prompts[0].dataset == "lcb-v5"
+    assert parser.parse_args([]).prompts == 20 and parser.parse_args([]).hub is False
+
+
+def test_prompt_is_hashable_and_chat_prompt():
+    p = Prompt("math500", "x", "What is 1+1?", "2", extra={"subject": "algebra"})
+    hash(p)
+
+    class Tok:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert tokenize is False and add_generation_prompt is True
+            return "<user>" + messages[0]["content"] + "<assistant>"
+
+    assert p.chat_prompt(Tok()).startswith("<user>What is 1+1?")

@@ -1,0 +1,56 @@
+"""Every eval method runs through one `MethodRunner` on the tiny engine and yields the same record shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from forerun.eval.harness.settings import DEFAULT_METHODS, METHODS, PREDICTIVE_METHODS, EvalSettings, parse_methods
+
+FIELDS = {"response_ids", "finished", "call_time_s", "num_calls", "all_calls", "transitions", "transitions_per_call",
+          "time_per_call_s", "log_likelihood", "confidence", "extra", "wall_s"}
+
+
+def test_parse_methods():
+    assert parse_methods("greedy, power-smc,greedy") == ["greedy", "power-smc"]
+    assert parse_methods("default") == list(DEFAULT_METHODS)
+    every = parse_methods("all")
+    assert set(every) == set(METHODS) - set(PREDICTIVE_METHODS)
+    with pytest.raises(ValueError, match="unknown method"):
+        parse_methods("power-mhh")
+    with pytest.raises(ValueError, match="empty"):
+        parse_methods(" , ")
+
+
+def test_settings_record_what_defines_each_method():
+    s = EvalSettings()
+    assert s.for_method("greedy") == {"max_new_tokens": s.n, "alpha": 4.0, "tau": 0.25}
+    assert s.for_method("presto-entropy-cut")["beta"] == 4.0
+    assert s.for_method("presto-power-mh-predictive")["traversal"] == "predictive"
+    assert s.for_method("power-smc")["particles"] == s.smc_particles
+    with pytest.raises(ValueError, match="block"):
+        EvalSettings(n=32, block=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_runner():
+    from forerun.classifiers.certainty import CertaintyClassifier
+    from forerun.eval.harness.methods import MethodRunner
+    from forerun.runtime_ext.runtime import open_runtime
+
+    with open_runtime("tiny") as rt:
+        settings = EvalSettings(n=6, K=3, npf=4, best_of=3, smc_particles=4, smc_block=3, smc_ramp=3)
+        yield rt, MethodRunner(rt.backend, settings, classifier=CertaintyClassifier.uniform_prior())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_on_the_tiny_engine(tiny_runner, method):
+    rt, runner = tiny_runner
+    ids = rt.tokenizer.encode("Compute 2 + 2.")
+    out = runner.run(method, ids, "p", 7)
+    assert set(out) == FIELDS
+    assert 0 < len(out["response_ids"]) <= 6 and out["num_calls"] >= 1
+    mh = method not in ("greedy", "low-temp", "best-of-n", "power-smc")
+    assert (out["transitions"] == 3) if mh else (out["transitions"] is None)
+    if method.startswith("presto-"):
+        seq = runner.run(method.removeprefix("presto-").removesuffix("-predictive"), ids, "p", 7)
+        assert seq["response_ids"] == out["response_ids"]  # identical chains (float64 tiny model)

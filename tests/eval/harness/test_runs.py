@@ -1,0 +1,93 @@
+"""The run file: strict JSON lines, one write per line, torn-tail repair, ordering of the work."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from forerun.eval.harness.runs import (
+    RunFileError,
+    RunWriter,
+    WorkItem,
+    encode_line,
+    item_key,
+    load_run,
+    plan_items,
+    run_items,
+    strict_json,
+)
+
+
+class _P:
+    def __init__(self, pid):
+        self.id = pid
+
+
+def test_strict_json_and_one_line_per_record():
+    import numpy as np
+
+    rec = {"key": "k", "x": math.nan, "y": [1.0, math.inf, (2, np.float64(3.5))], "z": np.int64(4)}
+    line = encode_line(rec)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    back = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
+    assert back == {"key": "k", "x": None, "y": [1.0, None, [2, 3.5]], "z": 4}
+    assert strict_json({"a": "text\nwith newline"}) == {"a": "text\nwith newline"}
+    assert encode_line({"key": "k", "a": "line\nbreak"}).count(b"\n") == 1
+
+
+def test_writer_appends_and_load_repairs_a_torn_tail(tmp_path):
+    path = tmp_path / "run.jsonl"
+    with RunWriter(path) as w:
+        w.write({"key": "a", "v": 1})
+        w.write({"key": "b", "v": 2})
+    with open(path, "ab") as fh:
+        fh.write(b'{"key": "c", "v"')  # a kill in the middle of a write
+    assert [r["key"] for r in load_run(path, repair=False)] == ["a", "b"]
+    assert path.read_bytes().endswith(b'"v"')  # repair=False leaves the file alone
+    assert [r["key"] for r in load_run(path)] == ["a", "b"]
+    assert path.read_bytes().endswith(b"}\n")
+    with RunWriter(path) as w:
+        w.write({"key": "c", "v": 3})
+    assert [r["key"] for r in load_run(path)] == ["a", "b", "c"]
+
+
+def test_corrupt_complete_line_is_an_error(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"key": "a"}\nnot json\n{"key": "b"}\n')
+    with pytest.raises(RunFileError, match=":2:"):
+        load_run(path)
+    path.write_text('{"no_key": 1}\n')
+    with pytest.raises(RunFileError, match="no 'key'"):
+        load_run(path)
+
+
+def test_plan_order_and_keys():
+    items = plan_items({"d1": [_P("p0"), _P("p1")], "d2": [_P("q0")]}, ["m1", "m2"], [1, 2])
+    assert [i.key for i in items[:4]] == [item_key("d1", "m1", "p0", 1), item_key("d1", "m1", "p0", 2),
+                                           item_key("d1", "m1", "p1", 1), item_key("d1", "m1", "p1", 2)]
+    assert len(items) == 12 and len({i.key for i in items}) == 12
+
+
+def test_run_items_writes_every_item_once_with_concurrency(tmp_path):
+    items = plan_items({"d": [_P(f"p{i}") for i in range(7)]}, ["m"], [0])
+    path = tmp_path / "run.jsonl"
+    with RunWriter(path) as w:
+        n = run_items(items, lambda it: {"v": it.prompt.id}, lambda it, out: {"key": it.key, **out}, w, concurrency=3)
+    recs = load_run(path)
+    assert n == 7 and sorted(r["key"] for r in recs) == sorted(i.key for i in items)
+
+
+def test_run_items_stops_on_an_exception_keeping_what_was_written(tmp_path):
+    items = plan_items({"d": [_P(f"p{i}") for i in range(5)]}, ["m"], [0])
+
+    def gen(it: WorkItem):
+        if it.prompt.id == "p3":
+            raise KeyboardInterrupt
+        return {}
+
+    path = tmp_path / "run.jsonl"
+    with RunWriter(path) as w, pytest.raises(KeyboardInterrupt):
+        run_items(items, gen, lambda it, out: {"key": it.key}, w, concurrency=1)
+    assert [r["key"].split("|")[2] for r in load_run(path)] == ["p0", "p1", "p2"]

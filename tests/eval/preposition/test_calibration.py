@@ -1,0 +1,101 @@
+"""Gate calibration sweep: Wilson intervals against scipy, Eq. 13/14 against brute force, τ choice."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+from forerun.eval.preposition.calibration import (
+    GatePair,
+    gate_point,
+    pick_threshold,
+    plot_risk_coverage,
+    sweep_threshold,
+    wilson_interval,
+)
+
+
+def test_wilson_matches_scipy_and_closed_form():
+    for k, n in [(0, 10), (3, 10), (10, 10), (121, 128), (16, 121)]:
+        lo, hi = wilson_interval(k, n)
+        ci = binomtest(k, n).proportion_ci(method="wilson")
+        assert (lo, hi) == pytest.approx((ci.low, ci.high))
+        z = 1.959963984540054
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        assert (lo, hi) == pytest.approx((centre - half, centre + half), abs=1e-9)
+    # the paper's figures: 121/128 -> [0.89, 0.97], 16/121 -> [0.083, 0.204]
+    assert wilson_interval(121, 128) == pytest.approx((0.89, 0.97), abs=0.006)
+    assert wilson_interval(16, 121) == pytest.approx((0.083, 0.204), abs=0.002)
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        wilson_interval(5, 3)
+
+
+def _pairs(seed=0, n=300):
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(2.0, n)
+    return [GatePair(float(g), bool(rng.random() < 0.8), bool(rng.random() < 1 - 0.4 * np.exp(-g))) for g in gaps]
+
+
+def test_sweep_matches_brute_force_and_is_monotone_in_coverage():
+    pairs = _pairs()
+    points = sweep_threshold(pairs)
+    covs = [p.coverage for p in points]
+    assert all(a >= b for a, b in zip(covs, covs[1:]))  # c(τ) non-increasing
+    for p in points[:: max(1, len(points) // 25)]:
+        acc = [q for q in pairs if q.logit_gap > p.threshold and q.in_answer_set]
+        assert p.accepted == len(acc) and p.coverage == len(acc) / len(pairs)
+        if acc:
+            assert p.false_accept == pytest.approx(sum(not q.correct for q in acc) / len(acc))
+        else:
+            assert math.isnan(p.false_accept)
+    assert points[-1].accepted == 0
+    assert max(covs) == pytest.approx(sum(q.in_answer_set for q in pairs) / len(pairs))
+    assert any(p.threshold == 2.0 for p in points)
+
+
+def test_pick_threshold_is_smallest_tau_within_budget():
+    pairs = _pairs(1)
+    points = sweep_threshold(pairs)
+    r_max = 0.1
+    best = pick_threshold(points, r_max)
+    assert best is not None and best.false_accept <= r_max
+    assert all(not (p.accepted and p.false_accept <= r_max) for p in points if p.threshold < best.threshold)
+    assert pick_threshold(points, 0.0) is None or pick_threshold(points, 0.0).wrong == 0
+    assert pick_threshold([gate_point([GatePair(0.1, True, False)], 0.0)], 0.5) is None
+    with pytest.raises(ValueError, match="r_max"):
+        pick_threshold(points, 1.5)
+
+
+def test_bad_pairs_rejected():
+    with pytest.raises(ValueError, match="no"):
+        gate_point([], 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        gate_point([GatePair(float("nan"), True, True)], 1.0)
+
+
+def test_plot_writes_png(tmp_path):
+    out = plot_risk_coverage(sweep_threshold(_pairs(2, 60)), str(tmp_path / "fig7.png"))
+    assert (tmp_path / "fig7.png").stat().st_size > 1000 and out.endswith("fig7.png")
+
+
+def test_calibrate_held_out_picks_on_one_set_and_judges_on_the_other():
+    from forerun.eval.preposition.calibration import calibrate_held_out
+
+    calib = [GatePair(g, True, g > 1.0) for g in np.linspace(0.05, 4.0, 40)]  # wrong below γ = 1
+    held = [GatePair(g, True, g > 1.5) for g in np.linspace(0.05, 4.0, 40)]  # the held-out set is harsher
+    res = calibrate_held_out(calib, held, r_max=0.0, tau=2.0)
+    assert res.calibrated.false_accept == 0.0 and 0.96 < res.calibrated.threshold < 1.07  # just below the first right γ
+    assert res.auto_tau == res.calibrated.threshold
+    brute = [p for p in held if p.logit_gap > res.auto_tau]
+    assert res.held_out_at_calibrated.accepted == len(brute)
+    assert res.held_out_at_calibrated.wrong == sum(not p.correct for p in brute) > 0  # the honest estimate
+    assert res.held_out_at_tau.threshold == 2.0 and res.held_out_at_tau.wrong == 0
+    never = calibrate_held_out([GatePair(1.0, True, False)], held, r_max=0.0)
+    assert never.calibrated is None and never.auto_tau == math.inf and never.held_out_at_calibrated is None
+    assert set(res.as_dict()) >= {"auto_tau", "held_out_at_calibrated", "calibrated"}

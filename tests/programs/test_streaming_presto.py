@@ -1,0 +1,130 @@
+"""Streaming PreSTO (issue 12): identical chains to the sequential sampler, N_pf rows at most, children that
+start inside a running row, unreachable rows aborted, windows that cross acceptances."""
+
+from __future__ import annotations
+
+import pytest
+
+from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.streaming_presto import StreamingPrestoSampler
+from forerun.testing.logit_table_model import LogitTableModel
+from forerun.testing.stepped_streams import SteppedStreams
+from forerun.testing.chains import assert_same_chain
+
+TEMPS = (0.25, 0.5, 1.0)
+
+
+def toy(kind: str, seed: int = 3, vocab: int = 5) -> LogitTableModel:
+    return LogitTableModel(vocab, seed=seed, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
+
+
+def hhat(node) -> float:
+    """A toy ĥ: later cuts accept more often (the shape the certainty classifier learns)."""
+    return 0.2 + 0.6 * node.cut_fraction
+
+
+def run_streaming(kind, seed, npf, *, n=8, block=4, K=10, vocab=5, alpha=4.0, traversal="bfs", streams_cls=None,
+                  mtm_candidates=4):
+    model = toy(kind, 3, vocab)
+    cfg = SamplerConfig(kind=kind, response_length=n, block_size=block, steps_per_block=K, seed=seed, alpha=alpha,
+                        mtm_candidates=mtm_candidates)
+    seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
+    pf = PrefetchConfig(budget=npf, streaming=True, traversal=traversal,
+                        branch_prob=hhat if traversal == "predictive" else None)
+    streams = (streams_cls or SteppedStreams)(model)
+    res = StreamingPrestoSampler(model, cfg, pf, streams=streams).run([1, 2, 3], prompt_id="p")
+    return seq, res, streams
+
+
+@pytest.mark.parametrize("traversal", ["bfs", "predictive"])
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
+@pytest.mark.parametrize("npf", [1, 3, 20])
+def test_identical_chains_many_seeds(kind, npf, traversal):
+    shared = 0
+    for seed in range(16):
+        seq, res, streams = run_streaming(kind, seed, npf, alpha=2.0 if seed % 2 else 4.0, traversal=traversal)
+        assert_same_chain(seq, res, f"seed {seed}")
+        assert res.transitions == 2 * 10
+        assert streams.max_rows <= npf  # at most N_pf rows decode at once
+        assert all(ok for _, _, ok in streams.shares)  # a child's prefix is its parent's tokens so far
+        shared += len(streams.shares)
+        assert sum(c.transitions for c in res.mh_calls) == res.transitions
+        for c in res.mh_calls:
+            assert c.max_rows <= npf and c.wasted_tokens <= c.generated_tokens
+    if npf > 1 and kind == "power-mh":
+        assert shared > 0  # children did start inside running rows
+
+
+@pytest.mark.parametrize("npf", [1, 7, 20])
+def test_identical_chains_multitry(npf):
+    for seed in range(8):
+        seq, res, streams = run_streaming("multitry-mh", seed, npf, n=4, block=4, K=6, vocab=4)
+        assert_same_chain(seq, res, f"seed {seed}")
+        assert streams.max_rows <= max(npf, 7)  # the walk's own 2M − 1 rows run even above N_pf
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+@pytest.mark.parametrize("n,block,K,npf", [(9, 3, 5, 1), (9, 3, 7, 3), (15, 5, 3, 20), (7, 7, 11, 5), (6, 2, 9, 2)])
+def test_identical_chains_odd_sizes_and_several_blocks(kind, n, block, K, npf):
+    for seed in range(3):
+        for traversal in ("bfs", "predictive"):
+            seq, res, _ = run_streaming(kind, seed, npf, n=n, block=block, K=K, vocab=4, traversal=traversal,
+                                        mtm_candidates=2)
+            assert_same_chain(seq, res, f"seed {seed} {traversal}")
+            assert [c.block for c in res.calls if c.kind == "extend"] == list(range(1, n // block + 1))
+
+
+def test_windows_cross_acceptances_and_rows_are_aborted():
+    """With a budget, a window realizes several transitions, including across acceptances, and rows whose node
+    the walk left behind are aborted (their slots reused)."""
+    windows = accepted_inside = aborted = transitions = 0
+    for seed in range(12):
+        seq, res, streams = run_streaming("power-mh", seed, 12, n=16, block=16, K=12)
+        assert_same_chain(seq, res)
+        windows += res.num_calls
+        transitions += res.transitions
+        aborted += len(streams.aborted)
+        k = 0
+        for c in res.mh_calls:
+            accepted_inside += sum(res.history[k : k + c.transitions - 1])
+            k += c.transitions
+        assert sum(c.rows_aborted for c in res.mh_calls) == len(streams.aborted)
+    assert transitions / windows > 2.0
+    assert accepted_inside > 0 and aborted > 0
+
+
+def test_call_records_measure_the_window():
+    ticks = iter(range(10_000))
+    model = toy("power-mh")
+    cfg = SamplerConfig(kind="power-mh", response_length=8, block_size=8, steps_per_block=6, seed=1)
+    sampler = StreamingPrestoSampler(model, cfg, PrefetchConfig(budget=4, streaming=True),
+                                     streams=SteppedStreams(model), clock=lambda: float(next(ticks)))
+    res = sampler.run([1, 2, 3])
+    assert res.sampler == "streaming-presto-power-mh"
+    assert all(c.wall_time > 0 and c.decode_steps > 0 and c.row_steps >= c.decode_steps for c in res.mh_calls)
+    assert sum(c.row_steps for c in res.mh_calls) <= sum(c.generated_tokens for c in res.mh_calls)
+
+
+class CorruptChildren(SteppedStreams):
+    """A broken engine: a row started inside a running row (share_from) draws with the wrong noise."""
+
+    def start(self, rid, request, share_from=None):
+        if share_from is not None:
+            request = type(request)(request.prefix_ids, request.max_tokens, request.temperature, request.seed + 1)
+        super().start(rid, request, None)
+
+
+def test_the_identity_oracle_notices_a_child_with_the_wrong_seed():
+    differ = 0
+    for seed in range(12):
+        seq, res, _ = run_streaming("power-mh", seed, 20, n=16, block=16, K=12, streams_cls=CorruptChildren)
+        differ += seq.response_ids != res.response_ids or seq.history != res.history
+    assert differ > 0
+
+
+def test_make_sampler_builds_the_streaming_variant_and_needs_streams():
+    cfg = SamplerConfig(kind="power-mh", response_length=4, block_size=4, steps_per_block=2)
+    sampler = make_sampler(toy("power-mh"), cfg, presto=True, prefetch=PrefetchConfig(streaming=True))
+    assert isinstance(sampler, StreamingPrestoSampler)
+    with pytest.raises(Exception, match="cannot stream"):
+        sampler.run([1, 2])

@@ -1,0 +1,155 @@
+"""The embedded engine's streaming extension (issue 12): per-step progress, a child that starts from a running
+row's tokens and shares its KV (no re-prefill), the same tokens as a request sent on its own; and streaming
+PreSTO on the tiny engine gives the sequential chain."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from forerun.programs.proposals import ProgramProposalModel
+from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+from forerun.runtime_ext.engine.models import load_model
+from forerun.runtime_ext.protocol import EngineError, SamplingParams, StreamingEngine
+from forerun.testing.chains import assert_same_chain
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def engine(request):
+    eng = EmbeddedEngine(load_model("tiny", dtype=request.param), EngineConfig(batch_window_ms=1.0))
+    yield eng
+    eng.close()
+
+
+def params(n, seed):
+    return SamplingParams(max_new_tokens=n, temperature=0.5, seed=seed, ignore_eos=True, return_logprob=True)
+
+
+class Collector:
+    """A listener: keeps every event; optionally starts a child once a row reached some tokens."""
+
+    def __init__(self):
+        self.events = []
+        self.done = threading.Event()
+        self.on_progress = None
+
+    def __call__(self, events):
+        self.events.extend(events)
+        if self.on_progress is not None:
+            self.on_progress(events)
+        if any(e.finished for e in events) and all(e.finished for e in self.last_of_each().values()):
+            self.done.set()
+
+    def last_of_each(self):
+        out = {}
+        for e in self.events:
+            out[e.rid] = e
+        return out
+
+
+def test_progress_events_and_the_output_match_generate(engine):
+    assert isinstance(engine, StreamingEngine)
+    ids = list(engine.tokenizer.encode("stream me"))
+    listen = Collector()
+    engine.submit_stream(ids, params(6, 11), rid="row-a", listener=listen)
+    assert listen.done.wait(30)
+    progress = [e for e in listen.events if e.rid == "row-a"]
+    assert [len(e.output_ids) for e in progress] == [1, 2, 3, 4, 5, 6]  # one event per decode step
+    final = progress[-1]
+    assert final.finished and final.output is not None and not final.aborted
+    alone = engine.generate(ids, params(6, 11))
+    assert final.output.output_ids == alone.output_ids
+    assert list(final.output.output_logp0) == list(alone.output_logp0)
+    with pytest.raises(EngineError, match="must generate"):
+        engine.submit_stream(ids, params(0, 1), rid="row-z", listener=listen)
+
+
+def test_a_child_starts_inside_a_running_row_and_shares_its_kv(engine):
+    """The child's prompt = the parent's prompt + its first 4 tokens, submitted while the parent decodes: its
+    prefill is a cache hit of the whole prefix (the parent row's KV copied into the radix tree), the engine
+    computes no prompt token, and the child's tokens are those of the same request sent alone later."""
+    engine.flush_cache()
+    ids = list(engine.tokenizer.encode("parent row"))
+    listen = Collector()
+    child_prompt = []
+
+    def start_child(events):
+        parent = [e for e in events if e.rid == "parent"]
+        if parent and len(parent[-1].output_ids) == 4 and not child_prompt:
+            child_prompt.extend(ids + list(parent[-1].output_ids))
+            engine.submit_stream(child_prompt, params(6, 99), rid="child", listener=listen, share_from="parent")
+
+    listen.on_progress = start_child
+    before = engine.stats()
+    engine.submit_stream(ids, params(10, 5), rid="parent", listener=listen)
+    assert listen.done.wait(30)
+    last = listen.last_of_each()
+    assert set(last) == {"parent", "child"}
+    after = engine.stats()
+    child = last["child"].output
+    assert child.meta_info["cached_tokens"] == len(child_prompt) - 1  # the whole prefix was shared
+    assert after["stream_shared_tokens"] - before.get("stream_shared_tokens", 0) == 4
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(ids) - 1  # the parent's prompt only
+    # both ended at the same decode step: the child joined right after the parent's 4th token
+    steps = [len(e.output_ids) for e in listen.events if e.rid == "parent"]
+    assert steps == list(range(1, 11))
+    engine.flush_cache()
+    alone = engine.generate(child_prompt, params(6, 99))
+    assert child.output_ids == alone.output_ids and list(child.output_logp0) == list(alone.output_logp0)
+
+
+def test_abort_of_a_streamed_row_is_reported(engine):
+    ids = list(engine.tokenizer.encode("abort"))
+    listen = Collector()
+    listen.on_progress = lambda events: [engine.abort(e.rid) for e in events if len(e.output_ids) == 2]
+    engine.submit_stream(ids, params(20, 3), rid="gone", listener=listen)
+    assert listen.done.wait(30)
+    final = listen.last_of_each()["gone"]
+    assert final.aborted and len(final.output_ids) <= 3
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_streaming_presto_on_the_tiny_engine_gives_the_sequential_chain(engine, kind):
+    from forerun.runtime_ext.backends.embedded import EmbeddedBackend
+
+    temps = (0.25, 0.5, 1.0) if kind == "multitry-mh" else ()
+    pm = ProgramProposalModel(EmbeddedBackend(engine), tempered_temperatures=temps)
+    prompt = engine.tokenizer.encode("wörld")
+    for seed in range(2):
+        cfg = SamplerConfig(kind=kind, response_length=9, block_size=3 if seed else 9, steps_per_block=5, seed=seed,
+                            mtm_candidates=2)
+        a = make_sampler(pm, cfg).run(prompt)
+        for npf in (1, 6):
+            b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=npf, streaming=True)).run(prompt)
+            assert_same_chain(a, b, (seed, npf))
+            assert list(a.state.logp0) == list(b.state.logp0)
+            assert all(c.max_rows <= max(npf, 3) for c in b.mh_calls)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_model_streaming_chains_are_the_sequential_chains(dtype):
+    """Issue 12 on the default model (batch-invariant native kernels): streaming PreSTO gives the sequential
+    chain for all three samplers on one prompt, and for PowerMH on MATH500 prompts at n = B = 32, K = 10."""
+    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.eval.datasets.loading import load_prompts
+    from forerun.programs.prompts import chat_prompt_ids
+    from forerun.runtime_ext.runtime import open_runtime
+
+    with open_runtime("default", dtype) as runtime:
+        assert runtime.engine.batch_invariant
+        ids = chat_prompt_ids(runtime.tokenizer, "What is 7 times 8? Answer briefly.")
+        jobs = [(kind, ids, SamplerConfig(kind=kind, response_length=16, block_size=8, steps_per_block=5, seed=10086))
+                for kind in ("power-mh", "entropy-cut", "multitry-mh")]
+        jobs += [("power-mh", chat_prompt_ids(runtime.tokenizer, p.messages()),
+                  SamplerConfig(kind="power-mh", response_length=32, block_size=32, steps_per_block=10, seed=10086))
+                 for p in load_prompts("math500", limit=2)]
+        for kind, prompt, cfg in jobs:
+            pm = proposal_model_for(runtime.backend, kind, cfg.mtm_temperatures)
+            a = make_sampler(pm, cfg).run(prompt)
+            runtime.engine.flush_cache()
+            b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20, streaming=True)).run(prompt)
+            assert_same_chain(a, b, kind)
+            assert list(a.state.logp0) == list(b.state.logp0)

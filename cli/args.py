@@ -78,7 +78,7 @@ def thread_count(text: str) -> int:
 
 def dataset_name(text: str) -> str:
     """A dataset name or alias of eval.datasets (the registry's canonical name is returned)."""
-    from ..eval.datasets.loading import dataset_spec
+    from ..eval.datasets.registry import dataset_spec
 
     try:
         return dataset_spec(text).name

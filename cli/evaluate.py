@@ -109,7 +109,7 @@ def check_output_file(path: str | None, resume: bool) -> Path:
 
 
 def _datasets(text: str | None) -> list[str]:
-    from ..eval.datasets.loading import dataset_spec
+    from ..eval.datasets.registry import dataset_spec
 
     if not text:
         raise ValueError(f"--datasets is required (comma-separated names, or all: {', '.join(ALL_DATASETS)})")
@@ -127,7 +127,7 @@ def _datasets(text: str | None) -> list[str]:
 
 def _dataset_files(items: list[str], names: list[str]) -> dict[str, str]:
     """--dataset-file NAME=PATH entries as {dataset: path}, each naming one of the selected datasets."""
-    from ..eval.datasets.loading import dataset_spec
+    from ..eval.datasets.registry import dataset_spec
 
     files: dict[str, str] = {}
     for item in items:

@@ -27,6 +27,8 @@ from .args import (
     thread_count,
 )
 from .errors import CommandError, reports_errors
+from ..eval.preposition.config import BenchConfig
+from ..runtime_ext.preposition.gate import GateConfig
 from .output import PLOT_SUFFIXES, make_output_dir, output_dir, output_file, print_json
 
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
@@ -62,36 +64,49 @@ def _engine_arguments(p: argparse.ArgumentParser, *, default_model: str = "defau
     p.add_argument("--json", action="store_true", help="print a JSON object on stdout")
 
 
+_BENCH = BenchConfig()
+"""`bench preposition`'s defaults, read from its config type."""
+_GATE = GateConfig()
+"""The gate's default τ (the paper's 2.0), read from its config type."""
+
+
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     sess = subparsers.add_parser("session", help="stateful sessions with speculative pre-positioning")
     sess_sub = sess.add_subparsers(dest="session_command", required=True)
     d = sess_sub.add_parser("demo", help="a short streaming and agentic session: path and latency per request")
-    d.add_argument("--tau", type=gate_threshold, default=2.0, help="gate threshold τ (default 2.0; inf: never fires)")
+    d.add_argument("--tau", type=gate_threshold, default=_GATE.threshold,
+                   help=f"gate threshold τ (default {_GATE.threshold:g}; inf: never fires)")
     _engine_arguments(d, default_model="tiny")
     d.set_defaults(handler=session_demo_command)
 
     b = bench_subparsers.add_parser("preposition", help="pre-positioning: L_cold / L_fast / L_fall, hit rate vs ρ, gate")
-    b.add_argument("--requests", type=positive_int, default=128, help="requests per latency arm (128)")
-    b.add_argument("--trace-updates", type=nonnegative_int, default=32, help="updates per ρ in the live trace (32; 0 skips)")
+    b.add_argument("--requests", type=positive_int, default=_BENCH.requests,
+                   help=f"requests per latency arm ({_BENCH.requests})")
+    b.add_argument("--trace-updates", type=nonnegative_int, default=_BENCH.trace_updates,
+                   help=f"updates per ρ in the live trace ({_BENCH.trace_updates}; 0 skips)")
     b.add_argument("--trace-interval", type=positive_float, default=None,
                    help="mean update interval of the trace in seconds (default: --trace-idle-factor x measured "
                         "ingest + pre-position)")
-    b.add_argument("--trace-idle-factor", type=positive_float, default=4.0,
-                   help="mean update interval / (ingest + T_pp) when --trace-interval is not given (4)")
-    b.add_argument("--rhos", type=_rhos, default=(0.25, 1.0, 4.0), help="query-to-update ratios (0.25,1,4)")
-    b.add_argument("--calib-windows", type=nonnegative_int, default=64,
-                   help="windows of the paper's trend task for its gate report (64; 0 skips)")
-    b.add_argument("--status-windows", type=nonnegative_int, default=64,
-                   help="status-feed windows to calibrate τ on, and as many held out (64; 0 skips)")
-    b.add_argument("--tau", type=gate_threshold_or_auto, default=2.0,
+    b.add_argument("--trace-idle-factor", type=positive_float, default=_BENCH.trace_idle_factor,
+                   help=f"mean update interval / (ingest + T_pp) when --trace-interval is not given "
+                        f"({_BENCH.trace_idle_factor:g})")
+    b.add_argument("--rhos", type=_rhos, default=_BENCH.rhos,
+                   help=f"query-to-update ratios ({','.join(f'{r:g}' for r in _BENCH.rhos)})")
+    b.add_argument("--calib-windows", type=nonnegative_int, default=_BENCH.calib_windows,
+                   help=f"windows of the paper's trend task for its gate report ({_BENCH.calib_windows}; 0 skips)")
+    b.add_argument("--status-windows", type=nonnegative_int, default=_BENCH.status_windows,
+                   help=f"status-feed windows to calibrate τ on, and as many held out ({_BENCH.status_windows}; 0 skips)")
+    b.add_argument("--tau", type=gate_threshold_or_auto, default=_BENCH.tau,
                    help="gate threshold τ of the live traces: a number >= 0, inf, or auto (the status calibration's "
-                        "τ for --r-max); default 2.0")
-    b.add_argument("--r-max", type=float, default=0.05, help="risk budget for the calibrated τ, in [0, 1] (0.05)")
-    b.add_argument("--agentic-turns", type=nonnegative_int, default=24, help="tool calls in the agentic trace (24; 0 skips)")
-    b.add_argument("--energy-iterations", type=nonnegative_int, default=16,
-                   help="updates per energy loop where RAPL/NVML exists (16; 0 skips)")
+                        f"τ for --r-max); default {_BENCH.tau}")
+    b.add_argument("--r-max", type=float, default=_BENCH.r_max,
+                   help=f"risk budget for the calibrated τ, in [0, 1] ({_BENCH.r_max:g})")
+    b.add_argument("--agentic-turns", type=nonnegative_int, default=_BENCH.agentic_turns,
+                   help=f"tool calls in the agentic trace ({_BENCH.agentic_turns}; 0 skips)")
+    b.add_argument("--energy-iterations", type=nonnegative_int, default=_BENCH.energy_iterations,
+                   help=f"updates per energy loop where RAPL/NVML exists ({_BENCH.energy_iterations}; 0 skips)")
     b.add_argument("--plots", default=None, help="directory for Figures 4-7 (PNG); its parent must exist")
-    b.add_argument("--seed", type=nonnegative_int, default=0)
+    b.add_argument("--seed", type=nonnegative_int, default=_BENCH.seed)
     _engine_arguments(b)
     b.set_defaults(handler=bench_preposition_command)
 
@@ -103,8 +118,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
                         "windows, judged on as many held-out ones)")
     g.add_argument("--windows", type=positive_int, default=128, help="windows (decision points), 128")
     g.add_argument("--window-len", type=_window_len, default=12, help="prices per trend window, >= 2 (12)")
-    g.add_argument("--tau", type=gate_threshold, default=2.0, help="τ to report (2.0)")
-    g.add_argument("--r-max", type=float, default=0.05, help="risk budget r_max, in [0, 1] (0.05)")
+    g.add_argument("--tau", type=gate_threshold, default=_GATE.threshold, help=f"τ to report ({_GATE.threshold:g})")
+    g.add_argument("--r-max", type=float, default=_BENCH.r_max, help=f"risk budget r_max, in [0, 1] ({_BENCH.r_max:g})")
     g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG/PDF/SVG")
     g.add_argument("--seed", type=nonnegative_int, default=0)
@@ -241,7 +256,7 @@ def _agentic_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any)
 def bench_preposition_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
     plots = output_dir(args.plots, "--plots")
-    from ..eval.preposition.bench import BenchConfig, run_bench
+    from ..eval.preposition.bench import run_bench
     from ..eval.preposition.report import format_report
 
     try:
@@ -325,7 +340,7 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
 
 
 def _print_gate_report(rep: Any, pairs: list[Any], tok: Any) -> None:
-    from ..eval.preposition.trend_task import _top_counts_text
+    from ..eval.preposition.report import format_top_counts, top_counts
 
     at = rep.at_tau
     print(f"{rep.n} windows, |A| = {rep.answer_set_size}; γ quantiles (10/50/90 %) "
@@ -338,5 +353,5 @@ def _print_gate_report(rep: Any, pairs: list[Any], tok: Any) -> None:
           f"{cal.threshold:.3f} (coverage {cal.coverage:.3f}, false accept {cal.false_accept:.3f})"))
     print(f"agreement cached vs full path {rep.agreement:.3f}; accuracy vs ground truth: full path "
           f"{rep.full_accuracy:.3f}, cached token {rep.fast_accuracy:.3f}")
-    print(f"cached tokens: {_top_counts_text([tok.decode([p.fast_token]) for p in pairs])}; full-path tokens: "
-          f"{_top_counts_text([tok.decode([p.full_token]) for p in pairs])}")
+    print(f"cached tokens: {format_top_counts(top_counts([tok.decode([p.fast_token]) for p in pairs]))}; full-path tokens: "
+          f"{format_top_counts(top_counts([tok.decode([p.full_token]) for p in pairs]))}")

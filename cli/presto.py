@@ -28,26 +28,29 @@ from .args import add_model_arguments, dataset_name, nonnegative_int, positive_f
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .output import output_file, print_json
-from ..programs.call_cost import BUDGET_UNITS
+from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
+from ..eval.presto.reference import ReferenceConfig
+from ..programs.sampler_config import CPU_SAMPLER, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig
 
-__all__ = ["register", "sample_command", "bench_presto_command", "CPU_DEFAULTS", "prompt_id_for_text"]
-
-SAMPLERS = ("power-mh", "entropy-cut", "multitry-mh")
+__all__ = ["register", "sample_command", "bench_presto_command", "bench_reference_command", "prompt_id_for_text"]
 
 TRAVERSAL_CHOICES = ("bfs", "predictive", "streaming", "streaming-predictive")
 """PreSTO variants: round-based (BFS / predictive rule) and streaming (issue 12) in BFS or ĥ order."""
 
-CPU_DEFAULTS = dict(n=32, block=32, K=10, npf=20, alpha=4.0, seed=10086)
-"""CPU-sized defaults of `forerun bench presto` (the README's main job: 3 MATH500 prompts on 2 cores)."""
+_REF = ReferenceConfig(reference="")
+"""`bench reference`'s defaults, read from its config type."""
+NPF_DEFAULT = PrefetchConfig().budget
+"""N_pf without --npf: the paper's 20 (Table 6)."""
 
 
 def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
-    p.add_argument("--n", type=positive_int, default=None, help=f"response length n (default {CPU_DEFAULTS['n']})")
+    p.add_argument("--n", type=positive_int, default=None, help=f"response length n (default {CPU_SAMPLER.response_length})")
     p.add_argument("--block", type=positive_int, default=None, help="block size B (default: n, a single block)")
-    p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_DEFAULTS['K']})")
-    p.add_argument("--alpha", type=positive_float, default=None, help="power exponent α (default 4; τ = 1/α)")
-    p.add_argument("--beta", type=positive_float, default=4.0, help="EntropyCut exponent β (default 4)")
-    p.add_argument("--seed", type=nonnegative_int, default=None, help="run seed (default 10086)")
+    p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_SAMPLER.steps_per_block})")
+    p.add_argument("--alpha", type=positive_float, default=None, help=f"power exponent α (default {CPU_SAMPLER.alpha:g}; τ = 1/α)")
+    p.add_argument("--beta", type=positive_float, default=CPU_SAMPLER.beta,
+                   help=f"EntropyCut exponent β (default {CPU_SAMPLER.beta:g})")
+    p.add_argument("--seed", type=nonnegative_int, default=None, help=f"run seed (default {CPU_SAMPLER.seed})")
     add_model_arguments(p, with_backend=True)
     add_backend_arguments(p, concurrency=concurrency)
     p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default="bfs",
@@ -57,7 +60,7 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
-                   help="request unit: most nodes scored per round (default 256)")
+                   help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
     p.add_argument("--call-overhead", type=positive_float, default=None,
                    help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
                         "predicted transitions / (κ0 + requests) instead of predicted transitions")
@@ -71,9 +74,9 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     s = subparsers.add_parser("sample", help="run one power sampler (optionally its PreSTO variant) on one prompt")
-    s.add_argument("--sampler", choices=SAMPLERS, default="power-mh")
+    s.add_argument("--sampler", choices=SAMPLER_KINDS, default="power-mh")
     s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
-    s.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
+    s.add_argument("--npf", type=positive_int, default=None, help=f"prefetch budget N_pf (default {NPF_DEFAULT})")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
     src.add_argument("--dataset", type=dataset_name, help="dataset name (with --index)")
@@ -84,10 +87,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
     b.add_argument("--dataset", type=dataset_name, default="math500")
     b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
-    b.add_argument("--npf", type=positive_int, default=None, help="prefetch budget N_pf (default 20)")
-    b.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=["power-mh"],
+    b.add_argument("--npf", type=positive_int, default=None, help=f"prefetch budget N_pf (default {NPF_DEFAULT})")
+    b.add_argument("--samplers", nargs="+", choices=SAMPLER_KINDS, default=["power-mh"],
                    help="samplers to pair with their PreSTO variants (default power-mh)")
-    b.add_argument("--paper", action="store_true", help="Table 6 exactly: n=B=1024, α=4, K=100, N_pf=20, seed 10086")
+    b.add_argument("--paper", action="store_true", help=f"Table 6 exactly: n=B={TABLE6_SAMPLER.response_length}, α={TABLE6_SAMPLER.alpha:g}, "
+                        f"K={TABLE6_SAMPLER.steps_per_block}, N_pf={NPF_DEFAULT}, seed {TABLE6_SAMPLER.seed}")
     b.add_argument("--traversals", nargs="+", choices=TRAVERSAL_CHOICES, default=None,
                    help="several PreSTO variants side by side against one set of sequential chains (default: "
                         "--traversal), e.g. bfs predictive streaming")
@@ -102,23 +106,28 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     _common(b, concurrency=True)
     b.set_defaults(handler=bench_presto_command)
 
+    r = bench_subparsers.add_parser("reference", help="sequential PowerMH vs Karan & Du's reference, per MH step, one run")
+    r.add_argument("--reference", required=True, help="path to the reference's llm_experiments/power_samp_utils.py")
+    r.add_argument("--prompts", type=positive_int, default=_REF.prompts, help=f"first MATH500 prompts ({_REF.prompts})")
+    r.add_argument("--K", type=positive_int, default=_REF.K, help=f"MH steps per chain ({_REF.K})")
+    r.add_argument("--n", type=positive_int, default=_REF.n, help=f"response length, one block ({_REF.n})")
+    r.add_argument("--alpha", type=positive_float, default=_REF.alpha, help=f"power α; τ = 1/α ({_REF.alpha:g})")
+    r.add_argument("--seed", type=nonnegative_int, default=_REF.seed)
+    r.add_argument("--threads", type=positive_int, default=None, help="torch threads of both (default: torch's)")
+    r.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    r.set_defaults(handler=bench_reference_command)
+
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    base = dict(CPU_DEFAULTS)
-    if getattr(args, "paper", False):
-        from ..eval.presto.bench import PAPER_SETTINGS as P
-
-        base.update(n=P["response_length"], block=P["block_size"], K=P["steps_per_block"], npf=P["budget"],
-                    alpha=P["alpha"], seed=P["seed"])
-    n = args.n or base["n"]
-    return dict(n=n, block=args.block or (base["block"] if args.n is None else n), K=args.K or base["K"],
-                npf=args.npf or base["npf"], alpha=args.alpha or base["alpha"],
-                seed=base["seed"] if args.seed is None else args.seed)
+    """n, B, K, N_pf, α and seed of this run: the flags over `CPU_SAMPLER` (or `TABLE6_SAMPLER` with --paper)."""
+    base = TABLE6_SAMPLER if getattr(args, "paper", False) else CPU_SAMPLER
+    n = args.n or base.response_length
+    return dict(n=n, block=args.block or (base.block_size if args.n is None else n), K=args.K or base.steps_per_block,
+                npf=args.npf or NPF_DEFAULT, alpha=args.alpha or base.alpha,
+                seed=base.seed if args.seed is None else args.seed)
 
 
 def _prefetch(args: argparse.Namespace, npf: int, traversal: str | None = None):
-    from ..programs.samplers import PrefetchConfig
-
     traversal = traversal or args.traversal
     streaming = traversal.startswith("streaming")
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
@@ -136,7 +145,7 @@ def _prefetch(args: argparse.Namespace, npf: int, traversal: str | None = None):
 
 
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
-    from ..programs.samplers import SamplerConfig
+    from ..programs.sampler_config import SamplerConfig
 
     return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
                           alpha=st["alpha"], beta=args.beta, seed=st["seed"]) for k in kinds]
@@ -188,10 +197,10 @@ def _checked_inputs(args: argparse.Namespace, kinds: list[str]) -> tuple[dict[st
 # sample / bench presto report an engine or server failure with exit 2 (their contract since the first release)
 @reports_errors("sample", engine_error_code=2)
 def sample_command(args: argparse.Namespace) -> int:
-    from ..eval.presto.bench import proposal_model_for
+    from ..programs.proposals import proposal_model_for
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
-    from ..programs.samplers import make_sampler
+    from ..programs.sampler_factory import make_sampler
 
     st, (cfg,), variants = _checked_inputs(args, [args.sampler])
     prefetch = variants[args.traversal]
@@ -232,7 +241,8 @@ def sample_command(args: argparse.Namespace) -> int:
 
 @reports_errors("bench presto", engine_error_code=2)
 def bench_presto_command(args: argparse.Namespace) -> int:
-    from ..eval.presto.bench import cost_model_prediction, timestamp
+    from ..eval.presto.bench import timestamp
+    from ..eval.presto.cost_model import cost_model_prediction
     from ..eval.datasets.loading import load_prompts
 
     st, configs, prefetch = _checked_inputs(args, list(args.samplers))
@@ -319,7 +329,7 @@ def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetc
     wanted = args.cost_model if args.cost_model is not None else any(p.streaming for p in prefetch.values())
     if not wanted or not runtime.is_embedded:
         return None
-    from ..eval.presto.bench import step_cost_curve
+    from ..eval.presto.cost_model import step_cost_curve
     from ..programs.prompts import chat_prompt_ids
 
     ids = chat_prompt_ids(runtime.tokenizer, prompts[0].messages())
@@ -348,3 +358,24 @@ def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
               f"row-steps {r['row_steps'][0]:.0f}/{r['row_steps'][1]:.0f}; predicted speedup "
               f"{pred['predicted_speedup']:.2f}x (measured {pred['measured_speedup']:.2f}x), "
               f"where rows are free {pred['speedup_rows_free']:.2f}x")
+
+
+@reports_errors("bench reference", engine_error_code=2)
+def bench_reference_command(args: argparse.Namespace) -> int:
+    from ..eval.presto.reference import load_reference, run
+
+    cfg = ReferenceConfig(reference=args.reference, prompts=args.prompts, K=args.K, n=args.n, alpha=args.alpha,
+                          seed=args.seed, threads=args.threads)
+    try:
+        load_reference(cfg.reference)  # a wrong file is found before any model loads
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CommandError(f"--reference {args.reference}: {exc}") from None
+    out = run(cfg)
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"sequential PowerMH per MH step, n = {out['n']}, K = {out['K']}, {out['prompts']} prompts: "
+          f"reference {out['reference_s_per_step']:.3f} s, forerun {out['forerun_s_per_step']:.3f} s -> "
+          f"{out['ratio_per_step_raw']:.2f}x raw, {out['ratio_per_step_fitted']:.2f}x fitted, "
+          f"{out['ratio_per_generated_token']:.2f}x per generated token")
+    return 0

@@ -29,7 +29,7 @@ import numpy as np
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import sampling_seed, token_ids
 from ..runtime_ext.protocol import EngineError
-from .proposals import check_generation_request
+from .suffixes import check_generation_request
 
 
 @dataclass(frozen=True)

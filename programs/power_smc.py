@@ -46,7 +46,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
-from .random_streams import SEED_RANGE, keyed_generator, prompt_key
+from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 
 PARTICLE_SEED_PURPOSE, RESAMPLE_PURPOSE, FINAL_PURPOSE = 301, 302, 303
 
@@ -71,8 +71,8 @@ class PowerSMCConfig:
     """"systematic" (one keyed uniform) or "multinomial" (P keyed uniforms)."""
     final: str = "sample"
     """Answer: "sample" (a particle drawn ∝ final weight) or "max" (the highest-weight particle)."""
-    seed: int = 10086
-    """Run seed.  Table 6: 10086."""
+    seed: int = PAPER_SEED
+    """Run seed.  Table 6: `PAPER_SEED` = 10086."""
 
     def __post_init__(self) -> None:
         if not self.alpha >= 1:

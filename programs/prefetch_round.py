@@ -20,7 +20,7 @@ from typing import Sequence
 
 from .transitions import ChainState, Decision, TransitionKernel
 from .prefetch_tree import PrefetchRequest, accepts_on_path, is_accept_child, parent_of
-from .proposals import Suffix, SuffixRequest
+from .suffixes import Suffix, SuffixRequest
 from .random_streams import DecisionStream
 
 

@@ -62,6 +62,10 @@ def prompt_key(prompt_ids: Sequence[int]) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+PAPER_SEED = 10086
+"""The run seed of PreSTO's Table 6: the default seed of every sampler, baseline, benchmark and `forerun eval`."""
+
+
 def keyed_generator(*key: int) -> np.random.Generator:
     """A numpy Generator (Philox) that is a pure function of a tuple of non-negative ints."""
     if any(int(k) < 0 for k in key):
@@ -74,7 +78,7 @@ class DecisionStream:
     """Random inputs of one block of one chain, keyed by (seed, prompt_key, block, transition)."""
 
     seed: int
-    """Run seed (Table 6: 10086)."""
+    """Run seed (Table 6: `PAPER_SEED`)."""
     prompt_key: int
     """`prompt_key(prompt_ids)`: distinguishes prompts run with the same seed."""
     block: int

@@ -8,10 +8,10 @@ predictive traversal within the budget N_pf, depth cap K − k), then follows th
 transition), so with the same seed both variants produce the identical chain (Proposition 1).
 
     paper                               code
-    n, B, K, α, τ = 1/α                 SamplerConfig.response_length, block_size, steps_per_block, alpha, temperature
+    n, B, K, α, τ = 1/α                 sampler_config.SamplerConfig.response_length, block_size, steps_per_block, alpha, temperature
     β (EntropyCut), M, 𝒯 (MultiTryMH)   SamplerConfig.beta, mtm_candidates, mtm_temperatures
     N_pf, traversal rule, ĥ(v+; ε)      PrefetchConfig.budget (+ budget_unit), traversal, branch_prob
-    x^(k) (MH state)                    kernels.ChainState
+    x^(k) (MH state)                    transitions.ChainState
     PrefetchAndScore                    PrestoSampler._round (plan, one model call, `prefetch_round.score_round`)
     MHTransition                        prefetch_tree.mh_transition
     k_Δ                                 transitions realized by one call (CallRecord.transitions)
@@ -33,126 +33,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .acceptance import EPSILON, accept_decision, epsilon_class
-from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
+from .acceptance import accept_decision, epsilon_class
 from .cut_statistics import root_cut_features
 from .transitions import ChainState, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
 from .prefetch_round import round_requests, score_round
 from .prefetch_tree import PrefetchPlan, accept_child, accepts_on_path, mh_transition, node_depth, parent_of
-from .proposals import ProposalModel, Suffix, SuffixRequest
+from .suffixes import ProposalModel, Suffix, SuffixRequest
 from .random_streams import DecisionStream, prompt_key
 from .records import CallRecord, NodeRecord
 from .suffix_cache import SuffixCache
-from .traversal import TRAVERSALS, BranchProb, plan_prefetch
-
-SAMPLER_KINDS: tuple[str, ...] = ("power-mh", "entropy-cut", "multitry-mh")
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """Power-sampling settings (Table 6a defaults noted; CPU defaults are smaller)."""
-
-    kind: str = "power-mh"
-    """Sampler: "power-mh" (Karan & Du), "entropy-cut" (Zhou et al.), "multitry-mh" (simplified EGPS)."""
-    response_length: int = 64
-    """n: response tokens (fixed; EOS ignored).  Table 6: 1024."""
-    block_size: int = 64
-    """B: block size (n must be a multiple).  Table 6: a single block, B = n."""
-    steps_per_block: int = 10
-    """K: realized MH transitions per block.  Table 6: 100."""
-    alpha: float = 4.0
-    """α: power exponent of π_α ∝ p0^α.  Table 6: 4.0."""
-    temperature: float | None = None
-    """τ: proposal temperature; None means 1/α (Table 6)."""
-    beta: float = 4.0
-    """β: EntropyCut cut-law exponent.  Table 6: 4.0."""
-    mtm_candidates: int = 4
-    """M: MultiTryMH candidates per transition.  Table 6: 4."""
-    mtm_temperatures: tuple[float, ...] = (0.25, 0.5, 1.0)
-    """𝒯: MultiTryMH candidate temperatures (each candidate draws one uniformly).  Table 6."""
-    seed: int = 10086
-    """Run seed of the decision streams.  Table 6: 10086."""
-    epsilon: float = EPSILON
-    """ε of the recorded certainty classes.  Table 6b: 0.01."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in SAMPLER_KINDS:
-            raise ValueError(f"kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")
-        if self.response_length < 1:
-            raise ValueError(f"response_length n must be >= 1, got {self.response_length}")
-        if self.block_size < 1 or self.response_length % self.block_size:
-            raise ValueError(f"block_size B must divide response_length n={self.response_length}, got {self.block_size}")
-        if self.steps_per_block < 1:
-            raise ValueError(f"steps_per_block K must be >= 1, got {self.steps_per_block}")
-        if not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if self.temperature is not None and not self.temperature > 0:
-            raise ValueError(f"temperature τ must be > 0, got {self.temperature}")
-        if not self.beta > 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
-        if self.mtm_candidates < 1:
-            raise ValueError(f"mtm_candidates M must be >= 1, got {self.mtm_candidates}")
-        if not self.mtm_temperatures or any(not t > 0 for t in self.mtm_temperatures):
-            raise ValueError(f"mtm_temperatures must be non-empty and > 0, got {self.mtm_temperatures}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if not (0 < self.epsilon < 0.5):
-            raise ValueError(f"epsilon must be in (0, 0.5), got {self.epsilon}")
-
-    @property
-    def tau(self) -> float:
-        return 1.0 / self.alpha if self.temperature is None else self.temperature
-
-    @property
-    def num_blocks(self) -> int:
-        return self.response_length // self.block_size
-
-
-@dataclass(frozen=True)
-class PrefetchConfig:
-    """PreSTO settings."""
-
-    budget: int = 20
-    """N_pf: what one prefetch round may cost, in `budget_unit`s.  Table 6: 20."""
-    budget_unit: str = "request"
-    """What N_pf counts (`call_cost`): "request" - distinct suffix requests the call generates (one per
-    requested depth; MultiTryMH 2M − 1; requests the chain already generated are free), the default;
-    "node" - scored nodes, the paper's count (BFS over nodes, the DP of Proposition 2)."""
-    traversal: str = "bfs"
-    """Tree traversal rule: "bfs" (default) or "predictive" (ĥ from branch_prob)."""
-    branch_prob: BranchProb | None = None
-    """ĥ(v+; ε) of a candidate node (`traversal.CandidateNode`: cut fraction c_j/T, depth, Features 3/4,
-    ...), e.g. `CertaintyClassifier.branch_prob_of` (predictive rule only)."""
-    tree_position: bool = False
-    """Whether branch_prob reads the node's tree position (κ(v), accepts on the path): the node-unit DP then
-    runs over (depth, κ, accepts) states, e.g. `CertaintyClassifier.uses_tree_position`."""
-    max_nodes: int = DEFAULT_MAX_NODES
-    """Request unit: at most this many nodes scored per round (CPU work; free for the engine)."""
-    call_overhead: float | None = None
-    """κ0, request unit, predictive rule: the fixed cost of a call in request-equivalents.  None: maximise
-    the predicted transitions F̂ within the budget (Eq. 17); a number: maximise F̂ / (κ0 + requests)."""
-    reuse_suffixes: bool = True
-    """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
-    streaming: bool = False
-    """Streaming PreSTO (`streaming`, issue 12): every request is a row started the moment its prefix is
-    known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
-
-    def __post_init__(self) -> None:
-        if self.budget < 1:
-            raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")
-        if self.budget_unit not in BUDGET_UNITS:
-            raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {self.budget_unit!r}")
-        if self.traversal not in TRAVERSALS:
-            raise ValueError(f"traversal must be one of {TRAVERSALS}, got {self.traversal!r}")
-        if self.traversal == "predictive" and self.branch_prob is None:
-            raise ValueError("traversal='predictive' needs branch_prob (candidate node -> ĥ)")
-        if self.max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
-        if self.call_overhead is not None and not (0 < self.call_overhead < math.inf):
-            raise ValueError(f"call_overhead κ0 must be a positive number, got {self.call_overhead!r}")
-        if self.call_overhead is not None and (self.budget_unit != "request" or self.traversal != "predictive"):
-            raise ValueError("call_overhead applies to the predictive rule under budget_unit='request' only")
-
+from .sampler_config import PrefetchConfig, SamplerConfig
+from .traversal import plan_prefetch
 
 def make_kernel(cfg: SamplerConfig) -> TransitionKernel:
     if cfg.kind == "power-mh":
@@ -450,13 +341,3 @@ class PrestoSampler(BlockwiseSampler):
         assert state is not None  # the walk only passes scored proposals
         result.state = state
         return len(steps)
-
-
-def make_sampler(model: ProposalModel, config: SamplerConfig, *, presto: bool = False,
-                 prefetch: PrefetchConfig = PrefetchConfig()) -> BlockwiseSampler:
-    """The sequential sampler of `config.kind`, or its PreSTO variant (streaming when `prefetch.streaming`)."""
-    if presto and prefetch.streaming:
-        from .streaming_presto import StreamingPrestoSampler  # it builds on this module
-
-        return StreamingPrestoSampler(model, config, prefetch)
-    return PrestoSampler(model, config, prefetch) if presto else SequentialSampler(model, config)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from ..runtime_ext.protocol import EngineError, RowEvent, SamplingParams, StreamingEngine
-from .proposals import Suffix, SuffixRequest, _suffix_from_meta
+from .suffixes import Suffix, SuffixRequest, suffix_from_meta
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class EngineStreams:
         req = self._requests.pop(e.rid, None)
         if req is None:
             return RowUpdate(e.rid, e.output_ids, aborted=True)
-        suffix = _suffix_from_meta(e.output.meta_info, req, self.temperatures, self.require_entropy)
+        suffix = suffix_from_meta(e.output.meta_info, req, self.temperatures, self.require_entropy)
         return RowUpdate(e.rid, tuple(int(t) for t in suffix.ids), suffix=suffix)
 
 

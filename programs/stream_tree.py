@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 import numpy as np
 
 from .transitions import ChainState, TransitionKernel
-from .proposals import Suffix, SuffixRequest
+from .suffixes import Suffix, SuffixRequest
 from .random_streams import DecisionStream
 
 

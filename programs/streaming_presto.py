@@ -49,10 +49,11 @@ from ..runtime_ext.protocol import EngineError
 from .acceptance import accept_decision
 from .cut_statistics import root_cut_features
 from .prefetch_tree import accept_child
-from .proposals import ProposalModel, Suffix, SuffixRequest
+from .suffixes import ProposalModel, Suffix, SuffixRequest
 from .random_streams import DecisionStream
 from .records import CallRecord
-from .samplers import BlockwiseSampler, ChainResult, PrefetchConfig, SamplerConfig
+from .samplers import BlockwiseSampler, ChainResult
+from .sampler_config import PrefetchConfig, SamplerConfig
 from .stream_proposals import ProposalStreams
 from .stream_tree import StateRef, TreeNode, walk_tree
 from .traversal import CandidateNode

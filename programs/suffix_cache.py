@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .proposals import Suffix, SuffixRequest
+from .suffixes import Suffix, SuffixRequest
 
 DEFAULT_CAPACITY = 512
 """Default bound on stored suffixes (each holds at most T tokens with their per-token arrays)."""

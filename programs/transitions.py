@@ -31,7 +31,7 @@ from .acceptance import (
     mtm_log_weight,
     mtm_select,
 )
-from .proposals import Suffix, SuffixRequest
+from .suffixes import Suffix, SuffixRequest
 from .random_streams import DecisionStream, uniform_cut
 
 

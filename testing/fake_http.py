@@ -6,13 +6,10 @@ import json
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .fake_stream import write_event_stream
-
-if TYPE_CHECKING:
-    from .fake_sglang_server import FakeSGLangServer
 
 
 class HTTPError(Exception):
@@ -25,7 +22,8 @@ class Handler(BaseHTTPRequestHandler):
     """Answers like SGLang 0.5.23's http_server.py for the routes forerun uses (`fake` is set by `make_handler`)."""
 
     protocol_version = "HTTP/1.1"
-    fake: "FakeSGLangServer"
+    fake: Any
+    """The `FakeSGLangServer` whose routes this handler answers (duck-typed: this module sits below it)."""
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -148,5 +146,5 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, out)
 
 
-def make_handler(server: "FakeSGLangServer") -> type[BaseHTTPRequestHandler]:
+def make_handler(server: Any) -> type[BaseHTTPRequestHandler]:
     return type("FakeSGLangHandler", (Handler,), {"fake": server})

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-from ..programs.proposals import Suffix, SuffixRequest
+from ..programs.suffixes import Suffix, SuffixRequest
 
 
 class LogitTableModel:

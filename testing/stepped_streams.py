@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..programs.proposals import ProposalModel, Suffix, SuffixRequest
+from ..programs.suffixes import ProposalModel, Suffix, SuffixRequest
 from ..programs.stream_proposals import RowUpdate, StreamBatch
 
 

@@ -70,7 +70,8 @@ def test_a_program_proposal_model_on_a_server_backend_runs_power_mh_as_the_readm
     """`ProgramProposalModel(SGLangServerBackend(url))` with its defaults: PowerMH needs no entropy of p0,
     which a stock server does not report (EntropyCut asks for it explicitly)."""
     from forerun.programs.proposals import ProgramProposalModel
-    from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+    from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+    from forerun.programs.sampler_factory import make_sampler
     from forerun.runtime_ext.backends.server import SGLangServerBackend
     from forerun.testing.fake_sglang_server import FakeSGLangServer
 

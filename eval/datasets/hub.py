@@ -1,7 +1,7 @@
 """Evaluation prompts read online from the Hugging Face datasets of PreSTO Table 3 (`load_prompts(hub=True)`).
 
 Only when the `datasets` package is importable (it is not a forerun dependency) and the hub is reachable;
-rows go through the same parsers as the offline copies (`datasets.py`), so a prompt is the same object
+rows go through the same parsers as the offline copies (`parsers`), so a prompt is the same object
 whichever way it was read.
 """
 
@@ -10,19 +10,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from .loading import (
-    DatasetError,
-    DatasetSpec,
-    Prompt,
-    _aime2024,
-    _aime2025,
-    _gpqa,
-    _humaneval,
-    _lcb,
-    _math500,
-    _mbpp,
-    _mmlu,
-)
+from .parsers import (MBPP_TEST_IDS, as_aime, parse_aime2024, parse_aime2025, parse_gpqa, parse_humaneval, parse_lcb,
+                      parse_math500, parse_mbpp, parse_mmlu)
+from .prompt import Prompt
+from .registry import DatasetError, DatasetSpec
 
 __all__ = ["read_hub"]
 
@@ -39,35 +30,35 @@ def read_hub(spec: DatasetSpec, gpqa_seed: int) -> list[Prompt]:
 
     name = spec.name
     if name == "math500":
-        return [_math500(r, f"hub:{spec.hf}[{i}]") for i, r in enumerate(rows("HuggingFaceH4/MATH-500", split="test"))]
+        return [parse_math500(r, f"hub:{spec.hf}[{i}]") for i, r in enumerate(rows("HuggingFaceH4/MATH-500", split="test"))]
     if name in ("aime2024", "aime2025", "aime"):
         out: list[Prompt] = []
         if name in ("aime2024", "aime"):
-            out += [_aime2024(r, f"hub:Maxwell-Jia/AIME_2024[{i}]")
+            out += [parse_aime2024(r, f"hub:Maxwell-Jia/AIME_2024[{i}]")
                     for i, r in enumerate(rows("Maxwell-Jia/AIME_2024", split="train"))]
         if name in ("aime2025", "aime"):
             for i, r in enumerate(rows("MathArena/aime_2025", split="train")):
                 idx = int(r["problem_idx"])
                 r = {"id": f"2025-{'I' if idx <= 15 else 'II'}-{(idx - 1) % 15 + 1}", "problem": r["problem"],
                      "answer": str(r["answer"])}
-                out.append(_aime2025(r, f"hub:MathArena/aime_2025[{i}]"))
+                out.append(parse_aime2025(r, f"hub:MathArena/aime_2025[{i}]"))
         if name == "aime":
-            out = [Prompt("aime", p.id, p.question, p.answer, p.choices, p.extra) for p in out]
+            out = [as_aime(p) for p in out]
         return out
     if name == "humaneval":
-        return [_humaneval(r, f"hub:{spec.hf}[{i}]")
+        return [parse_humaneval(r, f"hub:{spec.hf}[{i}]")
                 for i, r in enumerate(rows("openai/openai_humaneval", split="test"))]
     if name == "mbpp":
-        got = [_mbpp(r, f"hub:{spec.hf}[{i}]")
+        got = [parse_mbpp(r, f"hub:{spec.hf}[{i}]")
                for i, r in enumerate(rows("google-research-datasets/mbpp", "full", split="test"))]
-        return [p for p in got if 11 <= p.extra["task_id"] <= 510]
+        return [p for p in got if p.extra["task_id"] in MBPP_TEST_IDS]
     if name in ("lcb-v5", "lcb-v6"):
         got = rows("livecodebench/code_generation_lite", split="test", version_tag="release_" + name[-2:],
                    trust_remote_code=True)
-        return [_lcb(r, f"hub:{spec.hf}[{i}]", i, name) for i, r in enumerate(got)]
+        return [parse_lcb(r, f"hub:{spec.hf}[{i}]", i, name) for i, r in enumerate(got)]
     if name == "gpqa":
-        return [_gpqa(r, f"hub:{spec.hf}[{i}]", gpqa_seed)
+        return [parse_gpqa(r, f"hub:{spec.hf}[{i}]", gpqa_seed)
                 for i, r in enumerate(rows("Idavidrein/gpqa", "gpqa_diamond", split="train"))]
     if name == "mmlu":
-        return [_mmlu(r, f"hub:{spec.hf}[{i}]", i) for i, r in enumerate(rows("cais/mmlu", "all", split="test"))]
+        return [parse_mmlu(r, f"hub:{spec.hf}[{i}]", i) for i, r in enumerate(rows("cais/mmlu", "all", split="test"))]
     raise DatasetError(f"no hub loader for {name!r}")  # pragma: no cover

@@ -31,9 +31,11 @@ from typing import Any, Sequence
 from ...programs.baselines import BaselineConfig, DecodingBaseline
 from ...programs.completions import DecodeResult, ProgramCompletionModel
 from ...programs.power_smc import PowerSMC, PowerSMCConfig
-from ...programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
-from ..presto.bench import proposal_model_for
-from .settings import BASELINES, METHODS, EvalSettings
+from ...programs.samplers import ChainResult
+from ...programs.sampler_config import PrefetchConfig, SamplerConfig
+from ...programs.sampler_factory import make_sampler
+from ...programs.proposals import proposal_model_for
+from .settings import EvalSettings, Method
 
 def _mh_outcome(res: ChainResult) -> dict[str, Any]:
     tpc = res.transitions_per_call
@@ -63,19 +65,18 @@ class MethodRunner:
         self.classifier = classifier
         """The certainty classifier of the predictive traversal (`CertaintyClassifier`), or None."""
 
-    def _mh(self, method: str, seed: int):
+    def _mh(self, method: Method, seed: int):
         s = self.settings
-        kind = method.removeprefix("presto-").removesuffix("-predictive")
-        cfg = SamplerConfig(kind=kind, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
+        cfg = SamplerConfig(kind=method.sampler, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
                             alpha=s.alpha, beta=s.beta, seed=seed)
-        predictive = method.endswith("-predictive")
+        predictive = method.traversal == "predictive"
         if predictive and self.classifier is None:
-            raise ValueError(f"{method} needs a certainty classifier (--classifier FILE)")
+            raise ValueError(f"{method.name} needs a certainty classifier (--classifier FILE)")
         prefetch = PrefetchConfig(budget=s.npf, traversal="predictive" if predictive else "bfs",
                                   branch_prob=self.classifier.branch_prob_of if predictive else None,
                                   tree_position=predictive and self.classifier.uses_tree_position)
-        model = proposal_model_for(self.backend, kind, cfg.mtm_temperatures)
-        return make_sampler(model, cfg, presto=method.startswith("presto-"), prefetch=prefetch)
+        model = proposal_model_for(self.backend, method.sampler, cfg.mtm_temperatures)
+        return make_sampler(model, cfg, presto=method.presto, prefetch=prefetch)
 
     def _decoder(self, method: str, seed: int):
         s = self.settings
@@ -89,10 +90,9 @@ class MethodRunner:
 
     def run(self, method: str, prompt_ids: Sequence[int], prompt_id: str, seed: int) -> dict[str, Any]:
         """Generate for one (method, prompt, seed): the record fields of the outcome, with `wall_s`."""
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}")
-        mh = method not in BASELINES and method != "power-smc"
-        runner = self._mh(method, seed) if mh else self._decoder(method, seed)
+        parsed = Method.parse(method)
+        mh = parsed.is_mh
+        runner = self._mh(parsed, seed) if mh else self._decoder(method, seed)
         start = time.perf_counter()
         res = runner.run(prompt_ids, prompt_id=prompt_id)
         wall = time.perf_counter() - start

@@ -19,11 +19,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_paired
+
+from ..presto.table7 import ChainTiming, finite_mean, table7_columns
+from .settings import Method
 
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
@@ -34,16 +37,6 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     """Wilson 95 % interval of k successes in n."""
     lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
     return float(lo), float(hi)
-
-
-def _mean(xs: Iterable[Any]) -> float:
-    vals = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return float(np.mean(vals)) if vals else math.nan
-
-
-def _std(xs: Iterable[Any]) -> float:
-    vals = [float(x) for x in xs if x is not None]
-    return float(np.std(vals)) if vals else math.nan
 
 
 @dataclass(frozen=True)
@@ -64,7 +57,7 @@ class Cell:
         return sum(bool(r.get("correct")) for r in self.records)
 
     def mean(self, field: str) -> float:
-        return _mean(r.get(field) for r in self.records)
+        return finite_mean(r.get(field) for r in self.records)
 
 
 def cells(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], Cell]:
@@ -84,10 +77,9 @@ def pairs(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
     """(dataset, sequential method, PreSTO method) for every PreSTO method whose sequential one ran."""
     out = []
     for (ds, m) in table:
-        if m.startswith("presto-"):
-            seq = m.removeprefix("presto-").removesuffix("-predictive")
-            if (ds, seq) in table:
-                out.append((ds, seq, m))
+        seq = Method.parse(m).sequential
+        if seq is not None and (ds, seq) in table:
+            out.append((ds, seq, m))
     return out
 
 
@@ -97,23 +89,9 @@ def _paired(seq: Cell, pre: Cell) -> list[tuple[dict[str, Any], dict[str, Any]]]
 
 
 def table7_row(seq: Cell, pre: Cell) -> dict[str, Any]:
-    """Table 7 columns of one sampler on one dataset (paired items only)."""
-    pp = _paired(seq, pre)
-    s = [a for a, _ in pp]
-    p = [b for _, b in pp]
-    ct_s, ct_p = _mean(r["call_time_s"] for r in s), _mean(r["call_time_s"] for r in p)
-    tpc_s, tpc_p = _mean(r.get("time_per_call_s") for r in s), _mean(r.get("time_per_call_s") for r in p)
-    speedup = ct_s / ct_p if ct_p and ct_p > 0 else math.nan
-    increase = tpc_p / tpc_s if tpc_s and tpc_s > 0 else math.nan
-    return {"dataset": seq.dataset, "sampler": seq.method, "presto": pre.method, "pairs": len(pp),
-            "total_time_s": [ct_s, ct_p], "total_time_std_s": [_std(r["call_time_s"] for r in s),
-                                                                _std(r["call_time_s"] for r in p)],
-            "transitions_per_call": [_mean(r.get("transitions_per_call") for r in s),
-                                     _mean(r.get("transitions_per_call") for r in p)],
-            "time_per_call_s": [tpc_s, tpc_p], "calls": [_mean(r["num_calls"] for r in s), _mean(r["num_calls"] for r in p)],
-            "speedup_eq20": speedup, "increase_in_time_per_call": increase,
-            "reduction_in_calls": speedup * increase,
-            "identical_chains": sum(a["response_ids"] == b["response_ids"] for a, b in pp)}
+    """Table 7 columns (`presto.table7`) of one sampler on one dataset, over its paired items."""
+    pp = [(ChainTiming.of_record(a), ChainTiming.of_record(b)) for a, b in _paired(seq, pre)]
+    return {"dataset": seq.dataset, "sampler": seq.method, "presto": pre.method, **table7_columns(pp)}
 
 
 def tost(seq_values: Sequence[float], pre_values: Sequence[float]) -> dict[str, Any]:
@@ -186,7 +164,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "accuracy": c.correct / c.n if c.n else math.nan, "wilson95": [lo, hi],
                     "wall_s": c.mean("wall_s"), "call_time_s": c.mean("call_time_s"), "calls": c.mean("num_calls"),
                     "all_calls": c.mean("all_calls"), "transitions_per_call": c.mean("transitions_per_call"),
-                    "response_tokens": _mean(len(r["response_ids"]) for r in c.records),
+                    "response_tokens": finite_mean(len(r["response_ids"]) for r in c.records),
                     "log_likelihood": c.mean("log_likelihood"), "confidence": c.mean("confidence")})
     return {"cells": acc, "table7": [table7_row(table[(d, s)], table[(d, p)]) for d, s, p in pairs(table)],
             "tost": tost_rows(table), "tost_pooled": pooled_tost_rows(table),

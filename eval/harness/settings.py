@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SAMPLER_KINDS = ("power-mh", "entropy-cut", "multitry-mh")
-MTM_TEMPERATURES = (0.25, 0.5, 1.0)
-MTM_CANDIDATES = 4
+from ...programs.random_streams import PAPER_SEED
+from ...programs.sampler_config import SAMPLER_KINDS, SamplerConfig
+
+_SAMPLER = SamplerConfig()
+"""Where the samplers' own defaults (α, β, M, 𝒯, seed) are read from: written once, in `SamplerConfig`."""
 
 BASELINES = ("greedy", "low-temp", "best-of-n")
 MH_METHODS = SAMPLER_KINDS
@@ -16,6 +18,51 @@ PRESTO_METHODS = tuple(f"presto-{k}" for k in SAMPLER_KINDS)
 PREDICTIVE_METHODS = tuple(f"presto-{k}-predictive" for k in SAMPLER_KINDS)
 METHODS = BASELINES + MH_METHODS + PRESTO_METHODS + PREDICTIVE_METHODS + ("power-smc",)
 DEFAULT_METHODS = ("greedy", "low-temp", "best-of-n", "power-mh", "presto-power-mh", "power-smc")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method name of `forerun eval`, parsed once: what it is and what it is compared against.
+
+        name                        family      sampler         presto  traversal
+        greedy / low-temp / best-of-n  baseline  -              no      -
+        power-smc                   power-smc   -               no      -
+        <kind>                      mh          <kind>          no      -
+        presto-<kind>               mh          <kind>          yes     bfs
+        presto-<kind>-predictive    mh          <kind>          yes     predictive
+    """
+
+    name: str
+    family: str
+    """"baseline", "power-smc" or "mh"."""
+    sampler: str | None = None
+    """The MH sampler kind (`SAMPLER_KINDS`) of an MH method."""
+    presto: bool = False
+    traversal: str | None = None
+    """The PreSTO traversal rule: "bfs" or "predictive"."""
+
+    @classmethod
+    def parse(cls, name: str) -> "Method":
+        if name in BASELINES:
+            return cls(name, "baseline")
+        if name == "power-smc":
+            return cls(name, "power-smc")
+        if name in MH_METHODS:
+            return cls(name, "mh", sampler=name)
+        for kind in SAMPLER_KINDS:
+            for traversal, suffix in (("bfs", ""), ("predictive", "-predictive")):
+                if name == f"presto-{kind}{suffix}":
+                    return cls(name, "mh", sampler=kind, presto=True, traversal=traversal)
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+
+    @property
+    def is_mh(self) -> bool:
+        return self.family == "mh"
+
+    @property
+    def sequential(self) -> str | None:
+        """The sequential method a PreSTO method is compared against (its Table 7 row); None otherwise."""
+        return self.sampler if self.presto else None
 
 
 @dataclass(frozen=True)
@@ -34,9 +81,9 @@ class EvalSettings:
     """MH transitions per block [100]."""
     npf: int = 8
     """PreSTO prefetch budget N_pf [20; Case Study 2: 8-20]."""
-    alpha: float = 4.0
+    alpha: float = _SAMPLER.alpha
     """Power exponent α; τ = 1/α [4]."""
-    beta: float = 4.0
+    beta: float = _SAMPLER.beta
     """EntropyCut β [4]."""
     best_of: int = 4
     """N of best-of-N [4-32]."""
@@ -50,7 +97,7 @@ class EvalSettings:
     """Power-SMC exponent ramp T_r in tokens [400 of 1024-2048 tokens; scaled down with n here]."""
     smc_ess: float = 0.5
     """Power-SMC resampling threshold κ [0.5]."""
-    seed: int = 10086
+    seed: int = PAPER_SEED
     """Run seed [10086]."""
 
     def __post_init__(self) -> None:
@@ -62,24 +109,24 @@ class EvalSettings:
 
     def for_method(self, method: str) -> dict[str, Any]:
         """The settings that define `method`'s output (recorded on every line)."""
-        base = method.removeprefix("presto-").removesuffix("-predictive")
-        if method in BASELINES:
+        m = Method.parse(method)
+        if m.family == "baseline":
             out = {"max_new_tokens": self.n, "alpha": self.alpha, "tau": 1 / self.alpha}
-            if method == "best-of-n":
+            if m.name == "best-of-n":
                 out.update(samples=self.best_of, select=self.best_of_select)
             return out
-        if method == "power-smc":
+        if m.family == "power-smc":
             return {"max_new_tokens": self.n, "alpha": self.alpha, "particles": self.smc_particles,
                     "block": self.smc_block, "ramp_tokens": self.smc_ramp, "ess_threshold": self.smc_ess,
                     "resampling": "systematic", "final": "sample"}
         out = {"n": self.n, "block": self.block or self.n, "K": self.K, "alpha": self.alpha}
-        if base == "entropy-cut":
+        if m.sampler == "entropy-cut":
             out["beta"] = self.beta
-        if base == "multitry-mh":
-            out["mtm_temperatures"] = list(MTM_TEMPERATURES)
-            out["mtm_candidates"] = MTM_CANDIDATES
-        if method.startswith("presto-"):
-            out.update(npf=self.npf, traversal="predictive" if method.endswith("-predictive") else "bfs")
+        if m.sampler == "multitry-mh":
+            out["mtm_temperatures"] = list(_SAMPLER.mtm_temperatures)
+            out["mtm_candidates"] = _SAMPLER.mtm_candidates
+        if m.presto:
+            out.update(npf=self.npf, traversal=m.traversal)
         return out
 
     def to_json(self) -> dict[str, Any]:

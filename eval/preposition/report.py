@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 
 def _f(x: Any, spec: str = ".3f") -> str:
@@ -113,3 +113,16 @@ def format_report(res: dict[str, Any]) -> str:
     lines.append("E[L_pp] (Eq. 9, g = %s): %s ms" % (_f(res["gate_fire_probability_g"]),
                  {k: round(v, 2) for k, v in res["expected_latency_ms"].items()}))
     return "\n".join(lines)
+
+
+def top_counts(tokens: Sequence[str], k: int = 5) -> dict[str, int]:
+    """The k most frequent token strings with their counts, most frequent first (ties: the string's order)."""
+    counts: dict[str, int] = {}
+    for t in tokens:
+        counts[str(t)] = counts.get(str(t), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
+def format_top_counts(counts: dict[str, int]) -> str:
+    """`top_counts` as one line for reports: 'tok': n, ..."""
+    return ", ".join(f"{t!r}: {n}" for t, n in counts.items())

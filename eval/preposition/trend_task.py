@@ -171,12 +171,3 @@ def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.15,
         gap_quantiles=tuple(float(q) for q in np.quantile(gaps, [0.1, 0.5, 0.9])),  # type: ignore[arg-type]
     )
     return rep, points
-
-
-def _top_counts_text(tokens: Sequence[str], k: int = 5) -> str:
-    """The k most frequent token strings with their counts, for reports."""
-    counts: dict[str, int] = {}
-    for t in tokens:
-        counts[t] = counts.get(t, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
-    return ", ".join(f"{t!r}: {n}" for t, n in top)

@@ -13,14 +13,13 @@ sequential chains run once and each variant is one row against them.  A streamin
 windows (`programs.streaming`), so its row reads the same way (transitions per window, Eq. 20 on the MH
 phase), with the rows started / aborted, the wasted tokens and the rows per decode step added.  Every row also
 carries its decode steps S and row-steps G per chain: with a measured per-step time t(r) ≈ a + b·r
-(`step_cost_curve`), the model-call time is predicted as a·S + b·G (`cost_model_prediction`), and a ratio of S
+(`cost_model.step_cost_curve`), the model-call time is predicted as a·S + b·G (`cost_model.cost_model_prediction`), and a ratio of S
 alone is what the speedup becomes where extra rows are free (b → 0, a wide accelerator batch).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,12 +27,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...programs.proposals import ProgramProposalModel
-from ...programs.samplers import ChainResult, PrefetchConfig, SamplerConfig, make_sampler
-
-PAPER_SETTINGS = dict(response_length=1024, block_size=1024, alpha=4.0, steps_per_block=100, budget=20, seed=10086)
-"""Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, N_pf = 20, seed 10086."""
-
+from ...programs.proposals import proposal_model_for
+from ...programs.samplers import ChainResult
+from ...programs.sampler_config import PrefetchConfig, SamplerConfig
+from ...programs.sampler_factory import make_sampler
+from .table7 import ChainTiming, finite_mean, ratio, table7_columns
 
 @dataclass
 class PairResult:
@@ -43,51 +41,33 @@ class PairResult:
     sequential: list[ChainResult] = field(default_factory=list)
     presto: list[ChainResult] = field(default_factory=list)
     unflushed: int = 0
+    """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
     traversal: str = "bfs"
     """The PreSTO variant: "bfs", "predictive", "streaming" (BFS order) or "streaming-predictive"."""
-    """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
-
-    def _mean(self, runs: list[ChainResult], attr: str) -> float:
-        return float(np.mean([getattr(r, attr) for r in runs]))
-
-    def _std(self, runs: list[ChainResult], attr: str) -> float:
-        return float(np.std([getattr(r, attr) for r in runs]))
 
     def table_row(self) -> dict[str, Any]:
+        """Table 7 (`table7.table7_columns`) plus what the benchmark adds: Table 2's K ÷ mean calls, what a PreSTO
+        call costs, the accept rate, decode steps and row-steps (the cost model's S and G)."""
         seq, pre = self.sequential, self.presto
-        speedup = self._mean(seq, "call_time") / self._mean(pre, "call_time")
-        increase = self._mean(pre, "time_per_call") / self._mean(seq, "time_per_call")
-        per_prompt = [s.call_time / p.call_time for s, p in zip(seq, pre)]
-        identical = sum(1 for s, p in zip(seq, pre) if s.response_ids == p.response_ids and s.history == p.history)
+        pairs = [(ChainTiming.of_chain(s), ChainTiming.of_chain(p)) for s, p in zip(seq, pre)]
+        mean = lambda runs, attr: finite_mean(getattr(r, attr) for r in runs)  # noqa: E731
         return {
             "sampler": self.sampler,
             "prompts": len(seq),
-            "total_time_s": [self._mean(seq, "call_time"), self._mean(pre, "call_time")],
-            "total_time_std_s": [self._std(seq, "call_time"), self._std(pre, "call_time")],
-            "transitions_per_call": [self._mean(seq, "transitions_per_call"), self._mean(pre, "transitions_per_call")],
-            "transitions_per_call_std": [self._std(seq, "transitions_per_call"),
-                                         self._std(pre, "transitions_per_call")],
+            **table7_columns(pairs),
             # Table 2 (App. E.2): K (transitions per chain) ÷ the mean number of calls over prompts
-            "transitions_per_call_table2": [self._mean(seq, "transitions") / self._mean(seq, "num_calls"),
-                                            self._mean(pre, "transitions") / self._mean(pre, "num_calls")],
+            "transitions_per_call_table2": [ratio(mean(seq, "transitions"), mean(seq, "num_calls")),
+                                            ratio(mean(pre, "transitions"), mean(pre, "num_calls"))],
             # what a PreSTO call costs, per model call (means over prompts of per-chain totals ÷ calls)
-            "presto_per_call": {name: float(np.mean([r.total(name) / r.num_calls for r in pre]))
+            "presto_per_call": {name: finite_mean(ratio(r.total(name), r.num_calls) for r in pre)
                                 for name in ("nodes_scored", "distinct_requests", "generated_requests",
                                              "generated_tokens")},
-            "presto_reuse_rounds": float(np.mean([len(r.rounds) - r.num_calls for r in pre])),
-            "time_per_call_s": [self._mean(seq, "time_per_call"), self._mean(pre, "time_per_call")],
-            "calls": [self._mean(seq, "num_calls"), self._mean(pre, "num_calls")],
-            "speedup_eq20": speedup,
-            "reduction_in_calls": speedup * increase,
-            "increase_in_time_per_call": increase,
-            "median_prompt_speedup": float(statistics.median(per_prompt)),
-            "per_prompt_speedup": per_prompt,
-            "identical_chains": identical,
+            "presto_reuse_rounds": finite_mean(len(r.rounds) - r.num_calls for r in pre),
             "unflushed_chains": self.unflushed,
-            "accept_rate": float(np.mean([np.mean(s.history) for s in seq])),
+            "accept_rate": finite_mean(np.mean(s.history) for s in seq if s.history),
             "traversal": self.traversal,
-            "decode_steps": [float(np.mean([_sum(r, "decode_steps") for r in runs])) for runs in (seq, pre)],
-            "row_steps": [float(np.mean([_sum(r, "row_steps") for r in runs])) for runs in (seq, pre)],
+            "decode_steps": [finite_mean(_sum(r, "decode_steps") for r in runs) for runs in (seq, pre)],
+            "row_steps": [finite_mean(_sum(r, "row_steps") for r in runs) for runs in (seq, pre)],
             **({"streaming": streaming_metrics(pre)} if self.traversal.startswith("streaming") else {}),
         }
 
@@ -115,41 +95,6 @@ def streaming_metrics(runs: Sequence[ChainResult]) -> dict[str, Any]:
                          "max_rows": c.max_rows, "rows_started": c.rows_started, "rows_aborted": c.rows_aborted,
                          "wasted_tokens": c.wasted_tokens, "wall_s": c.wall_time} for c in r.mh_calls] for r in runs],
     }
-
-
-def step_cost_curve(engine: Any, prompt_ids: Sequence[int], rows: Sequence[int] = (1, 2, 4, 6, 8, 12, 16, 20),
-                    tokens: int = 16) -> dict[str, Any]:
-    """Time of one decode step against the rows decoding (the embedded engine's own step timer), and the
-    least-squares fit t(r) = a + b·r.  Each size decodes `tokens` steps of r rows on one cached prompt."""
-    from ...runtime_ext.protocol import SamplingParams
-
-    engine.generate(list(prompt_ids), SamplingParams(max_new_tokens=2, seed=1, ignore_eos=True))  # warm + cache
-    points = []
-    for r in rows:
-        before = engine.stats()
-        engine.generate_batch([(list(prompt_ids), SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=100 + i,
-                                                                 ignore_eos=True)) for i in range(r)])
-        after = engine.stats()
-        steps = after["decode_steps"] - before["decode_steps"]
-        points.append({"rows": r, "step_s": (after["decode_s"] - before["decode_s"]) / max(steps, 1),
-                       "mean_rows": (after["decode_rows"] - before["decode_rows"]) / max(steps, 1)})
-    x = np.array([p["mean_rows"] for p in points])
-    y = np.array([p["step_s"] for p in points])
-    b, a = np.polyfit(x, y, 1) if len(points) > 1 else (0.0, float(y[0]))
-    one = next((p["step_s"] for p in points if p["rows"] == 1), float(a + b))
-    return {"points": points, "fit": {"a_s": float(a), "b_s": float(b)},
-            "relative": [{"rows": p["rows"], "x_one_row": p["step_s"] / one} for p in points]}
-
-
-def cost_model_prediction(row: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
-    """Model-call time predicted as a·S + b·G from the row's decode steps S and row-steps G (means per chain), the
-    speedup it predicts, and the speedup where extra rows are free (b = 0: S_sequential / S_variant)."""
-    a, b = fit["a_s"], fit["b_s"]
-    (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
-    t_seq, t_pre = a * s_seq + b * g_seq, a * s_pre + b * g_pre
-    return {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan,
-            "speedup_rows_free": s_seq / s_pre if s_pre else math.nan,
-            "measured_speedup": row["speedup_eq20"]}
 
 
 @dataclass(frozen=True)
@@ -244,13 +189,6 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{per_call['nodes_scored']:>7.1f},{per_call['generated_requests']:<7.1f}"
         )
     return "\n".join(lines)
-
-
-def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = ()) -> ProgramProposalModel:
-    """The suffix-proposal model a sampler needs: MultiTryMH asks for log q at its temperatures 𝒯; only
-    EntropyCut requires the per-token entropy of p0 (a stock SGLang server does not report it)."""
-    return ProgramProposalModel(backend, tempered_temperatures=temperatures if kind == "multitry-mh" else (),
-                                require_entropy=kind == "entropy-cut")
 
 
 def timestamp() -> str:

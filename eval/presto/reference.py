@@ -13,28 +13,56 @@ tokens (fixed horizon: EOS is disabled for the reference, ignored by forerun), �
     per MH step, fair to the random cuts   least squares time = a + b·L over the steps, read at
                                            E[L] = (n + 1) / 2 (both draw the suffix length L uniformly)
 
-    python -m forerun.eval.presto.reference --reference PATH/power_samp_utils.py [--prompts 5 --K 20 --n 64]
+    forerun bench reference --reference PATH/power_samp_utils.py [--prompts 5 --K 20 --n 64] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+from ...programs.sampler_config import SamplerConfig
 
 REFERENCE_NAMES = ("AutoregressiveSampler", "naive_temp", "mcmc_power_samp")
 
 
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """One `forerun bench reference` run (the CLI's defaults)."""
+
+    reference: str
+    """Path to the reference's llm_experiments/power_samp_utils.py."""
+    prompts: int = 5
+    """First MATH500 prompts."""
+    K: int = 20
+    """MH steps per chain."""
+    n: int = 64
+    """Response length, one block."""
+    alpha: float = SamplerConfig().alpha
+    """Power α; τ = 1/α."""
+    seed: int = 0
+    threads: int | None = None
+    """torch threads of both (None: torch's choice)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "K", "n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+
+
 def load_reference(path: str | Path) -> dict[str, Any]:
     """The reference's three definitions, executed from its file with only the globals they use."""
+    import torch
+
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in REFERENCE_NAMES]
     missing = set(REFERENCE_NAMES) - {n.name for n in defs}
@@ -59,8 +87,10 @@ class _NoEos:
         return getattr(self._tok, name)
 
 
-def _reference_steps(ns: dict[str, Any], model: Any, tok: Any, ids: list[int], cfg: argparse.Namespace) -> list:
+def _reference_steps(ns: dict[str, Any], model: Any, tok: Any, ids: list[int], cfg: ReferenceConfig) -> list:
     """(seconds, suffix tokens) of each MH step of one reference chain."""
+    import torch
+
     calls: list[tuple[float, int]] = []
     inner = ns["naive_temp"]
 
@@ -80,9 +110,9 @@ def _reference_steps(ns: dict[str, Any], model: Any, tok: Any, ids: list[int], c
     return calls[1:]  # the first call extends the block
 
 
-def _forerun_steps(runtime: Any, ids: list[int], cfg: argparse.Namespace) -> list:
-    from ...programs.samplers import SamplerConfig, make_sampler
-    from .bench import proposal_model_for
+def _forerun_steps(runtime: Any, ids: list[int], cfg: ReferenceConfig) -> list:
+    from ...programs.sampler_factory import make_sampler
+    from ...programs.proposals import proposal_model_for
 
     sc = SamplerConfig(kind="power-mh", response_length=cfg.n, block_size=cfg.n, steps_per_block=cfg.K,
                        alpha=cfg.alpha, seed=cfg.seed)
@@ -97,8 +127,9 @@ def fitted_step(steps: list[tuple[float, int]], length: float) -> float:
     return float(a + b * length)
 
 
-def run(cfg: argparse.Namespace) -> dict[str, Any]:
+def run(cfg: ReferenceConfig) -> dict[str, Any]:
     """Both implementations on the same prompts, alternating per prompt; ratios from this run."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ...programs.prompts import chat_prompt_ids
@@ -108,6 +139,8 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     from ...runtime_ext.runtime import open_runtime
     from ..datasets.loading import load_prompts
 
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     ns = load_reference(cfg.reference)
     folder = convert_gguf(default_model_path())
     # the reference's torch work runs on transient threads (native.on_transient_thread): on the main thread its
@@ -126,7 +159,9 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     return _summary(ref, fr, cfg)
 
 
-def _summary(ref: list, fr: list, cfg: argparse.Namespace) -> dict[str, Any]:
+def _summary(ref: list, fr: list, cfg: ReferenceConfig) -> dict[str, Any]:
+    import torch
+
     mean_t = lambda s: statistics.mean(t for t, _ in s)
     per_token = lambda s: sum(t for t, _ in s) / sum(n for _, n in s)
     length = (cfg.n + 1) / 2
@@ -138,23 +173,3 @@ def _summary(ref: list, fr: list, cfg: argparse.Namespace) -> dict[str, Any]:
             "reference_s_per_step_fitted": fitted_step(ref, length), "forerun_s_per_step_fitted": fitted_step(fr, length),
             "ratio_per_step_fitted": fitted_step(ref, length) / fitted_step(fr, length),
             "ratio_per_generated_token": per_token(ref) / per_token(fr)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reference", required=True, help="path to the reference's llm_experiments/power_samp_utils.py")
-    ap.add_argument("--prompts", type=int, default=5, help="first MATH500 prompts (5)")
-    ap.add_argument("--K", type=int, default=20, help="MH steps per chain (20)")
-    ap.add_argument("--n", type=int, default=64, help="response length, one block (64)")
-    ap.add_argument("--alpha", type=float, default=4.0, help="power α; τ = 1/α (4)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads of both (default: torch's)")
-    cfg = ap.parse_args(argv)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    print(json.dumps(run(cfg), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

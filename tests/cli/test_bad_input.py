@@ -106,6 +106,11 @@ CASES = [
     ("bench engine", ["bench", "engine", "--root-tokens", "10", "--suffixes", "20"], "distinct cuts"),
     ("bench engine", ["bench", "engine", "--model", NO_SUCH], "does not exist"),
     ("bench engine", ["bench", "engine", "--model", "tiny", "--root-tokens", "4000"], "exceed the model context"),
+    # bench reference
+    ("bench reference", ["bench", "reference"], "--reference"),
+    ("bench reference", ["bench", "reference", "--reference", "/no/such/power_samp_utils.py"], "No such file"),
+    ("bench reference", ["bench", "reference", "--reference", "{root}/records.jsonl"], "--reference"),
+    ("bench reference", ["bench", "reference", "--reference", "/x.py", "--K", "0"], "--K"),
     # session demo
     ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
     ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),

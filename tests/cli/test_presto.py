@@ -10,7 +10,8 @@ from forerun.eval.presto.bench import PairResult, format_table
 from forerun.cli.main import build_parser, main
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.records import read_node_records
-from forerun.programs.samplers import SamplerConfig, make_sampler, PrefetchConfig
+from forerun.programs.sampler_config import SamplerConfig, PrefetchConfig
+from forerun.programs.sampler_factory import make_sampler
 
 
 def test_parser_defaults_and_paper_flag():

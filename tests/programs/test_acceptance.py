@@ -241,7 +241,8 @@ def test_sampler_kernels_draw_from_the_exact_kernel(kind):
     from scipy import stats
 
     from forerun.programs.random_streams import DecisionStream
-    from forerun.programs.samplers import SamplerConfig, make_kernel
+    from forerun.programs.samplers import make_kernel
+    from forerun.programs.sampler_config import SamplerConfig
 
     V, T, alpha = (2, 3, 4.0) if kind == "multitry-mh" else (3, 3, 4.0)
     model = LogitTableModel(V, seed=3, period=2, tempered_temperatures=TEMPS)

@@ -28,9 +28,10 @@ from scipy.special import logsumexp
 
 from forerun.programs.acceptance import mtm_log_weight
 from forerun.programs.transitions import ChainState
-from forerun.programs.proposals import Suffix
+from forerun.programs.suffixes import Suffix
 from forerun.programs.random_streams import DecisionStream
-from forerun.programs.samplers import SamplerConfig, make_kernel
+from forerun.programs.samplers import make_kernel
+from forerun.programs.sampler_config import SamplerConfig
 from forerun.testing.logit_table_model import LogitTableModel
 
 PROMPT = (0,)

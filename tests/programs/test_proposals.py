@@ -7,9 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from forerun.programs.proposals import ProgramProposalModel, SuffixRequest
+from forerun.programs.proposals import ProgramProposalModel
+from forerun.programs.suffixes import SuffixRequest
 from forerun.testing.logit_table_model import LogitTableModel
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.protocol import EngineError, GenerateOutput, SamplingParams
 from forerun.runtime_ext.backends.token_exact import TokenExactBackend
 from forerun.testing.chains import assert_same_chain
@@ -169,7 +171,7 @@ def test_tiny_engine_identical_chains(tiny_backend, kind):
 
 @pytest.mark.slow
 def test_default_model_identical_chain_one_prompt():
-    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.programs.proposals import proposal_model_for
     from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime
 
@@ -190,7 +192,7 @@ def test_default_model_identical_chain_one_prompt():
 def test_default_model_identical_chains_ten_math500_prompts(dtype):
     """Issue 14: sequential and PreSTO PowerMH chains of 10 MATH500 prompts at n = 64, K = 30 are identical
     in float32 and in bf16 (the engine is batch-invariant in both)."""
-    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.programs.proposals import proposal_model_for
     from forerun.eval.datasets.loading import load_prompts
     from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime

@@ -7,7 +7,8 @@ import pytest
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, root_cut_features
 from forerun.programs.records import RecordWriter, read_node_records
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 
 
 def test_jsonl_is_append_only_and_round_trips(tmp_path):

@@ -9,13 +9,9 @@ import pytest
 from forerun.programs.prefetch_tree import node_depth
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.transitions import ChainState
-from forerun.programs.samplers import (
-    PrefetchConfig,
-    PrestoSampler,
-    SamplerConfig,
-    SequentialSampler,
-    make_sampler,
-)
+from forerun.programs.samplers import PrestoSampler, SequentialSampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.testing.chains import assert_same_chain
 
 TEMPS = (0.25, 0.5, 1.0)

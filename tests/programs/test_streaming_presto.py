@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.programs.streaming_presto import StreamingPrestoSampler
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.testing.stepped_streams import SteppedStreams

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forerun.programs.proposals import Suffix, SuffixRequest
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.suffixes import Suffix, SuffixRequest
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.programs.suffix_cache import SuffixCache
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.testing.chains import assert_same_chain

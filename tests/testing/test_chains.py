@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from forerun.programs.samplers import SamplerConfig, make_sampler
+from forerun.programs.sampler_config import SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.testing.chains import assert_same_chain
 from forerun.testing.logit_table_model import LogitTableModel
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 from pathlib import Path
@@ -10,14 +9,9 @@ from pathlib import Path
 import pytest
 
 from forerun.eval.datasets import loading as ds
-from forerun.eval.datasets.loading import (
-    DATASETS,
-    DatasetError,
-    Prompt,
-    load_prompts,
-    packaged_data_dir,
-    resolve_data_dir,
-)
+from forerun.eval.datasets.loading import load_prompts, packaged_data_dir, resolve_data_dir
+from forerun.eval.datasets.registry import DATASETS, DatasetError
+from forerun.eval.datasets.prompt import Prompt
 
 EXPECTED = {"math500": 500, "humaneval": 164, "mbpp": 500, "mmlu": 14042, "gpqa": 198, "lcb-v5": 279, "aime": 60,
             "aime2024": 30, "aime2025": 30}
@@ -259,15 +253,6 @@ def test_hub_needs_datasets_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
     with pytest.raises(DatasetError, match="datasets"):
         load_prompts("math500", hub=True)
-
-
-def test_cli_helpers(shared):
-    parser = argparse.ArgumentParser()
-    ds.add_dataset_arguments(parser)
-    args = parser.parse_args(["--dataset", "lcb", "--prompts", "3", "--data-dir", str(shared)])
-    prompts = ds.prompts_from_args(args)
-    assert len(prompts) == 3 and prompts[0].dataset == "lcb-v5"
-    assert parser.parse_args([]).prompts == 20 and parser.parse_args([]).hub is False
 
 
 def test_prompt_is_hashable_and_chat_prompt():

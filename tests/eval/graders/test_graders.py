@@ -19,7 +19,7 @@ from forerun.eval.graders.choice import extract_choice
 from forerun.eval.graders.code import extract_code, grade_code, stdout_matches
 from forerun.eval.graders.math_answers import equivalent, extract_final_answer, grade_math, normalize
 
-DATA = Path(os.environ.get("FORERUN_DATA_DIR") or Path(__file__).resolve().parents[3] / "shared" / "datasets")
+DATA = Path(os.environ.get("FORERUN_DATA_DIR") or Path(__file__).resolve().parents[4] / "shared" / "datasets")
 needs_data = pytest.mark.skipif(not (DATA / "math500.jsonl").is_file(), reason="offline datasets not found")
 CODE_PREFIX = 25
 

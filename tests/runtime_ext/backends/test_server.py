@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forerun.programs.proposals import ProgramProposalModel, SuffixRequest
+from forerun.programs.proposals import ProgramProposalModel
+from forerun.programs.suffixes import SuffixRequest
 from forerun.runtime_ext.backends import server_client
 from forerun.testing.fake_sglang_server import BOS_ID, fake_tokenizer, FakeSGLangServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import requests
 
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
 from forerun.runtime_ext.runtime import open_runtime
 from forerun.testing.fake_sglang_server import FakeSGLangServer
@@ -99,7 +100,7 @@ def test_abort_stops_a_streamed_row():
 
 
 def test_streaming_presto_on_a_server_gives_the_sequential_chain():
-    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.programs.proposals import proposal_model_for
 
     with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         ids = srv.tokenizer.encode("stream a chain")

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from forerun.programs.proposals import ProgramProposalModel
-from forerun.programs.samplers import PrefetchConfig, SamplerConfig, make_sampler
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import EngineError, SamplingParams, StreamingEngine
@@ -133,7 +134,7 @@ def test_streaming_presto_on_the_tiny_engine_gives_the_sequential_chain(engine, 
 def test_default_model_streaming_chains_are_the_sequential_chains(dtype):
     """Issue 12 on the default model (batch-invariant native kernels): streaming PreSTO gives the sequential
     chain for all three samplers on one prompt, and for PowerMH on MATH500 prompts at n = B = 32, K = 10."""
-    from forerun.eval.presto.bench import proposal_model_for
+    from forerun.programs.proposals import proposal_model_for
     from forerun.eval.datasets.loading import load_prompts
     from forerun.programs.prompts import chat_prompt_ids
     from forerun.runtime_ext.runtime import open_runtime

@@ -1,0 +1,139 @@
+"""The settings of a power sampler and of its PreSTO variant: frozen, validated, each default written once.
+
+    paper (Table 6)                     code                                        Table 6   CPU default
+    sampler                             SamplerConfig.kind (SAMPLER_KINDS)
+    n, B                                response_length, block_size                 1024      32 (`CPU_SAMPLER`)
+    K                                   steps_per_block                             100       10
+    α, τ = 1/α, β                       alpha, temperature, beta                    4, ¼, 4
+    M, 𝒯 (MultiTryMH)                   mtm_candidates, mtm_temperatures            4, {¼, ½, 1}
+    seed                                seed (`random_streams.PAPER_SEED`)          10086
+    N_pf                                PrefetchConfig.budget                       20
+    traversal rule, ĥ(v+; ε)            PrefetchConfig.traversal, branch_prob
+
+`SamplerConfig()` is the library's default (n = B = 64, K = 10); `CPU_SAMPLER` is what `forerun sample` and
+`forerun bench presto` run without flags (the README's main job on 2 cores); `TABLE6_SAMPLER` is `--paper`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .acceptance import EPSILON
+from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
+from .random_streams import PAPER_SEED
+from .traversal import TRAVERSALS, BranchProb
+
+SAMPLER_KINDS: tuple[str, ...] = ("power-mh", "entropy-cut", "multitry-mh")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Power-sampling settings (Table 6a defaults noted; CPU defaults are smaller)."""
+
+    kind: str = "power-mh"
+    """Sampler: "power-mh" (Karan & Du), "entropy-cut" (Zhou et al.), "multitry-mh" (simplified EGPS)."""
+    response_length: int = 64
+    """n: response tokens (fixed; EOS ignored).  Table 6: 1024."""
+    block_size: int = 64
+    """B: block size (n must be a multiple).  Table 6: a single block, B = n."""
+    steps_per_block: int = 10
+    """K: realized MH transitions per block.  Table 6: 100."""
+    alpha: float = 4.0
+    """α: power exponent of π_α ∝ p0^α.  Table 6: 4.0."""
+    temperature: float | None = None
+    """τ: proposal temperature; None means 1/α (Table 6)."""
+    beta: float = 4.0
+    """β: EntropyCut cut-law exponent.  Table 6: 4.0."""
+    mtm_candidates: int = 4
+    """M: MultiTryMH candidates per transition.  Table 6: 4."""
+    mtm_temperatures: tuple[float, ...] = (0.25, 0.5, 1.0)
+    """𝒯: MultiTryMH candidate temperatures (each candidate draws one uniformly).  Table 6."""
+    seed: int = PAPER_SEED
+    """Run seed of the decision streams.  Table 6: `PAPER_SEED` = 10086."""
+    epsilon: float = EPSILON
+    """ε of the recorded certainty classes.  Table 6b: 0.01."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SAMPLER_KINDS:
+            raise ValueError(f"kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")
+        if self.response_length < 1:
+            raise ValueError(f"response_length n must be >= 1, got {self.response_length}")
+        if self.block_size < 1 or self.response_length % self.block_size:
+            raise ValueError(f"block_size B must divide response_length n={self.response_length}, got {self.block_size}")
+        if self.steps_per_block < 1:
+            raise ValueError(f"steps_per_block K must be >= 1, got {self.steps_per_block}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"temperature τ must be > 0, got {self.temperature}")
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.mtm_candidates < 1:
+            raise ValueError(f"mtm_candidates M must be >= 1, got {self.mtm_candidates}")
+        if not self.mtm_temperatures or any(not t > 0 for t in self.mtm_temperatures):
+            raise ValueError(f"mtm_temperatures must be non-empty and > 0, got {self.mtm_temperatures}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not (0 < self.epsilon < 0.5):
+            raise ValueError(f"epsilon must be in (0, 0.5), got {self.epsilon}")
+
+    @property
+    def tau(self) -> float:
+        return 1.0 / self.alpha if self.temperature is None else self.temperature
+
+    @property
+    def num_blocks(self) -> int:
+        return self.response_length // self.block_size
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """PreSTO settings."""
+
+    budget: int = 20
+    """N_pf: what one prefetch round may cost, in `budget_unit`s.  Table 6: 20."""
+    budget_unit: str = "request"
+    """What N_pf counts (`call_cost`): "request" - distinct suffix requests the call generates (one per
+    requested depth; MultiTryMH 2M − 1; requests the chain already generated are free), the default;
+    "node" - scored nodes, the paper's count (BFS over nodes, the DP of Proposition 2)."""
+    traversal: str = "bfs"
+    """Tree traversal rule: "bfs" (default) or "predictive" (ĥ from branch_prob)."""
+    branch_prob: BranchProb | None = None
+    """ĥ(v+; ε) of a candidate node (`traversal.CandidateNode`: cut fraction c_j/T, depth, Features 3/4,
+    ...), e.g. `CertaintyClassifier.branch_prob_of` (predictive rule only)."""
+    tree_position: bool = False
+    """Whether branch_prob reads the node's tree position (κ(v), accepts on the path): the node-unit DP then
+    runs over (depth, κ, accepts) states, e.g. `CertaintyClassifier.uses_tree_position`."""
+    max_nodes: int = DEFAULT_MAX_NODES
+    """Request unit: at most this many nodes scored per round (CPU work; free for the engine)."""
+    call_overhead: float | None = None
+    """κ0, request unit, predictive rule: the fixed cost of a call in request-equivalents.  None: maximise
+    the predicted transitions F̂ within the budget (Eq. 17); a number: maximise F̂ / (κ0 + requests)."""
+    reuse_suffixes: bool = True
+    """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
+    streaming: bool = False
+    """Streaming PreSTO (`streaming`, issue 12): every request is a row started the moment its prefix is
+    known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")
+        if self.budget_unit not in BUDGET_UNITS:
+            raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {self.budget_unit!r}")
+        if self.traversal not in TRAVERSALS:
+            raise ValueError(f"traversal must be one of {TRAVERSALS}, got {self.traversal!r}")
+        if self.traversal == "predictive" and self.branch_prob is None:
+            raise ValueError("traversal='predictive' needs branch_prob (candidate node -> ĥ)")
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if self.call_overhead is not None and not (0 < self.call_overhead < math.inf):
+            raise ValueError(f"call_overhead κ0 must be a positive number, got {self.call_overhead!r}")
+        if self.call_overhead is not None and (self.budget_unit != "request" or self.traversal != "predictive"):
+            raise ValueError("call_overhead applies to the predictive rule under budget_unit='request' only")
+
+
+CPU_SAMPLER = SamplerConfig(response_length=32, block_size=32, steps_per_block=10)
+"""CPU-sized defaults of `forerun sample` / `forerun bench presto` (3 MATH500 prompts in minutes on 2 cores)."""
+TABLE6_SAMPLER = replace(SamplerConfig(), response_length=1024, block_size=1024, steps_per_block=100)
+"""PreSTO Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, seed 10086 (N_pf: `PrefetchConfig().budget`)."""

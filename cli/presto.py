@@ -24,19 +24,23 @@ import sys
 import time
 from typing import Any, Iterator
 
-from .args import add_model_arguments, dataset_name, nonnegative_int, positive_float, positive_int
+from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .output import output_file, print_json
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from ..eval.presto.reference import ReferenceConfig
+from ..eval.presto.scaleout import ScaleoutConfig
 from ..programs.sampler_config import CPU_SAMPLER, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig
 
-__all__ = ["register", "sample_command", "bench_presto_command", "bench_reference_command", "prompt_id_for_text"]
+__all__ = ["register", "sample_command", "bench_presto_command", "bench_reference_command", "bench_scaleout_command",
+           "prompt_id_for_text"]
 
 TRAVERSAL_CHOICES = ("bfs", "predictive", "streaming", "streaming-predictive")
 """PreSTO variants: round-based (BFS / predictive rule) and streaming (issue 12) in BFS or ĥ order."""
 
+_SCALE = ScaleoutConfig()
+"""`bench scaleout`'s defaults, read from its config type."""
 _REF = ReferenceConfig(reference="")
 """`bench reference`'s defaults, read from its config type."""
 NPF_DEFAULT = PrefetchConfig().budget
@@ -116,6 +120,21 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     r.add_argument("--threads", type=positive_int, default=None, help="torch threads of both (default: torch's)")
     r.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     r.set_defaults(handler=bench_reference_command)
+
+    o = bench_subparsers.add_parser("scaleout", help="chains/s over 1, 2, 4 fake SGLang workers behind the SGLang "
+                                                     "Model Gateway (smg): throughput, stickiness, identical chains")
+    o.add_argument("--workers", type=positive_int, nargs="+", default=list(_SCALE.workers),
+                   help=f"worker counts ({' '.join(map(str, _SCALE.workers))})")
+    o.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=_SCALE.gateway,
+                   help="through the smg gateway (default); --no-gateway: the worker URLs given to the client")
+    o.add_argument("--prompts", type=positive_int, default=_SCALE.prompts, help=f"MATH500 prompts ({_SCALE.prompts})")
+    o.add_argument("--n", type=positive_int, default=_SCALE.n, help=f"response length n ({_SCALE.n})")
+    o.add_argument("--K", type=positive_int, default=_SCALE.K, help=f"MH transitions per block ({_SCALE.K})")
+    o.add_argument("--npf", type=positive_int, default=_SCALE.npf, help=f"prefetch budget N_pf ({_SCALE.npf})")
+    o.add_argument("--step-ms", type=nonnegative_float, default=_SCALE.step_ms,
+                   help=f"fake worker decode step in ms ({_SCALE.step_ms:g})")
+    o.add_argument("--json", action="store_true", help="print a JSON object on stdout (its last line)")
+    o.set_defaults(handler=bench_scaleout_command)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -378,4 +397,25 @@ def bench_reference_command(args: argparse.Namespace) -> int:
           f"reference {out['reference_s_per_step']:.3f} s, forerun {out['forerun_s_per_step']:.3f} s -> "
           f"{out['ratio_per_step_raw']:.2f}x raw, {out['ratio_per_step_fitted']:.2f}x fitted, "
           f"{out['ratio_per_generated_token']:.2f}x per generated token")
+    return 0
+
+
+@reports_errors("bench scaleout")
+def bench_scaleout_command(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from ..eval.presto.scaleout import format_scaleout, run_scaleout
+    from ..runtime_ext.launch import LaunchError
+
+    cfg = ScaleoutConfig(workers=tuple(args.workers), gateway=args.gateway, prompts=args.prompts, n=args.n, K=args.K,
+                         npf=args.npf, step_ms=args.step_ms)
+    with tempfile.TemporaryDirectory(prefix="forerun-scaleout-") as logs:
+        try:
+            out = run_scaleout(cfg, logs, progress=lambda line: print(f"bench scaleout: {line}", file=sys.stderr))
+        except LaunchError as exc:
+            raise CommandError(str(exc).splitlines()[0]) from None
+    if args.json:
+        print_json(out)
+        return 0
+    print(format_scaleout(out))
     return 0

@@ -2,9 +2,13 @@
 
 A `RuntimePool` holds runtimes, each with a number of slots (chains in flight on it at once):
 
-    several SGLang servers (or one sglang-router URL)   one runtime per URL, `slots` chains each (default 1:
+    several SGLang servers                              one runtime per URL, `slots` chains each (default 1:
                                                         a chain keeps one server for its whole life, so that
                                                         server's radix cache serves its every call)
+    the SGLang Model Gateway (smg) in front of N workers  one runtime, `slots` chains: each lease has a routing
+                                                        key of its own, sent on every request of the chain, and
+                                                        the gateway's sticky routing keeps the chain on one
+                                                        worker (`scripts/launch_runtime --workers N --gateway`)
     the embedded engine                                 one runtime with `slots` chains: its continuous
                                                         batching runs their concurrent requests together
 
@@ -17,7 +21,9 @@ parallelism spreads requests inside one URL.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -41,6 +47,9 @@ class RuntimePool:
         self._cond = threading.Condition()
         self.leases = [0] * len(self.runtimes)
         """Leases granted per runtime so far (how the work was spread)."""
+        prefix = f"forerun-{uuid.uuid4().hex[:12]}"
+        self._chain_keys = (f"{prefix}-{n}" for n in itertools.count())
+        """One routing key per lease (chain): `<pool prefix>-<n>`."""
 
     @property
     def first(self) -> Runtime:
@@ -57,15 +66,17 @@ class RuntimePool:
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[Runtime]:
-        """A slot on the runtime with the most free slots (blocks while all are busy)."""
+        """A slot on the runtime with the most free slots (blocks while all are busy), as one chain uses it:
+        with a routing key of its own (`Runtime.for_chain`), so a gateway keeps the chain on one worker."""
         with self._cond:
             while max(self._free) == 0:
                 self._cond.wait()
             i = max(range(len(self._free)), key=lambda k: (self._free[k], -k))
             self._free[i] -= 1
             self.leases[i] += 1
+            key = next(self._chain_keys)
         try:
-            yield self.runtimes[i]
+            yield self.runtimes[i].for_chain(key)
         finally:
             with self._cond:
                 self._free[i] += 1

@@ -13,7 +13,7 @@ engine's worker thread must stop before the interpreter exits).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine import EmbeddedEngine, EngineConfig
@@ -56,6 +56,16 @@ class Runtime:
 
         allowed = getattr(getattr(self.engine, "config", None), "allow_nondeterministic", False)
         return None if self.deterministic or not allowed else f"{self.location}: {NONDETERMINISTIC_NOTE}"
+
+    def for_chain(self, key: str) -> "Runtime":
+        """This runtime as one chain uses it: on a server every request carries the chain's routing key
+        (`server_client.ROUTING_KEY_HEADER`), so behind the SGLang Model Gateway all of a chain's calls reach
+        one worker and its radix prefix stays warm; the embedded engine is returned as it is."""
+        keyed = getattr(self.backend, "with_routing_key", None)
+        if keyed is None:
+            return self
+        backend = keyed(key)
+        return replace(self, engine=backend.engine, backend=backend)
 
     def flush(self) -> bool:
         """Clear the prefix cache (between independent chains).  A server flushes only once idle and may

@@ -66,7 +66,14 @@ class Handler(BaseHTTPRequestHandler):
             with server.lock:
                 server.requests.append((path, body))
             if path == "/generate":
+                key = self.headers.get("X-SMG-Routing-Key") or ""
+                with server.lock:
+                    server.routing_counts[key] = server.routing_counts.get(key, 0) + 1
                 self._generate(body)
+            elif path == "/forerun_fake/routing":
+                with server.lock:
+                    counts = dict(server.routing_counts)
+                self._send(200, {"url": server.url, "counts": counts})
             elif path == "/abort_request":
                 with server.lock:
                     server.aborted_rids.add(str((body or {}).get("rid")))

@@ -88,8 +88,11 @@ class FakeSGLangServer:
     def __init__(self, *, model: FakeByteModel | None = None, plugin: bool = False, deterministic: bool = True,
                  sampling_backend: str | None = None, step_s: float = 0.0,
                  model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, serial: bool = False) -> None:
         self.model = model or FakeByteModel()
+        self.serial = serial
+        """Serve one /generate at a time (a worker at capacity: two chains on it take twice as long)."""
+        self._serial_lock = threading.Lock()
         self.host = host
         self.port = port
         self.tokenizer = fake_tokenizer()
@@ -109,6 +112,9 @@ class FakeSGLangServer:
         self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
                          "num_requests_total": 0}
         self.flushes = 0
+        self.routing_counts: dict[str, int] = {}
+        """/generate requests per `X-SMG-Routing-Key` header ("" without one): which chains this worker served
+        behind a gateway (`GET /forerun_fake/routing`, a test-double route; SGLang has no such route)."""
         self._in_flight = 0
         self._failures: list[_Failure] = []
         self.lock = threading.Lock()
@@ -214,6 +220,9 @@ class FakeSGLangServer:
         with self.lock:
             self._in_flight += 1
         try:
+            if self.serial:
+                with self._serial_lock:
+                    return self._handle_generate(body)
             return self._handle_generate(body)
         finally:
             with self.lock:
@@ -390,10 +399,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model-path", default="forerun-fake-byte-model")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
     parser.add_argument("--step-ms", type=float, default=float(os.environ.get("FORERUN_FAKE_STEP_MS", "0")))
+    parser.add_argument("--serial", action="store_true", default=os.environ.get("FORERUN_FAKE_SERIAL") == "1",
+                        help="serve one /generate at a time (a worker at capacity)")
     args, _unknown = parser.parse_known_args(argv)
     srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path,
                            deterministic=args.enable_deterministic_inference,
-                           plugin=os.environ.get(PLUGIN_ENV) == "1", step_s=args.step_ms / 1000.0)
+                           plugin=os.environ.get(PLUGIN_ENV) == "1", step_s=args.step_ms / 1000.0, serial=args.serial)
     srv.start()
     mode = "deterministic" if srv.deterministic else "NOT deterministic (seeds ignored)"
     print(f"fake SGLang server on {srv.url}: {mode}, plugin {'on' if srv.plugin else 'off'}", flush=True)

@@ -9,6 +9,7 @@ table of what the server reports and how).
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Sequence
 
 import requests
@@ -36,6 +37,12 @@ class SGLangServerBackend(TokenExactBackend):
         self.engine = client
         self.base_url = client.base_url
         self.config = client.config
+
+    def with_routing_key(self, key: str | None) -> "SGLangServerBackend":
+        """This backend whose engine is `engine.with_routing_key(key)` (one per chain; see `ROUTING_KEY_HEADER`)."""
+        view = copy.copy(self)
+        view.engine = self.engine.with_routing_key(key)
+        return view
 
     # -- TokenExactBackend ------------------------------------------------------------------
     def run(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,

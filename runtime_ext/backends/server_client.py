@@ -34,6 +34,7 @@ be running the request).  `/flush_cache` is sent only when asked and waits for t
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import time
 import uuid
@@ -63,7 +64,13 @@ from .server_wire import (
     plugin_fields,
 )
 
-__all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE"]
+__all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE",
+           "ROUTING_KEY_HEADER"]
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+"""The SGLang Model Gateway's sticky-routing header (`smg`, policy `manual`: one key, one worker); a plain SGLang
+server ignores it.  Every request of one chain carries the chain's key (`with_routing_key`), so behind a gateway
+the chain's calls land on one worker and its radix prefix stays warm."""
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 NONDETERMINISTIC_NOTE = ("the server runs without --enable-deterministic-inference: seeds are ignored, so chains "
@@ -160,6 +167,8 @@ class SGLangServerClient(ServerStreamingMixin):
         self.config = config or ServerConfig()
         self._http = http or requests.Session()
         self.default_session_params: dict[str, Any] | None = None
+        self.routing_key: str | None = None
+        """Sent as `ROUTING_KEY_HEADER` on every request when set (see `with_routing_key`)."""
         info = self.server_info()
         self.capabilities = ServerCapabilities.from_info(info)
         if self.config.use_plugin and self.capabilities.plugin is None:
@@ -186,6 +195,17 @@ class SGLangServerClient(ServerStreamingMixin):
         """Requests ask the forerun sampler plugin for log p0, entropy and log q at extra temperatures."""
         return self.capabilities.plugin is not None and self.config.use_plugin is not False
 
+    def with_routing_key(self, key: str | None) -> "SGLangServerClient":
+        """The same client (HTTP session, capabilities, session mirror, tokenizer shared) whose every request
+        carries `key` in `ROUTING_KEY_HEADER`: one per chain, so a gateway keeps the chain on one worker."""
+        view = copy.copy(self)
+        view.routing_key = key
+        return view
+
+    def routing_headers(self) -> dict[str, str] | None:
+        """The headers every request of this client carries: the routing key, when set."""
+        return {ROUTING_KEY_HEADER: self.routing_key} if self.routing_key else None
+
     # -- HTTP -------------------------------------------------------------------------------
     def _request(self, method: str, path: str, *, json_body: Any = None, rids: Sequence[str] = (),
                  prompt_lens: Sequence[int] = (), params: dict[str, Any] | None = None) -> requests.Response:
@@ -200,6 +220,7 @@ class SGLangServerClient(ServerStreamingMixin):
             status: int | None = None
             try:
                 resp = self._http.request(method, url, json=json_body, params=params,
+                                          headers=self.routing_headers(),
                                           timeout=(cfg.connect_timeout_s, cfg.timeout_s))
             except requests.exceptions.ConnectionError as e:
                 transient = f"cannot connect ({type(e).__name__}: {e})"

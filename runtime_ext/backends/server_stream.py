@@ -59,7 +59,7 @@ class ServerStreamingMixin:
         if stop is not None:
             stop.set()
         try:
-            self._http.post(self.base_url + "/abort_request", json={"rid": rid},
+            self._http.post(self.base_url + "/abort_request", json={"rid": rid}, headers=self.routing_headers(),
                             timeout=(self.config.connect_timeout_s, self.config.connect_timeout_s))
         except requests.exceptions.RequestException:
             pass  # closing the stream aborts it too
@@ -72,7 +72,7 @@ class ServerStreamingMixin:
         ids: tuple[int, ...] = ()
         last: dict[str, Any] | None = None
         try:
-            with self._http.post(url, json=body, stream=True,
+            with self._http.post(url, json=body, stream=True, headers=self.routing_headers(),
                                  timeout=(self.config.connect_timeout_s, self.config.timeout_s)) as resp:
                 if resp.status_code >= 400:
                     raise SGLangServerError(f"SGLang server {url} rejected stream rid={item.rid}: HTTP "

@@ -16,8 +16,14 @@ from forerun.testing.fake_sglang_server import FakeSGLangServer
 
 
 class _Rt(SimpleNamespace):
+    keys: list = []
+
     def close(self):
         self.closed = True
+
+    def for_chain(self, key):
+        _Rt.keys.append(key)
+        return self
 
 
 def test_lease_respects_the_per_runtime_limit_and_map_keeps_order():
@@ -38,6 +44,7 @@ def test_lease_respects_the_per_runtime_limit_and_map_keeps_order():
 
     assert pool.map(work, list(range(12))) == [x * x for x in range(12)]
     assert max(peak.values()) <= 2 and sum(pool.leases) == 12 and min(pool.leases) >= 4
+    assert len(set(_Rt.keys[-12:])) == 12  # every chain its own routing key
     with pytest.raises(ZeroDivisionError):
         pool.map(lambda rt, x: 1 / x, [1, 0, 2])
     pool.close()

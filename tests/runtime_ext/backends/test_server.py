@@ -409,8 +409,8 @@ def _launch(*args, env_extra=None, timeout=60):
 @pytest.mark.skipif(runtime_installed(), reason="the SGLang runtime is installed here")
 def test_launcher_fails_clearly_without_runtime(tmp_path):
     res = _launch("--port", str(unused_port()), "--timeout", "5", "--log", str(tmp_path / "log"))
-    assert res.returncode == 1
-    assert "SGLang runtime is not installed" in res.stderr
+    assert res.returncode == 2
+    assert "SGLang runtime" in res.stderr and "is not installed" in res.stderr and res.stderr.count("\n") == 1
     assert res.stdout == ""
 
 

@@ -1,10 +1,14 @@
 """The one place forerun imports the SGLang frontend.
 
-`import sglang` runs `sglang.srt.utils.hf_transformers_patches.apply_all()`, which imports torch and
-triton; the frontend (`sglang.lang`) needs neither.  When the SGLang *runtime* is not installed (CPU
-machines: sglang installed with ``--no-deps``, no triton), a no-op module is registered under that name
-before the import so that the frontend imports cleanly.  When the runtime is installed (GPU machines),
-sglang is imported untouched.
+`import sglang` runs `sglang.srt.utils.hf_transformers_patches.apply_all()`, which imports the runtime's
+utilities (`srt/utils/common.py`: torch, triton, orjson, psutil, PIL, starlette, ...); the frontend
+(`sglang.lang`) needs none of them.  When the SGLang *runtime* is installed (GPU machines: `FORERUN_GPU=1
+scripts/setup`), sglang is imported untouched.  Otherwise (CPU machines: sglang installed with ``--no-deps``),
+a no-op module is registered under that name first so that the frontend imports cleanly - also where triton
+is present without the rest of the runtime (a CUDA torch wheel brings triton along, and the real patches then
+fail on `import orjson`): the real import is tried, and on ImportError the half-imported sglang modules are
+dropped and the stub is used.  The frontend itself needs only what forerun declares (pybase64, ipython,
+pydantic, aiohttp, msgspec, numpy, requests, tqdm).
 
 Everything else in forerun takes SGLang names from here, never from ``sglang`` directly (the server-side
 plugin too: `hook_registry()` imports the runtime's hook registry, which exists only where the runtime is).
@@ -19,16 +23,37 @@ import types
 _PATCH_MODULE = "sglang.srt.utils.hf_transformers_patches"
 
 
+def _register_stub() -> None:
+    stub = types.ModuleType(_PATCH_MODULE)
+    stub.apply_all = lambda: None  # type: ignore[attr-defined]
+    stub.__doc__ = "forerun stub: the SGLang runtime is not installed; the frontend needs no patches."
+    sys.modules[_PATCH_MODULE] = stub
+
+
+def _import_runtime_patches() -> bool:
+    """Import sglang with its real patches; False (and sglang's half-imported modules dropped) when the
+    runtime's imports are not all installed."""
+    try:
+        importlib.import_module("sglang")
+    except ImportError:
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
+        return False
+    return True
+
+
+_RUNTIME = False
+if _PATCH_MODULE not in sys.modules:
+    _RUNTIME = importlib.util.find_spec("triton") is not None and _import_runtime_patches()
+    if not _RUNTIME:
+        _register_stub()
+else:
+    _RUNTIME = not getattr(sys.modules[_PATCH_MODULE], "__doc__", "").startswith("forerun stub")
+
+
 def runtime_installed() -> bool:
-    """True when the SGLang runtime's GPU stack (triton) is importable, i.e. the real patches can run."""
-    return importlib.util.find_spec("triton") is not None
-
-
-if _PATCH_MODULE not in sys.modules and not runtime_installed():
-    _stub = types.ModuleType(_PATCH_MODULE)
-    _stub.apply_all = lambda: None  # type: ignore[attr-defined]
-    _stub.__doc__ = "forerun stub: the SGLang runtime is not installed; the frontend needs no patches."
-    sys.modules[_PATCH_MODULE] = _stub
+    """True when sglang was imported with its real runtime patches (the SGLang runtime is installed)."""
+    return _RUNTIME
 
 import sglang as sgl  # noqa: E402
 from sglang.lang.backend.base_backend import BaseBackend  # noqa: E402

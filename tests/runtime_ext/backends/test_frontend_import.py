@@ -1,0 +1,37 @@
+"""The SGLang frontend imports with and without triton: a CUDA torch wheel brings triton along without the rest
+of SGLang's runtime (orjson, psutil, starlette, ...), and the real runtime patches then fail to import; forerun
+must fall back to its stub instead of failing (issue 29)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PROBE = ("import forerun.runtime_ext.backends.sglang_frontend as f, sys; "
+         "print(f.runtime_installed(), 'sglang.lang.api' in sys.modules, f.gen is not None)")
+
+
+def _run(tmp_path, with_triton: bool, block_orjson: bool) -> subprocess.CompletedProcess:
+    paths = []
+    if with_triton:
+        (tmp_path / "triton").mkdir()
+        (tmp_path / "triton" / "__init__.py").write_text("__version__ = '0.0-fake'\n")
+        paths.append(str(tmp_path))
+    if block_orjson:  # a site without orjson, whatever this machine has
+        (tmp_path / "block").mkdir()
+        (tmp_path / "block" / "orjson.py").write_text("raise ImportError('no orjson here')\n")
+        paths.append(str(tmp_path / "block"))
+    code = f"import sys; sys.path[:0] = {paths!r}; " + PROBE
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_frontend_imports_without_triton(tmp_path):
+    res = _run(tmp_path, with_triton=False, block_orjson=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["False", "True", "True"]
+
+
+def test_frontend_imports_with_triton_but_not_the_rest_of_the_runtime(tmp_path):
+    res = _run(tmp_path, with_triton=True, block_orjson=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["False", "True", "True"]

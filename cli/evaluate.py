@@ -4,7 +4,7 @@
                  [--resume] [--seed S[,S...]] [--concurrency C] [--model M | --backend URL[,URL...]] [settings]
     forerun eval report RUN.jsonl --out DIR [--json]
 
-Methods and settings: `eval.methods`; the run file: `eval.runs`; the report: `eval.report`.  Bad input
+Methods and settings: `eval.harness.methods` / `settings`; the run file: `eval.harness.runs`; the report: `eval.harness.report`.  Bad input
 (unknown dataset or method, an output path that cannot be written, a run file made with other settings)
 is one line on stderr and exit status 2, before any model is loaded.
 """

@@ -50,7 +50,7 @@ The cut itself is drawn by Gumbel-max, c = argmax_t (log ρ_x(t) + G_t) with G_t
 by the transition (`cut_by_gumbel_max`): an exact draw from ρ_x.  Unlike the inverse CDF, it decides the cut
 from the weights at t ≤ c alone whenever c wins: a state y that shares x's prefix up to κ ≥ c has the same
 scores at t ≤ κ, so its cut is either c again or lies beyond κ.  PreSTO uses this to request EntropyCut
-proposals below acceptances and validate them after generation (`kernels.EntropyCutKernel`).
+proposals below acceptances and validate them after generation (`transitions.EntropyCutKernel`).
 
 MultiTryMH (simplified EGPS, Liu et al. 2000).  Fix the cut c (uniform, state-independent) and the prefix
 P = x_{0:c}.  Each candidate draws a temperature τ ~ Unif(𝒯), 𝒯 = {0.25, 0.5, 1.0}, then a suffix from

@@ -23,7 +23,7 @@ transition j = k + d and share its random inputs, in particular its request cut 
 Every feasible request's prefix is root_state[:c] (Condition 1 and the prefix identity of §3.2), so all
 feasible nodes of one depth share one request.  A request whose cut law depends on a state not yet
 generated (EntropyCut below an acceptance) is made at the root's cut and validated after generation
-(`kernels.EntropyCutKernel`); one that fails is deferred like an infeasible one.  Deferred inputs are a pure
+(`transitions.EntropyCutKernel`); one that fails is deferred like an infeasible one.  Deferred inputs are a pure
 function of j, so deferral keeps them (Prop. 1, A2).
 """
 

@@ -113,7 +113,7 @@ class PrefetchConfig:
     reuse_suffixes: bool = True
     """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
     streaming: bool = False
-    """Streaming PreSTO (`streaming`, issue 12): every request is a row started the moment its prefix is
+    """Streaming PreSTO (`streaming_presto`, issue 12): every request is a row started the moment its prefix is
     known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
 
     def __post_init__(self) -> None:

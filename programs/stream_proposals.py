@@ -1,6 +1,6 @@
 """Streamed suffix proposals: the rows of streaming PreSTO, started one by one and heard token by token.
 
-`ProposalStreams` is what the streaming sampler (`streaming`) needs from an engine: start a suffix request
+`ProposalStreams` is what the streaming sampler (`streaming_presto`) needs from an engine: start a suffix request
 now (optionally naming a running row whose tokens its prefix extends, so the engine can share that KV),
 abort one, and wait for the next progress (`RowUpdate`: the tokens so far; the `Suffix` once complete).
 `EngineStreams` provides it on any `protocol.StreamingEngine` (the embedded engine; an SGLang server

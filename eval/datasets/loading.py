@@ -74,7 +74,7 @@ class DataSource:
 
 
 def packaged_data_dir() -> Path:
-    """The folder holding the packaged 20-prompt slices (`forerun/eval/data`)."""
+    """The folder holding the packaged 20-prompt slices (`forerun/eval/datasets/data`)."""
     return Path(str(importlib.resources.files("forerun.eval.datasets") / "data"))
 
 

@@ -7,7 +7,7 @@
     prefetch call vs one proposal);
 (c) the prefix-cache hit rate of that call (cached prompt tokens / reusable prompt tokens);
 (d) the peak KV-pool use (radix tree + running rows), tokens and MiB;
-(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`bench_roofline`).
+(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`roofline`).
 Timings are medians over `repeats` runs after one warm-up.
 """
 

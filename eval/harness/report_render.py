@@ -1,4 +1,4 @@
-"""Markdown tables and PNG figures of `eval.report.summarize` (matplotlib, Agg backend)."""
+"""Markdown tables and PNG figures of `harness.report.summarize` (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 

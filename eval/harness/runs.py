@@ -9,7 +9,7 @@ which `load_run` truncates away before resuming.  Lines are strict JSON (NaN/inf
     key                     "dataset|method|prompt_id|seed": what --resume skips
     response_ids, response  generated token ids and their text
     grade, correct          the grader's verdict (eval.graders.Grade)
-    wall_s, call_time_s     generation time; App. D.2 model-call time (see eval.methods)
+    wall_s, call_time_s     generation time; App. D.2 model-call time (see harness.methods)
     num_calls, transitions  model calls; realized MH transitions (MH samplers only)
     settings, model         what produced the line
 

@@ -1,5 +1,5 @@
 """The names and settings of the methods `forerun eval` compares (no model imports: the CLI reads the
-defaults when it builds its parser).  What each method is: `eval.methods`."""
+defaults when it builds its parser).  What each method is: `harness.methods`."""
 
 from __future__ import annotations
 

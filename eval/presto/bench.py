@@ -10,7 +10,7 @@ Block-extension calls are identical in both variants and excluded from the call 
 
 Several PreSTO variants run side by side on the same prompts (`--traversals bfs predictive streaming`): the
 sequential chains run once and each variant is one row against them.  A streaming variant's "calls" are its
-windows (`programs.streaming`), so its row reads the same way (transitions per window, Eq. 20 on the MH
+windows (`programs.streaming_presto`), so its row reads the same way (transitions per window, Eq. 20 on the MH
 phase), with the rows started / aborted, the wasted tokens and the rows per decode step added.  Every row also
 carries its decode steps S and row-steps G per chain: with a measured per-step time t(r) ≈ a + b·r
 (`cost_model.step_cost_curve`), the model-call time is predicted as a·S + b·G (`cost_model.cost_model_prediction`), and a ratio of S

@@ -3,9 +3,9 @@
     module          responsibility
     config          EngineConfig (frozen, validated)
     sampling        pure per-token math: u(seed, position), log p0 / entropy, log q_τ, inverse-CDF draw
-    kernels         which forward runs (plan_forward: native / rowwise / sdpa); transformers adapters: KV
+    forward         which forward runs (plan_forward: native / rowwise / sdpa); transformers adapters: KV
                     buffers and the buffer cache, the switchable row-by-row linear / attention kernels
-    lean            the lean Llama-family forward on the native kernels (prefill and decode alike)
+    llama_forward   the engine's own Llama-family forward on the native kernels (prefill and decode alike)
     native          building / loading the C++ kernels of csrc/ (batch-invariant linear, attention, norms,
                     vocabulary statistics and draws)
     requests        request bookkeeping: RequestMode, Request, validation (make_request)
@@ -17,6 +17,7 @@
     scheduler       EmbeddedEngine: public API, submission, the worker loop, the decode step
     models          loading a model (default GGUF wheel, tiny in-process Llama, HF folder, .gguf)
     radix_cache     the token-level radix prefix tree of KV segments
+    row_streams     per-row progress and abort of streamed requests (streaming PreSTO's rows)
 """
 
 from .config import EngineConfig

@@ -73,7 +73,7 @@ class Request:
     input_top: list[Any] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     stop_text_cut: int | None = None
-    # streaming (runtime extension, `streaming`): progress listener and the running row to share KV from
+    # streaming (runtime extension, `row_streams`): progress listener and the running row to share KV from
     listener: Any = None
     share_from: str | None = None
 

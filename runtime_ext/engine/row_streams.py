@@ -1,6 +1,6 @@
 """Streaming requests of the embedded engine (runtime extension `protocol.StreamingEngine`, issue 12).
 
-Two small additions to the engine, used by streaming PreSTO (`programs.streaming`) and nothing else:
+Two small additions to the engine, used by streaming PreSTO (`programs.streaming_presto`) and nothing else:
 
 - per-row progress: a request submitted with `submit_stream(..., listener=fn)` reports after every decode
   step it takes (`RowEvent`: the tokens generated so far; the `GenerateOutput` once finished), and once

@@ -5,7 +5,7 @@ Requests arrive from many threads (the fork branches of an sgl program) and are 
 (`prefill`), and then joins the running decode batch (`batch`): one batched forward per step over
 left-padded KV (zeros in the attention mask over the pads, explicit true positions), new arrivals join
 between steps.  This module holds the public API, the worker loop and admission; a step's sampling is in
-`decode` (its math in `sampling`), the model adapters in `kernels`, the result shape in `output`.
+`decode` (its math in `sampling`), the model adapters in `forward`, the result shape in `output`.
 
 Per generated token y_t at absolute position p the engine returns
 
@@ -17,7 +17,10 @@ Per generated token y_t at absolute position p the engine returns
     sampling noise u(seed, p)             sampling_uniform(seed, p)
 
 Priorities: requests with priority < 0 (background pre-positioning) run in a separate batch that only
-steps when no normal request is queued or running.  `abort(rid)` finishes a request (queued or running)
+steps when no normal request is queued or running.  A pin taken at priority < 0 yields too: when a
+normal-priority request (a decoding row, a pin, a logits request) needs KV room that only such pins hold,
+the engine drops them, oldest first (`unpin` of a dropped handle is then a no-op), so background work never
+makes a user request fail.  `abort(rid)` finishes a request (queued or running)
 with finish_reason {"type": "abort"}; `generate` returns that output (it does not raise).
 """
 
@@ -78,12 +81,16 @@ class EmbeddedEngine(StreamingMixin):
         self._normal = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
         self._background = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
         self._pins: dict[int, RadixNode] = {}
+        self._yielding: dict[int, RadixNode] = {}
+        """Pins taken at priority < 0, oldest first: dropped when a normal request needs their room."""
+        self._yielded: set[int] = set()
+        """Handles of yielding pins the engine dropped (their `unpin` is a no-op)."""
         self._pin_ids = itertools.count(1)
         self._closed = False
         self._counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "decode_steps": 0,
                           "decode_rows": 0, "prefill_tokens": 0, "prefill_calls": 0, "generated_tokens": 0,
                           "max_batch_rows": 0, "peak_kv_pool_tokens": 0, "rebuilds": 0, "decode_s": 0.0,
-                          "stream_shared_tokens": 0}
+                          "stream_shared_tokens": 0, "pins_yielded": 0}
         self._after_prefill = {RequestMode.GENERATE: self._start_decode, RequestMode.LOGITS: self._return_logits,
                                RequestMode.PIN: self._hold_pin}
         self._worker = threading.Thread(target=self._loop, name="forerun-engine", daemon=True)
@@ -128,7 +135,10 @@ class EmbeddedEngine(StreamingMixin):
         return self._wait(req)
 
     def pin(self, ids: Sequence[int], *, priority: int = 0) -> int:
-        """Keep the KV of `ids` resident (computing it if needed) until `unpin(handle)`; returns the handle."""
+        """Keep the KV of `ids` resident (computing it if needed) until `unpin(handle)`; returns the handle.
+
+        priority < 0: a background pin (queued like background work) that the engine drops when a
+        normal-priority request needs its room (module docstring)."""
         req = self._make_request(ids, SamplingParams(max_new_tokens=0), rid=None, priority=priority,
                                  mode=RequestMode.PIN)
         self._submit([req])
@@ -136,12 +146,42 @@ class EmbeddedEngine(StreamingMixin):
 
     def unpin(self, handle: int) -> None:
         def run() -> None:
+            if int(handle) in self._yielded:  # a background pin the engine already dropped
+                self._yielded.discard(int(handle))
+                return
             node = self._pins.pop(int(handle), None)
             if node is None:
                 raise EngineError(f"unpin: unknown pin handle {handle}")
+            self._yielding.pop(int(handle), None)
             self.radix.unlock(node)
 
         self._command(run)
+
+    def pinned_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of `ids` are held resident by pins (what pinning `ids` would not add)."""
+        ids = tuple(int(i) for i in ids)
+
+        def run() -> int:
+            pinned: set[int] = set()
+            for node in self._pins.values():
+                while node is not None and id(node) not in pinned:
+                    pinned.add(id(node))
+                    node = node.parent
+            node, pos = self.radix.root, 0
+            while pos < len(ids):
+                child = node.children.get(ids[pos])
+                if child is None or id(child) not in pinned:
+                    break
+                n = 0
+                while n < len(child.key) and pos + n < len(ids) and child.key[n] == ids[pos + n]:
+                    n += 1
+                pos += n
+                if n < len(child.key):
+                    break
+                node = child
+            return pos
+
+        return self._command(run)
 
     def flush_cache(self) -> None:
         """Drop every cached prefix that no running request or pin uses."""
@@ -165,6 +205,11 @@ class EmbeddedEngine(StreamingMixin):
             out["kv_pool_tokens"] = self.radix.total_tokens + out["active_kv_tokens"]
             out["queued"] = len(self._waiting)
             out["pins"] = len(self._pins)
+            out["yielding_pins"] = len(self._yielding)
+            # what new KV may still take without evicting anything held: each token counted once (a locked
+            # prefix that running rows read in place is in radix_locked_tokens only)
+            out["kv_headroom_tokens"] = (self.radix.max_total_tokens - out["radix_locked_tokens"]
+                                         - self.radix.reserved)
             steps = out["decode_steps"]
             out["mean_batch_rows"] = out["decode_rows"] / steps if steps else 0.0
         return out
@@ -383,7 +428,7 @@ class EmbeddedEngine(StreamingMixin):
             take, failed = take_admissible(
                 self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
                 free_background_rows=self.config.max_batch_size - len(self._background),
-                normal_running=bool(self._normal.rows))
+                normal_running=bool(self._normal.rows), make_room=self._yield_pins)
             for r in take + [r for r, _ in failed]:
                 self._waiting.remove(r)
         for r, exc in failed:
@@ -402,11 +447,28 @@ class EmbeddedEngine(StreamingMixin):
                                  row_starts, batch_invariant=self.batch_invariant)
 
     # ------------------------------------------------------------------------------------- prefill
+    def _yield_pins(self, want: int, protect: RadixNode) -> None:
+        """Drop background pins, oldest first, until `want` tokens could be freed (free + evictable, sparing
+        `protect`'s path) for a normal-priority request, or none is left."""
+        while self._yielding and self.radix.free_tokens + self.radix.evictable_tokens(protect) < want:
+            handle, node = next(iter(self._yielding.items()))
+            del self._yielding[handle]
+            del self._pins[handle]
+            self._yielded.add(handle)
+            self.radix.unlock(node)
+            self._counters["pins_yielded"] += 1
+
     def _prefill(self, r: Request) -> list[torch.Tensor] | None:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
         self._share_from_parent(r)
         span = prefill_span(r)
+        if self._yielding and r.priority >= 0 and not r.decodes:  # a user pin / logits request: its KV first
+            node = self.radix.deepest_cached(r.input_ids[: span.need])
+            depth, p = 0, node
+            while p is not None:
+                depth, p = depth + len(p.key), p.parent
+            self._yield_pins(span.need - depth, node)
         kv = compute_prompt_kv(r, span, self.radix, self._forward, self._template, self._counters,
                                share_prefix=self._normal.share_prefix)
         r.kv_len = span.need
@@ -441,6 +503,8 @@ class EmbeddedEngine(StreamingMixin):
         handle = next(self._pin_ids)
         self.radix.lock(r.node)  # the pin's own lock, kept until unpin
         self._pins[handle] = r.node
+        if r.priority < 0:
+            self._yielding[handle] = r.node
         self._release(r)
         r.result = handle
         r.done.set()

@@ -22,29 +22,21 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import sampling_seed, token_ids
 from ..runtime_ext.protocol import EngineError
-from .suffixes import check_generation_request
+from .suffixes import GenerationRequest
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
+class CompletionRequest(GenerationRequest):
     """Generate up to `max_tokens` tokens after `prefix_ids` from q_τ (τ = 0: greedy), stopping at EOS."""
 
-    prefix_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float
-    seed: int
-
-    def __post_init__(self) -> None:
-        check_generation_request(self.prefix_ids, self.max_tokens, self.seed)
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    greedy_allowed: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ row per request (`stream_proposals`) - and the one reader of an engine's meta_in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -30,22 +30,30 @@ def check_generation_request(prefix_ids: Sequence[int], max_tokens: int, seed: i
 
 
 @dataclass(frozen=True)
-class SuffixRequest:
-    """One suffix-resampling request: generate `max_tokens` tokens after `prefix_ids` from q_τ."""
+class GenerationRequest:
+    """Generate up to `max_tokens` tokens after `prefix_ids` from q_τ with per-token noise keyed by `seed`."""
 
     prefix_ids: tuple[int, ...]
     """Prompt ids followed by the kept response prefix x_{1:c}."""
     max_tokens: int
-    """T − c (fixed length: EOS ignored)."""
+    """T − c for a suffix (fixed length: EOS ignored); the most tokens for a completion (stops at EOS)."""
     temperature: float
     """τ of q_τ."""
     seed: int
     """Sampling seed (the engine keys per-token noise by (seed, absolute position))."""
 
+    greedy_allowed: ClassVar[bool] = False
+    """Whether τ = 0 (greedy) is a valid temperature of this kind of request."""
+
     def __post_init__(self) -> None:
         check_generation_request(self.prefix_ids, self.max_tokens, self.seed)
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not (self.temperature >= 0 if self.greedy_allowed else self.temperature > 0):
+            raise ValueError(f"temperature must be {'>=' if self.greedy_allowed else '>'} 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class SuffixRequest(GenerationRequest):
+    """One suffix-resampling request of a power sampler: exactly `max_tokens` tokens (EOS ignored), τ > 0."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """`forerun eval` (graded, resumable runs over the seven datasets) and `forerun eval report`.
 
     forerun eval --datasets all|NAME,... --methods greedy,low-temp,power-mh,... --limit N --out RUN.jsonl
-                 [--resume] [--seed S[,S...]] [--concurrency C] [--model M | --backend URL[,URL...]] [settings]
+                 [--resume] [--seed S[,S...] | --samples K] [--concurrency C] [--model M | --backend URL[,URL...]]
+                 [settings]
     forerun eval report RUN.jsonl --out DIR [--json]
 
 Methods and settings: `eval.harness.methods` / `settings`; the run file: `eval.harness.runs`; the report: `eval.harness.report`.  Bad input
-(unknown dataset or method, an output path that cannot be written, a run file made with other settings)
-is one line on stderr and exit status 2, before any model is loaded.
+(unknown dataset or method, an output path that cannot be written, a run file made with other settings, a
+file that is not a run) is one line on stderr and exit status 2, before any model is loaded, and leaves the
+file as it was.  A generation that fails is retried (`ItemRunner`); one that still fails is an error line,
+counted as a wrong answer, retried by `--resume`; the run then exits 1.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
+from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
 ALL_DATASETS = ("math500", "aime", "humaneval", "mbpp", "lcb-v5", "gpqa", "mmlu")
@@ -74,7 +78,9 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     e.add_argument("--limit", type=positive_int, default=3, help="first N prompts of each dataset (3)")
     e.add_argument("--out", default=None, metavar="RUN.jsonl", help="the run file (append-only JSONL)")
     e.add_argument("--resume", action="store_true", help="continue --out: skip the items it already holds")
-    e.add_argument("--seed", type=_seeds, default=[10086], help="run seed(s), comma-separated (10086)")
+    e.add_argument("--seed", type=_seeds, default=[PAPER_SEED], help=f"run seed(s), comma-separated ({PAPER_SEED})")
+    e.add_argument("--samples", type=positive_int, default=None,
+                   help="samples per prompt: seeds --seed, --seed+1, ... (pass@k, maj@k in the report)")
     add_model_arguments(e, with_backend=True)
     add_backend_arguments(e, concurrency=True)  # items in flight per runtime (1: clean per-item timings)
     e.add_argument("--data-dir", default=None, help="offline datasets folder (default: FORERUN_DATA_DIR, ../shared/datasets)")
@@ -101,11 +107,17 @@ def check_output_file(path: str | None, resume: bool) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise ValueError(f"--out {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"--out {path}: not writable")
     if p.exists() and p.stat().st_size > 0 and not resume:
         raise ValueError(f"--out {path} already holds a run: pass --resume to continue it, or choose another file")
     return p
+
+
+def create_output_file(p: Path) -> None:
+    """Create (or open for appending) the run file before any model loads: permission bits say nothing to root."""
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    except OSError as e:
+        raise ValueError(f"--out {p}: cannot be written ({e.strerror})") from None
 
 
 def _datasets(text: str | None) -> list[str]:
@@ -160,10 +172,16 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     settings = EvalSettings(n=args.n, block=args.block, K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta,
                             best_of=args.best_of, best_of_select=args.best_of_select, smc_particles=args.smc_particles,
                             smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess)
+    seeds = list(args.seed)
+    if args.samples is not None:
+        if len(seeds) > 1:
+            raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
+        seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
     files = _dataset_files(args.dataset_file, names)
     prompts = {ds: load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds)) for ds in names}
-    return {"out": out, "methods": methods, "settings": settings, "prompts": prompts}
+    create_output_file(out)  # last: bad input elsewhere leaves no file behind
+    return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
 
 
 def _classifier(args: argparse.Namespace):
@@ -174,29 +192,35 @@ def _classifier(args: argparse.Namespace):
     return CertaintyClassifier.load(args.classifier)
 
 
-def _check_resumable(records: list[dict[str, Any]], settings: Any, model: str) -> None:
-    from ..eval.harness.runs import strict_json
+def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
+    """A resumed run must have been made with the same model, dtype, concurrency and settings."""
+    from ..eval.harness.runs import header_differences, strict_json
 
-    for rec in records:
-        want = json.loads(json.dumps(strict_json(settings.for_method(rec["method"]))))
-        if rec.get("settings") != want:
-            raise ValueError(f"{rec['key']} was made with other settings ({rec.get('settings')}, now {want}): "
-                             "resume with the same flags, or start another run file")
-        if rec.get("model") != model:
-            raise ValueError(f"{rec['key']} was made with model {rec.get('model')!r}, this run uses {model!r}")
+    if header is not None:
+        diff = header_differences(header, json.loads(json.dumps(strict_json(new))))
+        if diff:
+            raise ValueError(f"--resume: the run file was made with other settings: {', '.join(diff)}; resume "
+                             "with the same flags, or start another run file")
+        return
+    for rec in records:  # a run file written before headers: its records carry their settings
+        if rec.get("model") != new["model"]:
+            raise ValueError(f"{rec['key']} was made with model {rec.get('model')!r}, this run uses {new['model']!r}")
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from ..eval.harness.runs import RunFileError, load_run
+    from ..eval.harness.runs import RunFileError, read_run
 
     pool = None
     try:
         plan = _plan(args)
-        existing = load_run(plan["out"]) if args.resume else []
+        header, existing = read_run(plan["out"]) if args.resume else (None, [])
         classifier = _classifier(args)
         pool = open_pool_from(args)
         warn_nondeterministic(pool)
-        _check_resumable(existing, plan["settings"], pool.first.name)
+        rt = pool.first
+        plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
+                          "settings": plan["settings"].to_json()}
+        _check_resumable(header, existing, plan["header"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:
         print(f"forerun eval: {_one_line(exc)}", file=sys.stderr)
@@ -210,52 +234,69 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
              classifier: Any) -> int:
     from tqdm import tqdm
 
-    from ..eval.harness.runs import RunWriter, load_run, plan_items, run_items
     from ..eval.harness.items import ItemRunner
+    from ..eval.harness.runs import RunWriter, final_records, load_run, plan_items, run_header, run_items
 
-    items = plan_items(plan["prompts"], plan["methods"], args.seed)
-    done = {r["key"] for r in existing}
+    items = plan_items(plan["prompts"], plan["methods"], plan["seeds"])
+    done = {r["key"] for r in final_records(existing) if not r.get("error")}
     todo = [it for it in items if it.key not in done]
     command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     worker = ItemRunner(pool, plan["settings"], classifier, flush=pool.slots == 1, command=command)
     worker.prepare(todo)
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item", file=sys.stderr,
-               dynamic_ncols=True)
+               dynamic_ncols=True, disable=args.json or None)
     start = time.perf_counter()
     written = 0
     try:
         with RunWriter(plan["out"]) as writer:
+            if os.path.getsize(plan["out"]) == 0:
+                writer.write(run_header(**plan["header"], backend=[rt.location for rt in pool.runtimes],
+                                        command=command, created=time.time()))
             written = run_items(todo, worker.generate, worker.finish, writer,
                                 concurrency=pool.width, progress=bar)
     except KeyboardInterrupt:
         bar.close()
         raise KeyboardInterrupt(f"{plan['out']} holds every finished item; rerun with --resume to finish") from None
     bar.close()
-    return _print_summary(args, load_run(plan["out"]), written, time.perf_counter() - start)
+    return _print_summary(args, final_records(load_run(plan["out"])), written, time.perf_counter() - start)
 
 
 def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], written: int, wall: float) -> int:
+    """The run's cells on stdout; exit 1 when any item still failed (its error line is retried by --resume)."""
     from ..eval.harness.report import summarize
     from ..eval.harness.runs import strict_json
 
     summary = summarize(records)
+    keys = ("dataset", "method", "n", "correct", "accuracy", "pass_at_k", "maj_at_k", "ci95", "tokens_decoded",
+            "wall_s", "errors")
     out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
-           "cells": [{k: c[k] for k in ("dataset", "method", "n", "correct", "accuracy", "wilson95", "wall_s", "errors")}
-                     for c in summary["cells"]]}
+           "cells": [{k: c[k] for k in keys} for c in summary["cells"]], "comparisons": summary["comparisons"]}
+    failed = sum(c["errors"] for c in summary["cells"])
     if args.json:
         print(json.dumps(strict_json(out), allow_nan=False))
-        return 0
-    print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
-    for c in out["cells"]:
-        lo, hi = c["wilson95"]
-        print(f"  {c['dataset']:<10} {c['method']:<28} {c['correct']:>3}/{c['n']:<3} "
-              f"[{100 * lo:4.0f}, {100 * hi:4.0f}] %  {c['wall_s']:8.2f} s/item" + (f"  errors {c['errors']}" if c["errors"] else ""))
+    else:
+        print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
+        for c in out["cells"]:
+            lo, hi = c["ci95"]
+            extra = " ".join(f"pass@{k} {100 * v:.0f}%" for k, v in c["pass_at_k"].items() if k != "1")
+            extra += "".join(f" maj@{k} {100 * v:.0f}%" for k, v in c["maj_at_k"].items())
+            print(f"  {c['dataset']:<10} {c['method']:<28} {c['correct']:>3}/{c['n']:<3} "
+                  f"[{100 * lo:4.0f}, {100 * hi:4.0f}] % {extra} {c['tokens_decoded']:7.0f} tok "
+                  f"{c['wall_s']:8.2f} s/item" + (f"  errors {c['errors']}" if c["errors"] else ""))
+        for c in out["comparisons"]:
+            lo, hi = c["diff_ci95"]
+            print(f"  {c['dataset']:<10} {c['method']} vs {c['baseline']}: Δ pass@1 {100 * c['diff']:+.1f} pts "
+                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], exact McNemar p = {c['mcnemar_p']:.3g} ({c['pairs']} pairs)")
+    if failed:
+        print(f"forerun eval: {failed} item(s) failed after retries (error lines in {args.out}); rerun with "
+              "--resume to retry them", file=sys.stderr)
+        return 1
     return 0
 
 
 def report_command(args: argparse.Namespace) -> int:
     from ..eval.harness.report_files import write_report
-    from ..eval.harness.runs import RunFileError, load_run, strict_json
+    from ..eval.harness.runs import RunFileError, final_records, load_run, strict_json
 
     try:
         if not Path(args.run).is_file():
@@ -265,7 +306,7 @@ def report_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {args.out} exists and is not a directory")
         if not out.parent.is_dir() or not os.access(out.parent if not out.exists() else out, os.W_OK):
             raise ValueError(f"--out {args.out}: cannot create or write it")
-        records = load_run(args.run, repair=False)
+        records = final_records(load_run(args.run, repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")
         command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -106,4 +106,4 @@ class DecodingBaseline:
         best = int(np.argmax(scores))  # ties: the lowest sample index
         extra = {"scores": scores, "chosen": best} if self.config.kind == "best-of-n" else {}
         return DecodeResult(method=self.name, prompt_id=prompt_id, response=outs[best], call_times=[wall],
-                            extra=extra)
+                            extra=extra, tokens_decoded=sum(len(o.ids) for o in outs))

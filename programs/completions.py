@@ -128,6 +128,8 @@ class DecodeResult:
     """Wall time of every model call (one batched call per block / per sample set)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Method-specific diagnostics (resamples, ESS per block, the candidates' scores, ...)."""
+    tokens_decoded: int = 0
+    """Every token the method decoded for this answer (all N samples, all particles): its compute budget."""
 
     @property
     def response_ids(self) -> tuple[int, ...]:

@@ -163,8 +163,9 @@ class PowerSMC:
     def _alpha_t(self, t: int) -> float:
         return bridged_exponent(t, self.config.alpha, self.config.ramp_tokens)
 
-    def _extend(self, prompt: tuple[int, ...], particles: list[Particle], key: int, block: int) -> float:
-        """One batched call: every unfinished particle gets up to B more tokens; weights updated."""
+    def _extend(self, prompt: tuple[int, ...], particles: list[Particle], key: int, block: int) -> tuple[float, int]:
+        """One batched call: every unfinished particle gets up to B more tokens; weights updated.  Returns the
+        call's wall time and the tokens it decoded."""
         cfg = self.config
         alive = [i for i, p in enumerate(particles) if not p.finished and len(p.ids) < cfg.max_new_tokens]
         reqs = [CompletionRequest(prompt + tuple(particles[i].ids),
@@ -185,7 +186,7 @@ class PowerSMC:
             p.finished = out.finished or len(p.ids) >= cfg.max_new_tokens
             p.log_w += log_weight_increment(before, float(np.sum(out.logq)), float(np.sum(out.logp0)), t0,
                                             len(p.ids), self._alpha_t, p.finished, cfg.alpha)
-        return wall
+        return wall, sum(len(out.ids) for out in outs)
 
     def _maybe_resample(self, particles: list[Particle], key: int, block: int) -> tuple[list[Particle], float, bool]:
         cfg = self.config
@@ -216,11 +217,13 @@ class PowerSMC:
         prompt = tuple(int(t) for t in prompt_ids)
         key = prompt_key(prompt)
         particles = [Particle() for _ in range(cfg.particles)]
-        calls, ess_log, resamples = [], [], 0
+        calls, ess_log, resamples, tokens = [], [], 0, 0
         block = 0
         while not all(p.finished for p in particles):
             block += 1
-            calls.append(self._extend(prompt, particles, key, block))
+            wall, decoded = self._extend(prompt, particles, key, block)
+            calls.append(wall)
+            tokens += decoded
             particles, ess, did = self._maybe_resample(particles, key, block)
             ess_log.append(ess)
             resamples += did
@@ -228,4 +231,4 @@ class PowerSMC:
         extra = {"resamples": resamples, "ess": ess_log, "chosen": chosen,
                  "log_weights": [p.log_w for p in particles], "unique_final": len({tuple(p.ids) for p in particles})}
         return DecodeResult(method=self.name, prompt_id=prompt_id, response=particles[chosen].as_completion(),
-                            call_times=calls, extra=extra)
+                            call_times=calls, extra=extra, tokens_decoded=tokens)

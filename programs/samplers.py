@@ -88,6 +88,12 @@ class ChainResult:
         return len(self.history)
 
     @property
+    def tokens_decoded(self) -> int:
+        """Every token the engine generated for this chain (block extensions and every proposal, rejected ones
+        included; requests served from the suffix cache cost nothing): the compute-matched budget."""
+        return int(sum(c.generated_tokens for c in self.calls))
+
+    @property
     def call_time(self) -> float:
         """Cumulative model-call time of the MH calls (App. D.2; block extensions excluded, shared by both)."""
         return float(sum(c.wall_time for c in self.mh_calls))

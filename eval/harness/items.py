@@ -17,13 +17,18 @@ from ...runtime_ext.protocol import EngineError
 
 class ItemRunner:
     """Generates items on a `RuntimePool` (each item leases one runtime slot: a server's radix cache serves the
-    whole item) and turns their outcomes into records."""
+    whole item) and turns their outcomes into records.  A generation that raises `EngineError` (a server that
+    failed or timed out, a busy engine) is tried again up to `retries` times, `backoff_s` doubling between
+    tries; what still fails becomes an error outcome (a wrong answer in the report, retried by --resume).  A
+    ValueError (bad settings for the item) is not retried."""
 
     def __init__(self, pool: Any, settings: EvalSettings, classifier: Any = None, *, flush: bool = False,
-                 command: str = "") -> None:
+                 command: str = "", retries: int = 2, backoff_s: float = 1.0) -> None:
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.pool = pool
         self.runtimes = pool.runtimes
-        self.runners = [MethodRunner(rt.backend, settings, classifier) for rt in self.runtimes]
+        self.classifier = classifier
         self.settings = settings
         self.flush = flush
         self.command = command
@@ -39,21 +44,31 @@ class ItemRunner:
 
     def generate(self, item: WorkItem) -> dict[str, Any]:
         """Run the item's method (in a pool thread); a failed generation becomes an error outcome."""
-        with self.pool.lease() as rt:
-            idx = self.runtimes.index(rt)
+        with self.pool.lease() as rt:  # the item's own view of the runtime (its routing key behind a gateway)
             if self.flush and rt.is_embedded:
                 rt.flush()  # one chain at a time: no method reuses another's KV
             ids = self.prompt_ids[(item.dataset, item.prompt.id)]
-            try:
-                out = self.runners[idx].run(item.method, ids, f"{item.dataset}/{item.prompt.id}", item.seed)
-            except (EngineError, ValueError) as e:
-                out = {"error": " ".join(str(e).split()) or type(e).__name__}
-        out["runtime_index"] = idx
+            out = self._run_with_retries(MethodRunner(rt.backend, self.settings, self.classifier), item, ids)
+        out["runtime"] = rt
         return out
+
+    def _run_with_retries(self, runner: MethodRunner, item: WorkItem, ids: list[int]) -> dict[str, Any]:
+        for attempt in range(self.retries + 1):
+            try:
+                out = runner.run(item.method, ids, f"{item.dataset}/{item.prompt.id}", item.seed)
+                out["attempts"] = attempt + 1
+                return out
+            except ValueError as e:
+                return {"error": " ".join(str(e).split()) or type(e).__name__, "attempts": attempt + 1}
+            except EngineError as e:
+                error = " ".join(str(e).split()) or type(e).__name__
+                if attempt < self.retries:
+                    time.sleep(self.backoff_s * 2**attempt)
+        return {"error": error, "attempts": self.retries + 1}
 
     def finish(self, item: WorkItem, out: dict[str, Any]) -> dict[str, Any]:
         """The JSONL record of a generated item, graded here (main thread: math-verify needs its alarm)."""
-        rt = self.runtimes[out.pop("runtime_index", 0)]
+        rt = out.pop("runtime")
         rec: dict[str, Any] = {
             "key": item.key, "dataset": item.dataset, "method": item.method, "prompt_id": item.prompt.id,
             "prompt_index": item.prompt_index, "seed": item.seed, "category": item.prompt.category,
@@ -62,7 +77,7 @@ class ItemRunner:
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
         if "error" in out:
-            rec.update(error=out["error"], correct=False, grade=None)
+            rec.update(error=out["error"], attempts=out.get("attempts"), correct=False, grade=None)
         else:
             text = rt.tokenizer.decode(out["response_ids"], skip_special_tokens=True)
             start = time.perf_counter()

@@ -42,7 +42,7 @@ def _mh_outcome(res: ChainResult) -> dict[str, Any]:
     return {"response_ids": list(res.response_ids), "finished": None, "call_time_s": res.call_time,
             "num_calls": res.num_calls, "all_calls": len(res.calls), "transitions": res.transitions,
             "transitions_per_call": tpc, "time_per_call_s": res.time_per_call,
-            "log_likelihood": res.log_likelihood, "confidence": res.confidence,
+            "log_likelihood": res.log_likelihood, "confidence": res.confidence, "tokens_decoded": res.tokens_decoded,
             "extra": {"accepts": int(sum(res.history)), "history": [bool(h) for h in res.history]}}
 
 
@@ -52,7 +52,8 @@ def _decode_outcome(res: DecodeResult) -> dict[str, Any]:
     return {"response_ids": list(res.response_ids), "finished": bool(res.response.finished),
             "call_time_s": res.call_time, "num_calls": n, "all_calls": n, "transitions": None,
             "transitions_per_call": None, "time_per_call_s": res.call_time / n if n else math.nan,
-            "log_likelihood": res.log_likelihood, "confidence": res.confidence, "extra": extra}
+            "log_likelihood": res.log_likelihood, "confidence": res.confidence, "tokens_decoded": res.tokens_decoded,
+            "extra": extra}
 
 
 class MethodRunner:

@@ -1,17 +1,24 @@
 """`forerun eval report`: tables of a run file, with the statistics of PreSTO App. D.2.
 
     table                   what                                                    from
-    accuracy                correct / n per dataset × method, Wilson 95 % interval statsmodels proportion_confint
+    accuracy                per dataset × method: correct / n (errors count in n, as wrong), pass@k for
+                            k = 1..samples, maj@samples, bootstrap 95 % interval over prompts of pass@1,
+                            tokens decoded per answer (rejected proposals included), errors   `statistics`
+    comparisons             each method against its baseline (PreSTO: its sequential sampler; the rest:
+                            greedy, else low-temp): exact McNemar p on (prompt, seed) correctness, paired
+                            bootstrap interval of the pass@1 difference over prompts          `statistics`
     cost                    mean wall time, model-call time, calls, transitions/call
     Table 7 (per sampler)   sequential / PreSTO: total call time (mean ± sd), transitions per call, time per
                             call, Eq. 20 speedup = mean call time (seq) / mean call time (PreSTO), the
-                            reduction in calls and increase in time per call (ratios of means), identical chains
+                            reduction in calls and increase in time per call (ratios of means), identical chains,
+                            and a paired bootstrap interval of the speedup
     TOST (Eq. 23)           paired two one-sided t-tests of PreSTO − sequential per (prompt, seed), margin
                             δ = 0.2 sd of the sequential statistic across prompts, equivalent when
                             p_eq < 0.05; for accuracy, log-likelihood (Eq. 21) and confidence (Eq. 22);
                             pooled per sampler over datasets on standardized differences     statsmodels ttost_paired
 
-Error lines (a generation that failed) are counted and listed, never graded.
+Error lines (a generation that still failed after its retries) are counted as wrong answers in their cell's
+denominator, listed, and never graded; `forerun eval --resume` retries them.
 """
 
 from __future__ import annotations
@@ -22,21 +29,16 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_paired
 
 from ..presto.table7 import ChainTiming, finite_mean, table7_columns
+from .runs import final_records
 from .settings import Method
+from .statistics import compare, sample_statistics, speedup_ci
 
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
 TOST_STATS = ("correct", "log_likelihood", "confidence")
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """Wilson 95 % interval of k successes in n."""
-    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
-    return float(lo), float(hi)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,22 @@ class Cell:
     dataset: str
     method: str
     records: tuple[dict[str, Any], ...]
-    errors: int
+    """The graded records."""
+    failed: tuple[dict[str, Any], ...] = ()
+    """The error records (generation failed after its retries)."""
+
+    @property
+    def errors(self) -> int:
+        return len(self.failed)
 
     @property
     def n(self) -> int:
-        return len(self.records)
+        """Answers counted: graded records and errors (an error is a wrong answer)."""
+        return len(self.records) + len(self.failed)
+
+    @property
+    def all_records(self) -> tuple[dict[str, Any], ...]:
+        return self.records + self.failed
 
     @property
     def correct(self) -> int:
@@ -62,15 +75,12 @@ class Cell:
 
 def cells(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], Cell]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    errors: dict[tuple[str, str], int] = defaultdict(int)
+    failed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         key = (r["dataset"], r["method"])
-        if r.get("error"):
-            errors[key] += 1
-        else:
-            groups[key].append(r)
+        (failed if r.get("error") else groups)[key].append(r)
     keys = list(dict.fromkeys([(r["dataset"], r["method"]) for r in records]))
-    return {k: Cell(k[0], k[1], tuple(groups[k]), errors[k]) for k in keys}
+    return {k: Cell(k[0], k[1], tuple(groups[k]), tuple(failed[k])) for k in keys}
 
 
 def pairs(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
@@ -91,7 +101,31 @@ def _paired(seq: Cell, pre: Cell) -> list[tuple[dict[str, Any], dict[str, Any]]]
 def table7_row(seq: Cell, pre: Cell) -> dict[str, Any]:
     """Table 7 columns (`presto.table7`) of one sampler on one dataset, over its paired items."""
     pp = [(ChainTiming.of_record(a), ChainTiming.of_record(b)) for a, b in _paired(seq, pre)]
-    return {"dataset": seq.dataset, "sampler": seq.method, "presto": pre.method, **table7_columns(pp)}
+    return {"dataset": seq.dataset, "sampler": seq.method, "presto": pre.method, **table7_columns(pp),
+            "speedup_ci95": speedup_ci([a.call_time_s for a, _ in pp], [b.call_time_s for _, b in pp])}
+
+
+def baseline_of(method: str, ran: set[str]) -> str | None:
+    """What `method` is compared against: a PreSTO method's sequential sampler; any other method greedy, else
+    low-temp (the decoding baselines of App. E.8), when that ran."""
+    seq = Method.parse(method).sequential
+    if seq is not None:
+        return seq if seq in ran else None
+    for base in ("greedy", "low-temp"):
+        if base in ran and base != method:
+            return base if method != "greedy" else None
+    return None
+
+
+def comparisons(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
+    """Every method against its baseline, per dataset (`statistics.compare`, errors as wrong answers)."""
+    rows = []
+    for (ds, m), cell in table.items():
+        base = baseline_of(m, {mm for (d, mm) in table if d == ds})
+        if base is not None:
+            rows.append({"dataset": ds, "method": m, "baseline": base,
+                         **compare(cell.all_records, table[(ds, base)].all_records)})
+    return rows
 
 
 def tost(seq_values: Sequence[float], pre_values: Sequence[float]) -> dict[str, Any]:
@@ -155,17 +189,20 @@ def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every table of the report as plain data."""
+    """Every table of the report as plain data (the last line of each item: a retried error is replaced)."""
+    records = final_records(records)
     table = cells(records)
     acc = []
     for (ds, m), c in table.items():
-        lo, hi = wilson(c.correct, c.n) if c.n else (math.nan, math.nan)
+        stats = sample_statistics(c.all_records)
         acc.append({"dataset": ds, "method": m, "n": c.n, "correct": c.correct, "errors": c.errors,
-                    "accuracy": c.correct / c.n if c.n else math.nan, "wilson95": [lo, hi],
+                    "accuracy": c.correct / c.n if c.n else math.nan, **stats,
+                    "tokens_decoded": c.mean("tokens_decoded"),
                     "wall_s": c.mean("wall_s"), "call_time_s": c.mean("call_time_s"), "calls": c.mean("num_calls"),
                     "all_calls": c.mean("all_calls"), "transitions_per_call": c.mean("transitions_per_call"),
                     "response_tokens": finite_mean(len(r["response_ids"]) for r in c.records),
                     "log_likelihood": c.mean("log_likelihood"), "confidence": c.mean("confidence")})
-    return {"cells": acc, "table7": [table7_row(table[(d, s)], table[(d, p)]) for d, s, p in pairs(table)],
+    return {"cells": acc, "comparisons": comparisons(table),
+            "table7": [table7_row(table[(d, s)], table[(d, p)]) for d, s, p in pairs(table)],
             "tost": tost_rows(table), "tost_pooled": pooled_tost_rows(table),
             "errors": [{"key": r["key"], "error": r["error"]} for r in records if r.get("error")]}

@@ -23,22 +23,26 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def accuracy_table(summary: dict[str, Any]) -> list[str]:
-    cells = summary["cells"]
-    datasets = list(dict.fromkeys(c["dataset"] for c in cells))
-    methods = list(dict.fromkeys(c["method"] for c in cells))
-    by = {(c["dataset"], c["method"]): c for c in cells}
+    """Per dataset × method: pass@1 with its bootstrap interval over prompts, pass@k and maj@k, errors."""
     rows = []
-    for ds in datasets:
-        row = [ds]
-        for m in methods:
-            c = by.get((ds, m))
-            if c is None or not c["n"]:
-                row.append("–")
-                continue
-            lo, hi = c["wilson95"]
-            row.append(f"{_pct(c['accuracy'])} [{_pct(lo)}, {_pct(hi)}] ({c['correct']}/{c['n']})")
-        rows.append(row)
-    return _table(["dataset", *methods], rows)
+    for c in summary["cells"]:
+        lo, hi = c["ci95"]
+        ks = [k for k in c["pass_at_k"] if k != "1"]
+        rows.append([c["dataset"], c["method"], f"{c['correct']}/{c['n']}", str(c["samples"]),
+                     f"{_pct(c['pass_at_k'].get('1', math.nan))} [{_pct(lo)}, {_pct(hi)}]",
+                     ", ".join(f"@{k} {_pct(c['pass_at_k'][k])}" for k in ks) or "–",
+                     ", ".join(f"@{k} {_pct(v)}" for k, v in c["maj_at_k"].items()) or "–",
+                     _f(c["tokens_decoded"], ".0f"), str(c["errors"])])
+    return _table(["dataset", "method", "correct/n", "samples", "pass@1 % [95 % CI]", "pass@k %", "maj@k %",
+                   "tokens decoded", "errors"], rows)
+
+
+def comparison_table(summary: dict[str, Any]) -> list[str]:
+    rows = [[c["dataset"], c["method"], c["baseline"], str(c["pairs"]), _f(100 * c["diff"], "+.1f"),
+             f"[{_f(100 * c['diff_ci95'][0], '+.1f')}, {_f(100 * c['diff_ci95'][1], '+.1f')}]",
+             _f(c["mcnemar_p"], ".3g")] for c in summary["comparisons"]]
+    return _table(["dataset", "method", "baseline", "pairs", "Δ pass@1 (pts)", "paired bootstrap 95 %",
+                   "McNemar p (exact)"], rows)
 
 
 def cost_table(summary: dict[str, Any]) -> list[str]:
@@ -55,11 +59,12 @@ def table7(summary: dict[str, Any]) -> list[str]:
         tt, sd, tpc, tc = r["total_time_s"], r["total_time_std_s"], r["transitions_per_call"], r["time_per_call_s"]
         rows.append([r["dataset"], f"{r['sampler']} / {r['presto']}", str(r["pairs"]),
                      f"{_f(tt[0])}±{_f(sd[0])} / {_f(tt[1])}±{_f(sd[1])}", f"{_f(tpc[0])} / {_f(tpc[1])}",
-                     f"{_f(tc[0], '.3f')} / {_f(tc[1], '.3f')}", f"{_f(r['speedup_eq20'])}×",
+                     f"{_f(tc[0], '.3f')} / {_f(tc[1], '.3f')}",
+                     f"{_f(r['speedup_eq20'])}× [{_f(r['speedup_ci95'][0])}, {_f(r['speedup_ci95'][1])}]",
                      f"{_f(r['reduction_in_calls'])}×", f"{_f(r['increase_in_time_per_call'])}×",
                      f"{r['identical_chains']}/{r['pairs']}"])
     return _table(["dataset", "sampler / PreSTO", "pairs", "total time (s) ↓", "transitions per call ↑",
-                   "time/call (s) ↓", "speedup (Eq. 20)", "calls ÷", "time/call ×", "identical chains"], rows)
+                   "time/call (s) ↓", "speedup (Eq. 20) [95 % CI]", "calls ÷", "time/call ×", "identical chains"], rows)
 
 
 def tost_table(summary: dict[str, Any]) -> list[str]:
@@ -74,11 +79,17 @@ def tost_table(summary: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Sequence[str]) -> str:
-    lines = [*header, "", "## Accuracy (%, Wilson 95 % interval, correct/n)", "", *accuracy_table(summary), "",
-             "## Cost per item (means)", "",
-             "wall = generation time of the item (every model call); call time = App. D.2 model-call time (MH: "
-             "MH calls only, block extensions excluded); calls = model calls counted as in Table 7.", "",
-             *cost_table(summary), ""]
+    lines = [*header, "", "## Accuracy", "",
+             "pass@k: unbiased estimator over each prompt's samples; interval: bootstrap over prompts (samples "
+             "nested in their prompt); errors count as wrong answers; tokens decoded: every token the method "
+             "decoded per answer, rejected proposals included.", "", *accuracy_table(summary), ""]
+    if summary["comparisons"]:
+        lines += ["## Each method against its baseline (paired, errors as wrong answers)", "",
+                  *comparison_table(summary), ""]
+    lines += ["## Cost per item (means)", "",
+              "wall = generation time of the item (every model call); call time = App. D.2 model-call time (MH: "
+              "MH calls only, block extensions excluded); calls = model calls counted as in Table 7.", "",
+              *cost_table(summary), ""]
     if summary["table7"]:
         lines += ["## PreSTO vs sequential (Table 7 layout; cells sequential / PreSTO)", "",
                   "speedup = Eq. 20 (ratio of mean cumulative model-call time); calls ÷ = reduction in calls; "
@@ -108,7 +119,7 @@ def accuracy_latency_figure(summary: dict[str, Any], path: Path) -> None:
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
     for ax, ds in zip(axes.flat, datasets):
         for c in (c for c in cells if c["dataset"] == ds):
-            lo, hi = c["wilson95"]
+            lo, hi = c["ci95"]
             ax.errorbar([c["wall_s"]], [100 * c["accuracy"]],
                         yerr=[[100 * (c["accuracy"] - lo)], [100 * (hi - c["accuracy"])]],
                         fmt="o", color=colors[c["method"]], capsize=3, label=c["method"])

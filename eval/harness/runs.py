@@ -3,7 +3,13 @@
 Durability.  Each finished item is ONE `os.write` of the whole line (JSON + "\\n") to a file descriptor
 opened with O_APPEND, then `fsync`.  A kill (SIGINT, SIGKILL, power loss) therefore loses only the items
 still running; the only damage it can leave is a trailing partial line (a write the kernel did not finish),
-which `load_run` truncates away before resuming.  Lines are strict JSON (NaN/inf become null).
+which `load_run` truncates away before resuming - only once every complete line has been read as a forerun
+line: a file that is not a run is refused untouched.  Lines are strict JSON (NaN/inf become null).
+
+The first line is the run's header (`{"forerun_run": 1, ...}`): model, dtype, concurrency and every setting that
+defines an item's output; `--resume` refuses a run whose header differs (`header_differences`).  An item that
+failed after its retries is a line with "error"; a resumed run retries it and appends the new line: the last
+line of a key is the item's result (`final_records`).
 
     record field            meaning
     key                     "dataset|method|prompt_id|seed": what --resume skips
@@ -57,28 +63,70 @@ def encode_line(record: dict[str, Any]) -> bytes:
     return (json.dumps(strict_json(record), allow_nan=False, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def load_run(path: str | os.PathLike[str], *, repair: bool = True) -> list[dict[str, Any]]:
-    """The complete records of a run file; a trailing partial line (from a kill mid-write) is truncated
-    away when `repair` (else ignored).  A corrupt complete line is an error naming its line number."""
+HEADER_MARK = "forerun_run"
+HEADER_VERSION = 1
+RESUME_KEYS = ("model", "dtype", "concurrency", "settings")
+"""Header entries a resumed run must share with the run file (settings: every EvalSettings field)."""
+
+
+def run_header(settings: dict[str, Any], model: str, dtype: str, concurrency: int, **info: Any) -> dict[str, Any]:
+    """The first line of a new run file."""
+    return {HEADER_MARK: HEADER_VERSION, "model": model, "dtype": dtype, "concurrency": int(concurrency),
+            "settings": dict(settings), **info}
+
+
+def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(header or None, records) of a run file.  Every complete line must be a forerun line (the header first,
+    then records with a 'key'), else `RunFileError` and the file is left untouched; then a trailing partial
+    line (from a kill mid-write) is truncated away when `repair` (else ignored)."""
     p = Path(path)
     if not p.exists():
-        return []
+        return None, []
     data = p.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data) and repair:
-        os.truncate(p, end)
-    records = []
+    header, records = None, []
     for lineno, line in enumerate(data[:end].split(b"\n")[:-1], 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RunFileError(f"{p}:{lineno}: not a JSON line ({e})") from None
-        if not isinstance(rec, dict) or "key" not in rec:
-            raise RunFileError(f"{p}:{lineno}: not an eval record (no 'key')")
-        records.append(rec)
-    return records
+            raise RunFileError(f"{p}:{lineno}: not a forerun run file (not a JSON line: {e})") from None
+        if isinstance(rec, dict) and rec.get(HEADER_MARK) is not None and lineno == 1:
+            header = rec
+        elif isinstance(rec, dict) and "key" in rec:
+            records.append(rec)
+        else:
+            raise RunFileError(f"{p}:{lineno}: not a forerun run file (not an eval record)")
+    if end < len(data) and repair:
+        if end == 0 and data.strip():
+            raise RunFileError(f"{p}: not a forerun run file (one unterminated line)")
+        os.truncate(p, end)
+    return header, records
+
+
+def load_run(path: str | os.PathLike[str], *, repair: bool = True) -> list[dict[str, Any]]:
+    """The records of a run file (`read_run` without its header)."""
+    return read_run(path, repair=repair)[1]
+
+
+def final_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last line of each key, in first-seen key order (a resumed error is replaced by its retry)."""
+    records = list(records)
+    last = {rec["key"]: rec for rec in records}
+    return [last[k] for k in dict.fromkeys(r["key"] for r in records)]
+
+
+def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'name (old -> new)' for every resume key, and every setting, on which two headers differ."""
+    out = []
+    for key in RESUME_KEYS:
+        if key == "settings":
+            a, b = old.get("settings") or {}, new.get("settings") or {}
+            out += [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif old.get(key) != new.get(key):
+            out.append(f"{key} ({old.get(key)!r} -> {new.get(key)!r})")
+    return out
 
 
 class RunWriter:

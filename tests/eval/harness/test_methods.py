@@ -7,7 +7,7 @@ import pytest
 from forerun.eval.harness.settings import DEFAULT_METHODS, METHODS, PREDICTIVE_METHODS, EvalSettings, parse_methods
 
 FIELDS = {"response_ids", "finished", "call_time_s", "num_calls", "all_calls", "transitions", "transitions_per_call",
-          "time_per_call_s", "log_likelihood", "confidence", "extra", "wall_s"}
+          "time_per_call_s", "log_likelihood", "confidence", "extra", "wall_s", "tokens_decoded"}
 
 
 def test_parse_methods():
@@ -51,6 +51,13 @@ def test_every_method_runs_on_the_tiny_engine(tiny_runner, method):
     assert 0 < len(out["response_ids"]) <= 6 and out["num_calls"] >= 1
     mh = method not in ("greedy", "low-temp", "best-of-n", "power-smc")
     assert (out["transitions"] == 3) if mh else (out["transitions"] is None)
+    # tokens decoded: the compute-matched budget (every sample, particle and proposal, rejected ones included)
+    if method in ("greedy", "low-temp"):
+        assert out["tokens_decoded"] == len(out["response_ids"])
+    elif mh:  # the block (n = 6) plus at least one token per proposal of each of the 3 transitions
+        assert out["tokens_decoded"] >= 6 + 3
+    else:
+        assert out["tokens_decoded"] > len(out["response_ids"])
     if method.startswith("presto-"):
         seq = runner.run(method.removeprefix("presto-").removesuffix("-predictive"), ids, "p", 7)
         assert seq["response_ids"] == out["response_ids"]  # identical chains (float64 tiny model)

@@ -13,7 +13,11 @@ from forerun.eval.harness.runs import (
     WorkItem,
     encode_line,
     item_key,
+    final_records,
+    header_differences,
     load_run,
+    read_run,
+    run_header,
     plan_items,
     run_items,
     strict_json,
@@ -59,8 +63,37 @@ def test_corrupt_complete_line_is_an_error(tmp_path):
     with pytest.raises(RunFileError, match=":2:"):
         load_run(path)
     path.write_text('{"no_key": 1}\n')
-    with pytest.raises(RunFileError, match="no 'key'"):
+    with pytest.raises(RunFileError, match="not a forerun run file"):
         load_run(path)
+
+
+def test_a_file_that_is_not_a_run_is_refused_untouched(tmp_path):
+    path = tmp_path / "notes.txt"
+    data = b"line one\nline two without a newline"
+    path.write_bytes(data)
+    with pytest.raises(RunFileError, match="not a forerun run file"):
+        read_run(path)
+    assert path.read_bytes() == data  # not truncated
+    path.write_bytes(b'{"a": 1}')  # one unterminated JSON line
+    with pytest.raises(RunFileError):
+        read_run(path)
+    assert path.read_bytes() == b'{"a": 1}'
+
+
+def test_header_first_and_the_last_line_of_a_key_wins(tmp_path):
+    path = tmp_path / "run.jsonl"
+    head = run_header({"n": 32, "alpha": 4.0}, "m", "float32", 1)
+    with RunWriter(path) as w:
+        w.write(head)
+        w.write({"key": "a", "error": "boom"})
+        w.write({"key": "b", "correct": True})
+        w.write({"key": "a", "correct": False})
+    got_head, recs = read_run(path)
+    assert got_head == head and [r["key"] for r in recs] == ["a", "b", "a"]
+    assert [(r["key"], r.get("error")) for r in final_records(recs)] == [("a", None), ("b", None)]
+    other = run_header({"n": 32, "alpha": 2.0}, "m", "float32", 2)
+    assert header_differences(head, other) == ["concurrency (1 -> 2)", "alpha (4.0 -> 2.0)"]
+    assert header_differences(head, head) == []
 
 
 def test_plan_order_and_keys():

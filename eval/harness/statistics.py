@@ -1,0 +1,141 @@
+"""The statistics of `forerun eval report`: per-prompt accuracy with k samples, intervals over prompts, and
+paired comparisons of a method against its baseline.
+
+Samples of one prompt (seeds) are not independent draws of the benchmark: every statistic first reduces a
+prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, seeds nested inside a prompt).
+
+    statistic            definition                                                       from
+    pass@k               mean over prompts of 1 − C(n−c, k) / C(n, k), n samples, c correct  Chen et al. 2021
+                         (the unbiased estimator, as lighteval and the HumanEval harness)
+    maj@k                mean over prompts: the most frequent extracted answer among the first k
+                         samples (ties: the earliest) is a correct one                     lighteval maj@n
+    ci95                 percentile bootstrap over prompts of pass@1                       scipy.stats.bootstrap
+    McNemar p            exact McNemar test on per-(prompt, seed) correctness, method vs
+                         baseline (the EntropyCut reference's test)                        statsmodels mcnemar
+    diff_ci95            paired bootstrap over prompts of pass@1(method) − pass@1(baseline) scipy.stats.bootstrap
+    speedup_ci95         paired bootstrap over (prompt, seed) pairs of Eq. 20's ratio of
+                         mean call times                                                   scipy.stats.bootstrap
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy.stats import bootstrap
+from statsmodels.stats.contingency_tables import mcnemar
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+"""Fixed: a report of the same run file prints the same intervals."""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with `c` correct among `n` samples (k ≤ n)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_correct(samples: Sequence[tuple[str | None, bool]]) -> bool:
+    """Whether the most frequent extracted answer (ties: the earliest) of (answer, correct) samples is correct;
+    samples with no answer do not vote (all without one: False)."""
+    votes = [(a, ok) for a, ok in samples if a is not None]
+    if not votes:
+        return False
+    counts = Counter(a for a, _ in votes)
+    top = max(counts.values())
+    winner = next(a for a, _ in votes if counts[a] == top)
+    return next(ok for a, ok in votes if a == winner)
+
+
+def by_prompt(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A cell's records grouped by prompt, each group in seed order."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[r["prompt_id"]].append(r)
+    return {p: sorted(rs, key=lambda r: r["seed"]) for p, rs in groups.items()}
+
+
+def _answer(r: dict[str, Any]) -> str | None:
+    g = r.get("grade") or {}
+    if g.get("grader") == "code":
+        return None
+    a = g.get("extracted")
+    return " ".join(str(a).split()) if a is not None else None
+
+
+def percentile_ci(values: Sequence[float], statistic: Callable[..., float] = np.mean) -> list[float]:
+    """Bootstrap 95 % interval of `statistic` over the values (one per prompt); a point when they do not vary."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return [math.nan, math.nan]
+    if len(x) < 2 or np.all(x == x[0]):
+        v = float(statistic(x))
+        return [v, v]
+    res = bootstrap((x,), statistic, confidence_level=0.95, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                    random_state=BOOTSTRAP_SEED)
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def paired_ci(a: Sequence[float], b: Sequence[float], statistic: Callable[[np.ndarray, np.ndarray], float]
+              ) -> list[float]:
+    """Paired bootstrap 95 % interval of statistic(a, b) (pairs resampled together)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 2:
+        v = float(statistic(x, y)) if len(x) else math.nan
+        return [v, v]
+    if np.all(x == x[0]) and np.all(y == y[0]):
+        v = float(statistic(x, y))
+        return [v, v]
+    res = bootstrap((x, y), statistic, paired=True, vectorized=False, confidence_level=0.95,
+                    n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", random_state=BOOTSTRAP_SEED)
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def sample_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """pass@k for k = 1..k_max and maj@k_max (k_max: the fewest samples any prompt has; errors count as wrong
+    samples), the bootstrap interval of pass@1 over prompts, and the prompts."""
+    groups = by_prompt(records)
+    if not groups:
+        return {"prompts": 0, "samples": 0, "pass_at_k": {}, "maj_at_k": {}, "ci95": [math.nan, math.nan]}
+    k_max = min(len(rs) for rs in groups.values())
+    per_prompt = [(len(rs), sum(bool(r.get("correct")) for r in rs)) for rs in groups.values()]
+    pass_k = {str(k): float(np.mean([pass_at_k(n, c, k) for n, c in per_prompt])) for k in range(1, k_max + 1)}
+    code = any((r.get("grade") or {}).get("grader") == "code" for r in records)
+    maj = {} if code else {str(k_max): float(np.mean(
+        [majority_correct([(_answer(r), bool(r.get("correct"))) for r in rs[:k_max]]) for rs in groups.values()]))}
+    return {"prompts": len(groups), "samples": k_max, "pass_at_k": pass_k, "maj_at_k": maj,
+            "ci95": percentile_ci([c / n for n, c in per_prompt])}
+
+
+def compare(method: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A method against its baseline on the (prompt, seed) items both have: exact McNemar p-value and the paired
+    bootstrap interval over prompts of the pass@1 difference (method − baseline)."""
+    base = {(r["prompt_id"], r["seed"]): bool(r.get("correct")) for r in baseline}
+    pairs = [(base[(r["prompt_id"], r["seed"])], bool(r.get("correct"))) for r in method
+             if (r["prompt_id"], r["seed"]) in base]
+    table = [[sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs)],
+             [sum(b and not a for a, b in pairs), sum(not a and not b for a, b in pairs)]]
+    p_value = float(mcnemar(table, exact=True).pvalue) if pairs else math.nan
+    m_groups, b_groups = by_prompt(method), by_prompt(baseline)
+    shared = [p for p in m_groups if p in b_groups]
+    acc = lambda rs: float(np.mean([bool(r.get("correct")) for r in rs]))  # noqa: E731
+    a = [acc(b_groups[p]) for p in shared]
+    b = [acc(m_groups[p]) for p in shared]
+    return {"pairs": len(pairs), "prompts": len(shared), "mcnemar_table": table, "mcnemar_p": p_value,
+            "diff": float(np.mean(b) - np.mean(a)) if shared else math.nan,
+            "diff_ci95": paired_ci(a, b, lambda x, y: float(np.mean(y) - np.mean(x)))}
+
+
+def speedup_ci(seq_times: Sequence[float], presto_times: Sequence[float]) -> list[float]:
+    """Paired bootstrap 95 % interval of Eq. 20's speedup, mean(sequential) ÷ mean(PreSTO)."""
+    pairs = [(s, p) for s, p in zip(seq_times, presto_times) if math.isfinite(s) and math.isfinite(p)]
+    if not pairs or sum(p for _, p in pairs) <= 0:
+        return [math.nan, math.nan]
+    return paired_ci([s for s, _ in pairs], [p for _, p in pairs],
+                     lambda x, y: float(np.mean(x) / np.mean(y)) if np.mean(y) > 0 else math.nan)

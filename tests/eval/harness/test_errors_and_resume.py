@@ -1,0 +1,74 @@
+"""`forerun eval`: a failed generation is retried, what still fails is an error line counted as a wrong answer
+and the run exits 1; --resume retries it; --resume refuses a run file made with other settings (one line naming
+the keys, the file unchanged) and any file that is not a run; --samples gives pass@k and maj@k per cell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forerun.cli.main import main
+from forerun.eval.harness import methods
+from forerun.eval.harness.runs import final_records, read_run
+from forerun.runtime_ext.protocol import EngineError
+
+SMALL = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy,low-temp", "--limit", "2", "--n", "4"]
+
+
+def test_resume_refuses_other_settings_naming_them_and_leaves_the_file(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--out", str(run)]) == 0
+    before = run.read_bytes()
+    capsys.readouterr()
+    assert main([*SMALL, "--out", str(run), "--resume", "--alpha", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "alpha (4.0 -> 2.0)" in err and "Traceback" not in err
+    assert run.read_bytes() == before
+
+
+def test_resume_refuses_a_file_that_is_not_a_run_untouched(tmp_path, capsys):
+    notes = tmp_path / "notes.jsonl"
+    notes.write_bytes(b"my notes\nthe last line has no newline")
+    assert main([*SMALL, "--out", str(notes), "--resume"]) == 2
+    assert "not a forerun run file" in capsys.readouterr().err
+    assert notes.read_bytes() == b"my notes\nthe last line has no newline"
+
+
+def test_errors_are_retried_counted_and_resumed(tmp_path, capsys, monkeypatch):
+    real = methods.MethodRunner.run
+    calls = {"n": 0}
+
+    def flaky(self, method, *a, **k):  # low-temp always fails this run; greedy fails once, then works
+        calls["n"] += 1
+        if method == "low-temp" or calls["n"] == 1:
+            raise EngineError("server went away")
+        return real(self, method, *a, **k)
+
+    monkeypatch.setattr(methods.MethodRunner, "run", flaky)
+    monkeypatch.setattr("forerun.eval.harness.items.time.sleep", lambda s: None)
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--out", str(run), "--json"]) == 1  # errors remain
+    out = json.loads(capsys.readouterr().out)
+    cells = {c["method"]: c for c in out["cells"]}
+    assert cells["low-temp"]["errors"] == 2 and cells["low-temp"]["n"] == 2 and cells["low-temp"]["correct"] == 0
+    assert cells["greedy"]["errors"] == 0  # its first failure was retried
+    _, recs = read_run(run)
+    assert [r["attempts"] for r in recs if r["method"] == "low-temp"] == [3, 3]
+
+    monkeypatch.setattr(methods.MethodRunner, "run", real)
+    assert main([*SMALL, "--out", str(run), "--resume", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["written_now"] == 2 and all(c["errors"] == 0 for c in out["cells"])
+    assert len(final_records(read_run(run)[1])) == 4
+
+
+def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--methods", "low-temp", "--samples", "3", "--out", str(run), "--json"]) == 0
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    assert cell["n"] == 6 and set(cell["pass_at_k"]) == {"1", "2", "3"} and set(cell["maj_at_k"]) == {"3"}
+    assert cell["pass_at_k"]["1"] <= cell["pass_at_k"]["2"] <= cell["pass_at_k"]["3"]
+    assert cell["tokens_decoded"] > 0
+    with pytest.raises(SystemExit):
+        main([*SMALL, "--samples", "0", "--out", str(tmp_path / "x.jsonl")])

@@ -1,0 +1,69 @@
+"""The eval statistics against independent computations: pass@k by enumerating k-subsets, maj@k by hand, the
+exact McNemar test as a binomial test on the discordant pairs, bootstrap intervals resampling prompts (never
+seeds) with scipy directly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from forerun.eval.harness.statistics import (compare, majority_correct, pass_at_k, percentile_ci,
+                                             sample_statistics, speedup_ci)
+
+
+def _rec(pid, seed, correct, answer=None, grader="math"):
+    return {"prompt_id": pid, "seed": seed, "correct": correct,
+            "grade": {"grader": grader, "extracted": answer, "correct": correct}}
+
+
+@pytest.mark.parametrize("n,c", [(1, 0), (1, 1), (4, 1), (5, 2), (6, 6), (7, 3)])
+def test_pass_at_k_is_the_chance_a_random_k_subset_holds_a_correct_sample(n, c):
+    samples = [True] * c + [False] * (n - c)
+    for k in range(1, n + 1):
+        subsets = list(itertools.combinations(samples, k))
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+def test_majority_vote_ties_go_to_the_earliest_answer_and_no_answer_does_not_vote():
+    assert majority_correct([("2", False), ("3", True), ("3", True)]) is True
+    assert majority_correct([("2", False), ("3", True)]) is False  # tie: the earliest, "2"
+    assert majority_correct([(None, True), ("5", False)]) is False
+    assert majority_correct([(None, True)]) is False
+
+
+def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():
+    recs = [_rec("a", 1, True, "4"), _rec("a", 2, False, "5"), _rec("a", 3, True, "4"),
+            _rec("b", 1, False, "1"), _rec("b", 2, False, "2"), _rec("b", 3, True, "3"),
+            _rec("c", 1, True, "7"), _rec("c", 2, True, "7"), _rec("c", 3, True, "7")]
+    s = sample_statistics(recs)
+    assert s["prompts"] == 3 and s["samples"] == 3
+    assert s["pass_at_k"]["1"] == pytest.approx(np.mean([2 / 3, 1 / 3, 1.0]))
+    assert s["pass_at_k"]["2"] == pytest.approx(np.mean([1.0, 1 - 1 / 3, 1.0]))
+    assert s["maj_at_k"] == {"3": pytest.approx(2 / 3)}  # a: "4" wins (right); b: tie -> "1" (wrong); c: right
+    per_prompt = np.array([2 / 3, 1 / 3, 1.0])
+    want = stats.bootstrap((per_prompt,), np.mean, n_resamples=2000, method="percentile", random_state=0)
+    assert s["ci95"] == pytest.approx([want.confidence_interval.low, want.confidence_interval.high])
+    code = sample_statistics([_rec("a", 1, True, None, "code")])
+    assert code["maj_at_k"] == {} and code["ci95"] == [1.0, 1.0]
+
+
+def test_mcnemar_is_an_exact_binomial_test_on_the_discordant_pairs():
+    base = [_rec(f"p{i}", 1, i < 10) for i in range(30)]
+    method = [_rec(f"p{i}", 1, i < 3 or 10 <= i < 20) for i in range(30)]  # 7 lost, 10 gained
+    out = compare(method, base)
+    assert out["mcnemar_table"] == [[3, 7], [10, 10]]
+    assert out["mcnemar_p"] == pytest.approx(stats.binomtest(7, 17, 0.5).pvalue)
+    assert out["diff"] == pytest.approx((13 - 10) / 30)
+    lo, hi = out["diff_ci95"]
+    assert lo < out["diff"] < hi
+
+
+def test_speedup_interval_holds_eq20_and_survives_nan():
+    seq, pre = [10.0, 12.0, 11.0, 9.0], [5.0, 5.5, 6.0, 4.0]
+    lo, hi = speedup_ci(seq, pre)
+    assert lo <= np.mean(seq) / np.mean(pre) <= hi
+    assert all(math.isnan(x) for x in speedup_ci([1.0], [math.nan]))

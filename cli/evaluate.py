@@ -63,6 +63,9 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--smc-ramp", type=nonnegative_int, default=d.smc_ramp,
                    help=f"Power-SMC exponent ramp in tokens ({d.smc_ramp}; 0: no bridge)")
     e.add_argument("--smc-ess", type=float, default=d.smc_ess, help=f"Power-SMC resampling threshold κ ({d.smc_ess})")
+    e.add_argument("--fixed-horizon", action="store_true",
+                   help="MH chains of exactly n tokens, EOS ignored (PreSTO Table 6); default: the references' rule, "
+                        "a chain stops at the end of the block whose state holds an EOS")
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -171,7 +174,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
     settings = EvalSettings(n=args.n, block=args.block, K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta,
                             best_of=args.best_of, best_of_select=args.best_of_select, smc_particles=args.smc_particles,
-                            smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess)
+                            smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
+                            fixed_horizon=args.fixed_horizon)
     seeds = list(args.seed)
     if args.samples is not None:
         if len(seeds) > 1:

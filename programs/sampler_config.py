@@ -53,6 +53,11 @@ class SamplerConfig:
     """Run seed of the decision streams.  Table 6: `PAPER_SEED` = 10086."""
     epsilon: float = EPSILON
     """ε of the recorded certainty classes.  Table 6b: 0.01."""
+    stop_at_eos: tuple[int, ...] = ()
+    """End-of-sequence token ids of the references' horizon (Karan & Du; the EntropyCut reference): at the end
+    of each block a chain whose state contains one of them is cut after the first and stops growing.  Empty
+    (default): PreSTO Table 6's fixed horizon, n tokens with EOS ignored.  Proposals inside a block are still
+    fixed-length here (the references let them end early: not implemented)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLER_KINDS:
@@ -75,6 +80,8 @@ class SamplerConfig:
             raise ValueError(f"mtm_temperatures must be non-empty and > 0, got {self.mtm_temperatures}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if any(int(t) < 0 for t in self.stop_at_eos):
+            raise ValueError(f"stop_at_eos token ids must be >= 0, got {self.stop_at_eos}")
         if not (0 < self.epsilon < 0.5):
             raise ValueError(f"epsilon must be in (0, 0.5), got {self.epsilon}")
 

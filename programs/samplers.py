@@ -64,6 +64,8 @@ class ChainResult:
     state: ChainState
     history: list[bool] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    ended_at_eos: bool = False
+    """The chain stopped at the end of a block whose state held an EOS (`SamplerConfig.stop_at_eos`)."""
 
     @property
     def response_ids(self) -> tuple[int, ...]:
@@ -219,7 +221,21 @@ class BlockwiseSampler:
             stream = DecisionStream(self.config.seed, key, block)
             self._extend(result, stream, block)
             self._run_block(result, stream, block)
+            if self._ended_at_eos(result):
+                break
         return result
+
+    def _ended_at_eos(self, result: ChainResult) -> bool:
+        """`SamplerConfig.stop_at_eos`: a state holding an EOS is cut after the first one and the chain ends."""
+        eos = self.config.stop_at_eos
+        if not eos:
+            return False
+        hits = np.flatnonzero(np.isin(result.state.tokens, np.asarray(eos)))
+        if not len(hits):
+            return False
+        result.state = result.state.truncated(int(hits[0]) + 1)
+        result.ended_at_eos = True
+        return True
 
     def _run_block(self, result: ChainResult, stream: DecisionStream, block: int) -> None:
         raise NotImplementedError

@@ -55,6 +55,12 @@ class ChainState:
     def length(self) -> int:
         return len(self.tokens)
 
+    def truncated(self, length: int) -> "ChainState":
+        """The first `length` positions of this state."""
+        by_temp = None if self.logq_by_temp is None else self.logq_by_temp[:, :length]
+        return ChainState(self.tokens[:length], self.logq[:length], self.logp0[:length], self.entropy[:length],
+                          by_temp)
+
     def splice(self, cut: int, suffix: Suffix) -> "ChainState":
         """(x_{0:c}, y_{c:T}): keep [0, cut) of this state, then the generated suffix."""
         if cut < 0 or cut > self.length:

@@ -15,6 +15,15 @@ from ..graders.sandbox import isolation_report
 from ...runtime_ext.protocol import EngineError
 
 
+def cut_at_eos(ids: list[int], eos_token_ids: tuple[int, ...]) -> list[int]:
+    """The response up to and including its first EOS: what every method is graded on (a fixed-horizon MH chain
+    may run past it)."""
+    for i, t in enumerate(ids):
+        if t in eos_token_ids:
+            return list(ids[: i + 1])
+    return list(ids)
+
+
 class ItemRunner:
     """Generates items on a `RuntimePool` (each item leases one runtime slot: a server's radix cache serves the
     whole item) and turns their outcomes into records.  A generation that raises `EngineError` (a server that
@@ -48,7 +57,8 @@ class ItemRunner:
             if self.flush and rt.is_embedded:
                 rt.flush()  # one chain at a time: no method reuses another's KV
             ids = self.prompt_ids[(item.dataset, item.prompt.id)]
-            out = self._run_with_retries(MethodRunner(rt.backend, self.settings, self.classifier), item, ids)
+            runner = MethodRunner(rt.backend, self.settings, self.classifier, eos_token_ids=rt.eos_token_ids)
+            out = self._run_with_retries(runner, item, ids)
         out["runtime"] = rt
         return out
 
@@ -79,6 +89,7 @@ class ItemRunner:
         if "error" in out:
             rec.update(error=out["error"], attempts=out.get("attempts"), correct=False, grade=None)
         else:
+            out["response_ids"] = cut_at_eos(out["response_ids"], rt.eos_token_ids)
             text = rt.tokenizer.decode(out["response_ids"], skip_special_tokens=True)
             start = time.perf_counter()
             g = grade(item.prompt, text)

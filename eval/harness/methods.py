@@ -60,16 +60,19 @@ class MethodRunner:
     """Runs any method on one prompt over a runtime's frontend backend; thread-safe (one per run)."""
 
     def __init__(self, backend: Any, settings: EvalSettings,
-                 classifier: Any = None) -> None:
+                 classifier: Any = None, eos_token_ids: Sequence[int] = ()) -> None:
         self.backend = backend
         self.settings = settings
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        """The model's EOS ids: where MH chains stop unless `settings.fixed_horizon`."""
         self.classifier = classifier
         """The certainty classifier of the predictive traversal (`CertaintyClassifier`), or None."""
 
     def _mh(self, method: Method, seed: int):
         s = self.settings
         cfg = SamplerConfig(kind=method.sampler, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
-                            alpha=s.alpha, beta=s.beta, seed=seed)
+                            alpha=s.alpha, beta=s.beta, seed=seed,
+                            stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
         predictive = method.traversal == "predictive"
         if predictive and self.classifier is None:
             raise ValueError(f"{method.name} needs a certainty classifier (--classifier FILE)")

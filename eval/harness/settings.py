@@ -99,6 +99,9 @@ class EvalSettings:
     """Power-SMC resampling threshold κ [0.5]."""
     seed: int = PAPER_SEED
     """Run seed [10086]."""
+    fixed_horizon: bool = False
+    """MH samplers: exactly n tokens with EOS ignored (PreSTO Table 6's setting).  False (default): the
+    references' rule, a chain whose state holds an EOS at the end of a block is cut after it and stops."""
 
     def __post_init__(self) -> None:
         for name in ("n", "K", "npf", "best_of", "smc_particles", "smc_block"):
@@ -119,7 +122,8 @@ class EvalSettings:
             return {"max_new_tokens": self.n, "alpha": self.alpha, "particles": self.smc_particles,
                     "block": self.smc_block, "ramp_tokens": self.smc_ramp, "ess_threshold": self.smc_ess,
                     "resampling": "systematic", "final": "sample"}
-        out = {"n": self.n, "block": self.block or self.n, "K": self.K, "alpha": self.alpha}
+        out = {"n": self.n, "block": self.block or self.n, "K": self.K, "alpha": self.alpha,
+               "horizon": "fixed" if self.fixed_horizon else "eos"}
         if m.sampler == "entropy-cut":
             out["beta"] = self.beta
         if m.sampler == "multitry-mh":

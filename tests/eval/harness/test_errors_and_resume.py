@@ -72,3 +72,17 @@ def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, capsys):
     assert cell["tokens_decoded"] > 0
     with pytest.raises(SystemExit):
         main([*SMALL, "--samples", "0", "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_graded_text_stops_at_the_first_eos_and_the_header_records_the_horizon(tmp_path, capsys):
+    from forerun.eval.harness.items import cut_at_eos
+
+    assert cut_at_eos([5, 7, 2, 9, 2], (2,)) == [5, 7, 2] and cut_at_eos([5, 7], (2,)) == [5, 7]
+    run = tmp_path / "run.jsonl"
+    argv = [*SMALL[:-4], "--methods", "power-mh", "--limit", "1", "--n", "6", "--K", "2", "--out", str(run)]
+    assert main([*argv, "--fixed-horizon"]) == 0
+    header, (rec,) = read_run(run)
+    assert header["settings"]["fixed_horizon"] is True and rec["settings"]["horizon"] == "fixed"
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2  # the horizon is a setting of the run
+    assert "fixed_horizon (True -> False)" in capsys.readouterr().err

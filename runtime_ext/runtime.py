@@ -43,6 +43,14 @@ class Runtime:
         return self.loaded is not None
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence ids: the embedded model's EOS set, else the tokenizer's EOS token."""
+        if self.loaded is not None:
+            return tuple(self.loaded.eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    @property
     def deterministic(self) -> bool:
         """Seeds are honoured (the embedded engine; a server with --enable-deterministic-inference)."""
         return bool(getattr(self.engine, "deterministic", True))
@@ -87,19 +95,21 @@ class Runtime:
 
 def open_runtime(model: str = "default", dtype: str | None = None, *, backend_url: str | None = None,
                  tokenizer: Any = None, engine_config: EngineConfig | None = None,
-                 allow_nondeterministic: bool = False) -> Runtime:
+                 allow_nondeterministic: bool = False, request_timeout_s: float | None = None) -> Runtime:
     """The embedded engine for `model` (a spec: default | tiny | HF folder | .gguf), or the SGLang server
     at `backend_url` (then `model`, `dtype` and `engine_config` are ignored; the tokenizer is `tokenizer`,
     a name, folder or tokenizer object, or else the one the server reports).  `allow_nondeterministic`: a
-    server without --enable-deterministic-inference accepts seeded requests (see `ServerConfig`)."""
+    server without --enable-deterministic-inference accepts seeded requests; `request_timeout_s`: give up on
+    one request after that long (default `ServerConfig.timeout_s`; see `ServerConfig`)."""
     if backend_url:
         from .backends.server import SGLangServerBackend
         from .backends.server_client import ServerConfig
 
         if not backend_url.startswith(("http://", "https://")):
             raise ValueError(f"--backend must be a URL starting with http:// or https://, got {backend_url!r}")
+        timeout = {} if request_timeout_s is None else {"timeout_s": request_timeout_s}
         backend = SGLangServerBackend(backend_url, tokenizer=tokenizer,
-                                      config=ServerConfig(allow_nondeterministic=allow_nondeterministic))
+                                      config=ServerConfig(allow_nondeterministic=allow_nondeterministic, **timeout))
         return Runtime(name=backend.get_model_name(), dtype="server", tokenizer=backend.tokenizer,
                        engine=backend.engine, backend=backend, location=backend.base_url)
     from .backends.embedded import EmbeddedBackend

@@ -43,11 +43,41 @@ def _seeds(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
+def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+    """--n: "64", "math500=64,aime=512" or both ("64,aime=512"): (n for all or None, per-dataset overrides)."""
+    from ..eval.datasets.registry import dataset_spec
+
+    every, per = None, {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.rpartition("=")
+        try:
+            n = int(value)
+            key = dataset_spec(name).name if sep else None
+        except (ValueError, KeyError) as e:
+            raise argparse.ArgumentTypeError(f"expected N or NAME=N (N a whole number >= 1), got {part!r}"
+                                             + (f": {e.args[0]}" if isinstance(e, KeyError) else "")) from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected N >= 1, got {part!r}")
+        if key is None:
+            every = n
+        else:
+            per[key] = n
+    return every, tuple(sorted(per.items()))
+
+
 def _settings_arguments(e: argparse.ArgumentParser) -> None:
-    from ..eval.harness.settings import EvalSettings
+    from ..eval.harness.settings import CPU_BUDGET_SCALE, EvalSettings, default_budget
 
     d = EvalSettings()
-    e.add_argument("--n", type=positive_int, default=d.n, help=f"MH response length / max new tokens ({d.n})")
+    e.add_argument("--n", type=_budgets, default=(None, ()), metavar="N|NAME=N,...",
+                   help=f"MH response length / max new tokens: one N for every dataset and/or NAME=N per dataset "
+                        f"(default per dataset: PreSTO's budget ÷ {CPU_BUDGET_SCALE}, e.g. math500 "
+                        f"{default_budget('math500')}, aime {default_budget('aime')})")
+    e.add_argument("--system", default=None, help="a system turn before every prompt")
+    e.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                   help="encode the prompt text as is, without the model's chat template")
+    e.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="the chat template's thinking switch (models that have one, e.g. Qwen3)")
     e.add_argument("--block", type=positive_int, default=None, help="MH block size B (default n: one block)")
     e.add_argument("--K", type=positive_int, default=d.K, help=f"MH transitions per block ({d.K})")
     e.add_argument("--npf", type=positive_int, default=d.npf, help=f"PreSTO prefetch budget N_pf ({d.npf})")
@@ -172,9 +202,10 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError("presto-*-predictive methods need --classifier FILE (train one with `forerun classifier train`)")
     if not 0 <= args.smc_ess <= 1:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
-    settings = EvalSettings(n=args.n, block=args.block, K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta,
-                            best_of=args.best_of, best_of_select=args.best_of_select, smc_particles=args.smc_particles,
-                            smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
+    settings = EvalSettings(n=args.n[0], budgets=args.n[1], system=args.system, chat_template=args.chat_template,
+                            thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
+                            K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
+                            best_of_select=args.best_of_select, smc_particles=args.smc_particles, smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
                             fixed_horizon=args.fixed_horizon)
     seeds = list(args.seed)
     if args.samples is not None:

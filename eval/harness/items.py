@@ -44,12 +44,15 @@ class ItemRunner:
         self.prompt_ids: dict[tuple[str, str], list[int]] = {}
 
     def prepare(self, items: list[WorkItem]) -> None:
-        """Encode every prompt once, in this thread (chat template of the first runtime's tokenizer)."""
-        tok = self.runtimes[0].tokenizer
+        """Encode every prompt once, in this thread (the first runtime's tokenizer; `--system`, the chat template
+        or plain text, the template's thinking switch, as the settings say)."""
+        tok, s = self.runtimes[0].tokenizer, self.settings
+        system = [{"role": "system", "content": s.system}] if s.system else []
         for it in items:
             key = (it.dataset, it.prompt.id)
             if key not in self.prompt_ids:
-                self.prompt_ids[key] = chat_prompt_ids(tok, it.prompt.messages())
+                self.prompt_ids[key] = chat_prompt_ids(tok, system + it.prompt.messages(),
+                                                       use_template=s.chat_template, thinking=s.thinking)
 
     def generate(self, item: WorkItem) -> dict[str, Any]:
         """Run the item's method (in a pool thread); a failed generation becomes an error outcome."""
@@ -57,7 +60,8 @@ class ItemRunner:
             if self.flush and rt.is_embedded:
                 rt.flush()  # one chain at a time: no method reuses another's KV
             ids = self.prompt_ids[(item.dataset, item.prompt.id)]
-            runner = MethodRunner(rt.backend, self.settings, self.classifier, eos_token_ids=rt.eos_token_ids)
+            runner = MethodRunner(rt.backend, self.settings.for_dataset(item.dataset), self.classifier,
+                                  eos_token_ids=rt.eos_token_ids)
             out = self._run_with_retries(runner, item, ids)
         out["runtime"] = rt
         return out
@@ -83,7 +87,7 @@ class ItemRunner:
             "key": item.key, "dataset": item.dataset, "method": item.method, "prompt_id": item.prompt.id,
             "prompt_index": item.prompt_index, "seed": item.seed, "category": item.prompt.category,
             "model": rt.name, "dtype": rt.dtype, "backend": rt.location,
-            "settings": self.settings.for_method(item.method),
+            "settings": self.settings.for_dataset(item.dataset).for_method(item.method),
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
         if "error" in out:

@@ -3,7 +3,8 @@ defaults when it builds its parser).  What each method is: `harness.methods`."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ...programs.random_streams import PAPER_SEED
@@ -65,6 +66,19 @@ class Method:
         return self.sampler if self.presto else None
 
 
+PAPER_BUDGETS = {"aime": 20480, "aime2024": 20480, "aime2025": 20480, "lcb-v5": 8092, "lcb-v6": 8092}
+"""PreSTO's evaluation token budgets where they differ from `PAPER_DEFAULT_BUDGET` (its harness)."""
+PAPER_DEFAULT_BUDGET = 3072
+CPU_BUDGET_SCALE = 96
+"""The default model on 2 cores runs each dataset at the paper's budget ÷ 96 (MATH500: 32 tokens, AIME: 214,
+LiveCodeBench: 85): small enough for minutes per item; answers that need more are cut (`--n` raises it)."""
+
+
+def default_budget(dataset: str) -> int:
+    """The CPU default of MH response length n / the most new tokens, for `dataset`."""
+    return math.ceil(PAPER_BUDGETS.get(dataset, PAPER_DEFAULT_BUDGET) / CPU_BUDGET_SCALE)
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """CPU-sized defaults of `forerun eval` (every one is a flag); the papers' values in brackets.
@@ -73,8 +87,17 @@ class EvalSettings:
     cores with SmolLM2-135M: responses of n = 32 tokens are too short for most final answers, so accuracies
     at these settings measure the harness, not the samplers."""
 
-    n: int = 32
-    """MH response length n, and the most tokens of the baselines / Power-SMC [1024]."""
+    n: int | None = None
+    """MH response length n, and the most tokens of the baselines / Power-SMC, for every dataset; None
+    (default): per dataset, `default_budget` [3072; AIME 20480; LiveCodeBench 8092]."""
+    budgets: tuple[tuple[str, int], ...] = ()
+    """Per-dataset n that override `n` (`--n math500=64,aime=512`)."""
+    system: str | None = None
+    """A system turn before each prompt (`--system`)."""
+    chat_template: bool = True
+    """Render prompts with the model's chat template (`--no-chat-template`: the plain text)."""
+    thinking: bool | None = None
+    """The chat template's thinking switch where it has one (`--thinking on|off`; None: the template's default)."""
     block: int | None = None
     """MH block size B (None: n, a single block) [n]."""
     K: int = 8
@@ -104,14 +127,30 @@ class EvalSettings:
     references' rule, a chain whose state holds an EOS at the end of a block is cut after it and stops."""
 
     def __post_init__(self) -> None:
-        for name in ("n", "K", "npf", "best_of", "smc_particles", "smc_block"):
+        for name in ("K", "npf", "best_of", "smc_particles", "smc_block"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.block is not None and (self.block < 1 or self.n % self.block):
-            raise ValueError(f"block B must divide n={self.n}, got {self.block}")
+        for ds, n in ((None, self.n), *self.budgets):
+            if n is not None and n < 1:
+                raise ValueError(f"n must be >= 1, got {n}" + (f" for {ds}" if ds else ""))
+            if n is not None and self.block is not None and (self.block < 1 or n % self.block):
+                raise ValueError(f"block B must divide n={n}" + (f" ({ds})" if ds else "") + f", got {self.block}")
+
+    def n_for(self, dataset: str) -> int:
+        """n of `dataset`: its --n override, else --n, else `default_budget`."""
+        return dict(self.budgets).get(dataset) or self.n or default_budget(dataset)
+
+    def for_dataset(self, dataset: str) -> "EvalSettings":
+        """These settings with n resolved for `dataset` (what its items run with)."""
+        n = self.n_for(dataset)
+        if self.block is not None and n % self.block:
+            raise ValueError(f"block B={self.block} does not divide n={n} of {dataset}")
+        return replace(self, n=n, budgets=())
 
     def for_method(self, method: str) -> dict[str, Any]:
-        """The settings that define `method`'s output (recorded on every line)."""
+        """The settings that define `method`'s output (recorded on every line; n resolved: `for_dataset`)."""
+        if self.n is None or self.budgets:
+            raise ValueError("for_method needs settings resolved for one dataset (EvalSettings.for_dataset)")
         m = Method.parse(method)
         if m.family == "baseline":
             out = {"max_new_tokens": self.n, "alpha": self.alpha, "tau": 1 / self.alpha}

@@ -86,3 +86,18 @@ def test_graded_text_stops_at_the_first_eos_and_the_header_records_the_horizon(t
     capsys.readouterr()
     assert main([*argv, "--resume"]) == 2  # the horizon is a setting of the run
     assert "fixed_horizon (True -> False)" in capsys.readouterr().err
+
+
+def test_n_per_dataset_and_prompt_options_reach_the_items(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    argv = ["eval", "--model", "tiny", "--datasets", "mmlu,math500", "--methods", "greedy", "--limit", "1",
+            "--n", "3,math500=5", "--system", "Answer briefly.", "--no-chat-template", "--out", str(run)]
+    assert main(argv) == 0
+    header, recs = read_run(run)
+    assert {r["dataset"]: r["settings"]["max_new_tokens"] for r in recs} == {"mmlu": 3, "math500": 5}
+    assert header["settings"]["system"] == "Answer briefly." and header["settings"]["chat_template"] is False
+    capsys.readouterr()
+    assert main([*argv[:-2], "--thinking", "on", "--out", str(tmp_path / "t.jsonl")]) == 2
+    assert "thinking switch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv[:9], "--n", "math500=0", "--out", str(tmp_path / "z.jsonl")])

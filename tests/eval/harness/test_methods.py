@@ -22,13 +22,25 @@ def test_parse_methods():
 
 
 def test_settings_record_what_defines_each_method():
-    s = EvalSettings()
+    s = EvalSettings().for_dataset("math500")
     assert s.for_method("greedy") == {"max_new_tokens": s.n, "alpha": 4.0, "tau": 0.25}
     assert s.for_method("presto-entropy-cut")["beta"] == 4.0
     assert s.for_method("presto-power-mh-predictive")["traversal"] == "predictive"
     assert s.for_method("power-smc")["particles"] == s.smc_particles
     with pytest.raises(ValueError, match="block"):
         EvalSettings(n=32, block=5)
+    with pytest.raises(ValueError, match="resolved"):
+        EvalSettings().for_method("greedy")  # n depends on the dataset
+
+
+def test_per_dataset_budgets_are_the_papers_scaled_and_overridable():
+    s = EvalSettings()
+    assert (s.n_for("math500"), s.n_for("aime"), s.n_for("lcb-v5"), s.n_for("gpqa")) == (32, 214, 85, 32)
+    t = EvalSettings(n=16, budgets=(("aime", 64),))
+    assert (t.n_for("math500"), t.n_for("aime")) == (16, 64)
+    assert t.for_dataset("aime").for_method("power-mh")["n"] == 64
+    with pytest.raises(ValueError, match="does not divide"):
+        EvalSettings(block=16, budgets=(("math500", 32),)).for_dataset("aime")
 
 
 @pytest.fixture(scope="module")

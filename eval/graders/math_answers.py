@@ -3,8 +3,13 @@ with the gold answer by math-verify (LaTeX / expression equivalence); AIME answe
 
     step                        code
     final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, else "final answer is",
-                                "answer:", "####", "answer is")
-    equivalence                 same normalized string, else math_verify.verify(parse(gold), parse(answer))
+                                "answer:", "####", "answer is"); fallback when there is none of these:
+                                math-verify's own extraction from the whole response (`parse(response)`:
+                                its last LaTeX expression or number, as lighteval does), e.g. "So there are
+                                42 ways." -> 42.  The grade's detail says which one was used.
+    equivalence                 same normalized string, else math_verify.verify(parse(gold), parse(answer));
+                                an answer that is a number followed by unit words ("12 cm^2", "5 meters",
+                                which math-verify reads as 12*c*m^2) is compared by its number
     AIME                        integers compared as integers (gold "336^\\circ" -> 336)
 
 math-verify bounds its work with signal.alarm, which exists only in the main thread: off the main thread
@@ -68,27 +73,52 @@ def _as_integer(answer: str) -> int | None:
     return int(s) if re.fullmatch(r"[+-]?\d+", s) else None
 
 
+def _timeout() -> int | None:
+    return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+_WITH_UNITS = re.compile(r"\s*([-+]?\d[\d,]*(?:\.\d+)?)\s+((?:[A-Za-z]{2,}(?:\^\d)?\s*)+)\.?\s*")
+"""A number followed by unit words ("12 cm^2", "5 meters"), which math-verify reads as a product of symbols."""
+_NOT_UNITS = {"pi", "sin", "cos", "tan", "log", "ln", "exp", "sqrt", "or", "and", "to", "times", "plus", "minus"}
+
+
 def equivalent(gold: str, answer: str) -> bool:
     """Is `answer` the same mathematical object as `gold` (math-verify; same normalized text counts)?"""
     if normalize(gold) == normalize(answer):
         return True
-    main = threading.current_thread() is threading.main_thread()
-    timeout = PARSE_TIMEOUT_S if main else None
+    timeout = _timeout()
     try:
         g = parse(f"${gold}$", parsing_timeout=timeout)
         a = parse(f"${answer}$", parsing_timeout=timeout)
-        return bool(g and a and verify(g, a, timeout_seconds=timeout))
+        if g and a and verify(g, a, timeout_seconds=timeout):
+            return True
+        unit = _WITH_UNITS.fullmatch(answer)
+        if g and unit and not set(unit.group(2).lower().replace("^", " ").split()) & _NOT_UNITS:
+            a = parse(f"${unit.group(1)}$", parsing_timeout=timeout)  # "12 cm^2": the number without its units
+            return bool(a and verify(g, a, timeout_seconds=timeout))
+        return False
     except Exception:  # math-verify raises on pathological input; such an answer is not graded correct
         return False
 
 
+def fallback_answer(text: str) -> str | None:
+    """math-verify's extraction from the whole response (its last LaTeX expression or number), or None."""
+    try:
+        parsed = parse(text, parsing_timeout=_timeout())
+    except Exception:  # pathological input: no answer
+        return None
+    return parsed[1] if len(parsed) > 1 and str(parsed[1]).strip() else None
+
+
 def grade_math(response: str, gold: str, *, integer: bool = False) -> tuple[bool, str | None, str]:
     """(correct, extracted answer, detail) of a math response."""
-    answer = extract_final_answer(response)
+    answer, how = extract_final_answer(response), ""
+    if answer is None:
+        answer, how = fallback_answer(response), " (fallback: math-verify's extraction)"
     if answer is None:
         return False, None, "no final answer"
     if integer:
         g, a = _as_integer(gold), _as_integer(answer)
         if g is not None and a is not None:
-            return a == g, answer, "integer"
-    return equivalent(gold, answer), answer, "math-verify"
+            return a == g, answer, "integer" + how
+    return equivalent(gold, answer), answer, "math-verify" + how

@@ -1,31 +1,43 @@
-"""Run untrusted code (a model's program plus a dataset's tests) in a subprocess sandbox.
+"""Run untrusted code (a model's program against a dataset's tests) in a subprocess sandbox.
 
-`run_sandboxed(program, stdin=...)` writes the program into a fresh temporary directory and runs it through
-`sandbox_child.py` (the launcher) and a small harness, with:
+Two entry points:
 
-    guarantee                       how (isolation "namespaces": Linux, root or unprivileged user namespaces)
+    run_tests(program, tests, preamble=...)   function tests (HumanEval, MBPP, LiveCodeBench functional): the
+                                              program runs in one process (C), the tests in another (T); see
+                                              `sandbox_inside` for why.  Passed = T's verdict.
+    run_sandboxed(program, stdin=...)         a whole program (LiveCodeBench stdin tests): passed is decided by
+                                              the grader, comparing `stdout` with an expected output that never
+                                              enters the sandbox.  `completed` only says it exited 0 in time.
+
+Guarantees (isolation "namespaces": Linux, root or unprivileged user namespaces; `sandbox_child` does it):
+
+    guarantee                       how
+    no fake pass                    the tests, their expected values and the verdict pipe are in T, another
+                                    process (another uid as root; non-dumpable); C hands T plain data only,
+                                    and T reads the verdict's nonce from a file unlinked before C starts
     fresh working directory         tempfile.mkdtemp, removed afterwards; cwd, HOME and TMPDIR point at it
-    isolated Python                 `python -I` (no PYTHON* variables, no user site, no script dir on sys.path)
+    isolated Python                 the project's interpreter (`sys.executable`: its packages, numpy, are
+                                    importable) with `-I` (no PYTHON* variables, no user site, no script dir
+                                    on sys.path); a pyenv under /root is exposed read-only inside the mount
+                                    namespace so that nobody can run it
     cleared environment             the program sees PATH, LANG, HOME, TMPDIR and nothing else
-    no network                      a new network namespace (loopback only, down); fallback: the harness
-                                    replaces socket creation before the program runs (Python-level only)
+    no network                      a new network namespace (loopback only, down)
     no writes outside the workdir   a private mount namespace in which every mount but the workdir is
-                                    read-only (EROFS even for root); fallback: privileges dropped to nobody,
-                                    so only world-writable places (/tmp, /dev/shm) stay writable
-    parent's environment unseen     cleared env; a new pid namespace with a fresh /proc (other processes are
-                                    invisible); as nobody, other users' /proc/PID/environ is unreadable
-                                    (fallback as a non-root grader: same-uid processes stay readable)
-    CPU, memory, files, processes   rlimits: CPU s, address space, file size, open files, processes, no core
-    processes under root            privileges dropped to nobody (RLIMIT_NPROC is not enforced for root) and
-                                    a watchdog that counts the session's processes and kills past the limit
-    wall-clock timeout              the parent kills everything after `wall_s`
-    nothing left running            SIGKILL to the process group and every process of the session; with a
-                                    pid namespace, the kernel kills all of it when its pid 1 dies
-    no fake pass                    passing needs exit status 0 AND a per-run nonce that the harness prints
-                                    only after the program returned normally (sys.exit / os._exit fail)
+                                    read-only (EROFS even for root)
+    other processes unseen          a new pid namespace with a fresh /proc
+    CPU, memory, files, processes   rlimits (CPU s, address space, file size, open files, processes, no core);
+                                    privileges dropped to nobody (or every capability dropped inside a user
+                                    namespace), no_new_privs; a watchdog counts the session's processes
+    wall-clock timeout              the grader kills everything after `wall_s`
+    nothing left running            SIGKILL to the process group and the session; pid 1's death kills the
+                                    pid namespace; each process has PR_SET_PDEATHSIG towards its parent, so
+                                    a grader killed with SIGKILL takes the whole tree with it
 
-`isolation_report()` says which of these took effect on this machine.  The sandbox defends against model
-mistakes and ordinary hostile code, not against an attacker who escalates through a kernel exploit.
+Fallback: without the mount, network and pid namespaces (isolation "rlimits", or a machine that forbids
+them) nothing untrusted runs (`SandboxRefused`) unless the caller passes `allow_uncontained=True` or sets
+FORERUN_SANDBOX_ALLOW_UNCONTAINED=1; then `NOT_CONTAINED` lists what is open.
+
+The sandbox defends against model mistakes and hostile programs, not against kernel exploits.
 """
 
 from __future__ import annotations
@@ -45,41 +57,33 @@ from pathlib import Path
 from typing import Any
 
 NOBODY = 65534
+TESTER = 65533
+"""The tests' uid when the grader is root: not the program's, so the program cannot signal or trace them."""
 LAUNCHER = Path(__file__).with_name("sandbox_child.py")
+INSIDE = (Path(__file__).with_name("sandbox_inside.py"), Path(__file__).with_name("sandbox_wire.py"))
+"""What runs inside the sandbox, copied into both the program's and the tests' directory."""
+ALLOW_ENV = "FORERUN_SANDBOX_ALLOW_UNCONTAINED"
+REFUSED_EXIT = 125
+NOT_CONTAINED = {
+    "network": "network: only Python's socket module is blocked; ctypes, os-level calls or a subprocess reach "
+               "the network",
+    "filesystem": "filesystem: the program can write wherever its user can (as root's nobody: /tmp, /dev/shm "
+                  "and other world-writable places; as a normal user: all of that user's files)",
+    "processes": "processes: the program sees every process, can signal those of its user (kill(-1) reaches "
+                 "every process of nobody, or of the grader's user), and a daemon that leaves the session "
+                 "outlives the run if the grader is killed",
+    "verdict": "verdict (grader not root): the program runs as the grader's user and can reach the grader's "
+               "and the tests' processes through /proc",
+}
 
-HARNESS = r'''
-import os, sys, runpy
-_nonce = os.environ.pop("FORERUN_SANDBOX_NONCE", "")
-if os.environ.pop("FORERUN_SANDBOX_NET", "") != "namespace":
-    import socket as _s, _socket
-    def _blocked(*a, **k):
-        raise PermissionError("network access is disabled in the sandbox")
-    class _NoSocket(_s.socket):
-        def __init__(self, *a, **k):
-            _blocked()
-    _s.socket = _socket.socket = _NoSocket
-    _s.create_connection = _s.socketpair = _s.fromfd = _socket.socketpair = _blocked
-    if hasattr(_socket, "fromfd"):
-        _socket.fromfd = _blocked
-_main = sys.argv[1]
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(_main, run_name="__main__")
-except SystemExit as _e:
-    if _e.code not in (None, 0):
-        raise
-    sys.stderr.write("\nsandbox: the program called sys.exit() before its tests finished\n")
-    sys.stderr.flush()
-    os._exit(3)
-sys.stdout.flush()
-sys.stderr.write("\n" + _nonce + "\n")
-sys.stderr.flush()
-'''
+
+class SandboxRefused(RuntimeError):
+    """The sandbox could not contain the program and the caller did not allow running it anyway."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one sandboxed run."""
+    """Resource limits of one sandboxed run (each process: the program and the tests)."""
 
     cpu_s: float = 10.0
     """RLIMIT_CPU (seconds of CPU; SIGXCPU then SIGKILL one second later)."""
@@ -104,18 +108,35 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What a sandboxed run did."""
+    """What a sandboxed whole program did."""
 
     completed: bool
-    """Exit status 0 and the harness's nonce seen: the program (and its tests) ran to the end."""
+    """Exit status 0 within the limits.  Not a pass: the caller compares `stdout` with what it expects."""
     exit_code: int | None
     stdout: str
     stderr: str
     wall_s: float
     killed_for: str | None = None
-    """"wall-clock timeout" or "process limit" when the parent killed the run."""
+    """"wall-clock timeout" or "process limit" when the grader killed the run."""
     isolation: dict[str, Any] = field(default_factory=dict)
-    """What took effect (network, filesystem, pids, user, rlimits), as the launcher reported it."""
+    """What took effect (network, filesystem, pids, user, interpreter, not_contained), as pid 1 reported it."""
+
+
+@dataclass(frozen=True)
+class SandboxVerdict:
+    """What a program did against function tests."""
+
+    passed: bool
+    """The tests' process ran every test to the end without an error and said so on its own pipe."""
+    error: str
+    """Why not (the failing test's exception and line, "program: ..." when the program died or misbehaved,
+    or the grader's reason: timeout, process limit, no verdict)."""
+    stdout: str
+    """The program's output (for diagnosis only)."""
+    stderr: str
+    wall_s: float
+    killed_for: str | None = None
+    isolation: dict[str, Any] = field(default_factory=dict)
 
 
 def _world_executable(path: str) -> bool:
@@ -125,15 +146,24 @@ def _world_executable(path: str) -> bool:
     return all(parent.stat().st_mode & stat.S_IXOTH for parent in p.parents)
 
 
-def sandbox_interpreter(drop_to_nobody: bool) -> str:
-    """The Python that runs the program: this interpreter's base, or a system one that `nobody` may run."""
+def sandbox_interpreter() -> str:
+    """The project's interpreter (this one: its virtual environment's packages come along)."""
+    return sys.executable or os.path.realpath(getattr(sys, "_base_executable", ""))
+
+
+def fallback_interpreter() -> str:
+    """An interpreter nobody can run without the mount namespace's help (fallback mode as root), or ""."""
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    if not drop_to_nobody:
-        return base
-    for cand in (base, shutil.which("python3") or "", "/usr/bin/python3", "/usr/local/bin/python3"):
+    for cand in (sys.executable, base, shutil.which("python3") or "", "/usr/bin/python3", "/usr/local/bin/python3"):
         if cand and _world_executable(cand):
-            return os.path.realpath(cand)
+            return cand
     return ""
+
+
+def _interpreter_paths() -> list[str]:
+    out = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+           os.path.dirname(os.path.realpath(sandbox_interpreter()))]
+    return sorted({os.path.realpath(p) for p in out if p})
 
 
 def _session_members(sid: int) -> list[int]:
@@ -164,31 +194,18 @@ def _kill_all(sid: int) -> None:
             pass
 
 
-def _prepare(workdir: Path, program: str, files: dict[str, str], owner: int | None) -> None:
-    (workdir / "program.py").write_text(program, encoding="utf-8")
-    (workdir / "_harness.py").write_text(HARNESS, encoding="utf-8")
-    for name, text in files.items():
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"sandbox file names must be plain names, got {name!r}")
-        (workdir / name).write_text(text, encoding="utf-8")
-    if owner is not None:
-        for p in [workdir, *workdir.iterdir()]:
-            os.chown(p, owner, owner)
-    os.chmod(workdir, 0o700)
-
-
 def _watch(proc: subprocess.Popen, limits: SandboxLimits) -> str | None:
     """Wait for the launcher; returns why it was killed (None: it exited by itself)."""
     deadline = time.monotonic() + limits.wall_s
     while True:
         try:
-            proc.wait(timeout=0.05)
+            proc.wait(timeout=0.02)
             return None
         except subprocess.TimeoutExpired:
             pass
         if time.monotonic() > deadline:
             return "wall-clock timeout"
-        if len(_session_members(proc.pid)) > limits.processes + 3:  # + launcher, pid 1, harness
+        if len(_session_members(proc.pid)) > limits.processes + 4:  # + launcher, pid 1, tester, program
             return "process limit"
 
 
@@ -197,88 +214,183 @@ def _read(path: Path, limit: int) -> str:
         return fh.read(limit).decode("utf-8", errors="replace")
 
 
+def _allowed(allow_uncontained: bool | None) -> bool:
+    if allow_uncontained is not None:
+        return allow_uncontained
+    return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def describe_not_contained(missing: list[str]) -> str:
+    return "; ".join(NOT_CONTAINED[m] for m in missing if m in NOT_CONTAINED)
+
+
+class _Session:
+    """The directories, pipes and launcher of one sandboxed run."""
+
+    def __init__(self, limits: SandboxLimits, isolation: str, allow_uncontained: bool | None) -> None:
+        if isolation not in ("namespaces", "rlimits"):
+            raise ValueError(f"isolation must be 'namespaces' or 'rlimits', got {isolation!r}")
+        self.limits, self.isolation, self.allow = limits, isolation, _allowed(allow_uncontained)
+        self.root = os.geteuid() == 0
+        self.workdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-"))
+        self.tester_dir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-t-"))
+        self.outdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-io-"))  # the grader's only (0700)
+        (self.outdir / "stage").mkdir()
+
+    def close(self) -> None:
+        for d in (self.workdir, self.tester_dir, self.outdir):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def prepare(self, program: str, files: dict[str, str]) -> None:
+        (self.workdir / "program.py").write_text(program, encoding="utf-8")
+        for src in INSIDE:
+            shutil.copyfile(src, self.workdir / src.name)
+            shutil.copyfile(src, self.tester_dir / src.name)
+        for name, text in files.items():
+            if "/" in name or name.startswith(".") or name in ("program.py", *(p.name for p in INSIDE)):
+                raise ValueError(f"sandbox file names must be plain names, got {name!r}")
+            (self.workdir / name).write_text(text, encoding="utf-8")
+        if self.root:
+            for p in [self.workdir, *self.workdir.iterdir()]:
+                os.chown(p, NOBODY, NOBODY)
+            for p in [self.tester_dir, *self.tester_dir.iterdir()]:
+                os.chown(p, TESTER, TESTER)
+        os.chmod(self.workdir, 0o700)
+        os.chmod(self.tester_dir, 0o700)
+
+    def config(self, mode: str, fds: dict[str, int]) -> dict[str, Any]:
+        lim = self.limits
+        return {"mode": mode, "workdir": str(self.workdir), "tester_dir": str(self.tester_dir),
+                "python": sandbox_interpreter(), "python_fallback": fallback_interpreter(),
+                "expose": _interpreter_paths(), "stage": str(self.outdir / "stage"), "isolation": self.isolation,
+                "allow_uncontained": self.allow, "uid": NOBODY if self.root else None,
+                "gid": NOBODY if self.root else None, "tester_uid": TESTER if self.root else None,
+                "tester_gid": TESTER if self.root else None, "fds": fds, "grader_pid": os.getpid(),
+                "limits": {"cpu_s": max(1, int(round(lim.cpu_s))), "as_bytes": lim.memory_bytes,
+                           "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes}}
+
+    def launch(self, mode: str, stdin: bytes, extra_fds: dict[str, int]) -> tuple[dict[str, Any], int, float, str | None]:
+        """Run the launcher; returns (status, exit code, wall seconds, killed_for)."""
+        status_r, status_w = os.pipe()
+        fds = dict(extra_fds, status=status_w)
+        cfg = self.config(mode, fds)
+        (self.outdir / "stdin").write_bytes(stdin)
+        start = time.perf_counter()
+        with open(self.outdir / "stdin", "rb") as fin, open(self.outdir / "stdout", "wb") as fout, \
+                open(self.outdir / "stderr", "wb") as ferr:
+            try:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(cfg)],
+                                        cwd=self.workdir, env={}, stdin=fin, stdout=fout, stderr=ferr,
+                                        start_new_session=True, pass_fds=tuple(fds.values()), close_fds=True)
+            finally:
+                for f in fds.values():
+                    os.close(f)
+            try:
+                killed_for = _watch(proc, self.limits)
+            finally:
+                _kill_all(proc.pid)
+                proc.wait()
+        wall = time.perf_counter() - start
+        with os.fdopen(status_r, "rb") as fh:
+            raw = fh.read()
+        try:
+            status = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            status = {"error": "unreadable launcher status"}
+        if status.get("refused"):
+            missing = status.get("not_contained") or []
+            raise SandboxRefused(f"the sandbox cannot contain untrusted code here ({status['refused']}): "
+                                 f"{describe_not_contained(missing)}. Pass allow_uncontained=True or set "
+                                 f"{ALLOW_ENV}=1 to run it anyway.")
+        if status.get("not_contained") and not self.root:
+            status["not_contained"] = [*status["not_contained"], "verdict"]
+        return status, proc.returncode, wall, killed_for
+
+    def output(self, name: str) -> str:
+        return _read(self.outdir / name, self.limits.output_bytes)
+
+
 def run_sandboxed(program: str, *, stdin: str | bytes = b"", limits: SandboxLimits = SandboxLimits(),
-                  isolation: str = "namespaces", files: dict[str, str] | None = None) -> SandboxResult:
-    """Run `program` (Python source) in the sandbox; `stdin` is its standard input.
+                  isolation: str = "namespaces", files: dict[str, str] | None = None,
+                  allow_uncontained: bool | None = None) -> SandboxResult:
+    """Run `program` (Python source, as __main__) in the sandbox with `stdin` as its standard input.
 
-    isolation: "namespaces" (default: namespaces where the OS allows, falling back per guarantee) or
-    "rlimits" (skip the namespaces: the fallback path, for tests and for machines that forbid them)."""
-    if isolation not in ("namespaces", "rlimits"):
-        raise ValueError(f"isolation must be 'namespaces' or 'rlimits', got {isolation!r}")
-    root = os.geteuid() == 0
-    python = sandbox_interpreter(drop_to_nobody=root)
-    drop = root and bool(python)
-    python = python or sandbox_interpreter(drop_to_nobody=False)
-    workdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-"))
-    outdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-io-"))
-    nonce = secrets.token_hex(16)
+    isolation: "namespaces" (default) or "rlimits" (skip the namespaces: the fallback path).  Raises
+    `SandboxRefused` when the run would not be contained and `allow_uncontained` (default: the environment
+    variable FORERUN_SANDBOX_ALLOW_UNCONTAINED) is not set."""
+    s = _Session(limits, isolation, allow_uncontained)
     try:
-        _prepare(workdir, program, files or {}, NOBODY if drop else None)
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        (outdir / "stdin").write_bytes(data)
-        return _launch(python, workdir, outdir, nonce, limits, isolation, drop)
+        s.prepare(program, files or {})
+        status, code, wall, killed_for = s.launch("plain", stdin.encode() if isinstance(stdin, str) else stdin, {})
+        return SandboxResult(completed=killed_for is None and code == 0, exit_code=code, stdout=s.output("stdout"),
+                             stderr=s.output("stderr"), wall_s=wall, killed_for=killed_for, isolation=status)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(outdir, ignore_errors=True)
+        s.close()
 
 
-def _config(python: str, workdir: Path, nonce: str, limits: SandboxLimits, isolation: str, drop: bool,
-            status_fd: int) -> dict[str, Any]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir),
-           "TMPDIR": str(workdir), "FORERUN_SANDBOX_NONCE": nonce}
-    return {"workdir": str(workdir), "argv": [python, "-I", "_harness.py", "program.py"], "env": env,
-            "isolation": isolation, "uid": NOBODY if drop else None, "gid": NOBODY if drop else None,
-            "status_fd": status_fd,
-            "limits": {"cpu_s": max(1, int(round(limits.cpu_s))), "as_bytes": limits.memory_bytes,
-                       "fsize_bytes": limits.file_bytes, "nofile": limits.open_files, "nproc": limits.processes}}
-
-
-def _launch(python: str, workdir: Path, outdir: Path, nonce: str, limits: SandboxLimits, isolation: str,
-            drop: bool) -> SandboxResult:
-    r, w = os.pipe()
-    cfg = _config(python, workdir, nonce, limits, isolation, drop, w)
-    start = time.perf_counter()
-    with open(outdir / "stdin", "rb") as fin, open(outdir / "stdout", "wb") as fout, \
-            open(outdir / "stderr", "wb") as ferr:
-        try:
-            proc = subprocess.Popen([sandbox_interpreter(False), "-I", "-S", str(LAUNCHER), json.dumps(cfg)],
-                                    cwd=workdir, env={}, stdin=fin, stdout=fout, stderr=ferr,
-                                    start_new_session=True, pass_fds=(w,), close_fds=True)
-        finally:
-            os.close(w)
-        try:
-            killed_for = _watch(proc, limits)
-        finally:
-            _kill_all(proc.pid)
-            proc.wait()
-    wall = time.perf_counter() - start
-    with os.fdopen(r, "rb") as fh:
-        raw = fh.read()
+def run_tests(program: str, tests: str, *, preamble: str = "", data: dict[str, Any] | None = None,
+              program_names: tuple[str, ...] = (), call_timeout_s: float | None = None,
+              limits: SandboxLimits = SandboxLimits(), isolation: str = "namespaces",
+              allow_uncontained: bool | None = None) -> SandboxVerdict:
+    """Run `program` in the sandbox and `tests` (Python source run after `preamble`, in a separate process)
+    against it.  `data`: JSON values bound as globals of the tests (e.g. expected outputs); `call_timeout_s`:
+    the longest the tests wait for one answer of the program.  The tests' free names that neither they nor
+    the preamble define are the program's globals (remote proxies: calls, attributes, iteration; values come
+    back as plain data), or standard-library modules; a builtin name is taken from the program only when it
+    is in `program_names` (the entry point: MBPP 126 defines `sum`), so a program cannot replace the `abs`
+    or `all` the tests check with.  Passed when the tests ran to the end without raising."""
+    s = _Session(limits, isolation, allow_uncontained)
     try:
-        status = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        status = {"error": "unreadable launcher status"}
-    stdout = _read(outdir / "stdout", limits.output_bytes)
-    stderr = _read(outdir / "stderr", limits.output_bytes)
-    code = proc.returncode
-    lines = stderr.rstrip("\n").rsplit("\n", 1)
-    completed = killed_for is None and code == 0 and lines[-1] == nonce
-    if lines[-1] == nonce:
-        stderr = lines[0] if len(lines) > 1 else ""
-    return SandboxResult(completed=completed, exit_code=code, stdout=stdout, stderr=stderr, wall_s=wall,
-                         killed_for=killed_for, isolation=status)
+        s.prepare(program, {})
+        nonce = secrets.token_hex(16)
+        job_path = s.outdir / "job"
+        job_path.write_text(json.dumps({"preamble": preamble, "tests": tests, "nonce": nonce, "data": data or {},
+                                       "call_timeout_s": call_timeout_s, "program_names": list(program_names)}), encoding="utf-8")
+        job = os.open(job_path, os.O_RDONLY)
+        job_path.unlink()  # only the descriptor is left: T reads it, nobody can open it by name
+        verdict_r, verdict_w = os.pipe()
+        t_out = os.open(s.outdir / "tester_out", os.O_WRONLY | os.O_CREAT, 0o600)
+        t_err = os.open(s.outdir / "tester_err", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            status, code, wall, killed_for = s.launch(
+                "tests", b"", {"job": job, "verdict": verdict_w, "tester_out": t_out, "tester_err": t_err})
+        finally:
+            with os.fdopen(verdict_r, "rb") as fh:
+                raw = fh.read(1 << 20)
+        try:
+            verdict = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            verdict = {}
+        authentic = isinstance(verdict, dict) and verdict.get("nonce") == nonce
+        passed = killed_for is None and code == 0 and authentic and verdict.get("passed") is True
+        if passed:
+            error = ""
+        elif killed_for:
+            error = killed_for
+        elif not authentic:
+            tail = s.output("tester_err").strip().splitlines()[-1:]
+            error = f"no verdict from the tests (exit {code}{': ' + tail[0][:200] if tail else ''})"
+        else:
+            error = str(verdict.get("error") or f"exit {code}")
+        return SandboxVerdict(passed=passed, error=error, stdout=s.output("stdout"), stderr=s.output("stderr"),
+                             wall_s=wall, killed_for=killed_for, isolation=status)
+    finally:
+        s.close()
 
 
 _REPORT: dict[str, Any] | None = None
 
 
 def isolation_report() -> dict[str, Any]:
-    """Which guarantees took effect here (runs one trivial program once per process)."""
+    """Which guarantees took effect here (runs one trivial program once per process; never refuses)."""
     global _REPORT
     if _REPORT is None:
-        res = run_sandboxed("print('ok')", limits=SandboxLimits(cpu_s=5, wall_s=20))
-        _REPORT = dict(res.isolation, works=res.completed)
+        res = run_sandboxed("import sys\nprint(sys.flags.isolated)", limits=SandboxLimits(cpu_s=5, wall_s=20),
+                            allow_uncontained=True)
+        _REPORT = dict(res.isolation, works=res.completed and res.stdout.strip() == "1",
+                       contained=not res.isolation.get("not_contained"))
     return dict(_REPORT)
 
 
-__all__ = ["SandboxLimits", "SandboxResult", "isolation_report", "run_sandboxed", "sandbox_interpreter"]
+__all__ = ["ALLOW_ENV", "NOT_CONTAINED", "SandboxLimits", "SandboxRefused", "SandboxResult", "SandboxVerdict",
+           "fallback_interpreter", "isolation_report", "run_sandboxed", "run_tests", "sandbox_interpreter"]

@@ -100,7 +100,8 @@ class ItemRunner:
             rec.update(out, response=text, grade=g.to_json(), correct=g.correct, grade_s=time.perf_counter() - start)
             if g.grader == "code":
                 iso = isolation_report()
-                rec["sandbox"] = {k: iso.get(k) for k in ("network", "filesystem", "pids", "user")}
+                rec["sandbox"] = {k: iso.get(k) for k in ("network", "filesystem", "pids", "user", "interpreter",
+                                                          "not_contained")}
         rec["load_avg"] = os.getloadavg()[0]
         rec["command"] = self.command
         return rec

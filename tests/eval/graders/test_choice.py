@@ -1,0 +1,64 @@
+"""Multiple-choice letter extraction on outputs written the way models write them.  Each case is a whole
+response (or its ending) and the letter a careful human grader would read from it; None: no choice made."""
+
+from __future__ import annotations
+
+import pytest
+
+from forerun.eval.graders.choice import extract_choice, grade_choice
+
+CASES = [
+    # explicit final-answer statements, in the phrasings the issue found unread (3 of 8) and others
+    ("Let me compute the energy levels...\n\nThe answer is (b).", "B"),
+    ("Checking each value: only 42 satisfies both equations.\n\nB) 42 is the only value that works.", "B"),
+    ("So the product is even.\nanswer: c", "C"),
+    ("Final answer: B", "B"),
+    ("Therefore the correct choice is \\boxed{B}.", "B"),
+    ("\\boxed{b}", "B"),
+    ("\\boxed{\\text{(D) } 3.2\\,\\text{eV}}", "D"),
+    ("\\boxed{\\textbf{(C)}}", "C"),
+    ("Final Answer: The final answer is $\\boxed{D}$. I hope it is correct.", "D"),
+    ("**Answer:** D", "D"),
+    ("**Answer: (a)**", "A"),
+    ("The correct answer is **C**.", "C"),
+    ("So the answer is: **(c)**", "C"),
+    ("Answer: (A) 3.2 eV", "A"),
+    ("I'll go with B.", "B"),
+    ("Option A is wrong because the sign flips. So I'd say C is the correct answer.", "C"),
+    ("Reasoning about the reaction...\nC", "C"),
+    ("...hence\n\n**D**", "D"),
+    # the LAST explicit statement wins (the model changes its mind)
+    ("At first glance the answer is (A). Wait, I forgot the factor of 2, so the answer is (C).", "C"),
+    ("\\boxed{A}\n\nHmm, re-checking: the spin is 1/2, not 1. Final answer: B", "B"),
+    # negations do not count ...
+    ("Option A is wrong.", None),
+    ("It is not A.", None),
+    ("A is incorrect, B is incorrect, and D is incorrect.", None),
+    ("We can rule out (A), and (B) fails the boundary condition.", None),
+    ("Not A. Not B. Not D.", None),
+    # ... when an explicit answer follows, or the negation is about another letter
+    ("Option A is wrong. Option C is correct.", "C"),
+    ("The answer is B, not A.", "B"),
+    ("The correct option is D, not A", "D"),
+    ("Answer: Option A is wrong, so the answer must be B", "B"),
+    ("A is incorrect since the entropy decreases; therefore (C).", "C"),
+    # mentions without a statement
+    ("I think it's (D)", "D"),
+    ("the answer is a number, so (B)", "B"),
+    # letters that are not options, and no answer at all
+    ("Answer: E", None),
+    ("I cannot tell without more information.", None),
+    ("A good approach is to compare the orbitals.", None),
+]
+
+
+@pytest.mark.parametrize("text,want", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_letter_read_from_realistic_outputs(text, want):
+    assert extract_choice(text, 4) == want
+
+
+def test_five_option_questions_and_grading():
+    assert extract_choice("The answer is (E).", 5) == "E" and extract_choice("The answer is (E).", 4) is None
+    assert grade_choice("The answer is (b).", "B") == (True, "B", "letter")
+    assert grade_choice("The answer is (b).", "C")[0] is False
+    assert grade_choice("Option A is wrong.", "A") == (False, None, "no letter")  # a negation is not a choice

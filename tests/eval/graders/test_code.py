@@ -1,0 +1,311 @@
+"""The code graders against reference solutions (they must pass) and realistic model outputs (right ones
+pass, wrong ones fail).
+
+Reference sweeps run in the sandbox (about half a second each): the default suite runs samples (the first
+20 HumanEval tasks, 13 of which failed as standalone functions before the prompt's preamble was run, both
+ways; 20 MBPP tasks with the two special ones), `-m slow` runs all of them and asserts the acceptance
+numbers: HumanEval 164/164 as a continuation and 164/164 as a standalone fenced function, MBPP 11-510 at
+least 497/500.  The standalone text is built here from the prompt, independently of the grader: the entry
+function's signature and docstring plus the canonical body, without the preamble, in a ```python fence."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import zlib
+from pathlib import Path
+
+import pytest
+
+from forerun.eval.datasets.loading import load_prompts
+from forerun.eval.datasets.parsers import parse_lcb
+from forerun.eval.datasets.registry import DatasetError
+from forerun.eval.graders import grade
+from forerun.eval.graders.code import (extract_code, grade_code, humaneval_preamble, mbpp_entry, stdout_matches)
+
+DATA = Path(os.environ.get("FORERUN_DATA_DIR") or Path(__file__).resolve().parents[4] / "shared" / "datasets")
+needs_data = pytest.mark.skipif(not (DATA / "humaneval.jsonl").is_file(), reason="offline datasets not found")
+SAMPLE = 20
+MBPP_SPECIAL = ("126", "367")  # a function named like a builtin (sum); objects built by test_setup_code
+
+
+def _load(name):
+    return load_prompts(name, data_dir=DATA)
+
+
+def standalone(p) -> str:
+    """The entry function alone (signature, docstring, canonical body) in a fence, as a chat model writes it."""
+    lines = p.extra["prompt"].splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"def {p.extra['entry_point']}("))
+    return "Here is the function:\n\n```python\n" + "".join(lines[start:]) + p.answer + "```\n"
+
+
+def _humaneval_failures(prompts):
+    out = []
+    for p in prompts:
+        ok, _, detail, _ = grade_code(p.answer, "humaneval", p.extra)  # a completion of the prompt: the body
+        if not ok or "continuation" not in detail:
+            out.append(("continuation", p.id, detail))
+        ok, _, detail, _ = grade_code(standalone(p), "humaneval", p.extra)
+        if not ok or "standalone" not in detail:
+            out.append(("standalone", p.id, detail))
+    return out
+
+
+@needs_data
+def test_humaneval_references_pass_as_continuation_and_as_standalone_function_sample():
+    prompts = _load("humaneval")[:SAMPLE]
+    assert sum(1 for p in prompts if "import" in humaneval_preamble(p.extra["prompt"], p.extra["entry_point"])) >= 13
+    assert _humaneval_failures(prompts) == []
+
+
+@needs_data
+def test_humaneval_broken_solutions_fail():
+    for p in _load("humaneval")[:5]:
+        assert not grade_code(p.extra["prompt"] + "    return None\n", "humaneval", p.extra, extracted=True)[0]
+        wrong = standalone(p).replace(p.answer, "    return None\n")
+        assert not grade_code(wrong, "humaneval", p.extra)[0], p.id
+
+
+def _mbpp_failures(prompts):
+    return [(p.id, d) for p in prompts
+            if not (r := grade_code(p.answer, "mbpp", p.extra, extracted=True))[0] for d in [r[2]]]
+
+
+@needs_data
+def test_mbpp_reference_code_passes_sample_and_another_tasks_code_fails():
+    prompts = _load("mbpp")
+    by_id = {p.id: p for p in prompts}
+    sample = prompts[:SAMPLE] + [by_id[i] for i in MBPP_SPECIAL]
+    assert _mbpp_failures(sample) == []
+    for i, p in enumerate(prompts[:5]):
+        assert not grade_code(prompts[i + 1].answer, "mbpp", p.extra, extracted=True)[0]
+    assert mbpp_entry(by_id["126"].extra["test_list"]) == "sum"
+    assert not grade_code("def sum(a, b):\n    return 6\n", "mbpp", by_id["126"].extra, extracted=True)[0]
+
+
+@pytest.mark.slow
+@needs_data
+def test_every_humaneval_reference_passes_both_ways():
+    prompts = _load("humaneval")
+    assert len(prompts) == 164
+    failures = _humaneval_failures(prompts)
+    print(f"HumanEval: continuation {164 - sum(f[0] == 'continuation' for f in failures)}/164, "
+          f"standalone {164 - sum(f[0] == 'standalone' for f in failures)}/164; failures: {failures}")
+    assert failures == []
+
+
+@pytest.mark.slow
+@needs_data
+def test_mbpp_test_split_references_pass():
+    prompts = _load("mbpp")
+    assert [p.extra["task_id"] for p in prompts] == list(range(11, 511))
+    failures = _mbpp_failures(prompts)
+    print(f"MBPP 11-510: {500 - len(failures)}/500 pass; failures: {failures}")
+    assert 500 - len(failures) >= 497, failures
+
+
+# ------------------------------------------------------------------------ realistic HumanEval / MBPP outputs
+
+def _he(task_id):
+    return next(p for p in _load("humaneval") if p.id == task_id)
+
+
+CHAT_WITH_USAGE = '''Sure! Here's the implementation:
+
+```python
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    for i, a in enumerate(numbers):
+        for b in numbers[i + 1:]:
+            if abs(a - b) < threshold:
+                return True
+    return False
+```
+
+Example usage:
+
+```python
+print(has_close_elements([1.0, 2.0, 3.0], 0.5))  # False
+```
+'''
+WITH_MAIN_DEMO = '''```python
+from typing import List
+
+
+def _pairs(xs):
+    return [(a, b) for i, a in enumerate(xs) for b in xs[i + 1:]]
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    return any(abs(a - b) < threshold for a, b in _pairs(numbers))
+
+
+if __name__ == "__main__":
+    n = int(input())
+    print(has_close_elements([1.0] * n, 0.1))
+```'''
+NO_ABS = CHAT_WITH_USAGE.replace("abs(a - b) < threshold", "a - b < threshold")
+HARDCODED = "```python\ndef has_close_elements(numbers, threshold):\n    return numbers == [1.0, 2.8, 3.0, 4.0, 5.0, 2.0]\n```"
+CUT_OFF = "```python\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n    for i in range(len(num"
+
+
+@needs_data
+def test_humaneval_realistic_responses():
+    p = _he("HumanEval/0")
+    assert grade(p, CHAT_WITH_USAGE).correct  # the block that defines the entry point, not the last block
+    assert grade(p, WITH_MAIN_DEMO).correct  # own helper; the __main__ demo (reads stdin) does not run
+    assert grade(p, "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+                 ).correct  # a base model's continuation (body only)
+    for wrong in (NO_ABS, HARDCODED, CUT_OFF, "I am not sure how to solve this.", ""):
+        g = grade(p, wrong)
+        assert not g.correct, wrong
+        assert g.tests == "check (public)"
+
+
+@needs_data
+def test_humaneval_38_cannot_be_passed_by_replacing_the_prompts_encoder():
+    p = _he("HumanEval/38")
+    cheat = "```python\ndef encode_cyclic(s: str):\n    return s\n\n\ndef decode_cyclic(s: str):\n    return s\n```"
+    assert not grade(p, cheat).correct
+    assert grade(p, standalone(p)).correct
+
+
+@needs_data
+def test_mbpp_realistic_responses():
+    p = next(q for q in _load("mbpp") if q.id == "11")  # remove first and last occurrence of a character
+    right = ("To remove the first and last occurrence:\n\n```python\ndef remove_Occ(s, ch):\n"
+             "    i = s.find(ch)\n    if i >= 0:\n        s = s[:i] + s[i + 1:]\n    j = s.rfind(ch)\n"
+             "    if j >= 0:\n        s = s[:j] + s[j + 1:]\n    return s\n```\n\nTest:\n```python\n"
+             "print(remove_Occ('hello', 'l'))\n```")
+    assert grade(p, right).correct
+    assert not grade(p, right.replace("    j = s.rfind(ch)\n", "    j = -1\n")).correct  # first only
+    assert not grade(p, "```python\ndef remove_Occ(s, ch):\n    return s[1:-1]\n```").correct
+    # MBPP's three asserts are weak: removing every occurrence passes them, as it does in MBPP's own harness
+    assert grade(p, "```python\ndef remove_Occ(s, ch):\n    return s.replace(ch, '')\n```").correct
+    assert grade(p, right).tests == "test_list (3 asserts)"
+
+
+# ------------------------------------------------------------------------------------------ LiveCodeBench
+
+SECOND_LARGEST = """
+n = int(input())
+a = list(map(int, input().split()))
+print(sorted(range(n), key=lambda i: a[i])[-2] + 1)
+"""
+SHORTEST_PATHS = """
+from collections import deque
+class Solution:
+    def shortestDistanceAfterQueries(self, n, queries):
+        adj = [[i + 1] if i + 1 < n else [] for i in range(n)]
+        out = []
+        for u, v in queries:
+            adj[u].append(v)
+            dist = [-1] * n
+            dist[0] = 0
+            q = deque([0])
+            while q:
+                x = q.popleft()
+                for y in adj[x]:
+                    if dist[y] < 0:
+                        dist[y] = dist[x] + 1
+                        q.append(y)
+            out.append(dist[n - 1])
+        return out
+"""
+
+
+@needs_data
+def test_livecodebench_stdin_and_functional_tests_run_public_only_offline():
+    prompts = _load("lcb-v5")
+    stdin_p = prompts[0]
+    func_p = next(p for p in prompts if p.extra["func_name"] == "shortestDistanceAfterQueries")
+    g = grade(stdin_p, f"```python\n{SECOND_LARGEST}```")
+    assert g.correct and g.tests == "public only" and "public only" in g.detail
+    assert not grade(stdin_p, f"```python\n{SECOND_LARGEST.replace('[-2]', '[-1]')}```").correct
+    assert grade(func_p, f"```python\n{SHORTEST_PATHS}```").correct
+    assert not grade(func_p, f"```python\n{SHORTEST_PATHS.replace('dist[n - 1]', 'dist[n - 2]')}```").correct
+    assert all(p.extra["tests"] and p.extra["private_tests"] == [] for p in prompts)
+
+
+def _packed(tests) -> str:
+    """How the hub rows carry private tests (lcb_runner): base64(zlib(pickle(json text)))."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
+
+
+ADD_STARTER = "class Solution:\n    def add(self, a: int, b: int) -> int:\n        "
+
+
+def _lcb_row(public, private, starter=""):
+    row = {"question_content": "Add two numbers.", "starter_code": starter, "public_test_cases": json.dumps(public)}
+    if private is not None:
+        row["private_test_cases"] = _packed(private)
+    return parse_lcb(row, "hub:test[0]", 0)
+
+
+@pytest.mark.parametrize("kind", ["stdin", "functional"])
+def test_livecodebench_private_tests_run_whenever_the_row_carries_them(kind):
+    if kind == "stdin":
+        t = lambda i, o: {"input": i, "output": o, "testtype": "stdin"}  # noqa: E731
+        public, private = [t("1 2\n", "3\n")], [t("5 7\n", "12\n"), t("-1 1\n", "0\n")]
+        right, wrong = "a, b = map(int, input().split())\nprint(a + b)\n", "print(3)\n"
+        starter = ""
+    else:
+        t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+        public, private = [t("1\n2", "3")], [t("5\n7", "12")]
+        right, wrong = ADD_STARTER + "return a + b\n", ADD_STARTER + "return 3\n"
+        starter = ADD_STARTER.rstrip()
+    with_private, public_only = _lcb_row(public, private, starter), _lcb_row(public, None, starter)
+    assert with_private.extra["private_tests"] == private
+    g = grade(with_private, f"```python\n{right}```")
+    assert g.correct and g.tests == "public+private" and "3 tests" in g.detail or "2 tests" in g.detail
+    g = grade(with_private, f"```python\n{wrong}```")
+    assert not g.correct and g.tests == "public+private"
+    g = grade(public_only, f"```python\n{wrong}```")  # what the offline copy can tell: public tests only
+    assert g.correct and g.tests == "public only"
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch /tmp/forerun-pwned-{os.getpid()}",))
+
+
+def test_private_tests_are_decoded_without_unpickling():
+    marker = Path(f"/tmp/forerun-pwned-{os.getpid()}")
+    evil = base64.b64encode(zlib.compress(pickle.dumps(_Evil()))).decode()
+    row = {"question_content": "q", "starter_code": "", "public_test_cases": "[]", "private_test_cases": evil}
+    with pytest.raises(DatasetError, match="refused"):
+        parse_lcb(row, "hub:x[0]", 0)
+    assert not marker.exists()
+    for bad in ("not base64 !", base64.b64encode(b"not zlib").decode(),
+                base64.b64encode(zlib.compress(pickle.dumps(["a", "b"]))).decode()):
+        with pytest.raises(DatasetError):
+            parse_lcb(dict(row, private_test_cases=bad), "hub:x[0]", 0)
+    plain_json = parse_lcb(dict(row, private_test_cases=json.dumps([{"input": "1", "output": "1"}])), "h", 0)
+    assert plain_json.extra["private_tests"] == [{"input": "1", "output": "1"}]
+
+
+def test_a_stdin_program_cannot_find_the_expected_output():
+    """Whole programs are judged outside the sandbox: the expected output is never inside it."""
+    secret = str(int.from_bytes(os.urandom(4), "big") % 900_000_000 + 100_000_000)
+    p = _lcb_row([{"input": "2 3\n", "output": secret + "\n", "testtype": "stdin"}], None)
+    hunter = ("import glob, os, re\nfound = None\n"
+              "for path in glob.glob('/proc/*/*') + glob.glob('/proc/*/fd/*') + [os.path.join(d, f) for r in "
+              "('.', '..', '/tmp') for d, _, fs in os.walk(r) for f in fs]:\n"
+              "    try:\n        data = open(path, 'rb').read(1 << 20)\n    except Exception:\n        continue\n"
+              "    m = re.search(rb'\"output\": \"(\\\\d+)', data)\n    if m:\n        found = m.group(1).decode()\n"
+              "print(found)\n")
+    g = grade(p, f"```python\n{hunter}```")
+    assert not g.correct and "wrong output" in g.detail
+
+
+def test_code_extraction_and_output_comparison():
+    assert extract_code("text\n```python\nx = 1\n```\nmore\n```python\ny = 2\n```") == "y = 2\n"
+    assert extract_code("```python\ndef f():\n    return 1\n```\n```python\nprint(f())\n```", "f") == \
+        "def f():\n    return 1\n"
+    assert extract_code("1. Code:\n   ```python\n   def f():\n       return 1\n   ```", "f") == "def f():\n    return 1\n"
+    assert extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut at n tokens
+    assert extract_code("print(1)") == "print(1)"
+    assert stdout_matches("3\r\n", "3\n") and stdout_matches("1 2  \n\n", "1 2")
+    assert stdout_matches("0.3333333", "0.33333333") and not stdout_matches("4", "3")

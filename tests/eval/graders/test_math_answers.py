@@ -1,0 +1,69 @@
+"""Math answers as models write them, graded against gold answers (MATH / AIME style) through math-verify.
+Wrong answers must be graded wrong; the fallback (math-verify's own extraction when there is no \\boxed{}
+or answer phrase) is named in the detail."""
+
+from __future__ import annotations
+
+import pytest
+
+from forerun.eval.graders.math_answers import extract_final_answer, grade_math
+
+RIGHT = [
+    (r"... so the area is $\boxed{\dfrac{9}{2}}$.", r"\frac{9}{2}"),
+    (r"Thus $x = \boxed{4.5}$", r"\frac{9}{2}"),
+    (r"\boxed{\frac{1}{2}\sqrt{3}}", r"\frac{\sqrt{3}}{2}"),
+    (r"The answer is $\boxed{(2, 5)}$.", "(2,5)"),
+    (r"\boxed{x = 5}", "5"),
+    (r"\boxed{-q+p}", "p - q"),
+    (r"\boxed{\text{Monday}}", r"\text{Monday}"),
+    (r"\boxed{10\%}", "10"),
+    (r"\boxed{18.90}", r"\$18.90"),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),
+    (r"\boxed{\pi/2}", r"\frac{\pi}{2}"),
+    (r"\boxed{x \in [2, 3]}", "[2,3]"),
+    (r"First \boxed{3}... no wait, recomputing: \boxed{5}", "5"),
+    ("Therefore, the answer is $12$.", "12"),
+    ("Therefore the answer is 12 cm^2.", "12"),
+    (r"The answer is \(\frac{3}{4}\).", r"\frac34"),
+    ("**Final Answer**\n\nAnswer: 12", "12"),
+    ("Counting the cases gives 6 + 15 + 21 = 42.\n\nSo there are 42 ways.", "42"),
+]
+WRONG = [
+    (r"\boxed{3/5}", r"\frac{3}{4}"),
+    (r"\boxed{5}", "-5"),
+    (r"\boxed{0.333}", r"\frac13"),
+    (r"\boxed{Tuesday}", r"\text{Monday}"),
+    (r"\boxed{(5, 2)}", "(2,5)"),
+    (r"First \boxed{5}... no wait, recomputing: \boxed{3}", "5"),
+    ("Therefore the answer is 12 cm^2.", "13"),
+    ("I could not finish the computation.", "7"),
+    (r"\boxed{2k}", "2"),  # a variable is not a unit (MATH intermediate_algebra/190)
+    ("So the answer is 2 or 3.", "2"),
+]
+
+
+@pytest.mark.parametrize("response,gold", RIGHT)
+def test_right_answers_pass(response, gold):
+    ok, got, detail = grade_math(response, gold)
+    assert ok, (got, detail)
+
+
+@pytest.mark.parametrize("response,gold", WRONG)
+def test_wrong_answers_fail(response, gold):
+    assert not grade_math(response, gold)[0]
+
+
+def test_the_fallback_is_used_only_without_a_box_or_phrase_and_says_so():
+    ok, got, detail = grade_math("So there are 42 ways.", "42")
+    assert ok and got == "42" and "fallback" in detail
+    assert extract_final_answer("So there are 42 ways.") is None
+    ok, got, detail = grade_math(r"\boxed{41} (I counted 42 ways before)", "42")
+    assert not ok and got == "41" and "fallback" not in detail
+
+
+def test_aime_answers_are_integers():
+    assert grade_math(r"\boxed{033}", "33", integer=True)[0]
+    assert grade_math(r"\boxed{336}", r"336^\circ", integer=True)[0]
+    assert not grade_math(r"\boxed{34}", "33", integer=True)[0]
+    ok, _, detail = grade_math("The remainder is 204.", "204", integer=True)
+    assert ok and detail.startswith("integer")

@@ -1,11 +1,12 @@
 """`forerun generate` and `forerun bench engine`: the embedded CPU engine from the command line.
 
-    forerun generate --prompt TEXT [--model default|tiny|PATH | --backend URL [--tokenizer PATH]]
-                     [--max-tokens N] [--temperature T] [--seed S] [--raw] [--json]
+    forerun generate --prompt TEXT [--model default|tiny|PATH | --backend URL [--tokenizer PATH]
+                     [--request-timeout SECONDS]] [--max-tokens N] [--temperature T] [--seed S] [--raw] [--json]
     forerun bench engine [--model default] [--json]
 
-`--backend http://host:port` (also on `forerun sample` / `forerun bench presto`) runs on a launched SGLang
-server (`scripts/launch_runtime`) through `SGLangServerBackend` instead of the embedded engine.
+`--backend http://host:port` (also on `forerun sample` / `forerun bench presto` / `forerun eval`) runs on a
+launched SGLang server (`scripts/launch_runtime`) through `SGLangServerBackend` instead of the embedded engine;
+`--request-timeout` bounds how long one request to it may wait for an answer (`ServerConfig.timeout_s`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 from typing import Any
 
 from ..programs.prompts import chat_prompt_ids
-from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_int
+from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .errors import CommandError, reports_errors
 from .output import print_json
 
@@ -22,8 +23,9 @@ __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_
 
 
 def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
-    """`--backend URL[,URL...]`, `--tokenizer PATH`, `--allow-nondeterministic` (generate, sample, bench presto,
-    eval) and, where independent chains run, `--concurrency N` (chains in flight per runtime)."""
+    """`--backend URL[,URL...]`, `--tokenizer PATH`, `--allow-nondeterministic`, `--request-timeout SECONDS`
+    (generate, sample, bench presto, eval) and, where independent chains run, `--concurrency N` (chains in
+    flight per runtime)."""
     p.add_argument("--backend", action="append", default=None, metavar="URL",
                    help="run on launched SGLang server(s) at URL (http://host:port, e.g. from scripts/launch_runtime; "
                         "repeat or comma-separate for several, or give an sglang-router URL) instead of the embedded "
@@ -33,6 +35,9 @@ def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = Fal
     p.add_argument("--allow-nondeterministic", action="store_true",
                    help="with --backend: accept a server without --enable-deterministic-inference (it ignores seeds: "
                         "runs are then equal in law only, not token for token)")
+    p.add_argument("--request-timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="with --backend: give up on a request the server has not answered after SECONDS "
+                        "(default 600; a timed-out request is not retried and the error names the server's URL)")
     if concurrency:
         p.add_argument("--concurrency", type=positive_int, default=1,
                        help="independent chains in flight per runtime: on the embedded engine (its continuous "
@@ -45,7 +50,8 @@ def open_pool_from(args: argparse.Namespace) -> Any:
     from ..runtime_ext.pool import open_pool
 
     return open_pool(args.model, args.dtype, backend_urls=args.backend, tokenizer=args.tokenizer,
-                     slots=getattr(args, "concurrency", 1), allow_nondeterministic=args.allow_nondeterministic)
+                     slots=getattr(args, "concurrency", 1), allow_nondeterministic=args.allow_nondeterministic,
+                     request_timeout_s=args.request_timeout)
 
 
 def warn_nondeterministic(pool: Any) -> list[str]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import CommandError
 
-__all__ = ["strict_json_value", "dumps_strict", "print_json", "output_file", "output_dir", "make_output_dir",
+__all__ = ["progress_bar", "bars_enabled", "quiet_bars", "strict_json_value", "dumps_strict", "print_json", "output_file", "output_dir", "make_output_dir",
            "REASONS", "PLOT_SUFFIXES"]
 
 REASONS: dict[str, str] = {
@@ -157,3 +157,36 @@ def make_output_dir(path: Path) -> Path:
     """Create a directory checked by `output_dir` (its parent exists; parents are never created)."""
     path.mkdir(exist_ok=True)
     return path
+
+
+# -- progress bars -----------------------------------------------------------------------------------------
+_QUIET = [False]
+
+
+def bars_enabled() -> bool:
+    """False while a command runs with --quiet or --json."""
+    return not _QUIET[0]
+
+
+class quiet_bars:  # noqa: N801 - a context manager used like a function
+    """`with quiet_bars(on):` every `progress_bar` of the command is silent (restored afterwards)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> None:
+        self.previous, _QUIET[0] = _QUIET[0], self.on or _QUIET[0]
+
+    def __exit__(self, *exc: Any) -> None:
+        _QUIET[0] = self.previous
+
+
+def progress_bar(**kwargs: Any) -> Any:
+    """A tqdm bar on stderr, off under --quiet / --json."""
+    import sys
+
+    from tqdm import tqdm
+
+    kwargs.setdefault("file", sys.stderr)
+    kwargs.setdefault("dynamic_ncols", True)
+    return tqdm(disable=bool(kwargs.pop("disable", False)) or not bars_enabled(), **kwargs)

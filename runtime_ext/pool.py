@@ -131,7 +131,7 @@ def split_urls(values: Sequence[str] | str | None) -> list[str]:
 
 def open_pool(model: str = "default", dtype: str | None = None, *, backend_urls: Sequence[str] | str | None = None,
               tokenizer: Any = None, slots: int = 1, engine_config: Any = None,
-              allow_nondeterministic: bool = False) -> RuntimePool:
+              allow_nondeterministic: bool = False, request_timeout_s: float | None = None) -> RuntimePool:
     """One embedded engine with `slots` chains in flight, or one runtime per server URL with `slots` each
     (they must serve the same model: chains are comparable only then)."""
     urls = split_urls(backend_urls)
@@ -141,7 +141,8 @@ def open_pool(model: str = "default", dtype: str | None = None, *, backend_urls:
     try:
         for url in urls:
             runtimes.append(open_runtime(backend_url=url, tokenizer=tokenizer if runtimes == [] else
-                                         runtimes[0].tokenizer, allow_nondeterministic=allow_nondeterministic))
+                                         runtimes[0].tokenizer, allow_nondeterministic=allow_nondeterministic,
+                                         request_timeout_s=request_timeout_s))
         names = {rt.name for rt in runtimes}
         if len(names) > 1:
             raise ValueError(f"--backend servers serve different models ({', '.join(sorted(names))}): "

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from .fake_sessions import SchedulerCrash
 from .fake_stream import write_event_stream
 
 
@@ -65,6 +66,11 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body() if method == "POST" else None
             with server.lock:
                 server.requests.append((path, body))
+                server.request_headers.append((path, dict(self.headers.items())))
+                down = server.crashed is not None
+            if down:  # the real server died with its scheduler: nothing answers any more
+                self._hang_up()
+                return
             if path == "/generate":
                 key = self.headers.get("X-SMG-Routing-Key") or ""
                 with server.lock:
@@ -94,6 +100,11 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(404, {"detail": "Not Found"})
         except HTTPError as e:
             self._send(e.status, {"error": {"message": str(e)}})
+
+    def _hang_up(self) -> None:
+        """Close the connection without an answer (a server process that is gone)."""
+        self.close_connection = True
+        self.connection.close()
 
     def _flush(self, timeout_s: float) -> None:
         """SGLang flushes only when no request runs or waits; `?timeout=` defers the flush until idle
@@ -132,14 +143,17 @@ class Handler(BaseHTTPRequestHandler):
         if mode in ("500", "429", "400", "503"):
             raise HTTPError(int(mode), f"injected failure {mode}")
         if mode == "disconnect":
-            self.close_connection = True
-            self.connection.close()
+            self._hang_up()
             return
         if mode == "hang":
             server.stop_event.wait(timeout=60)
             self.close_connection = True
             return
-        out = server.handle_generate(body)
+        try:
+            out = server.handle_generate(body)
+        except SchedulerCrash:  # `server.crashed` is set: this and every later connection closes unanswered
+            self._hang_up()
+            return
         if isinstance(body, dict) and body.get("stream") and isinstance(out, dict):
             rid = out["meta_info"].get("id", "")
             write_event_stream(self, out, rid, lambda r: r in server.aborted_rids, server.stream_step_s)

@@ -1,9 +1,16 @@
 """The fake SGLang server's sessions, following `srt/session/session_controller.py` (0.5.23) line by line for
 non-streaming sessions: a request naming a session request `rid` runs on that request's input + output
 (`output_ids[:max_new_tokens]`; only its input with `drop_previous_output`), cut at `offset` (a Python slice
-when non-zero), followed by the new ids with a leading BOS stripped.  `rid` None: no history (`replace`
-clears the tree first).  An unknown rid, or a request that would run on no tokens, is aborted with SGLang's
-messages.  Written independently of the client's `SessionMirror`, which the tests check against it.
+when non-zero), followed by the new ids with a leading BOS stripped.  `rid` None: no history.  An unknown
+rid, a rid whose request has not finished, or a request that would run on no tokens, is aborted with SGLang's
+messages (the server answers HTTP 400 with them).  Written independently of the client's `SessionMirror`, which
+the tests check against it.
+
+`replace` without `rid` on a session that holds requests is what 0.5.23 crashes on: `Session.create_req`
+iterates `self.req_nodes.items()` and each `SessionReqNode.clear` deletes from that dict
+(session_controller.py:245-246 and :62), so the scheduler raises "dictionary changed size during iteration"
+and SIGQUITs the server (scheduler.py:6373).  `create` raises `SchedulerCrash` there; on an empty tree the
+loop does nothing and the request runs, as on the real server.
 """
 
 from __future__ import annotations
@@ -13,12 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+CRASH_MESSAGE = ("Scheduler hit an exception: RuntimeError: dictionary changed size during iteration "
+                 "(srt/session/session_controller.py:245, session_params replace=True without rid)")
+
+
+class SchedulerCrash(RuntimeError):
+    """What the real scheduler raises (and dies of) for this request."""
+
+
 @dataclass
 class _Req:
     input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     max_new_tokens: int = 0
     children: list[str] = field(default_factory=list)
+    finished: bool = False
 
 
 @dataclass
@@ -57,16 +73,16 @@ class FakeSessions:
 
     def create(self, params: dict[str, Any], rid: str, ids: list[int], max_new_tokens: int
                ) -> tuple[list[int] | None, str]:
-        """(the ids the request runs on, "") or (None, abort message), as Session.create_req."""
+        """(the ids the request runs on, "") or (None, abort message), as Session.create_req; SchedulerCrash
+        where the real scheduler crashes (module docstring)."""
         with self.lock:
             s = self.sessions[params["id"]]
             last_rid = params.get("rid")
             last = None
             if params.get("replace"):
                 if last_rid is None:
-                    for key in list(s.nodes):
-                        if key in s.nodes:
-                            self._clear(s, key)
+                    if s.nodes:
+                        raise SchedulerCrash(CRASH_MESSAGE)
                 elif last_rid not in s.nodes:
                     return None, "Invalid request session id"
                 else:
@@ -79,6 +95,8 @@ class FakeSessions:
                 if last_rid not in s.nodes:
                     return None, "Invalid request session id"
                 last = s.nodes[last_rid]
+                if not last.finished:
+                    return None, "Session request is appending to a request that hasn't finished."
             if last is not None:
                 if ids and ids[0] == self.bos_token_id:
                     ids = ids[1:]
@@ -101,3 +119,4 @@ class FakeSessions:
             s = self.sessions.get(sid)
             if s is not None and rid in s.nodes:
                 s.nodes[rid].output_ids = list(output_ids)
+                s.nodes[rid].finished = True

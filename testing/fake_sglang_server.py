@@ -7,19 +7,26 @@ SGLang's own models), with outputs a test can recompute exactly from `FakeByteMo
 
     SGLang                                fake
     output_token_logprobs                 [log q_τ(y_t), y_t, text] (log_softmax(z / τ), before top-k/top-p)
-    input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s =
-                                          logprob_start_len (-1 -> len(prompt) - 1), then
-                                          [log p0(x_j | x_<j), x_j, text] for j > s
+    input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s = logprob_start_len,
+                                          then [log p0(x_j | x_<j), x_j, text] for j > s; none at all for
+                                          s = -1 (the default: scheduler.py L3260-3264 moves it to the prompt
+                                          length) or s = len(prompt); s > len(prompt) is refused (HTTP 400)
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
-    input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1
+    input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1 ([] when none)
     cached_tokens                         longest prefix of the prompt already in the fake's PrefixTrie
 
 The server's modes, as SGLang's:
     deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when a
-                                          request has none; sampling backend "pytorch"); False: every request
-                                          draws fresh noise whatever its seed (backend "flashinfer")
+                                          request has none, sampling_batch_info.py L163; sampling backend
+                                          "pytorch"); False: every request draws fresh noise whatever its seed
+                                          (backend "flashinfer")
     /flush_cache                          400 while a /generate runs; `?timeout=S` waits up to S s for idle
-    sessions (`fake_sessions`)            history of session_params.rid prepended, BOS of the new turn stripped
+    sessions (`fake_sessions`)            history of session_params.rid prepended, BOS of the new turn stripped;
+                                          a session abort (unknown rid, ...) is HTTP 400 with SGLang's message
+                                          (its abort status 400 becomes a ValueError: tokenizer_manager.py
+                                          L1917-1918); replace=True without rid on a non-empty session crashes
+                                          the server: the connection closes unanswered and so does every later
+                                          one (`crashed` says why)
     plugin=True                           the forerun sampler plugin (`launch_runtime --plugin`, env
                                           FORERUN_SGLANG_PLUGIN=1): /server_info gains "forerun_plugin", and a
                                           request whose custom_params has forerun_plugin: true gets
@@ -34,7 +41,8 @@ Failure injection (`FakeSGLangServer.fail(mode, times)`): "500", "429", "400" (H
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
 "disconnect" (the connection is closed without a response), "hang" (no answer until the client gives
 up or the server stops), "nan" (a NaN logprob, written as null as SGLang's orjson does).
-Every request body is recorded in `server.requests` as (path, parsed JSON).
+Every request body is recorded in `server.requests` as (path, parsed JSON), its headers in
+`server.request_headers` as (path, {name: value}).
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from .fake_model import (
     fake_generate,
     fake_tokenizer,
 )
-from .fake_sessions import FakeSessions
+from .fake_sessions import FakeSessions, SchedulerCrash
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "FakeByteModel", "FakeSGLangServer", "fake_tokenizer",
            "unused_port"]
@@ -107,6 +115,9 @@ class FakeSGLangServer:
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
         self.requests: list[tuple[str, Any]] = []
+        self.request_headers: list[tuple[str, dict[str, str]]] = []
+        self.crashed: str | None = None
+        """Why the server is down (a request real SGLang crashes on); None while it serves."""
         self.cache = PrefixTrie()
         self.sessions = FakeSessions(BOS_ID)
         self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
@@ -204,7 +215,7 @@ class FakeSGLangServer:
             "frontend": "python",
         }
         if self.plugin:
-            info["forerun_plugin"] = {"version": 1, "keys": ["output_token_logp0", "output_token_entropy",
+            info["forerun_plugin"] = {"version": 2, "keys": ["output_token_logp0", "output_token_entropy",
                                                              "output_token_logq_by_temperature"]}
         return info
 
@@ -277,8 +288,13 @@ class FakeSGLangServer:
         if not isinstance(session, dict) or session.get("id") is None:
             return ids, ""
         if session["id"] not in self.sessions:
-            raise HTTPError(400, f"session id {session['id']} does not exist")
-        full, abort = self.sessions.create(session, rid, ids, max_new)
+            raise HTTPError(400, f"Invalid request: session id {session['id']} does not exist")
+        try:
+            full, abort = self.sessions.create(session, rid, ids, max_new)
+        except SchedulerCrash as crash:
+            with self.lock:
+                self.crashed = str(crash)
+            raise
         return (full if full is not None else ids), abort
 
     def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, session: Any, return_logprob: bool,
@@ -290,8 +306,12 @@ class FakeSGLangServer:
             return tok.decode([t]) if return_text else None
 
         ids, abort = self._session_prompt(session, rid, list(ids), sampling.max_new_tokens)
-        if abort:
-            return self._aborted(rid, len(ids), abort)
+        if abort:  # an abort with status 400: the server answers HTTP 400 with its message
+            raise HTTPError(400, abort)
+        if return_logprob and logprob_start_len > len(ids):
+            raise HTTPError(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of input "
+                                 f"tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
+                                 "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
         cached = self.cache.match(ids)
         gen = fake_generate(self.model, ids, sampling, top_logprobs_num, text_of, temps or (), self.step_s)
@@ -315,12 +335,6 @@ class FakeSGLangServer:
             meta["output_token_entropy"] = gen.entropy
             meta["output_token_logq_by_temperature"] = gen.logq_by_temp
         return {"text": tok.decode(gen.ids), "output_ids": gen.ids, "meta_info": meta}
-
-    @staticmethod
-    def _aborted(rid: str, n: int, message: str) -> dict[str, Any]:
-        return {"text": "", "output_ids": [], "meta_info": {
-            "id": rid, "finish_reason": {"type": "abort", "message": message, "status_code": 400, "err_type": None},
-            "prompt_tokens": n, "completion_tokens": 0, "cached_tokens": 0, "e2e_latency": 0.0}}
 
     def _plugin_temperatures(self, sp: dict[str, Any]) -> list[float] | None:
         """None unless the plugin runs and the request switched it on; else its extra temperatures."""
@@ -356,11 +370,12 @@ class FakeSGLangServer:
 
     def _logprob_meta(self, ids: list[int], gen: FakeGeneration, logprob_start_len: int, top_logprobs_num: int,
                       text_of: Any) -> dict[str, Any]:
-        """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries."""
+        """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries.
+        logprob_start_len -1 means none (the scheduler sets it to the prompt length; module docstring)."""
         m = self.model
-        start = len(ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(ids) - 1)
-        in_lp: list[list] = [[None, ids[start], text_of(ids[start])]]
-        in_top: list[Any] = [None]
+        start = len(ids) if logprob_start_len < 0 else logprob_start_len
+        in_lp: list[list] = [[None, ids[start], text_of(ids[start])]] if start < len(ids) else []
+        in_top: list[Any] = [None] if start < len(ids) else []
         for j in range(start + 1, len(ids)):
             lp0 = m.logp0(ids[:j])
             in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])

@@ -25,16 +25,24 @@ A session request's pass 2 scores the full prompt the server built (`server_sess
 
 At connect the client reads /server_info (`ServerCapabilities`): a seeded request on a server without
 `--enable-deterministic-inference` is refused (the server would ignore the seed) unless
-`ServerConfig.allow_nondeterministic`.  Errors (connection refused, timeout, HTTP 4xx/5xx, abort, a NaN
-logprob) raise `SGLangServerError` naming the URL and the request (rid, prompt length).  Connection errors,
-5xx and 429 are retried with bounded exponential backoff; read timeouts are not retried (the server may still
-be running the request).  `/flush_cache` is sent only when asked and waits for the server to be idle.
+`ServerConfig.allow_nondeterministic`.  On a deterministic server an unseeded request would sample with seed 42
+(SGLang's default there, `srt/sampling/sampling_batch_info.py`), so every unseeded request would draw the same
+tokens: the client sends it a fresh random seed instead.  `meta_info["sampling_seed"]` records the seed the
+server sampled with (the request's own or the fresh one; None on a server that ignores seeds).  Session
+parameters real SGLang crashes on or refuses (`replace=True` without `rid`) are refused before sending
+(`server_wire.check_session`).
+
+Errors (connection refused, timeout, HTTP 4xx/5xx, abort, a NaN logprob) raise `SGLangServerError` naming the
+URL and the request (rid, prompt length).  Connection errors, 5xx and 429 are retried with bounded exponential
+backoff; read timeouts (`ServerConfig.timeout_s`, the CLI's `--request-timeout`) are not retried (the server
+may still be running the request).  `/flush_cache` is sent only when asked and waits for the server to be idle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import time
 import uuid
@@ -56,9 +64,11 @@ from .server_wire import (
     WireRequest,
     check_generate_response,
     check_request,
+    check_session,
     describe,
     error_text,
     finite_logprobs,
+    fresh_seed,
     generate_body,
     logp0_from_score,
     plugin_fields,
@@ -261,8 +271,7 @@ class SGLangServerClient(ServerStreamingMixin):
     def session_params(self, params: dict[str, Any]) -> Iterator[None]:
         """Send `session_params` with every generation request issued inside this block (not the scoring
         pass).  Instance-wide, not per thread: do not mix sessions in concurrent programs on one backend."""
-        if not isinstance(params, dict) or "id" not in params:
-            raise ValueError(f"session_params must be a dict with an 'id', got {params!r}")
+        check_session(self.base_url, None, params)
         old, self.default_session_params = self.default_session_params, dict(params)
         try:
             yield
@@ -335,6 +344,9 @@ class SGLangServerClient(ServerStreamingMixin):
                 "sampler plugin), or run MultiTryMH on the embedded engine",
                 url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
         check_request(self.base_url, rid, p, self.capabilities)
+        check_session(self.base_url, rid, session)
+        if p.seed is None and self.deterministic and p.max_new_tokens > 0:
+            p = dataclasses.replace(p, seed=fresh_seed())  # else the server samples it with seed 42
         plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0
         return WireRequest([int(t) for t in ids], p, rid, session, priority or None, plugin)
 
@@ -406,6 +418,7 @@ class SGLangServerClient(ServerStreamingMixin):
         meta.setdefault("prompt_tokens", len(ids))
         meta.setdefault("completion_tokens", len(output_ids))
         meta.setdefault("cached_tokens", 0)
+        meta["sampling_seed"] = p.seed if self.deterministic else None  # the seed the server sampled with
         logq = logp0 = entropy = input_logp0 = None
         if p.return_logprob:
             where = Where(self.base_url + "/generate", rid, len(ids))

@@ -20,7 +20,8 @@ class ServerConfig:
     """How `SGLangServerClient` talks to the server (transport only; no paper symbols)."""
 
     timeout_s: float = 600.0
-    """Read timeout of one HTTP request in seconds (a long generation must fit); default 600."""
+    """Read timeout of one HTTP request in seconds (a long generation must fit); default 600.  The CLI's
+    `--request-timeout SECONDS` (every server-backed command) sets it."""
     connect_timeout_s: float = 10.0
     """TCP connect timeout in seconds; default 10."""
     retries: int = 3

@@ -8,7 +8,7 @@ opened, each request's full input and output, and builds the full prompt exactly
 
     SGLang (Session.create_req, _concat_token_arrays)          SessionMirror.full_prompt
     rid None, replace False                  no history        new ids as sent
-    rid None, replace True                   clears the tree   new ids as sent (tree cleared on record)
+    rid None, replace True                   crashes 0.5.23    never sent (`server_wire.check_session`)
     rid R (must exist)                       last = node R     strip BOS; last.input + last.output[:max_new]
     drop_previous_output                     no last output    last.input only
     offset o (o != 0, Python slice)          context[:o]       context[:o] + new ids
@@ -78,13 +78,11 @@ class SessionMirror:
 
     def record(self, session: dict[str, Any], rid: str, full_input: Sequence[int], output_ids: Sequence[int],
                max_new_tokens: int) -> None:
-        """A finished session request: it becomes node `rid` (replace with rid None clears the tree first;
-        replace with a rid clears that node's children, which the mirror need not track: they stay named)."""
+        """A finished session request: it becomes node `rid` (replace with a rid clears that node's children on
+        the server, which the mirror need not track: they stay named)."""
         with self._lock:
             nodes = self._sessions.get(session.get("id"))
             if nodes is None:
                 return
-            if session.get("replace") and session.get("rid") is None:
-                nodes.clear()
             nodes[rid] = _Node(tuple(int(t) for t in full_input), tuple(int(t) for t in output_ids),
                                int(max_new_tokens))

@@ -16,11 +16,22 @@ test_server_contract.py` validates both against SGLang's own models).
                                                                server whose info says otherwise)
     orjson (the server's JSON encoder) writes NaN as null      `finite_logprobs`: null or NaN -> error
     srt/sampling/sampling_params.py CustomParamValue           `plugin_params`: flat custom_params keys
+    srt/managers/tokenizer_manager.py SessionParams(**params)  `check_session`: only SessionParams' keys
+    srt/session/session_controller.py Session.create_req       `check_session`: replace=True without rid is
+                                                               refused (L245-246 delete from the dict they
+                                                               iterate: RuntimeError in the scheduler, which
+                                                               then SIGQUITs the server, scheduler.py L6373)
+    srt/sampling/sampling_batch_info.py from_schedule_batch    `fresh_seed`: under deterministic inference an
+                                                               unseeded request samples with seed 42 (L163),
+                                                               so the client sends a fresh random seed
+
+`tests/runtime_ext/backends/test_server_contract.py` pins each of these lines of SGLang's source.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -38,6 +49,9 @@ PLUGIN_TEMPERATURES = "forerun_logq_temperatures"
 """custom_params key: the extra temperatures τ' whose log q_τ' the plugin returns (a list of floats)."""
 PLUGIN_INFO_KEY = "forerun_plugin"
 """/server_info key the plugin adds (its version and the meta_info keys it fills)."""
+SESSION_KEYS = ("id", "rid", "offset", "replace", "drop_previous_output")
+"""The fields of SGLang's `SessionParams` (srt/managers/io_struct.py): the server builds
+`SessionParams(**session_params)`, so any other key fails the request."""
 LOGP0_KEY = "output_token_logp0"
 ENTROPY_KEY = "output_token_entropy"
 LOGQ_BY_TEMPERATURE_KEY = "output_token_logq_by_temperature"
@@ -132,6 +146,35 @@ def check_request(url: str, rid: str, p: SamplingParams, caps: ServerCapabilitie
         raise ValueError(f"{where}: top-k/top-p together with sampling_seed is not supported by the server's "
                          f"{caps.sampling_backend} sampling backend (Sampler asserts sampling_seed is None there); "
                          "drop top-k/top-p, or relaunch with --sampling-backend pytorch")
+
+
+def check_session(url: str, rid: str | None, session: Any) -> None:
+    """Reject, before sending, session_params the real server crashes on or refuses (see the module docstring).
+
+    `replace=True` without `rid` would clear the whole request tree, but 0.5.23's `Session.create_req` deletes
+    the nodes from the dict it is iterating: the scheduler raises "dictionary changed size during iteration"
+    and the server goes down with every request in flight.  Branch from a named request (`rid`) instead, or
+    open a new session to start over."""
+    if session is None:
+        return
+    where = f"SGLang server {url}" + (f": rid={rid}" if rid is not None else "")
+    if not isinstance(session, dict) or session.get("id") is None:
+        raise ValueError(f"{where}: session_params must be a dict with an 'id', got {session!r}")
+    unknown = sorted(set(session) - set(SESSION_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: session_params has keys {unknown} that SGLang's SessionParams does not define "
+                         f"(allowed: {', '.join(SESSION_KEYS)})")
+    if session.get("replace") and session.get("rid") is None:
+        raise ValueError(
+            f"{where}: session_params replace=True without rid is refused: SGLang 0.5.23 crashes on it (its session "
+            "controller deletes nodes from the dict it iterates, srt/session/session_controller.py:245, and the "
+            "scheduler's RuntimeError takes the server down); pass rid=<the request to branch from>, or open a new "
+            "session to start over")
+
+
+def fresh_seed() -> int:
+    """A random sampling_seed in [0, 2**63) for a request that has none (from the OS, never a shared RNG)."""
+    return secrets.randbits(63)
 
 
 def plugin_params(p: SamplingParams) -> dict[str, Any]:

@@ -76,11 +76,19 @@ def test_generate_single_shape_and_exact_numbers(srv):
     assert again["output_ids"] == out["output_ids"]  # same seed, same tokens
 
 
-def test_default_logprob_start_is_last_prompt_token(srv):
-    out = _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 2], "sampling_params": {"max_new_tokens": 0},
-                                   "return_logprob": True}).json()
+def test_default_logprob_start_returns_no_input_logprobs(srv):
+    """As SGLang: logprob_start_len -1 (the default) becomes the prompt length (scheduler.py L3260-3264, pinned in
+    test_server_contract.py), so no prompt logprobs; the prompt length itself gives none too, beyond it is a 400."""
+    body = {"input_ids": [BOS_ID, 1, 2], "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "top_logprobs_num": 2}
+    out = _post(srv, "/generate", body).json()
     assert out["output_ids"] == []
-    assert out["meta_info"]["input_token_logprobs"] == [[None, 2, None]]
+    assert out["meta_info"]["input_token_logprobs"] == [] and out["meta_info"]["input_top_logprobs"] == []
+    assert _post(srv, "/generate", {**body, "logprob_start_len": 3}).json()["meta_info"]["input_token_logprobs"] == []
+    assert _post(srv, "/generate", {**body, "logprob_start_len": 2}).json()["meta_info"]["input_token_logprobs"][0] \
+        == [None, 2, None]
+    r = _post(srv, "/generate", {**body, "logprob_start_len": 4})
+    assert r.status_code == 400 and "is higher than the number of input tokens" in r.json()["error"]["message"]
 
 
 def test_batched_generate_and_text_input(srv):

@@ -9,7 +9,9 @@ and two import-time stubs, installed only while the sampler module imports (afte
 torchvision probe a stub would break): `sglang.srt.multimodal.internvl_utils` (two constants; the real module
 imports torchvision) and `torchvision.transforms` (`InterpolationMode`, `functional`, imported at module level by
 srt/configs/deepseek_ocr.py).  The plugin is loaded the way a server loads it: `load_plugins()` finds forerun's
-`sglang.srt.plugins` entry point and applies its hooks with SGLang's HookRegistry.
+`sglang.srt.plugins` entry point and applies its hooks with SGLang's HookRegistry (the one on
+`TokenizerManager.update_request_meta_info` is not applied here: that module needs fastapi; test_sglang_plugin.py
+runs that method from SGLang's source instead).
 """
 
 from __future__ import annotations
@@ -71,11 +73,23 @@ def main() -> None:
     info.adjusted_from_schedule_batch(types.SimpleNamespace(reqs=reqs), logits.shape[1])  # the plugin's AFTER hook
     out = LogitsProcessorOutput(next_token_logits=logits.clone())
     ids = sampler.forward(out, info, False, [0] * n, [None] * n, torch.tensor(spec["positions"]))
+    collected = _collected(reqs, out)
     batch_ops = _batch_ops(SamplingBatchInfo, info, logits.shape[1])
     print(json.dumps({"token_ids": ids.tolist(), "customized_info": out.customized_info, **batch_ops,
+                      "collected": collected,
                       "scaled_in_place": not torch.equal(out.next_token_logits, logits),
                       "hooked": getattr(sampler_module.Sampler.forward, "__wrapped__", None) is not None,
                       "server_info_announces": "forerun_plugin" in _server_info()}))
+
+
+def _collected(reqs, logits_output) -> dict:
+    """SGLang's own per-request collection of customized_info (hooked by the plugin): the keys each request keeps."""
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    for i, req in enumerate(reqs):
+        req.customized_info = None
+        SchedulerBatchResultProcessor._maybe_collect_customized_info(types.SimpleNamespace(), i, req, logits_output)
+    return {str(i): sorted(r.customized_info) if r.customized_info else None for i, r in enumerate(reqs)}
 
 
 def _batch_ops(cls, info, vocab: int) -> dict:

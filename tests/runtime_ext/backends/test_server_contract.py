@@ -1,58 +1,105 @@
-"""The contract (issue 9, point 7): every /generate body the client sends validates against SGLang 0.5.23's own
-request models, and every response the fake server sends against SGLang's own response model, so neither the
-client nor the fake can drift from the real server.
+"""The contract (issue 9, point 7; issue 29, point 3): every body the client sends validates against SGLang
+0.5.23's own request models, every response the fake server sends against SGLang's own response model, and each
+behaviour of the real server that the client avoids or the fake reproduces is pinned to the line of SGLang's
+source that causes it, so neither the client nor the fake can drift from the real server.
 
-    what the real server does with a /generate body                      checked here with
-    FastAPI/pydantic parses it as io_struct.GenerateReqInput (dataclass)  a pydantic model of the dataclass's fields,
-                                                                          parsed from the installed io_struct.py
-                                                                          (importing it needs zmq and the scheduler);
+    what the real server does with a request                             checked here with
+    FastAPI/pydantic parses /generate as io_struct.GenerateReqInput       a pydantic model of the dataclass's fields,
+    (dataclass); /open_session, /close_session, /abort_request as         parsed from the installed io_struct.py
+    msgspec structs (OpenSessionReqInput, CloseSessionReqInput, AbortReq) (importing it needs zmq and the scheduler);
                                                                           unknown keys refused (stricter: the server
                                                                           would silently ignore a misspelled key)
     http_server.generate_request: api_contract.generate_contract_error    api/v1/api_types.GenerateRequest
     tokenizer_manager: SamplingParams(**sampling_params).verify(vocab),   sglang.srt.sampling.sampling_params
     msgpack IPC to the scheduler (typed decode)                           (imports on CPU), msgspec round trip
+    tokenizer_manager: SessionParams(**session_params)                    a model of io_struct.SessionParams
     the response                                                          api_types.GenerateResponse / MetaInfo
+    the gateway routes a chain by its header                              every request of a keyed client carries it
+
+`PINNED` lists the lines; each behaviour's test below also runs SGLang's own code for it where that code runs
+outside the server (the session controller's loop, the scheduler's logprob_start_len rule).
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
+import sys
+import threading
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pydantic
 import pytest
+import requests
 
 from forerun.runtime_ext.backends import sglang_frontend  # noqa: F401  (registers the no-triton stub first)
 from forerun.runtime_ext.backends.server import SGLangServerBackend
-from forerun.runtime_ext.backends.server_client import ServerConfig
-from forerun.runtime_ext.protocol import SamplingParams
+from forerun.runtime_ext.backends.server_client import ROUTING_KEY_HEADER, ServerConfig, SGLangServerError
+from forerun.runtime_ext.protocol import RowEvent, SamplingParams
 from forerun.testing.fake_sglang_server import BOS_ID, VOCAB_SIZE, FakeSGLangServer
 
-SGLANG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+
+def _sibling(name: str) -> typing.Any:
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
 
 
-class _AnyForUnknown(dict):
-    def __missing__(self, key: str) -> typing.Any:
-        return typing.Any
+src = _sibling("sglang_source")
+IO_STRUCT = "srt/managers/io_struct.py"
+SESSIONS = "srt/session/session_controller.py"
+SCHEDULER = "srt/managers/scheduler.py"
+
+PINNED = {
+    # behaviour: (file under site-packages/sglang, line, the line's text)
+    "replace without rid iterates the session's request dict": (SESSIONS, 245,
+                                                                 "for _, req_node in self.req_nodes.items():"),
+    "... and clears each node while iterating": (SESSIONS, 246, "req_node.clear(self.req_nodes)"),
+    "... which deletes the node from that dict": (SESSIONS, 62, "del req_dict[self.req.rid]"),
+    "a scheduler exception takes the server down": (SCHEDULER, 6373, "parent_process.send_signal(signal.SIGQUIT)"),
+    "logprob_start_len -1 with return_logprob starts at the prompt length":
+        (SCHEDULER, 3264, "req.logprob_start_len = len(req.origin_input_ids)"),
+    "logprob_start_len beyond the prompt is aborted": (SCHEDULER, 3275,
+                                                       "if req.logprob_start_len > len(req.origin_input_ids):"),
+    "input logprobs are the extend positions from the start on": (
+        "srt/managers/scheduler_components/logprob_result_processor.py", 189,
+        "return extend_input_len - extend_logprob_start_len"),
+    "an abort defaults to status 400": ("srt/managers/schedule_batch.py", 2224,
+                                        "status_code: int = HTTPStatus.BAD_REQUEST,"),
+    "a non-streamed abort with status 400 becomes a ValueError": ("srt/managers/tokenizer_manager.py", 1918,
+                                                                   'raise ValueError(finish_reason["message"])'),
+    "... which the HTTP server answers with 400": ("srt/entrypoints/http_server.py", 2249,
+                                                   'status_code=getattr(e, "status_code", HTTPStatus.BAD_REQUEST),'),
+    "session_params must be SessionParams' keys": (
+        "srt/managers/tokenizer_manager.py", 1573, "SessionParams(**obj.session_params) if obj.session_params else None"),
+    "an unseeded request samples with seed 42 under deterministic inference": (
+        "srt/sampling/sampling_batch_info.py", 163, "else 42"),
+}
 
 
+def test_the_pinned_lines_are_still_there():
+    """A version bump that moves or changes any of these lines fails here: re-derive the behaviour, then re-pin."""
+    moved = {what: (path, n, src.line(path, n)) for what, (path, n, text) in PINNED.items()
+             if src.line(path, n) != text}
+    assert moved == {}
+
+
+# -- the request and response models ---------------------------------------------------------------------
 def generate_req_input_model() -> type[pydantic.BaseModel]:
     """pydantic model of io_struct.GenerateReqInput's fields, from the installed source (names SGLang defines
     elsewhere, like MultimodalDataInputFormat, become Any; Annotated validators are dropped)."""
-    tree = ast.parse((SGLANG / "srt" / "managers" / "io_struct.py").read_text(encoding="utf-8"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput")
-    names = _AnyForUnknown({k: getattr(typing, k) for k in typing.__all__})
-    names.update(PlainValidator=lambda fn: None, List=list, Dict=dict, Tuple=tuple, Optional=typing.Optional)
-    fields = {}
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            fields[node.target.id] = (eval(ast.unparse(node.annotation), {}, names), None)  # noqa: S307
-    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "session_params", "rid"} <= set(fields)
-    return pydantic.create_model("GenerateReqInput", __config__=pydantic.ConfigDict(extra="forbid"), **fields)
+    model = src.request_model(IO_STRUCT, "GenerateReqInput", all_optional=True)
+    assert {"input_ids", "sampling_params", "return_logprob", "logprob_start_len", "session_params",
+            "rid"} <= set(model.model_fields)
+    return model
+
+
+ROUTE_MODELS = {"/open_session": "OpenSessionReqInput", "/close_session": "CloseSessionReqInput",
+                "/abort_request": "AbortReq"}
 
 
 def _sampling_params_checks(sp: dict) -> None:
@@ -70,6 +117,8 @@ def check_body(body: dict, model: type[pydantic.BaseModel]) -> None:
     sps = body.get("sampling_params")
     for sp in sps if isinstance(sps, list) else [sps or {}]:
         _sampling_params_checks(sp)
+    if body.get("session_params") is not None:  # tokenizer_manager: SessionParams(**session_params)
+        src.request_model(IO_STRUCT, "SessionParams").model_validate(body["session_params"])
 
 
 def check_response(out: typing.Any) -> None:
@@ -79,8 +128,20 @@ def check_response(out: typing.Any) -> None:
         api.GenerateMetaInfo.from_json_value(o["meta_info"])
 
 
+def _stream(b: SGLangServerBackend, ids: list[int], p: SamplingParams, rid: str) -> None:
+    done = threading.Event()
+
+    def listener(events: list[RowEvent]) -> None:
+        if any(e.finished for e in events):
+            done.set()
+
+    b.engine.submit_stream(ids, p, rid=rid, listener=listener)
+    assert done.wait(30)
+
+
 def _exercise(b: SGLangServerBackend, plugin: bool) -> None:
-    """Every kind of request the client makes: single, batched, scoring pass, session, priority, seeds, plugin."""
+    """Every kind of request the client makes: single, batched, scoring pass, sessions (continue, offset, replace,
+    drop), priority, seeds, unseeded (a fresh seed), plugin, streamed, aborted."""
     p = SamplingParams(max_new_tokens=4, temperature=0.7, top_k=20, top_p=0.9, seed=2**63 - 1, ignore_eos=True,
                        return_logprob=True, logprob_start_len=1, top_logprobs_num=2, stop=("x",), stop_token_ids=(5,),
                        logprob_temperatures=(1.0, 0.5) if plugin else ())
@@ -88,13 +149,22 @@ def _exercise(b: SGLangServerBackend, plugin: bool) -> None:
     b.run_batch([([BOS_ID, 4], p), ([BOS_ID, 5, 6], SamplingParams(max_new_tokens=2, temperature=0.0))])
     b.score([BOS_ID, 7, 8, 9], 2, top_logprobs_num=3)
     b.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1, seed=-5), priority=-1)
+    b.engine.generate([BOS_ID, 2], SamplingParams(max_new_tokens=2, return_logprob=True))  # unseeded
     sid = b.open_session(1024)
     b.run([BOS_ID, 1], p, rid="s1", session_params={"id": sid})
     b.run([BOS_ID, 2], p, rid="s2", session_params={"id": sid, "rid": "s1", "offset": -1, "replace": False})
+    b.run([BOS_ID, 3], p, rid="s3", session_params={"id": sid, "rid": "s1", "replace": True})
+    b.run([BOS_ID, 4], p, rid="s4", session_params={"id": sid, "rid": "s3", "drop_previous_output": True})
+    with b.session_params({"id": sid, "rid": "s4"}):
+        b.run([BOS_ID, 5], SamplingParams(max_new_tokens=1, seed=1), rid="s5")
+    b.close_session(sid)
+    _stream(b, [BOS_ID, 6, 7], SamplingParams(max_new_tokens=3, temperature=0.5, seed=3, return_logprob=True,
+                                               logprob_temperatures=(0.5,) if plugin else ()), "streamed")
+    b.engine.abort("no-such-rid")
 
 
 @pytest.mark.parametrize("plugin", [False, True])
-def test_every_request_body_and_response_matches_sglangs_models(plugin, monkeypatch):
+def test_every_request_body_and_response_matches_sglangs_models_and_carries_the_routing_key(plugin, monkeypatch):
     model = generate_req_input_model()
     responses = []
     from forerun.testing import fake_http
@@ -108,13 +178,24 @@ def test_every_request_body_and_response_matches_sglangs_models(plugin, monkeypa
 
     monkeypatch.setattr(fake_http.Handler, "_send", record)
     with FakeSGLangServer(plugin=plugin) as srv:
-        _exercise(SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(batch_mode="batched")), plugin)
-        bodies = srv.generate_bodies()
-    assert len(bodies) >= (6 if plugin else 9) and len(responses) == len(bodies)
-    for body in bodies:
-        check_body(body, model)
+        backend = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(batch_mode="batched"))
+        first = len(srv.requests)  # /server_info at connect, before any key is set
+        _exercise(backend.with_routing_key("chain-7"), plugin)
+        sent = srv.requests[first:]
+        headers = srv.request_headers[first:]
+    routes = {path for path, _ in sent}
+    assert {"/generate", "/open_session", "/close_session", "/abort_request"} <= routes
+    generate_bodies = [body for path, body in sent if path == "/generate"]
+    assert len(generate_bodies) >= (11 if plugin else 15)
+    for path, body in sent:
+        if path == "/generate":
+            check_body(body, model)
+        elif path in ROUTE_MODELS:
+            src.request_model(IO_STRUCT, ROUTE_MODELS[path]).model_validate(body)
+    assert len(responses) == len(generate_bodies) - 1  # the streamed one answers with events
     for out in responses:
         check_response(out)
+    assert [path for path, h in headers if h.get(ROUTING_KEY_HEADER) != "chain-7"] == []
 
 
 def test_the_checks_have_teeth():
@@ -127,9 +208,136 @@ def test_the_checks_have_teeth():
         {**good, "sampling_params": {"max_new_tokens": 1, "seed": 3}},        # not SGLang's name (sampling_seed)
         {**good, "sampling_params": {"max_new_tokens": 1, "sampling_seed": 2**63}},
         {**good, "sampling_params": {"custom_params": {"forerun": {"nested": [1.0]}}}},  # not a CustomParamValue
+        {**good, "session_params": {"id": "s", "parent": "r"}},               # not a SessionParams key
     ]
     for bad in bad_bodies:
         with pytest.raises(Exception):
             check_body(bad, model)
+    with pytest.raises(pydantic.ValidationError):
+        src.request_model(IO_STRUCT, "OpenSessionReqInput").model_validate({"session_id": "s"})  # capacity required
+    with pytest.raises(pydantic.ValidationError):
+        src.request_model(IO_STRUCT, "AbortReq").model_validate({"rid": "r", "abort": True})
     with pytest.raises(Exception):
         check_response({"text": "", "output_ids": [1], "meta_info": {"prompt_tokens": "3"}})
+
+
+# -- what real SGLang mishandles: never sent; the fake does what SGLang does ---------------------------------
+def _session_controller_loop() -> typing.Callable:
+    """SGLang's own code: SessionReqNode (from session_controller.py) and Session.create_req's replace-without-rid
+    loop (lines 245-246) over `self.req_nodes`."""
+    node = src.compile_class(SESSIONS, "SessionReqNode", {"FINISH_ABORT": type("FINISH_ABORT", (), {})})
+    loop = src.compile_statements(SESSIONS, 245, 246, "self", {})
+
+    def replace_without_rid(rids: list[str]) -> None:
+        session = SimpleNamespace(req_nodes={rid: node(SimpleNamespace(rid=rid, finished_reason="done"))
+                                             for rid in rids})
+        loop(session)
+
+    return replace_without_rid
+
+
+def test_replace_without_rid_crashes_sglang_so_the_client_refuses_it_and_the_fake_goes_down():
+    replace_without_rid = _session_controller_loop()
+    replace_without_rid([])  # an empty session: the loop does nothing, the request runs
+    with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
+        replace_without_rid(["t1"])  # SGLang's own code crashes on one request already
+    with FakeSGLangServer() as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(retries=0))
+        sid = b.open_session(1024)
+        p = SamplingParams(max_new_tokens=2, seed=1)
+        b.run([BOS_ID, 1], p, rid="t1", session_params={"id": sid})
+        sent = len(srv.generate_bodies())
+        with pytest.raises(ValueError, match=r"replace=True without rid .*session_controller.py:245"):
+            b.run([BOS_ID, 2], p, rid="t2", session_params={"id": sid, "replace": True})
+        with pytest.raises(ValueError, match="replace=True without rid"):
+            with b.session_params({"id": sid, "replace": True}):
+                pass
+        with pytest.raises(ValueError, match="SessionParams does not define"):
+            b.run([BOS_ID, 2], p, session_params={"id": sid, "rid": "t1", "parent": "t0"})
+        assert len(srv.generate_bodies()) == sent  # nothing was sent
+        fresh = requests.post(srv.url + "/open_session", json={"capacity_of_str_len": 64}, timeout=5).json()
+        body = {"input_ids": [BOS_ID, 3], "sampling_params": {"max_new_tokens": 1}}
+        ok = requests.post(srv.url + "/generate", timeout=5,
+                           json={**body, "session_params": {"id": fresh, "replace": True}})
+        assert ok.status_code == 200  # an empty session: as on SGLang, it runs
+        with pytest.raises(requests.exceptions.ConnectionError):  # the scheduler died: no answer
+            requests.post(srv.url + "/generate", json={**body, "session_params": {"id": sid, "replace": True}},
+                          timeout=5)
+        assert "dictionary changed size during iteration" in srv.crashed
+        with pytest.raises(SGLangServerError, match="cannot connect"):  # and the server is gone for everyone
+            b.run([BOS_ID, 1], p)
+
+
+def _scheduler_logprob_start(return_logprob: bool, logprob_start_len: int, prompt_len: int, max_new: int) -> int:
+    """SGLang's own code: the scheduler's logprob_start_len rule (scheduler.py lines 3256-3273)."""
+    block = src.compile_statements(SCHEDULER, 3256, 3273, "recv_req, req", {})
+    recv_req = SimpleNamespace(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                               token_ids_logprob=None)
+    req = SimpleNamespace(origin_input_ids=list(range(prompt_len)), is_prefill_only=max_new == 0,
+                          logprob_start_len=None)
+    block(recv_req, req)
+    return req.logprob_start_len
+
+
+def _input_logprobs_returned(start: int, prompt_len: int) -> int:
+    """SGLang's own code: how many input logprobs one prefill returns for that start (no cached prefix)."""
+    batch = "srt/managers/schedule_batch.py"
+    extend = src.compile_function(src.function_def(batch, "compute_extend_logprob_start_len"), {}, batch)
+    extend_start = extend(logprob_start_len=start, prefix_len=0, extend_len=prompt_len,
+                          full_untruncated_fill_len=prompt_len)
+    return prompt_len - extend_start  # logprob_result_processor.py:189
+
+
+@pytest.mark.parametrize("max_new", [0, 3])
+def test_logprob_start_len_minus_one_returns_no_input_logprobs_as_sglang(max_new):
+    n = 4
+    start = _scheduler_logprob_start(True, -1, n, max_new)
+    assert start == n and _input_logprobs_returned(start, n) == 0  # SGLang: none
+    assert _input_logprobs_returned(_scheduler_logprob_start(True, 1, n, max_new), n) == n - 1
+    with FakeSGLangServer() as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer)
+        p = SamplingParams(max_new_tokens=max_new, temperature=1.0, return_logprob=True, top_logprobs_num=2)
+        out = b.run([BOS_ID, 1, 2, 3], p)
+        assert out.meta_info["input_token_logprobs"] == [] and out.input_logp0 == ()
+        body = {"input_ids": [BOS_ID, 1, 2, 3], "sampling_params": {"max_new_tokens": max_new},
+                "return_logprob": True}
+        for s in (1, 3):
+            meta = requests.post(srv.url + "/generate", json={**body, "logprob_start_len": s}, timeout=5).json()
+            assert len(meta["meta_info"]["input_token_logprobs"]) == _input_logprobs_returned(s, n)
+        too_far = requests.post(srv.url + "/generate", json={**body, "logprob_start_len": n + 1}, timeout=5)
+        assert too_far.status_code == 400 and "Please use a smaller logprob_start_len" in too_far.text
+
+
+def test_a_session_abort_is_an_http_400_with_sglangs_message():
+    with FakeSGLangServer() as srv:
+        sid = requests.post(srv.url + "/open_session", json={"capacity_of_str_len": 64}, timeout=5).json()
+        r = requests.post(srv.url + "/generate", timeout=5, json={
+            "input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 1}, "session_params": {"id": sid,
+                                                                                                   "rid": "nope"}})
+        assert r.status_code == 400 and r.json() == {"error": {"message": "Invalid request session id"}}
+        r = requests.post(srv.url + "/generate", timeout=5, json={
+            "input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 1}, "session_params": {"id": "gone"}})
+        assert r.status_code == 400 and "session id gone does not exist" in r.text
+
+
+def test_unseeded_requests_get_fresh_seeds_which_are_recorded():
+    """SGLang samples an unseeded request with seed 42 under deterministic inference (the fake too), so the
+    client sends each one a fresh seed and records it; replaying that seed replays the tokens."""
+    prompt = [BOS_ID, 9, 9]
+    with FakeSGLangServer(deterministic=True) as srv:
+        raw = [requests.post(srv.url + "/generate", timeout=5, json={
+            "input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}).json()["output_ids"]
+            for _ in range(2)]
+        assert raw[0] == raw[1]  # the server's default seed: every unseeded request draws the same tokens
+        b = SGLangServerBackend(srv.url, srv.tokenizer)
+        p = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+        outs = [b.run(prompt, p) for _ in range(3)]
+        sent = [body["sampling_params"]["sampling_seed"] for body in srv.generate_bodies()[2:]]
+        assert [o.meta_info["sampling_seed"] for o in outs] == sent and len(set(sent)) == 3
+        assert len({o.output_ids for o in outs}) == 3  # fresh noise each time
+        again = b.run(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True, seed=sent[1]))
+        assert again.output_ids == outs[1].output_ids and again.meta_info["sampling_seed"] == sent[1]
+    with FakeSGLangServer(deterministic=False) as srv:  # the server ignores seeds: none is sent, none recorded
+        out = SGLangServerBackend(srv.url, srv.tokenizer).run(prompt, p)
+        assert "sampling_seed" not in srv.generate_bodies()[0]["sampling_params"]
+        assert out.meta_info["sampling_seed"] is None

@@ -59,6 +59,21 @@ def test_cli_refuses_then_proceeds_with_the_equal_in_law_note(capsys):
         assert "equal in law only" in json.loads(cap.out)["determinism"] and "equal in law only" in cap.err
 
 
+def test_generate_without_seed_reports_the_fresh_seed_it_ran_with(capsys):
+    """An unseeded `forerun generate --json` prints the seed the server sampled with (sent fresh by the client:
+    the server's own default would be 42 for everyone); passing it back as --seed replays the tokens."""
+    argv = ["generate", "--prompt", "hi", "--raw", "--max-tokens", "8", "--temperature", "1.0", "--ignore-eos",
+            "--json"]
+    with FakeSGLangServer(deterministic=True) as srv:
+        assert main(argv + ["--backend", srv.url]) == 0
+        first = json.loads(capsys.readouterr().out)
+        sent = [b["sampling_params"]["sampling_seed"] for b in srv.generate_bodies()]
+        assert first["sampling_seed"] == sent[0] and isinstance(sent[0], int)
+        assert main(argv + ["--backend", srv.url, "--seed", str(first["sampling_seed"])]) == 0
+        again = json.loads(capsys.readouterr().out)
+    assert again["output_ids"] == first["output_ids"] and again["sampling_seed"] == first["sampling_seed"]
+
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -184,3 +199,46 @@ def test_seed_outside_int64_and_flashinfer_seed_with_top_k_are_rejected_client_s
         b.run([BOS_ID, 1], SamplingParams(max_new_tokens=1, top_p=0.9))  # no seed
     assert not srv.generate_bodies() or all(b["sampling_params"].get("top_k", -1) == -1 or
                                             "sampling_seed" not in b["sampling_params"] for b in srv.generate_bodies())
+
+
+# -- 5. request timeout ---------------------------------------------------------------------------
+SERVER_COMMANDS = {
+    "generate": ["generate", "--prompt", "hi", "--raw", "--max-tokens", "2"],
+    "sample": ["sample", "--prompt", "hi", "--n", "6", "--K", "2"],
+    "bench presto": ["bench", "presto", "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4"],
+    "eval": ["eval", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "6"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(SERVER_COMMANDS))
+def test_every_server_backed_command_maps_request_timeout_to_the_client(command):
+    from forerun.cli.engine import open_pool_from
+    from forerun.cli.main import build_parser
+
+    with FakeSGLangServer() as srv:
+        args = build_parser().parse_args(SERVER_COMMANDS[command] + ["--backend", srv.url, "--request-timeout", "2.5"])
+        with open_pool_from(args) as pool:
+            assert [rt.engine.config.timeout_s for rt in pool.runtimes] == [2.5]
+        default = build_parser().parse_args(SERVER_COMMANDS[command] + ["--backend", srv.url])
+        with open_pool_from(default) as pool:
+            assert [rt.engine.config.timeout_s for rt in pool.runtimes] == [ServerConfig().timeout_s]
+
+
+@pytest.mark.parametrize("command", ["generate", "sample", "bench presto"])
+def test_a_hung_request_fails_after_request_timeout_naming_the_url(command, capsys):
+    """A hung /generate (the fake's "hang" mode) fails after --request-timeout with the URL in the message, instead
+    of waiting the default 600 s (the fake hangs up after 60 s: another message)."""
+    with FakeSGLangServer() as srv:
+        srv.fail("hang", times=100)
+        rc = main(SERVER_COMMANDS[command] + ["--backend", srv.url, "--request-timeout", "0.3"])
+        last = capsys.readouterr().err.rstrip("\n").split("\n")[-1].split("\r")[-1]
+    assert rc != 0 and last.startswith(f"forerun {command}: ")
+    assert f"SGLang server {srv.url}/generate timed out after 0.3 s" in last
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bad_request_timeout_is_a_one_line_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["generate", "--prompt", "hi", "--backend", "http://127.0.0.1:1", "--request-timeout", value])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.count("\n") == 1 and "--request-timeout" in err and "> 0" in err

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import sys
 import time
 from typing import Any, Iterator
 
@@ -29,7 +28,7 @@ from .args import (
 from .errors import CommandError, reports_errors
 from ..eval.preposition.config import BenchConfig
 from ..runtime_ext.preposition.gate import GateConfig
-from .output import PLOT_SUFFIXES, make_output_dir, output_dir, output_file, print_json
+from .output import PLOT_SUFFIXES, make_output_dir, output_dir, output_file, print_json, progress_bar
 
 __all__ = ["register", "session_demo_command", "bench_preposition_command", "calibrate_gate_command"]
 
@@ -153,9 +152,7 @@ def _engine(model: str, dtype: str | None, threads: int | None = None) -> Any:
 
 @contextlib.contextmanager
 def _bar(name: str, total: int) -> Iterator[Any]:
-    from tqdm import tqdm
-
-    with tqdm(total=total, desc=name, file=sys.stderr, leave=False, dynamic_ncols=True) as t:
+    with progress_bar(total=total, desc=name, leave=False) as t:
         yield lambda: t.update(1)
 
 
@@ -163,7 +160,7 @@ def _bar(name: str, total: int) -> Iterator[Any]:
 @reports_errors("session demo")
 def session_demo_command(args: argparse.Namespace) -> int:
     from ..eval.preposition.status_task import answer_tokens
-    from ..runtime_ext.preposition.ready_cache import GateConfig
+    from ..runtime_ext.preposition.gate import GateConfig
 
     gate = GateConfig(threshold=args.tau)  # validated before the model loads
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:

@@ -2,13 +2,23 @@
 
 A template's own framing (`<|im_start|>user\\n`, `<|im_end|>`) is encoded with special-token parsing on,
 so it keeps its special tokens; the user content put into it (data batches, queries, tool calls, tool
-results, the system text) is encoded with special-token parsing **off** (Hugging Face tokenizers:
-`split_special_tokens=True`), so a data batch containing the text `<|im_end|>` stays plain text and can
-never close a turn or open a role.
+results, the system text) is encoded with special-token parsing **off**, so a data batch containing the
+text `<|im_end|>` stays plain text and can never close a turn or open a role.
+
+Encoding never changes the caller's tokenizer.  A Hugging Face fast tokenizer keeps "parse special tokens"
+as a flag on its one shared Rust backend, and `tokenizer(text, split_special_tokens=True)` *sets* that
+flag for the call: two threads encoding framing and content at once then read each other's setting
+(control tokens encoded as text, or user text parsed into control tokens).  `TextEncoder` therefore owns
+two private copies of the backend, built once per tokenizer, one with parsing on (framing) and one with
+parsing off (content); neither flag ever changes after construction, so any number of threads may encode
+at once.  Framing ids are computed once per template string and then reused (`TextEncoder.framing`).
+A tokenizer without a Rust backend (a slow or custom tokenizer) is called with the call argument
+`split_special_tokens=True`, which such tokenizers read per call.
 
     notion                              code
-    framing (special tokens parsed)     encode_framing
-    user content (parsing off)          encode_content
+    one tokenizer's encoder (shared)    text_encoder(tokenizer) -> TextEncoder
+    framing (special tokens parsed)     encode_framing / TextEncoder.framing (cached per string)
+    user content (parsing off)          encode_content / TextEncoder.content
     template with one {field}           render(tokenizer, template, field, value)
     a frozen history message            render_message(tokenizer, fmt, role, content)
 """
@@ -16,9 +26,10 @@ never close a turn or open a role.
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
-
 
 @dataclass(frozen=True)
 class SessionFormat:
@@ -63,9 +74,143 @@ def render_message(tokenizer: Any, fmt: SessionFormat, role: str, content: str) 
     return render(tokenizer, fmt.message.replace("{role}", role), "content", content)
 
 
+def special_token_ids(tokenizer: Any) -> set[int]:
+    """Ids of every special token (the named ones and added specials such as `<|im_end|>`)."""
+    ids = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids |= {int(k) for k, v in added.items() if getattr(v, "special", False)}
+    return ids
+
+
+class TextEncoder:
+    """Framing and content encoding for one tokenizer that never mutates it (module docstring).
+
+    Thread-safe: after construction nothing in it changes except the framing cache, a dict written under
+    a lock.  Build it through `text_encoder(tokenizer)` (one per tokenizer).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        try:  # weakly: the registry below is keyed weakly by the tokenizer, so its value must not keep it alive
+            ref = weakref.ref(tokenizer)
+            self._tokenizer = ref
+        except TypeError:
+            self._tokenizer = lambda: tokenizer
+        self._name = type(tokenizer).__name__
+        self.special = frozenset(special_token_ids(tokenizer))
+        """Ids user content may never produce."""
+        self._framing_cache: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+        backend = _rust_backend(tokenizer)
+        self._parse: Any = None
+        self._literal: Any = None
+        if backend is not None:
+            self._parse = _private_copy(backend, encode_special_tokens=False)
+            self._literal = _private_copy(backend, encode_special_tokens=True)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer this encoder was built for (None once it is gone)."""
+        return self._tokenizer()
+
+    @property
+    def owns_copies(self) -> bool:
+        """True when encoding runs on private backend copies (a Hugging Face fast tokenizer)."""
+        return self._literal is not None
+
+    def framing(self, text: str) -> list[int]:
+        """A template's own text: special tokens written in it are parsed (`<|im_end|>` -> its id).
+
+        Computed once per distinct string (templates are few) and reused: control-token ids are fixed.
+        """
+        if not text:
+            return []
+        ids = self._framing_cache.get(text)
+        if ids is None:
+            if self._parse is not None:
+                ids = tuple(int(t) for t in self._parse.encode(text, add_special_tokens=False).ids)
+            else:
+                ids = tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
+            with self._lock:
+                if len(self._framing_cache) < _FRAMING_CACHE_SIZE:
+                    self._framing_cache.setdefault(text, ids)
+        return list(ids)
+
+    def content(self, text: str) -> list[int]:
+        """User content with special-token parsing off: `<|im_end|>` in it stays plain text.
+
+        Raises ValueError when the tokenizer cannot do that (its output would still hold a special token).
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"session content must be text, got {type(text).__name__}")
+        if not text:
+            return []
+        if self._literal is not None:
+            ids = [int(t) for t in self._literal.encode(text, add_special_tokens=False).ids]
+        else:
+            try:  # a tokenizer without a shared backend flag reads the option per call
+                ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)]
+            except TypeError as exc:  # a tokenizer without the option
+                raise ValueError(f"{self._name} cannot encode content with special-token parsing "
+                                 "off (split_special_tokens)") from exc
+        leaked = [t for t in ids if t in self.special]
+        if leaked:
+            raise ValueError(f"{self._name} still parsed special token {leaked[0]} in user content "
+                             "(split_special_tokens had no effect)")
+        return ids
+
+
+_FRAMING_CACHE_SIZE = 4096
+_ENCODERS: "weakref.WeakKeyDictionary[Any, TextEncoder]" = weakref.WeakKeyDictionary()
+_ENCODERS_BY_ID: dict[int, TextEncoder] = {}
+_ENCODERS_LOCK = threading.Lock()
+
+
+def text_encoder(tokenizer: Any) -> TextEncoder:
+    """The one `TextEncoder` of `tokenizer` (built on first use, then shared by every session and thread)."""
+    try:
+        enc = _ENCODERS.get(tokenizer)
+    except TypeError:  # neither hashable nor weakly referenceable: keyed by identity, kept for the process
+        enc = _ENCODERS_BY_ID.get(id(tokenizer))
+        if enc is not None and enc.tokenizer is tokenizer:
+            return enc
+        with _ENCODERS_LOCK:
+            enc = _ENCODERS_BY_ID.get(id(tokenizer))
+            if enc is None or enc.tokenizer is not tokenizer:
+                enc = _ENCODERS_BY_ID[id(tokenizer)] = TextEncoder(tokenizer)
+        return enc
+    if enc is not None:
+        return enc
+    with _ENCODERS_LOCK:
+        enc = _ENCODERS.get(tokenizer)
+        if enc is None:
+            enc = TextEncoder(tokenizer)
+            _ENCODERS[tokenizer] = enc
+    return enc
+
+
+def _rust_backend(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer` behind a Hugging Face fast tokenizer (its public `backend_tokenizer`), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str") or not hasattr(backend, "encode_special_tokens"):
+        return None
+    return backend
+
+
+def _private_copy(backend: Any, *, encode_special_tokens: bool) -> Any:
+    """A copy of a `tokenizers.Tokenizer` with special-token parsing fixed (and no truncation or padding, as
+    `tokenizer.encode(text)` runs it); only this module holds it, and nothing changes it afterwards."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    copy.encode_special_tokens = encode_special_tokens
+    return copy
+
+
 def encode_framing(tokenizer: Any, text: str) -> list[int]:
     """A template's own text: special tokens written in it are parsed (`<|im_end|>` -> its id)."""
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)] if text else []
+    return text_encoder(tokenizer).framing(text)
 
 
 def encode_content(tokenizer: Any, text: str) -> list[int]:
@@ -75,27 +220,7 @@ def encode_content(tokenizer: Any, text: str) -> list[int]:
     """
     if not isinstance(text, str):
         raise ValueError(f"session content must be text, got {type(text).__name__}")
-    if not text:
-        return []
-    try:
-        ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)]
-    except TypeError as exc:  # a tokenizer without the option
-        raise ValueError(f"{type(tokenizer).__name__} cannot encode content with special-token parsing off "
-                         "(split_special_tokens)") from exc
-    special = special_token_ids(tokenizer)
-    leaked = [t for t in ids if t in special]
-    if leaked:
-        raise ValueError(f"{type(tokenizer).__name__} still parsed special token {leaked[0]} in user content "
-                         "(split_special_tokens had no effect)")
-    return ids
-
-
-def special_token_ids(tokenizer: Any) -> set[int]:
-    """Ids of every special token (the named ones and added specials such as `<|im_end|>`)."""
-    ids = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids |= {int(k) for k, v in added.items() if getattr(v, "special", False)}
-    return ids
+    return text_encoder(tokenizer).content(text)
 
 
 _TRAILING_SPACE = re.compile(r"[ \t]+$")
@@ -110,9 +235,12 @@ def render(tokenizer: Any, template: str, key: str, value: str) -> list[int]:
     marker = "{" + key + "}"
     if template.count(marker) != 1:
         raise ValueError(f"template must contain {marker} exactly once: {template!r}")
+    if not isinstance(value, str):
+        raise ValueError(f"session content must be text, got {type(value).__name__}")
     pre, post = template.split(marker)
     m = _TRAILING_SPACE.search(pre)
     lead = ""
     if m is not None:
         pre, lead = pre[: m.start()], m.group(0)
-    return encode_framing(tokenizer, pre) + encode_content(tokenizer, lead + value) + encode_framing(tokenizer, post)
+    enc = text_encoder(tokenizer)
+    return enc.framing(pre) + enc.content(lead + value) + enc.framing(post)

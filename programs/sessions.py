@@ -7,16 +7,20 @@ engine offers them; on the SGLang server, `--enable-session-radix-cache` evicts 
 releases it on close.
 
 * `StreamingSession`: `append_data(batch)` commits an update and pre-positions the data decision point:
-  the primary standing query's entry (query prefix + assistant header; exact match, zero added risk) and
-  the generic header alone (§2.1: the question-independent distribution).  Ad-hoc queries and the other
-  standing queries are served the header's token through the relaxed match (risk r(τ), §3.4), never
-  another query's; everything else falls through with the query folded into Δ.
+  every registered standing query's own entry (query prefix + assistant header; exact match, zero added
+  risk), most recently used first and within the budget, and the generic header alone (§2.1: the
+  question-independent distribution).  Ad-hoc queries and standing queries left out by the budget are
+  served the header's token through the relaxed match (risk r(τ), §3.4) or take their own full path,
+  never another query's.
 * `AgenticSession`: `emit_tool_call(call)` commits the call and opens the idle window; the entries are
   the post-tool-call envelope (the tool-result framing) and the whole envelope for the results it
   predicts (§3.5).  `tool_result(payload)` is served from a predicted entry or resumes delta-only.
 
-Commits are validated first (context window, `SessionState.append(reserve=...)`); user content is encoded
-with special-token parsing off (`session_text`); every public operation of a session is atomic.
+Every mutation is all-or-nothing: validated first (context window, protocol), then reserved (the new
+state's KV pinned), then committed; one that raises changed nothing, so a retry applies it exactly once.
+Pre-positioning after a commit is best-effort and never raises.  User content is encoded with special-token
+parsing off, without ever touching the shared tokenizer (`session_text`); every public operation of a
+session is atomic.
 
 Both run on any `PrepositionEngine` (`runtime_ext.preposition.engines`): an engine with
 `generate(ids, params, *, priority)` (the embedded engine, the SGLang server client) through
@@ -26,7 +30,7 @@ from the session's ids, written as `token_ids(...)` markers) and `session_turn`.
 
     paper                                 code
     n_s, version t                        session.state.live_end, session.state.version
-    E (streaming: query prefix + header)  StreamingSession.entries() (primary entry, generic header)
+    E (streaming: query prefix + header)  StreamingSession.entries() (standing queries' entries, header)
     E (agentic: post-tool-call envelope)  AgenticSession.envelope_ids(), .result_entry(predicted payload)
     Δ                                     ServeResult.delta
     decision point (Eq. 1)                decision_point (@sgl.function)
@@ -35,18 +39,22 @@ from the session's ids, written as `token_ids(...)` markers) and `session_turn`.
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..runtime_ext.preposition.engines import PrepositionEngine, TopLogprobs, top_logprobs_at_decision_point
-from ..runtime_ext.preposition.prepositioner import Prepositioner, ServeResult
+from ..runtime_ext.preposition.prepositioner import Prepositioner
+from ..runtime_ext.preposition.serve_result import ServeResult
 from ..runtime_ext.protocol import GenerateOutput, SamplingParams
 from ..runtime_ext.preposition.ready_cache import ContextOverflow, SessionState
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import token_ids
 from .session_text import SessionFormat, encode_content, encode_framing, render, render_message
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AgentTurn", "AgenticSession", "ProgramEngine", "SessionFormat", "StreamingSession", "ToolCallPending",
            "decision_point", "session_turn", "tool_name"]
@@ -113,6 +121,14 @@ class _Session:
 
     Every public operation of a session runs under its turn lock, so operations from several threads
     are serialized: each one validates, computes and commits against one state (atomic turns).
+
+    Every mutation is all-or-nothing, in three steps: validate (encode, context window, protocol), reserve
+    (pin the new state's KV in the engine: an engine that cannot keep it resident raises here), commit
+    (`SessionState` changes the tokens, bumps the version and clears the ready distributions in one
+    critical section).  Whatever raises raises before the commit and leaves the state, its version and the
+    session's bookkeeping as they were, so retrying a failed call applies it exactly once.  What follows a
+    commit (releasing the old pins, pre-positioning) is best-effort and never raises: a failed
+    pre-position is logged and kept in `preposition_error`.
     """
 
     def __init__(self, prepositioner: Prepositioner, tokenizer: Any, system: str, fmt: SessionFormat,
@@ -127,33 +143,64 @@ class _Session:
         for role, content in history:  # frozen too: e.g. few-shot examples
             system_ids += render_message(tokenizer, fmt, role, content)
         self.state = SessionState(system_ids, frozen_len=len(system_ids), max_len=prepositioner.max_context)
-        self._pin_lock = threading.Lock()
-        self._pin_handle: Any = None
-        self._pin()
+        self.preposition_error: BaseException | None = None
+        """The last failure of a pre-position this session started after a commit (best-effort, not raised)."""
+        self._pin_handle: Any = self._pin_tokens(self.state.tokens)
 
     def encode(self, text: str) -> list[int]:
         """Framing text (special tokens parsed): use `render` / `encode_content` for user content."""
         return encode_framing(self.tokenizer, text)
 
-    def _pin(self) -> None:
-        """Keep the committed state's KV resident (radix-cache pin), release the previous pin and the
-        pre-paid entries that the last mutation invalidated."""
-        self.pp.release_pins(self.state)
+    # -- validate, reserve, commit ----------------------------------------------------------------
+    def _pin_tokens(self, tokens: Sequence[int]) -> Any:
+        """Reserve: keep `tokens` resident in the engine's radix cache (None when the engine cannot pin)."""
         pin = getattr(self.pp.engine, "pin", None)
-        unpin = getattr(self.pp.engine, "unpin", None)
-        if pin is None or unpin is None:
-            return
-        with self._pin_lock:
-            old = self._pin_handle
-            self._pin_handle = pin(list(self.state.tokens)) if not self.state.closed else None
-            if old is not None:
-                unpin(old)
+        if pin is None or getattr(self.pp.engine, "unpin", None) is None:
+            return None
+        return pin(list(tokens))
 
-    def _commit(self, ids: Sequence[int], *, reserve: int = 0, expect_version: int | None = None) -> int:
-        """Validate and commit (invalidates the ready distributions in the same critical section)."""
-        version = self.state.append(ids, reserve=reserve, expect_version=expect_version)
-        self._pin()
+    def _unpin_quietly(self, handle: Any) -> None:
+        unpin = getattr(self.pp.engine, "unpin", None)
+        if handle is None or unpin is None:
+            return
+        try:
+            unpin(handle)
+        except Exception as exc:  # after a commit nothing may raise: a leaked pin is only held memory
+            log.warning("releasing a session pin failed: %r", exc)
+
+    def _mutate(self, new_tokens: Sequence[int], commit: Callable[[], int]) -> int:
+        """Reserve the KV of `new_tokens` (the state `commit` will leave), then commit; on any failure the
+        reservation is given back and the state is untouched.  After the commit: release the old pin and
+        the invalidated entries' pins (never raises)."""
+        handle = self._pin_tokens(new_tokens)
+        try:
+            version = commit()
+        except BaseException:
+            self._unpin_quietly(handle)
+            raise
+        old, self._pin_handle = self._pin_handle, handle
+        self._unpin_quietly(old)
+        self.pp.release_pins(self.state)
         return version
+
+    def _commit(self, ids: Sequence[int], *, reserve: int = 0, expect_version: int | None = None,
+                before_commit: Callable[[], None] | None = None) -> int:
+        """Validate, reserve and commit `ids` at the live end (invalidates the ready distributions in the
+        same critical section); returns the new version."""
+        version, tokens = self.state.snapshot()
+        expect = version if expect_version is None else expect_version
+        self.state.check_append(len(ids), reserve=reserve)
+        return self._mutate(tokens + tuple(ids), lambda: self.state.append(
+            ids, reserve=reserve, expect_version=expect, before_commit=before_commit))
+
+    def _preposition_quietly(self, *entries: Sequence[int], header: Sequence[int] | None = None) -> bool:
+        """Pre-position after a commit: best-effort, never raises (the commit stands either way)."""
+        try:
+            return self.pp.preposition(self.state, *entries, header=header)
+        except Exception as exc:
+            log.warning("pre-positioning after a commit failed (the commit stands): %r", exc)
+            self.preposition_error = exc
+            return False
 
     def _check_room(self, extra: int, what: str) -> None:
         """ContextOverflow unless `extra` more tokens fit after the state (checked before anything runs)."""
@@ -172,11 +219,24 @@ class _Session:
                                       priority=0)
         return first + list(out.output_ids), self.tokenizer.decode(first + list(out.output_ids))
 
+    def _shift_or_rollback(self, kind: str, n: int) -> int:
+        """Validate, reserve and commit a sliding-window shift or a rollback (invalidates)."""
+        with self.state.lock:
+            version = self.state.version
+            new = self.state.after_shift(n) if kind == "shift" else self.state.after_rollback(n)
+        if kind == "shift":
+            return self._mutate(new, lambda: self.state.shift_window(n, expect_version=version))
+        return self._mutate(new, lambda: self.state.rollback(n, expect_version=version))
+
     def close(self) -> None:
-        """Close the session: clears the ready distributions and releases the pinned KV."""
+        """Close the session: clears the ready distributions and releases the pinned KV (idempotent)."""
         with self._lock:
+            if self.state.closed:
+                return
             self.state.close()
-            self._pin()
+            handle, self._pin_handle = self._pin_handle, None
+            self._unpin_quietly(handle)
+            self.pp.release_pins(self.state)
 
     def __enter__(self) -> Any:
         return self
@@ -188,21 +248,31 @@ class _Session:
 class StreamingSession(_Session):
     """A streaming analytical session: data batches in, single-token answers out (§3.2).
 
-    Each update pre-positions the primary standing query's entry (query prefix + header: its own ready
-    distribution, exact match) and, with `allow_relaxed` or when no query is registered, the generic
-    header alone (the question-independent distribution that ad-hoc and other standing queries are
-    served through the relaxed match, §3.4).  A query never gets another query's token.
+    Each update pre-positions every registered standing query's entry (query prefix + header: its own
+    ready distribution, exact match), most recently used first, at most `max_prepositioned_queries` of
+    them and each within the engine's budget B; and, with `allow_relaxed` or when no query is registered,
+    the generic header alone (the question-independent distribution, §2.1).  A standing query that was
+    not pre-positioned and an ad-hoc query are served the header's token through the relaxed match (risk
+    r(τ), §3.4) or take their own full path; a query never gets another query's token.
     """
 
     def __init__(self, prepositioner: Prepositioner, *, tokenizer: Any = None, system: str = "You analyse a data stream.",
                  fmt: SessionFormat | None = None, allow_relaxed: bool = True,
-                 history: Sequence[tuple[str, str]] = ()) -> None:
+                 history: Sequence[tuple[str, str]] = (), max_prepositioned_queries: int | None = None) -> None:
+        if max_prepositioned_queries is not None and (isinstance(max_prepositioned_queries, bool)
+                                                      or not isinstance(max_prepositioned_queries, int)
+                                                      or max_prepositioned_queries < 0):
+            raise ValueError(f"max_prepositioned_queries must be an integer >= 0 or None, got {max_prepositioned_queries!r}")
         super().__init__(prepositioner, tokenizer if tokenizer is not None else prepositioner.tokenizer, system,
                          fmt or SessionFormat(), history)
         self.allow_relaxed = allow_relaxed
         """Pre-position the generic header too and serve ad-hoc queries its token (the paper's relaxation)."""
+        self.max_prepositioned_queries = max_prepositioned_queries
+        """Most standing queries pre-positioned per update, most recently used first (None: all of them)."""
         self.standing: dict[str, str] = {}
-        self._primary: str | None = None
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        """Standing query names, least recently used (registered or asked) first."""
+        self._recent_lock = threading.Lock()
 
     def header_ids(self) -> list[int]:
         return self.encode(self.fmt.header)
@@ -211,54 +281,80 @@ class StreamingSession(_Session):
         """Realized entry of a query: query prefix + assistant header."""
         return render(self.tokenizer, self.fmt.query, "query", query) + self.header_ids()
 
-    def entries(self) -> tuple[list[int] | None, list[int] | None]:
-        """(primary standing query's entry or None, generic header or None) pre-positioned per update."""
-        primary = None if self._primary is None else self.query_entry(self.standing[self._primary])
-        header = self.header_ids() if (self.allow_relaxed or primary is None) else None
-        return primary, header
+    def standing_order(self) -> list[str]:
+        """Standing query names, most recently used (registered or asked) first."""
+        with self._recent_lock:
+            return list(reversed(self._recent))
+
+    def entries(self) -> tuple[list[list[int]], list[int] | None]:
+        """(the standing queries' entries to pre-position, most recently used first and at most
+        `max_prepositioned_queries` of them; the generic header or None) for the next update."""
+        names = self.standing_order()
+        if self.max_prepositioned_queries is not None:
+            names = names[: self.max_prepositioned_queries]
+        queries = [self.query_entry(self.standing[n]) for n in names]
+        header = self.header_ids() if (self.allow_relaxed or not self.standing) else None
+        return queries, header
 
     def _reserve(self) -> int:
-        """Room a commit must leave: the longest pre-positioned entry plus the answer token."""
-        return max(len(e) for e in self.entries() if e is not None) + 1
+        """Room a commit must leave: the longest entry a request can bring (any standing query or the
+        header) plus the answer token."""
+        return max([len(self.header_ids())] + [len(self.query_entry(q)) for q in list(self.standing.values())]) + 1
+
+    def _used(self, name: str) -> None:
+        with self._recent_lock:
+            self._recent[name] = None
+            self._recent.move_to_end(name)
 
     def register_query(self, name: str, query: str) -> None:
-        """Register a standing query; the first registered one defines the pre-positioned query entry."""
-        if not name:
-            raise ValueError("standing query name must be non-empty")
+        """Register (or re-register) a standing query: pre-positioned at the current state and after every
+        update from now on (most recently used first)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("standing query name must be a non-empty string")
         with self._lock:
             self.state.snapshot()  # SessionClosed on a closed session
-            self._check_room(len(self.query_entry(query)) + 1, f"standing query {name!r}")
+            entry = self.query_entry(query)  # ValueError for content that is not text
+            self._check_room(len(entry) + 1, f"standing query {name!r}")
             self.standing[name] = query
-            if self._primary is None:
-                self._primary = name
-                self.preposition()
+            self._used(name)
+            self._repreposition()
 
     def append_data(self, batch: str, *, preposition: bool = True) -> int:
         """Commit one data batch (validated, invalidates) and pre-position the data decision point
         (`preposition=False`: a bulk ingest whose last batch opens the idle window; call `preposition()`)."""
         with self._lock:
-            version = self._commit(render(self.tokenizer, self.fmt.data, "data", batch), reserve=self._reserve())
+            ids = render(self.tokenizer, self.fmt.data, "data", batch)
+            version = self._commit(ids, reserve=self._reserve())
             if preposition:
-                self.preposition()
+                self._repreposition()
             return version
 
     def preposition(self) -> bool:
-        primary, header = self.entries()
-        return self.pp.preposition(self.state, *([primary] if primary is not None else []), header=header)
+        """Pre-position the decision point at the live end now (raises what the prepositioner raises)."""
+        with self._lock:
+            queries, header = self.entries()
+            if not queries and header is None:
+                return False
+            return self.pp.preposition(self.state, *queries, header=header)
+
+    def _repreposition(self) -> bool:
+        """Pre-position the decision point after a commit (best-effort, never raises)."""
+        queries, header = self.entries()
+        if not queries and header is None:
+            return False
+        return self._preposition_quietly(*queries, header=header)
 
     def shift_window(self, n_drop: int) -> None:
         """Sliding-window shift of the streamed data (invalidates), then pre-position again."""
         with self._lock:
-            self.state.shift_window(n_drop)
-            self._pin()
-            self.preposition()
+            self._shift_or_rollback("shift", n_drop)
+            self._repreposition()
 
     def rollback(self, n: int) -> None:
         """Discard the last n committed tokens (invalidates), then pre-position again."""
         with self._lock:
-            self.state.rollback(n)
-            self._pin()
-            self.preposition()
+            self._shift_or_rollback("rollback", n)
+            self._repreposition()
 
     def ask(self, query: str, *, max_new_tokens: int = 1) -> ServeResult:
         """An ad-hoc query (Algorithm 2).  Read-only: the query is not committed to the stream."""
@@ -267,10 +363,12 @@ class StreamingSession(_Session):
         return self.pp.serve(self.state, entry, allow_relaxed=self.allow_relaxed, max_new_tokens=max_new_tokens)
 
     def ask_standing(self, name: str, *, max_new_tokens: int = 1) -> ServeResult:
-        """A registered standing query: an exact entry match when it is the pre-positioned one."""
-        if name not in self.standing:
+        """A registered standing query: an exact entry match when it is pre-positioned (its own answer)."""
+        query = self.standing.get(name)
+        if query is None:
             raise KeyError(f"no standing query named {name!r} (registered: {sorted(self.standing)})")
-        return self.ask(self.standing[name], max_new_tokens=max_new_tokens)
+        self._used(name)
+        return self.ask(query, max_new_tokens=max_new_tokens)
 
 
 @dataclass
@@ -308,16 +406,17 @@ class AgenticSession(_Session):
     this call or tool returned before (or a caller's `expected_result`), the whole realized entry
     framing + payload + close + header, whose ready distribution the gate can serve at once when the
     real result equals it (an exact match: zero added risk).  The protocol is emit_tool_call ->
-    tool_result -> ...; each call is atomic, and a second emit while a call is pending raises.
+    tool_result -> ...; each call is atomic and all-or-nothing, and a second emit while a call is pending
+    raises.
     """
 
     def __init__(self, prepositioner: Prepositioner, *, tokenizer: Any = None,
                  system: str = "You are an agent that calls tools.", fmt: SessionFormat | None = None,
                  predict_results: int = 2) -> None:
-        super().__init__(prepositioner, tokenizer if tokenizer is not None else prepositioner.tokenizer, system,
-                         fmt or SessionFormat())
         if predict_results < 0:
             raise ValueError(f"predict_results must be >= 0, got {predict_results}")
+        super().__init__(prepositioner, tokenizer if tokenizer is not None else prepositioner.tokenizer, system,
+                         fmt or SessionFormat())
         self.predict_results = predict_results
         self._pending: _PendingCall | None = None
         self._seen: dict[str, Counter[str]] = {}
@@ -353,7 +452,10 @@ class AgenticSession(_Session):
         return out
 
     def emit_tool_call(self, call: str, *, expected_result: str | None = None) -> bool:
-        """Commit the tool call and pre-position the post-tool-call envelope while the tool runs."""
+        """Commit the tool call and pre-position the post-tool-call envelope while the tool runs.
+
+        Returns whether the pre-position was queued (or, inline, installed); a pre-position that fails is
+        best-effort and leaves the committed call standing."""
         with self._lock:
             self._no_pending("emit_tool_call")
             candidates = list(dict.fromkeys(([expected_result] if expected_result is not None else [])
@@ -361,13 +463,14 @@ class AgenticSession(_Session):
             entries = [self.envelope_ids()] + [self.result_entry(c) for c in candidates]
             self._commit(self.call_ids(call), reserve=max(len(e) for e in entries) + 1)
             self._pending = _PendingCall(call, tool_name(call), tuple(candidates))
-            return self.pp.preposition(self.state, *entries)
+            return self._preposition_quietly(*entries)
 
     def tool_result(self, payload: str, *, max_new_tokens: int = 16) -> AgentTurn:
         """Resume from the pre-paid envelope with only the delta; commit the result and the answer turn.
 
         Validated first (the whole turn must fit the context window); the answer is committed only onto
-        the state it was computed from (`expect_version`), so a failed turn leaves the call pending.
+        the state it was computed from (`expect_version`), and the serve is counted in that commit, so a
+        failed turn leaves the call pending, the state and the counters untouched.
         """
         with self._lock:
             pending = self._pending
@@ -376,9 +479,10 @@ class AgenticSession(_Session):
             entry = self.result_entry(payload)
             end = self.encode(self.fmt.turn_end)
             self._check_room(len(entry) + max_new_tokens + len(end), "the tool result and its answer")
-            first = self.pp.serve(self.state, entry, max_new_tokens=1)
+            first = self.pp.serve(self.state, entry, max_new_tokens=1, record=False)
             ids, text = self._continue(first, max_new_tokens)
-            self._commit(entry + ids + end, expect_version=first.version)
+            self._commit(entry + ids + end, expect_version=first.version,
+                         before_commit=lambda: self.pp.record(self.state, first))
             self._pending = None
             for key in (pending.call, pending.tool):
                 self._seen.setdefault(key, Counter())[payload] += 1
@@ -388,8 +492,7 @@ class AgenticSession(_Session):
         """Discard the last n committed tokens (invalidates; not while a tool call is pending)."""
         with self._lock:
             self._no_pending("rollback")
-            self.state.rollback(n)
-            self._pin()
+            self._shift_or_rollback("rollback", n)
 
     def _no_pending(self, what: str) -> None:
         if self._pending is not None:

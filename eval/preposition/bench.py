@@ -50,7 +50,8 @@ from .live_trace import run_agentic_trace, run_status_trace
 from ...programs.sessions import SessionFormat
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.protocol import SamplingParams
-from ...runtime_ext.preposition.ready_cache import GateConfig, SessionState
+from ...runtime_ext.preposition.ready_cache import SessionState
+from ...runtime_ext.preposition.gate import GateConfig
 
 ARMS = ("cold", "fast", "fall_0", "fall_entry")
 

@@ -26,7 +26,7 @@ from .latency_model import hit_rate, hit_rate_delayed, poisson_trace, replay_tra
 from .status_task import LABELS, QUESTION, answer_tokens, batch_text, status_session
 from ...programs.sessions import AgenticSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
-from ...runtime_ext.preposition.ready_cache import GateConfig
+from ...runtime_ext.preposition.gate import GateConfig
 
 WINDOW_BATCHES = 4
 TURN_ROOM = 256

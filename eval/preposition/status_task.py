@@ -32,7 +32,7 @@ import numpy as np
 from .calibration import GatePair, first_token_labels
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
-from ...runtime_ext.preposition.ready_cache import GateConfig
+from ...runtime_ext.preposition.gate import GateConfig
 
 SYSTEM = "You monitor a pump. Report the status of the latest data."
 LABELS = ("up", "down")

@@ -26,7 +26,7 @@ import numpy as np
 from .calibration import GatePair, GatePoint, first_token_labels, gate_point, pick_threshold, sweep_threshold
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
-from ...runtime_ext.preposition.ready_cache import GateConfig
+from ...runtime_ext.preposition.gate import GateConfig
 
 Direction = Literal["up", "down"]
 

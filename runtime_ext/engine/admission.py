@@ -17,15 +17,20 @@ reservations leave free (`RadixCache.reserved`), so
                                                  holds back the decoding requests behind it
 Requests that never decode (logits, pin, prompt scoring) reserve nothing: their prompt KV goes to the tree
 only as far as the free budget allows (a pin that cannot be kept resident fails, as before).
+A normal-priority decoding request that does not fit first asks `make_room` (the engine drops the pins
+background work holds, see the scheduler) before it queues or fails.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..protocol import EngineError
-from .radix_cache import RadixCache
+from .radix_cache import RadixCache, RadixNode
 from .requests import Request
+
+MakeRoom = Callable[[int, RadixNode], None]
+"""`make_room(tokens, protect)`: free what background work holds so that `tokens` could be reserved."""
 
 
 def row_demand(r: Request) -> int:
@@ -50,7 +55,8 @@ def release(radix: RadixCache, r: Request) -> None:
 
 
 def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
-                 take: list[Request], failed: list[tuple[Request, EngineError]]) -> None:
+                 take: list[Request], failed: list[tuple[Request, EngineError]],
+                 make_room: MakeRoom | None = None) -> None:
     blocked = False
     for r in waiting:
         if not r.decodes:
@@ -60,7 +66,10 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
             blocked = True
             continue
         demand = row_demand(r)
-        if radix.reserve(demand, protect=radix.deepest_cached(r.input_ids)):
+        protect = radix.deepest_cached(r.input_ids)
+        if make_room is not None and radix.free_tokens < demand:
+            make_room(demand, protect)
+        if radix.reserve(demand, protect=protect):
             r.reserved = demand
             take.append(r)
             free_rows -= 1
@@ -73,13 +82,15 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
 
 
 def take_admissible(waiting: Sequence[Request], radix: RadixCache, *, free_rows: int, free_background_rows: int,
-                    normal_running: bool) -> tuple[list[Request], list[tuple[Request, EngineError]]]:
+                    normal_running: bool, make_room: MakeRoom | None = None,
+                    ) -> tuple[list[Request], list[tuple[Request, EngineError]]]:
     """What starts now, and what fails: normal requests first (FIFO, each decoding one needs a free row and
-    its KV reserved); background requests (priority < 0) only when no normal request is queued or running."""
+    its KV reserved, after `make_room` when it does not fit); background requests (priority < 0) only when
+    no normal request is queued or running (they never make room)."""
     take: list[Request] = []
     failed: list[tuple[Request, EngineError]] = []
     normal = [r for r in waiting if r.priority >= 0]
-    _admit_class(normal, radix, free_rows, take, failed)
+    _admit_class(normal, radix, free_rows, take, failed, make_room)
     if not normal and not normal_running:
         _admit_class([r for r in waiting if r.priority < 0], radix, free_background_rows, take, failed)
     return take, failed

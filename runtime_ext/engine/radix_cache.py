@@ -200,6 +200,15 @@ class RadixCache:
             yield n
             stack.extend(n.children.values())
 
+    def evictable_tokens(self, protect: RadixNode | None = None) -> int:
+        """Tokens of unlocked nodes (what `evict` could free), except those on `protect`'s path."""
+        spared, p = 0, protect
+        while p is not None:
+            if p.lock_ref == 0:
+                spared += len(p.key)
+            p = p.parent
+        return sum(len(n.key) for n in self._nodes() if n.lock_ref == 0) - spared
+
     @property
     def free_tokens(self) -> int:
         """Tokens of the budget neither cached nor reserved."""

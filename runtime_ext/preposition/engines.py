@@ -16,7 +16,7 @@ the last position), and an ordinary greedy generation (Algorithm 2's fall-throug
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from ..protocol import GenerateOutput, SamplingParams
 
@@ -79,3 +79,32 @@ def as_preposition_engine(engine: Any) -> PrepositionEngine:
         raise TypeError(f"{type(engine).__name__} is an SGLang frontend backend, not an engine: pass "
                         "ProgramEngine(backend) (the @sgl.function programs) or backend.engine")
     return EngineAdapter(engine)
+
+
+def kv_headroom(engine: Any) -> Callable[[], int]:
+    """B from an engine's `stats()`: KV-pool tokens not held by live state (pinned/locked prefixes and
+    running requests), i.e. what a pre-position may use without evicting live state (Algorithm 1 line 2).
+
+    Reads the embedded engine's `kv_headroom_tokens` (max_total_tokens - locked - reserved), else the keys
+    `radix_max_total_tokens`, `radix_locked_tokens`, `active_kv_tokens`.
+    """
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        raise ValueError("kv_headroom needs an engine with stats()")
+
+    def headroom() -> int:
+        st = stats()
+        if "kv_headroom_tokens" in st:  # the engine's own count: budget - locked - reserved, each token once
+            return int(st["kv_headroom_tokens"])
+        missing = [k for k in ("radix_max_total_tokens", "radix_locked_tokens", "active_kv_tokens") if k not in st]
+        if missing:
+            raise KeyError(f"engine stats() lacks {missing}")
+        return int(st["radix_max_total_tokens"]) - int(st["radix_locked_tokens"]) - int(st["active_kv_tokens"])
+
+    return headroom
+
+
+def context_limit(engine: Any) -> int | None:
+    """The engine's context window in tokens (the embedded engine's `model_info.max_context`), if known."""
+    limit = getattr(getattr(engine, "model_info", None), "max_context", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None

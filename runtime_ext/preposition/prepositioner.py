@@ -6,12 +6,19 @@ entry of the decision point in turn: one forward pass over state ‖ E — `Prep
 (a 1-token temperature-0 request with `top_logprobs_num=2`), or the raw logit vector when the engine
 offers `next_token_logits` and `keep_logits` is set — whose last-position output is the ready
 distribution.  Right before each pass it checks the budget B (Algorithm 1 line 2: when the job runs, not
-when it was queued); after it, it pins state ‖ E in the engine (the pre-paid entry, so that the Δ a
-fall-through reports is really pre-paid) and records the distribution on the session only if the state
-is still the one the job read.  A request then either gets one cached token (gate fired) or falls through
-to the engine, whose radix cache restores the pre-paid entry so that only the delta Δ is prefilled (Eq. 5).
+when it was queued) against what the pass will actually hold: the tokens of state ‖ E not already held
+resident by a pin (`pinned_prefix`, when the engine reports it; a session's pinned state is charged once),
+else L_entry.  It pins state ‖ E in the engine (the pre-paid entry, so that the Δ a fall-through reports is
+really pre-paid) and records the distribution on the session only if the state is still the one the job
+read.  A request then either gets one cached token (gate fired) or falls through to the engine, whose
+radix cache restores the pre-paid entry so that only the delta Δ is prefilled (Eq. 5).
 
-A background failure is kept on its own session and raised by that session's next call, never another's.
+Best-effort (§3.2, §3.5): every engine request of a pre-position runs at the background priority, its pins
+included (the embedded engine drops such a pin when a user request needs the room); an entry already held
+at the current version is not computed again; an `EngineError` (no room, engine busy or closed) discards
+that pre-position and nothing else.  A user request never fails because pre-positioning ran: `serve` never
+raises a background failure.  Any other failure of a background job (a bug) is kept on its own session and
+raised by that session's next `preposition` or `wait_idle(session=...)`, never another's.
 
     paper                                  code
     B  (cell-budget headroom, tokens)      PrepositionConfig.budget_headroom, and by default the engine's
@@ -26,24 +33,26 @@ A background failure is kept on its own session and raised by that session's nex
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import logging
 import queue
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..protocol import GenerateOutput, SamplingParams
+from ..protocol import EngineError, SamplingParams
 from ..shutdown import close_at_exit
 from .counters import PrepositionCounters
-from .engines import PrepositionEngine, as_preposition_engine
+from .engines import PrepositionEngine, as_preposition_engine, context_limit, kv_headroom
 from .gate import GateConfig, gate_decision, gate_fires
+from .serve_result import ServePath, ServeReceipt, ServeResult
 from .ready_cache import (
     Lookup,
-    MatchKind,
     ReadyDistribution,
     Role,
     SessionState,
@@ -52,7 +61,7 @@ from .ready_cache import (
     token_ids,
 )
 
-ServePath = Literal["fast", "fast_relaxed", "fall", "cold"]
+log = logging.getLogger(__name__)
 Job = tuple[int, SessionState, int, tuple[tuple[tuple[int, ...], Role], ...]]
 
 
@@ -72,7 +81,8 @@ class PrepositionConfig:
     background_priority: int = -1
     """Engine priority of pre-position requests (lowest; arriving requests pre-empt them)."""
     keep_logits: bool = False
-    """Keep the whole ready logit vector (needs `engine.next_token_logits`); else top-2 log-probs only."""
+    """Keep the whole ready logit vector (needs `engine.next_token_logits`); else top-2 only (read from the
+    logits when the engine offers `next_token_logits(ids, priority=...)`, else from its top-2 log-probs)."""
     background: bool = True
     """Run pre-positions on a worker thread; False runs them inline (deterministic tests)."""
 
@@ -84,59 +94,6 @@ class PrepositionConfig:
             raise ValueError(f"background_priority must be < 0 (below normal requests), got {self.background_priority}")
         if not isinstance(self.gate, GateConfig):
             raise ValueError(f"gate must be a GateConfig, got {type(self.gate).__name__}")
-
-
-@dataclass(frozen=True)
-class ServeResult:
-    """One served request: which path it took (Algorithm 2), its first token and critical-path latency."""
-
-    path: ServePath
-    token_id: int
-    text: str
-    latency_s: float
-    """Wall time from arrival to the first token (the critical path)."""
-    logit_gap: float | None
-    """γ of the ready distribution the gate tested (exact or relaxed match); None when none was tested."""
-    delta: int
-    """Tokens of the realized entry beyond the pre-paid one (0 on the fast path; L_entry when cold)."""
-    state: tuple[int, ...] = field(repr=False)
-    """The session's tokens at the moment the request was checked (what a fresh forward pass would read)."""
-    entry: tuple[int, ...] = field(repr=False)
-    """The entry the served token conditions on (the realized entry, or the header for `fast_relaxed`)."""
-    cached_tokens: int | None = None
-    """Engine-reported prefix-cache hit of the fall-through request (SGLang `meta_info.cached_tokens`)."""
-    output: GenerateOutput | None = field(default=None, repr=False)
-    version: int = -1
-    """The state version the request was checked against (a commit built on it passes `expect_version`)."""
-    match: MatchKind = "none"
-    reason: str = ""
-    """Why this path: the gate's decision (γ vs τ, â vs A) or why no distribution applied."""
-
-
-def kv_headroom(engine: Any) -> Callable[[], int]:
-    """B from an engine's `stats()`: KV-pool tokens not held by live state (pinned/locked prefixes and
-    running requests), i.e. what a pre-position may use without evicting live state (Algorithm 1 line 2).
-
-    Reads the embedded engine's keys `radix_max_total_tokens`, `radix_locked_tokens`, `active_kv_tokens`.
-    """
-    stats = getattr(engine, "stats", None)
-    if stats is None:
-        raise ValueError("kv_headroom needs an engine with stats()")
-
-    def headroom() -> int:
-        st = stats()
-        missing = [k for k in ("radix_max_total_tokens", "radix_locked_tokens", "active_kv_tokens") if k not in st]
-        if missing:
-            raise KeyError(f"engine stats() lacks {missing}")
-        return int(st["radix_max_total_tokens"]) - int(st["radix_locked_tokens"]) - int(st["active_kv_tokens"])
-
-    return headroom
-
-
-def context_limit(engine: Any) -> int | None:
-    """The engine's context window in tokens (the embedded engine's `model_info.max_context`), if known."""
-    limit = getattr(getattr(engine, "model_info", None), "max_context", None)
-    return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
 class Prepositioner:
@@ -160,6 +117,12 @@ class Prepositioner:
         if headroom_fn is None and self.config.engine_headroom and callable(getattr(engine, "stats", None)):
             headroom_fn = kv_headroom(engine)
         self.headroom_fn = headroom_fn
+        pinned = getattr(engine, "pinned_prefix", None)
+        self._pinned_prefix: Callable[[list[int]], int] | None = pinned if callable(pinned) else None
+        logits_fn = getattr(engine, "next_token_logits", None)
+        self._background_logits = callable(logits_fn) and _accepts_priority(logits_fn)
+        """The ready distribution as a logits request at the background priority (no decode row to admit)."""
+        self._pin_priority = callable(getattr(engine, "pin", None)) and _accepts_priority(engine.pin)
         self.max_context = context_limit(engine)
         """The engine's context window (sessions validate their commits against it), None if unknown."""
         self._sessions: "weakref.WeakSet[SessionState]" = weakref.WeakSet()
@@ -226,23 +189,38 @@ class Prepositioner:
             for entry, role in jobs:
                 if not self._still_current(job, session, version):
                     break  # a newer update arrived: nothing more is computed for this one
-                if self._over_budget(entry):
+                with session.lock:
+                    if session.closed or session.version != version:
+                        break
+                    state = session.tokens
+                    held = session.ready_for(entry)
+                if held is not None and held.role == role:
+                    continue  # already pre-positioned at this version (e.g. a query registered since)
+                try:
+                    over = self._over_budget(self.hold_cost(state, entry))
+                except EngineError as exc:  # the engine cannot say (closed, busy): skip, best-effort
+                    log.debug("pre-position skipped: %s", exc)
+                    over = True
+                if over:
                     session.record_skip()  # valid stays false: no eviction of live state
                     continue
                 with session.lock:
                     if session.closed or session.version != version:
                         break
-                    state = session.tokens
                     session.begin_preposition()
                 try:
-                    ready = self._forward_ready(version, state, entry, role)
-                    pin = self._pin(state + entry)
+                    ready, pin = self._forward_ready(version, state, entry, role)
+                except EngineError as exc:  # no room, engine busy or closed: this pre-position only
+                    session.abort_preposition()
+                    log.debug("pre-position discarded: %s", exc)
+                    continue
                 except BaseException:
                     session.abort_preposition()
                     raise
                 installed += session.install(ready, pin=pin)
                 self.release_pins(session)
-        except BaseException as exc:  # kept on its own session: raised by that session's next call
+        except BaseException as exc:  # a bug: kept on its own session, raised by its next preposition/wait_idle
+            log.warning("a background pre-position failed: %r", exc)
             session.record_background_error(exc)
         finally:
             with self._idle:
@@ -258,47 +236,86 @@ class Prepositioner:
                 return False
         return not session.closed and session.version == version
 
-    def _over_budget(self, entry: tuple[int, ...]) -> bool:
-        """Algorithm 1 line 2, evaluated when the job runs: L_entry > B."""
+    def hold_cost(self, state: Sequence[int], entry: Sequence[int]) -> int:
+        """KV tokens pre-positioning `entry` after `state` will hold: those of state ‖ E not already held by a
+        pin (the engine's `pinned_prefix`), so a session's pinned state is charged once; L_entry when the
+        engine cannot tell (a session keeps its own state pinned)."""
+        if self._pinned_prefix is None:
+            return len(entry)
+        ids = list(state) + list(entry)
+        return len(ids) - int(self._pinned_prefix(ids))
+
+    def _over_budget(self, cost: int) -> bool:
+        """Algorithm 1 line 2, evaluated when the job runs: the cost (`hold_cost`) > B."""
         budget = self.config.budget_headroom
         if self.headroom_fn is not None:
             dynamic = int(self.headroom_fn())
             budget = dynamic if budget is None else min(budget, dynamic)
-        return budget is not None and len(entry) > budget
+        return budget is not None and cost > budget
 
     def _pin(self, ids: tuple[int, ...]) -> Any:
+        """Pin state ‖ E at the background priority when the engine takes one (a pin the engine may drop for
+        a user request), else as the engine pins."""
         pin, unpin = getattr(self.engine, "pin", None), getattr(self.engine, "unpin", None)
         if not self.config.pin_entries or pin is None or unpin is None:
             return None
+        if self._pin_priority:
+            return pin(list(ids), priority=self.config.background_priority)
         return pin(list(ids))
 
-    def release_pins(self, session: SessionState) -> None:
-        """Unpin the pre-paid entries that `session` invalidated or refused (outside its lock)."""
+    def _unpin_quietly(self, handle: Any) -> None:
         unpin = getattr(self.engine, "unpin", None)
+        if handle is None or unpin is None:
+            return
+        try:
+            unpin(handle)
+        except Exception as exc:  # a pin the engine no longer knows: nothing to release
+            log.debug("unpin failed: %r", exc)
+
+    def release_pins(self, session: SessionState) -> None:
+        """Unpin the pre-paid entries that `session` invalidated or refused (outside its lock).  Never raises:
+        a release is bookkeeping after a mutation that already happened."""
         for handle in session.take_released_pins():
-            if unpin is not None:
-                unpin(handle)
+            self._unpin_quietly(handle)
 
     def _forward_ready(
         self, version: int, state: tuple[int, ...], entry: tuple[int, ...], role: Role
-    ) -> ReadyDistribution:
-        """One forward pass over state ‖ E at the lowest priority (Algorithm 1 lines 5-11)."""
+    ) -> tuple[ReadyDistribution, Any]:
+        """One forward pass over state ‖ E at the lowest priority (Algorithm 1 lines 5-11), and the pin of
+        state ‖ E (None when not pinned).
+
+        On an engine with `next_token_logits(ids, priority=...)` (the embedded engine) the entry is pinned
+        first and its logits read by a logits request: neither occupies a decode row, so the pre-position
+        holds exactly the pinned tokens.  Otherwise a 1-token request with the top-2 log-probs, then the pin.
+        """
         ids = state + entry
         logits_fn = getattr(self.engine, "next_token_logits", None)
+        if self._background_logits:
+            pin = self._pin(ids)
+            try:
+                logits = np.asarray(logits_fn(list(ids), priority=self.config.background_priority))
+                ready = ready_from_logits(version, state, entry, logits, keep_logits=self.config.keep_logits,
+                                          role=role)
+            except BaseException:
+                self._unpin_quietly(pin)
+                raise
+            return ready, pin
         if self.config.keep_logits:
-            # the engine's logits call runs at normal priority: keep_logits trades the background priority
-            # for the full vector (the vocabulary scan of Eq. 3 at serve time)
+            # this engine's logits call takes no priority: keep_logits trades the background priority for the
+            # full vector (the vocabulary scan of Eq. 3 at serve time)
             if logits_fn is None:
                 raise ValueError("keep_logits needs an engine with next_token_logits(ids)")
             logits = np.asarray(logits_fn(list(ids)))
-            return ready_from_logits(version, state, entry, logits, keep_logits=True, role=role)
-        top = self.runner.ready_distribution(ids, priority=self.config.background_priority)
-        return ready_from_top_logprobs(version, state, entry, top, role=role)
+            ready = ready_from_logits(version, state, entry, logits, keep_logits=True, role=role)
+        else:
+            top = self.runner.ready_distribution(ids, priority=self.config.background_priority)
+            ready = ready_from_top_logprobs(version, state, entry, top, role=role)
+        return ready, self._pin(ids)
 
     # -- Algorithm 2 ----------------------------------------------------------------------------------
     def serve(
         self, session: SessionState, realized_entry: Sequence[int], *, allow_relaxed: bool = False,
-        max_new_tokens: int = 1, rid: str | None = None,
+        max_new_tokens: int = 1, rid: str | None = None, record: bool = True,
     ) -> ServeResult:
         """Serve a request whose entry (query prefix + header, or envelope + payload) is `realized_entry`.
 
@@ -307,42 +324,62 @@ class Prepositioner:
         question-independent token) and the gate of Eq. 12 fires: one cached token, no engine call.
         Otherwise the engine generates from state ‖ realized entry at normal priority; its radix cache
         restores the pre-paid prefix.
+
+        Read-only until it has succeeded: a serve that raises counted nothing.  Its counters (and the hits
+        on the distributions it read) are recorded on return, or, with `record=False`, left to the caller's
+        `record(session, result)` (a turn records the serve it commits on, in its commit).
         """
         t0 = time.perf_counter()
-        self._raise_for(session)
         realized = self._ids(realized_entry, "realized_entry")
         if not realized:
             raise ValueError("realized_entry must hold at least one token")
         self._track(session)
-        look = session.lookup(realized, allow_relaxed=allow_relaxed)
+        look = session.lookup(realized, allow_relaxed=allow_relaxed, consume=False)
         gap: float | None = None
         reason = ""
         if look.ready is not None and look.match in ("exact", "relaxed"):
             token, gap = look.ready.scan()
             if gate_fires(gap, token, self.config.gate):
-                return self._fast(session, look, token, gap, t0)
+                result = self._fast(look, token, gap, t0)
+                if record:
+                    self.record(session, result)
+                return result
             reason = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
-        path, delta, reason = self._fall_path(session, look, realized, reason)
+        path, delta, reason, receipt = self._fall_path(look, realized, reason)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
         out = self.runner.generate(look.state + realized, params, priority=0)
         if not out.output_ids:
             raise RuntimeError("engine returned no output token for a served request")
         latency = time.perf_counter() - t0
-        self.release_pins(session)
         cached = out.meta_info.get("cached_tokens")
-        return ServeResult(
+        result = ServeResult(
             path=path, token_id=int(out.output_ids[0]), text=out.text, latency_s=latency, logit_gap=gap,
             delta=delta, state=look.state, entry=realized, cached_tokens=None if cached is None else int(cached),
-            output=out, version=look.version, match=look.match, reason=reason,
+            output=out, version=look.version, match=look.match, reason=reason, receipt=receipt,
         )
+        if record:
+            self.record(session, result)
+        self.release_pins(session)
+        return result
 
-    def _fast(self, session: SessionState, look: Lookup, token: int, gap: float, t0: float) -> ServeResult:
+    @staticmethod
+    def record(session: SessionState, result: ServeResult) -> None:
+        """Count `result` on its session: its serve counter, and a hit on each distribution it read that is
+        still held (one invalidated meanwhile stays counted as invalidated).  Never raises."""
+        receipt = result.receipt
+        if receipt is None:
+            return
+        with session.lock:
+            for ready in receipt.consumed:
+                session.consume(ready)
+            session.count(receipt.counter)
+
+    def _fast(self, look: Lookup, token: int, gap: float, t0: float) -> ServeResult:
         """Algorithm 2 line 7: one cached token, no scheduler, no decode."""
         assert look.ready is not None
         path: ServePath = "fast" if look.match == "exact" else "fast_relaxed"
-        if path == "fast_relaxed":
-            session.consume(look.ready)  # a relaxed match is a hit only when its token is served
-        session.count("served_fast" if path == "fast" else "served_fast_relaxed")
+        # an exact match is a hit; a relaxed match only when its token is served (here)
+        receipt = ServeReceipt((look.ready,), "served_fast" if path == "fast" else "served_fast_relaxed")
         text = self._decode(token)
         latency = time.perf_counter() - t0
         why = gate_decision(gap, token, self.config.gate, token_text=text).reason
@@ -350,31 +387,32 @@ class Prepositioner:
             why = "relaxed match (question-independent header token); " + why
         return ServeResult(path=path, token_id=token, text=text, latency_s=latency, logit_gap=gap, delta=0,
                            state=look.state, entry=look.ready.entry_ids, version=look.version, match=look.match,
-                           reason=why)
+                           reason=why, receipt=receipt)
 
-    def _fall_path(self, session: SessionState, look: Lookup, realized: tuple[int, ...],
-                   gate_reason: str) -> tuple[ServePath, int, str]:
-        """(path, Δ, reason) of a request that does not take the fast path (Eq. 5 / Eq. 2)."""
+    @staticmethod
+    def _fall_path(look: Lookup, realized: tuple[int, ...],
+                   gate_reason: str) -> tuple[ServePath, int, str, ServeReceipt]:
+        """(path, Δ, reason, receipt) of a request that does not take the fast path (Eq. 5 / Eq. 2)."""
         if look.match == "exact":
-            session.count("fell_through")
-            return "fall", 0, gate_reason + "; the pre-paid entry is restored (Δ = 0)"
+            assert look.ready is not None
+            return ("fall", 0, gate_reason + "; the pre-paid entry is restored (Δ = 0)",
+                    ServeReceipt((look.ready,), "fell_through"))
         if look.match == "relaxed":
-            session.count("fell_through")
             why = "relaxed match of the generic header, " + gate_reason
             if look.prepaid is not None:
-                session.consume(look.prepaid)
-                return "fall", len(realized) - look.prepaid.entry_len, why
-            return "fall", len(realized), why + "; nothing of this entry is pre-paid"
+                return ("fall", len(realized) - look.prepaid.entry_len, why,
+                        ServeReceipt((look.prepaid,), "fell_through"))
+            return "fall", len(realized), why + "; nothing of this entry is pre-paid", ServeReceipt((), "fell_through")
         if look.match == "prefix":
             assert look.ready is not None
-            session.count("fell_through")
             delta = len(realized) - look.ready.entry_len
-            return "fall", delta, f"the entry extends a pre-positioned one: resumes after it (Δ = {delta})"
+            return ("fall", delta, f"the entry extends a pre-positioned one: resumes after it (Δ = {delta})",
+                    ServeReceipt((look.ready,), "fell_through"))
         if look.held:
-            session.count("fell_through")
-            return "fall", len(realized), "the entry matches no pre-positioned entry (no relaxed match allowed here)"
-        session.count("cold")
-        return "cold", len(realized), "no valid pre-position (none yet, invalidated by an update, or skipped)"
+            return ("fall", len(realized), "the entry matches no pre-positioned entry (no relaxed match allowed here)",
+                    ServeReceipt((), "fell_through"))
+        return ("cold", len(realized), "no valid pre-position (none yet, invalidated by an update, or skipped)",
+                ServeReceipt((), "cold"))
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None, *, session: SessionState | None = None) -> bool:
@@ -435,6 +473,16 @@ class Prepositioner:
         return self.tokenizer.decode([token])
 
     def _raise_for(self, session: SessionState) -> None:
+        """Raise `session`'s kept background failure (a bug, not a lack of room), once."""
         err = session.take_background_error()
         if err is not None:
             raise RuntimeError(f"a background pre-position failed for this session: {err!r}") from err
+
+
+def _accepts_priority(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` takes a `priority` keyword (the embedded engine's pin and logits requests do)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "priority" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

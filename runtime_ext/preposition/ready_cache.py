@@ -6,7 +6,7 @@ section that changes the tokens, never lazily at serve time (§3.6).  Eligibilit
 lock, so no interleaving lets a request see a distribution that the current state would not reproduce.
 
 One decision point can hold several ready distributions, one per pre-positioned entry: a streaming
-session's primary standing query (query prefix + header) and its question-independent generic header
+session's standing queries (query prefix + header, each its own) and its question-independent generic header
 (§2.1, §3.4); an agentic session's tool-result envelope and the realized entries of the results it
 expects (§3.5).  A request whose realized entry equals one of them reads that one (exact match); an
 ad-hoc streaming query reads the header's (relaxed match, role "header") and never another query's.
@@ -26,23 +26,16 @@ ad-hoc streaming query reads the header's (relaxed match, role "header") and nev
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
 from .counters import PrepositionCounters
-from .gate import (  # noqa: F401  (re-exported: the gate's names have always been importable from here)
-    GateConfig,
-    GateDecision,
-    gap_from_top_logprobs,
-    gate_decision,
-    gate_fires,
-    logit_gap,
-    top_two,
-)
+from .gate import gap_from_top_logprobs, top_two
 
 MatchKind = Literal["exact", "relaxed", "prefix", "none"]
 """How a request's realized entry relates to the pre-positioned entries:
@@ -222,9 +215,11 @@ class Lookup:
 class SessionState:
     """A session's persistent token state (frozen system region ‖ data or turns), version and ready slots.
 
-    Every public mutation takes `lock`, checks that it can be served (`max_len`), changes the tokens,
-    bumps `version` and clears every ready slot in one critical section (§3.6).  The lock is re-entrant
-    so that callers can group a mutation with their own bookkeeping.
+    Every public mutation takes `lock`, checks that it can be served (`max_len`, `expect_version`), changes
+    the tokens, bumps `version` and clears every ready slot in one critical section (§3.6).  A mutation is
+    all-or-nothing: everything that can fail is checked before the first change, so one that raises left
+    the tokens, the version, the slots and the counters as they were.  The lock is re-entrant so that
+    callers can group a mutation with their own bookkeeping.
     """
 
     def __init__(self, tokens: Iterable[int] = (), *, frozen_len: int | None = None, max_len: int | None = None) -> None:
@@ -278,45 +273,65 @@ class SessionState:
             return None if slot is None else slot.ready
 
     # -- mutations (each validated first, then invalidates in the same critical section) -------------
-    def append(self, ids: Sequence[int], *, reserve: int = 0, expect_version: int | None = None) -> int:
+    def append(self, ids: Sequence[int], *, reserve: int = 0, expect_version: int | None = None,
+               before_commit: Callable[[], None] | None = None) -> int:
         """Commit an update (data batch, turn, tool call) at the live end; returns the new version.
 
         Rejected before anything changes when len(state) + len(ids) + `reserve` exceeds `max_len` (the
         reserve: the entry and the token the next request needs), or when `expect_version` is given and
         the state is no longer at that version (the caller computed `ids` from an older state).
+        `before_commit` runs under the lock after the checks and right before the tokens change (a turn
+        records the serve it was built on there, before the commit clears that distribution); it must not
+        raise.
         """
         ids = list(token_ids(ids))
         with self.lock:
             self._check_open()
-            if expect_version is not None and expect_version != self.version:
-                raise StateChanged(f"the session state moved from version {expect_version} to {self.version} "
-                                   "while this turn was computed; nothing was committed")
-            need = len(self._tokens) + len(ids) + max(int(reserve), 0)
-            if self.max_len is not None and need > self.max_len:
-                raise ContextOverflow(
-                    f"appending {len(ids)} tokens to a {len(self._tokens)}-token state (+ {reserve} reserved for the "
-                    f"next entry and answer) needs {need} > the context window {self.max_len}; nothing was committed")
+            self._check_version(expect_version)
+            self.check_append(len(ids), reserve=reserve)
+            if before_commit is not None:
+                before_commit()
             self._tokens.extend(ids)
             return self._mutated("append")
 
-    def shift_window(self, n_drop: int) -> int:
+    def check_append(self, n: int, *, reserve: int = 0) -> None:
+        """ContextOverflow unless `n` more tokens (+ `reserve`) fit: `append`'s own check, changing nothing."""
+        with self.lock:
+            self._check_open()
+            need = len(self._tokens) + int(n) + max(int(reserve), 0)
+            if self.max_len is not None and need > self.max_len:
+                raise ContextOverflow(
+                    f"appending {n} tokens to a {len(self._tokens)}-token state (+ {reserve} reserved for the "
+                    f"next entry and answer) needs {need} > the context window {self.max_len}; nothing was committed")
+
+    def after_shift(self, n_drop: int) -> tuple[int, ...]:
+        """The tokens `shift_window(n_drop)` would leave (ValueError for a bad n_drop); changes nothing."""
+        with self.lock:
+            self._check_open()
+            n = self._count(n_drop, "n_drop")
+            return tuple(self._tokens[: self.frozen_len] + self._tokens[self.frozen_len + n :])
+
+    def after_rollback(self, n: int) -> tuple[int, ...]:
+        """The tokens `rollback(n)` would leave (ValueError for a bad n); changes nothing."""
+        with self.lock:
+            self._check_open()
+            k = self._count(n, "rollback n")
+            return tuple(self._tokens[: len(self._tokens) - k])
+
+    def shift_window(self, n_drop: int, *, expect_version: int | None = None) -> int:
         """Sliding-window shift: drop the oldest `n_drop` tokens after the frozen system region."""
         with self.lock:
             self._check_open()
-            movable = len(self._tokens) - self.frozen_len
-            if not 0 < n_drop <= movable:
-                raise ValueError(f"n_drop must be in [1, {movable}] (tokens after the frozen region), got {n_drop}")
-            del self._tokens[self.frozen_len : self.frozen_len + n_drop]
+            self._check_version(expect_version)
+            self._tokens[:] = self.after_shift(n_drop)
             return self._mutated("shift")
 
-    def rollback(self, n: int) -> int:
+    def rollback(self, n: int, *, expect_version: int | None = None) -> int:
         """Discard the last `n` committed tokens (never into the frozen region)."""
         with self.lock:
             self._check_open()
-            movable = len(self._tokens) - self.frozen_len
-            if not 0 < n <= movable:
-                raise ValueError(f"rollback n must be in [1, {movable}] (tokens after the frozen region), got {n}")
-            del self._tokens[len(self._tokens) - n :]
+            self._check_version(expect_version)
+            self._tokens[:] = self.after_rollback(n)
             return self._mutated("rollback")
 
     def close(self) -> None:
@@ -367,11 +382,12 @@ class SessionState:
         with self.lock:
             self.counters.skipped += 1
 
-    def lookup(self, realized_entry: Sequence[int], *, allow_relaxed: bool = False) -> Lookup:
+    def lookup(self, realized_entry: Sequence[int], *, allow_relaxed: bool = False, consume: bool = True) -> Lookup:
         """Eligibility check (Algorithm 2, line 1), atomically with the state it is checked against.
 
         Marks an exact or prefix match consumed (a hit: the request reads the distribution or restores
-        the pre-paid entry).  A relaxed match is consumed only when its token is served (`consume`).
+        the pre-paid entry) unless `consume` is False (the caller counts it with `consume` once the request
+        has succeeded).  A relaxed match is consumed only when its token is served (`consume`).
         """
         realized = tuple(realized_entry)
         with self.lock:
@@ -381,7 +397,8 @@ class SessionState:
                 return Lookup("none", None, self.version, state)
             exact = self._slots.get(realized)
             if exact is not None:
-                self._consume(exact)
+                if consume:
+                    self._consume(exact)
                 return Lookup("exact", exact.ready, self.version, state, held=True)
             kinds = [(match_entry(s.ready, realized, allow_relaxed=allow_relaxed), s) for s in self._slots.values()]
             prefix = max((s for k, s in kinds if k == "prefix"), key=lambda s: s.ready.entry_len, default=None)
@@ -390,7 +407,8 @@ class SessionState:
                 return Lookup("relaxed", header.ready, self.version, state,
                               prepaid=None if prefix is None else prefix.ready, held=True)
             if prefix is not None:
-                self._consume(prefix)
+                if consume:
+                    self._consume(prefix)
                 return Lookup("prefix", prefix.ready, self.version, state, held=True)
             return Lookup("none", None, self.version, state, held=True)
 
@@ -437,6 +455,22 @@ class SessionState:
     def _check_open(self) -> None:
         if self.closed:
             raise SessionClosed("session is closed")
+
+    def _count(self, n: Any, name: str) -> int:
+        """`n` as a count of movable tokens (after the frozen region), else ValueError."""
+        movable = len(self._tokens) - self.frozen_len
+        try:
+            k = operator.index(n)
+        except TypeError:
+            k = None
+        if k is None or isinstance(n, (bool, np.bool_)) or not 0 < k <= movable:
+            raise ValueError(f"{name} must be in [1, {movable}] (tokens after the frozen region), got {n!r}")
+        return int(k)
+
+    def _check_version(self, expect_version: int | None) -> None:
+        if expect_version is not None and expect_version != self.version:
+            raise StateChanged(f"the session state moved from version {expect_version} to {self.version} "
+                               "while this turn was computed; nothing was committed")
 
     def _consume(self, slot: ReadySlot) -> None:
         if not slot.consumed:

@@ -11,7 +11,8 @@ from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionForm
 from forerun.testing.fake_sglang_server import fake_tokenizer, FakeSGLangServer
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
-from forerun.runtime_ext.preposition.ready_cache import GateConfig, SessionClosed
+from forerun.runtime_ext.preposition.ready_cache import SessionClosed
+from forerun.runtime_ext.preposition.gate import GateConfig
 
 VOCAB = 258
 
@@ -139,23 +140,67 @@ def test_agentic_expected_result_takes_the_fast_path():
     assert a.tool_result("error", max_new_tokens=1).first.path == "fall"
 
 
-def test_other_standing_queries_get_the_header_token_not_the_primarys():
+def test_each_standing_query_gets_its_own_answer_and_adhoc_the_headers_or_its_own():
+    """§3.4: every registered standing query reads its own pre-positioned distribution (exact match); an
+    ad-hoc query the header's question-independent token (relaxed) or, without the relaxation, its own full
+    path; never another query's."""
     eng = PinningHashEngine()
+    queries = {"trend": "Is the trend up or down?", "price": "What is the last price?", "n": "How many?"}
     s = StreamingSession(_pp(eng), system="sys")
-    s.register_query("trend", "Is the trend up or down?")
-    s.register_query("price", "What is the last price?")
+    for name, q in queries.items():
+        s.register_query(name, q)
     s.append_data("1 2 3 4")
     state = list(s.state.tokens)
-    primary = int(np.argmax(hash_logits(state + s.query_entry("Is the trend up or down?"))))
+    own = {n: int(np.argmax(hash_logits(state + s.query_entry(q)))) for n, q in queries.items()}
     header = int(np.argmax(hash_logits(state + s.header_ids())))
-    r = s.ask_standing("price")
-    assert r.path == "fast_relaxed" and r.token_id == header != primary
-    assert s.ask_standing("trend").token_id == primary
+    assert len(set(own.values()) | {header}) == 4  # this hash seed tells every answer apart
+    for name, q in queries.items():
+        r = s.ask_standing(name)
+        assert r.path == "fast" and r.token_id == own[name] and list(r.entry) == s.query_entry(q)
+    r = s.ask("Up or down?")
+    assert r.path == "fast_relaxed" and r.token_id == header and list(r.entry) == s.header_ids()
     strict = StreamingSession(_pp(eng), system="sys", allow_relaxed=False)
-    strict.register_query("trend", "Is the trend up or down?")
+    for name, q in queries.items():
+        strict.register_query(name, q)
     strict.append_data("1 2 3 4")
-    assert [len(r.entry_ids) for r in strict.state.held()] == [len(s.query_entry("Is the trend up or down?"))]
-    assert strict.ask_standing("trend").path == "fast" and strict.ask("price?").path == "fall"
+    assert {r.entry_ids for r in strict.state.held()} == {tuple(strict.query_entry(q)) for q in queries.values()}
+    assert strict.ask_standing("price").token_id == own["price"]
+    r = strict.ask("Up or down?")  # its own full path
+    assert r.path == "fall" and r.token_id == int(np.argmax(hash_logits(state + s.query_entry("Up or down?"))))
+    assert strict.ask("How many?").token_id == own["n"]  # the same text is the same entry: its own
+
+
+def test_standing_queries_are_prepositioned_most_recently_used_first_within_the_budget():
+    eng = PinningHashEngine()
+    s = StreamingSession(_pp(eng), system="sys", max_prepositioned_queries=2)
+    for name in ("a", "b", "c"):
+        s.register_query(name, f"query {name}?")
+    s.ask_standing("a")  # a is now the most recently used: a, c, b
+    assert s.standing_order() == ["a", "c", "b"]
+    s.append_data("5")
+    held = {r.entry_ids for r in s.state.held()}
+    assert held == {tuple(s.query_entry("query a?")), tuple(s.query_entry("query c?")), tuple(s.header_ids())}
+    state = list(s.state.tokens)
+    r = s.ask_standing("b")  # not pre-positioned: the header's token, never a's or c's
+    assert r.path == "fast_relaxed" and list(r.entry) == s.header_ids()
+    assert r.token_id == int(np.argmax(hash_logits(state + s.header_ids())))
+    # the engine's budget B: room for one query entry only -> the most recently used one (b, just asked)
+    eng2 = PinningHashEngine()
+    entry_len = len(s.query_entry("query a?"))
+
+    def headroom():  # B shrinks with every entry pinned on the current state
+        cur = tight.state.tokens
+        used = sum(len(p) - len(cur) for p in eng2.pins.values() if len(p) > len(cur) and p[: len(cur)] == cur)
+        return entry_len + 1 - used
+
+    tight = StreamingSession(Prepositioner(eng2, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False),
+                                           headroom_fn=headroom), system="sys", allow_relaxed=False)
+    for name in ("a", "b", "c"):
+        tight.register_query(name, f"query {name}?")
+    tight.ask_standing("b")
+    tight.append_data("6")
+    assert [r.entry_ids for r in tight.state.held()] == [tuple(tight.query_entry("query b?"))]
+    assert tight.state.counters.skipped >= 2
 
 
 def test_agentic_predicts_results_from_history():

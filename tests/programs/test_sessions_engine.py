@@ -15,7 +15,8 @@ from forerun.programs.sessions import AgenticSession, StreamingSession, ToolCall
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import build_tiny_model, load_model
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
-from forerun.runtime_ext.preposition.ready_cache import ContextOverflow, GateConfig, SessionState, StateChanged
+from forerun.runtime_ext.preposition.ready_cache import ContextOverflow, SessionState, StateChanged
+from forerun.runtime_ext.preposition.gate import GateConfig
 
 ANSWER = 3
 

@@ -27,7 +27,8 @@ from forerun.eval.preposition.latency_model import (
 )
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput
-from forerun.runtime_ext.preposition.ready_cache import GateConfig, SessionState
+from forerun.runtime_ext.preposition.ready_cache import SessionState
+from forerun.runtime_ext.preposition.gate import GateConfig
 
 C = LatencyConstants(prefill_ms_per_token=2.0, decode_ms=10.0, scan_ms=0.5, restore_ms=1.0)
 

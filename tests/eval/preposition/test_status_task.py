@@ -10,7 +10,7 @@ import pytest
 from forerun.eval.preposition import status_task
 from forerun.eval.preposition.calibration import calibrate_held_out
 from forerun.eval.preposition.live_trace import run_agentic_trace, run_status_trace
-from forerun.runtime_ext.preposition.ready_cache import GateConfig
+from forerun.runtime_ext.preposition.gate import GateConfig
 from forerun.runtime_ext.protocol import GenerateOutput
 from forerun.testing.fake_sglang_server import fake_tokenizer
 

@@ -10,7 +10,8 @@ import pytest
 
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
-from forerun.runtime_ext.preposition.ready_cache import GateConfig, SessionState, logit_gap
+from forerun.runtime_ext.preposition.ready_cache import SessionState
+from forerun.runtime_ext.preposition.gate import GateConfig, logit_gap
 
 VOCAB = 24
 
@@ -215,12 +216,37 @@ def test_background_errors_surface_only_in_their_own_session():
     assert pp.serve(good, [2]).path == "fast"
     pp.preposition(good, [3])
     assert pp.wait_idle(10, session=good)
+    # a user request never fails because pre-positioning ran: the serve falls back to the engine
+    assert pp.serve(bad, [2, 3]).path == "cold"
     with pytest.raises(RuntimeError, match="background pre-position failed"):
-        pp.serve(bad, [2, 3])
+        pp.wait_idle(10, session=bad)
     pp.preposition(bad, [2])  # raised once: the session stays usable
     assert pp.wait_idle(10, session=bad) and pp.serve(bad, [2]).path == "fast"
     bad.check_counters()
     assert bad.counters.discarded == 1
+    pp.close()
+
+
+def test_an_engine_error_in_the_background_is_a_skip_not_an_error():
+    """Best-effort (§3.2): an EngineError (no room, engine busy) discards that pre-position and nothing else;
+    the session's next calls neither raise it nor see it."""
+    from forerun.runtime_ext.protocol import EngineError
+
+    class Full(HashEngine):
+        def generate(self, input_ids, params, **kw):
+            if kw.get("priority", 0) < 0:
+                raise EngineError("pin: could not keep 9 tokens resident")
+            return super().generate(input_ids, params, **kw)
+
+    pp = Prepositioner(Full(), PrepositionConfig(gate=GateConfig(threshold=0.0)))
+    s = SessionState([1, 2])
+    assert pp.preposition(s, [3], header=[4])
+    assert pp.wait_idle(10, session=s)  # nothing kept: no error to raise
+    assert pp.serve(s, [3]).path == "cold"
+    pp.preposition(s, [3])  # nor here
+    assert pp.wait_idle(10, session=s)
+    assert s.counters.discarded == 3 and s.counters.installed == 0
+    s.check_counters()
     pp.close()
 
 
@@ -263,7 +289,7 @@ def test_bad_inputs_are_rejected_before_any_work():
 
 
 def test_kv_headroom_reads_engine_stats():
-    from forerun.runtime_ext.preposition.prepositioner import kv_headroom
+    from forerun.runtime_ext.preposition.engines import kv_headroom
 
     class StatsEngine(HashEngine):
         def __init__(self, locked):
@@ -304,3 +330,28 @@ def test_embedded_engine_tiny_model_matches_fresh_logits():
         assert r.path == "fall" and r.delta == 1 and r.cached_tokens >= len(s.tokens) + 2
         assert r.token_id == int(np.argmax(eng.next_token_logits(list(s.tokens) + [40, 41, 42, 43])))
         pp.close()
+
+
+def test_a_serve_that_fails_counts_nothing_and_a_deferred_serve_counts_once():
+    """Algorithm 2 records its hits and path counter only once the request succeeded (all-or-nothing)."""
+    class Flaky(HashEngine):
+        fail = True
+
+        def generate(self, input_ids, params, **kw):
+            if kw.get("priority", 0) >= 0 and self.fail:
+                raise RuntimeError("engine down")
+            return super().generate(input_ids, params, **kw)
+
+    pp = Prepositioner(Flaky(), PrepositionConfig(gate=GateConfig(threshold=1e9), background=False))
+    s = SessionState([1, 2])
+    pp.preposition(s, [3, 4])
+    before = repr(s.counters)
+    with pytest.raises(RuntimeError, match="engine down"):
+        pp.serve(s, [3, 4, 5])  # a prefix match that would consume the pre-paid entry
+    assert repr(s.counters) == before
+    pp.engine.fail = False
+    r = pp.serve(s, [3, 4], record=False)
+    assert r.path == "fall" and repr(s.counters) == before  # not yet recorded
+    pp.record(s, r)
+    assert s.counters.fell_through == 1 and s.counters.consumed == 1
+    s.check_counters()

@@ -6,22 +6,8 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax
 
-from forerun.runtime_ext.preposition.ready_cache import (
-    ContextOverflow,
-    GateConfig,
-    StateChanged,
-    gate_decision,
-    ReadyDistribution,
-    SessionClosed,
-    SessionState,
-    gap_from_top_logprobs,
-    gate_fires,
-    logit_gap,
-    match_entry,
-    ready_from_logits,
-    ready_from_top_logprobs,
-    top_two,
-)
+from forerun.runtime_ext.preposition.ready_cache import ContextOverflow, StateChanged, ReadyDistribution, SessionClosed, SessionState, gap_from_top_logprobs, match_entry, ready_from_logits, ready_from_top_logprobs, top_two
+from forerun.runtime_ext.preposition.gate import GateConfig, gate_decision, gate_fires, logit_gap
 
 
 def test_top_two_matches_sort_oracle():
@@ -275,3 +261,52 @@ def test_gate_decision_explains_itself():
     assert d.fires and "3.00 > τ=2" in d.reason and "' yes'" in d.reason
     d = gate_decision(1.0, 8, gate)
     assert not d.fires and "1.00 ≤ τ=2" in d.reason and "∉ A" in d.reason
+
+
+def snapshot(s):
+    return s.tokens, s.version, [r.entry_ids for r in s.held()], repr(s.counters), dict(s.invalidation_log)
+
+
+def test_every_mutation_that_raises_changed_nothing():
+    """All-or-nothing at the state level: bad counts, a stale expect_version and a full context window are all
+    refused before the first change (tokens, version, slots, counters, invalidation log)."""
+    s = SessionState(list(range(1, 9)), frozen_len=2, max_len=12)
+    s.begin_preposition()
+    s.install(_ready(s.tokens, [9], version=s.version))
+    before = snapshot(s)
+    for bad in (lambda: s.shift_window(0), lambda: s.shift_window(7), lambda: s.shift_window(True),
+                lambda: s.rollback(2.5), lambda: s.rollback(99), lambda: s.append([1, 2, 3, 4, 5]),
+                lambda: s.append([1], reserve=4), lambda: s.append([1], expect_version=s.version - 1),
+                lambda: s.shift_window(1, expect_version=s.version + 1),
+                lambda: s.rollback(1, expect_version=s.version + 1),
+                lambda: s.append([1], before_commit=lambda: None, expect_version=-5)):
+        with pytest.raises((ValueError, ContextOverflow, StateChanged)):
+            bad()
+        assert snapshot(s) == before
+    assert s.after_shift(2) == (1, 2, 5, 6, 7, 8) and s.after_rollback(3) == (1, 2, 3, 4, 5)
+    assert snapshot(s) == before  # the previews change nothing
+
+
+def test_before_commit_runs_after_the_checks_and_before_the_invalidation():
+    s = SessionState([1, 2, 3])
+    s.begin_preposition()
+    ready = _ready(s.tokens, [4], version=s.version)
+    s.install(ready)
+    seen = []
+    with pytest.raises(StateChanged):
+        s.append([5], expect_version=7, before_commit=lambda: seen.append("ran"))
+    assert seen == []  # a refused commit does not run it
+    s.append([5], before_commit=lambda: (seen.append(len(s.held())), s.consume(ready)))
+    assert seen == [1]  # it saw the slot still held: the hit counts as consumed, not invalidated
+    assert s.counters.consumed == 1 and s.counters.invalidated == 0
+    s.check_counters()
+
+
+def test_lookup_without_consume_leaves_the_hit_to_the_caller():
+    s = SessionState([1, 2])
+    s.begin_preposition()
+    s.install(_ready(s.tokens, [3]))
+    look = s.lookup([3], consume=False)
+    assert look.match == "exact" and s.counters.consumed == 0
+    s.consume(look.ready)
+    assert s.counters.consumed == 1

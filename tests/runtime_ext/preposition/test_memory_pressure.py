@@ -1,0 +1,158 @@
+"""Pre-positioning is best-effort under memory pressure (issue 28, item 4), on the real tiny engine.
+
+* A user request never fails because pre-positioning ran: pre-positions pin their entries at the background
+  priority, and the engine drops such pins when a user request needs the room (the same request fails when
+  pre-positions pin at normal priority: the test's teeth).
+* The cost check counts what a pre-position will hold (state ‖ E minus what pins already hold), so a
+  session's pinned state is charged once and an unpinned state in full.
+* The engine's headroom counts each KV token once: a pinned prefix that a running row reads in place is
+  not charged again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from forerun.programs.session_text import render
+from forerun.programs.sessions import SessionFormat, StreamingSession
+from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+from forerun.runtime_ext.engine.models import build_byte_tokenizer, load_model
+from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
+from forerun.runtime_ext.preposition.engines import kv_headroom
+from forerun.runtime_ext.preposition.ready_cache import SessionState
+from forerun.runtime_ext.preposition.gate import GateConfig
+from forerun.runtime_ext.protocol import EngineError, SamplingParams
+
+SYSTEM = "You watch a pump."
+DATA = "p=1.25 t=40 flow=ok"
+QUERIES = {f"q{i}": f"Standing question number {i}: is the pump fine?" for i in range(3)}
+ADHOC = "An ad-hoc question that is rather long, about the valves and the pipes?"
+
+
+def lengths():
+    tok, fmt = build_byte_tokenizer(), SessionFormat()
+    state = len(render(tok, fmt.system, "system", SYSTEM)) + len(render(tok, fmt.data, "data", DATA))
+    header = len(tok.encode(fmt.header, add_special_tokens=False))
+    entries = [len(render(tok, fmt.query, "query", q)) + header for q in QUERIES.values()]
+    adhoc = len(render(tok, fmt.query, "query", ADHOC)) + header
+    return state, entries, header, adhoc
+
+
+def pressured_session(budget, *, background_pins=True):
+    eng = EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=budget))
+    # τ = inf: every request reaches the engine (the gate never serves from the cache)
+    pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=float("inf")), background=False))
+    if not background_pins:
+        pp._pin_priority = False  # pre-position pins at normal priority: they never yield
+    s = StreamingSession(pp, system=SYSTEM)
+    for name, q in QUERIES.items():
+        s.register_query(name, q)
+    s.append_data(DATA)
+    return eng, pp, s
+
+
+def test_a_user_request_never_fails_because_prepositioning_ran():
+    state, entries, header, adhoc = lengths()
+    # room for the pinned state, every pre-position and the ad-hoc row's charge only if the pre-positions
+    # yield: the row is charged its whole prompt (state + entry), the pinned state stays locked
+    budget = 2 * state + adhoc + 20
+    assert state + sum(entries) + header + (state + adhoc) > budget  # pre-positions at full would block it
+    eng, pp, s = pressured_session(budget)
+    try:
+        assert len(s.state.held()) == len(QUERIES) + 1  # the pool was free: every entry was pre-positioned
+        assert eng.stats()["yielding_pins"] == len(QUERIES) + 1
+        held = s.state.held()
+        r = s.ask(ADHOC)  # needs the room the pre-positions hold
+        assert r.path == "fall"
+        r = s.ask(ADHOC.replace("valves", "motors"), max_new_tokens=2)  # the first one's KV is evictable
+        assert r.path == "fall" and len(r.output.output_ids) == 2
+        st = eng.stats()
+        assert st["pins_yielded"] >= 1 and st["pins"] == 1 + st["yielding_pins"]
+        # the ready distributions stay valid (only their KV was cached): still held, still matched exactly
+        assert s.state.held() == held
+        r = s.ask_standing("q0")
+        assert r.match == "exact" and r.delta == 0
+        s.append_data("p=1.30")  # the session's own pin (normal priority) gets its room too
+        s.close()
+        assert eng.stats()["pins"] == 0  # unpin of a dropped pin is a no-op, the others are released
+    finally:
+        pp.close()
+        eng.close()
+
+
+def test_the_same_request_fails_when_prepositions_do_not_yield():
+    """Teeth for the test above: with pre-position pins at normal priority the user request fails."""
+    state, entries, header, adhoc = lengths()
+    eng, pp, s = pressured_session(2 * state + adhoc + 20, background_pins=False)
+    try:
+        with pytest.raises(EngineError, match="pinned"):
+            s.ask(ADHOC)
+    finally:
+        s.close()
+        pp.close()
+        eng.close()
+
+
+def test_the_cost_check_counts_what_the_preposition_will_hold():
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=300)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+        state, entry = list(range(20, 120)), [7, 8, 9, 10, 11]
+        assert pp.hold_cost(state, entry) == 105  # nothing pinned: state and entry
+        handle = eng.pin(state)
+        assert pp.hold_cost(state, entry) == 5  # the pinned state is charged once
+        assert pp.hold_cost(state[:50] + [3] * 10, entry) == 15  # only the pinned part of a prefix counts
+        eng.unpin(handle)
+        # an unpinned 100-token state with 250 tokens pinned elsewhere: the pass would hold 105 > 50 free -> skip
+        other = eng.pin([(130 + i) % 256 for i in range(250)])
+        bare = SessionState(state)
+        assert not pp.preposition(bare, entry)
+        assert bare.counters.skipped == 1 and bare.counters.started == 0 and bare.held() == []
+        # counting L_entry alone (the old check) starts a pass the engine cannot hold
+        real = pp.hold_cost
+        pp.hold_cost = lambda st, e: len(e)
+        assert not pp.preposition(bare, entry)
+        assert bare.counters.started == 1 and bare.counters.discarded == 1
+        pp.hold_cost = real
+        eng.unpin(other)
+        mine = eng.pin(state)  # the state pinned by its session: the pass holds L_entry = 5 more
+        assert pp.preposition(bare, entry) and bare.counters.installed == 1
+        assert pp.serve(bare, entry).path == "fast"
+        bare.close()
+        pp.release_pins(bare)
+        eng.unpin(mine)
+        assert eng.stats()["pins"] == 0
+        pp.close()
+
+
+def test_the_engine_headroom_charges_a_pinned_prefix_once():
+    budget = 600
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=budget)) as eng:
+        root = list(range(40, 140))
+        handle = eng.pin(root)
+        done = threading.Event()
+
+        def run():
+            eng.generate(root + [7], SamplingParams(max_new_tokens=150, ignore_eos=True, seed=1))
+            done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        seen = None
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            st = eng.stats()
+            if st["active_rows"] == 1:
+                seen = st
+                break
+        t.join(60)
+        assert seen is not None, "the row finished before it was observed"
+        # the row reads the pinned root in place: the engine's headroom charges it once (as locked) ...
+        assert seen["kv_headroom_tokens"] == budget - seen["radix_locked_tokens"] - seen["radix_reserved_tokens"]
+        assert kv_headroom(eng)() <= budget - 100
+        # ... where locked + the row's whole KV would charge the root twice
+        twice = budget - seen["radix_locked_tokens"] - seen["active_kv_tokens"]
+        assert seen["active_kv_tokens"] >= 100 and twice < seen["kv_headroom_tokens"] - 90 + seen["radix_reserved_tokens"]
+        eng.unpin(handle)

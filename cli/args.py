@@ -10,6 +10,9 @@ import argparse
 import math
 import os
 
+from ..runtime_ext.model_spec import missing_model_path
+from .errors import CommandError
+
 
 def _number(text: str, kind: type, lowest: float, inclusive: bool) -> int | float:
     noun = "an integer" if kind is int else "a number"
@@ -96,3 +99,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default: str = "defa
                         help="float32 (default) | bfloat16 (bf16 weights, float32 activations, KV and log-probs: the "
                              "MH target is this bf16 model's p0) | float64 (tiny's default); batch-invariant in "
                              f"each (a warning says when the engine cannot be){ignored}")
+    parser.set_defaults(checks_model_path=True)
+
+
+def check_model_path(args: argparse.Namespace) -> None:
+    """Refuse a `--model` path that does not exist (unless --backend makes --model ignored) before the command
+    imports torch or loads anything: the same one line the model loader would give, seconds earlier."""
+    if not getattr(args, "checks_model_path", False) or getattr(args, "backend", None):
+        return
+    missing = missing_model_path(args.model)
+    if missing is not None:
+        raise CommandError(missing)

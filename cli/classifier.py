@@ -18,7 +18,7 @@ from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
 from .args import nonnegative_int
 from .errors import reports_errors
-from .output import output_file, print_json
+from .output import bars_enabled, output_file, print_json
 
 __all__ = ["register", "train_command", "cv_command"]
 
@@ -159,7 +159,7 @@ def cv_command(args: argparse.Namespace) -> int:
     config = _config(args)
     records, dropped = _read(args)
     report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
-                                      group_by_prompt=not args.no_group, progress=True)
+                                      group_by_prompt=not args.no_group, progress=bars_enabled())
     if args.json:
         print_json({**report.to_dict(), "dropped_unreachable": dropped}, indent=2)
     else:

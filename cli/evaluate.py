@@ -25,6 +25,7 @@ from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
+from .output import progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
@@ -242,6 +243,16 @@ def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]
             raise ValueError(f"{rec['key']} was made with model {rec.get('model')!r}, this run uses {new['model']!r}")
 
 
+def _check_sandbox() -> None:
+    """Code items run only where the sandbox contains them (or the user allowed an uncontained run)."""
+    from ..eval.graders.sandbox import ALLOW_ENV, isolation_report
+
+    iso = isolation_report()
+    if iso.get("not_contained") and os.environ.get(ALLOW_ENV) != "1":
+        raise ValueError(f"the code sandbox cannot contain programs on this machine (not contained: "
+                         f"{', '.join(iso['not_contained'])}); set {ALLOW_ENV}=1 to run generated code anyway")
+
+
 def eval_command(args: argparse.Namespace) -> int:
     from ..eval.harness.runs import RunFileError, read_run
 
@@ -267,19 +278,18 @@ def eval_command(args: argparse.Namespace) -> int:
 
 def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing: list[dict[str, Any]],
              classifier: Any) -> int:
-    from tqdm import tqdm
-
     from ..eval.harness.items import ItemRunner
     from ..eval.harness.runs import RunWriter, final_records, load_run, plan_items, run_header, run_items
 
     items = plan_items(plan["prompts"], plan["methods"], plan["seeds"])
     done = {r["key"] for r in final_records(existing) if not r.get("error")}
     todo = [it for it in items if it.key not in done]
+    if any(it.prompt.category == "code" for it in todo):
+        _check_sandbox()
     command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     worker = ItemRunner(pool, plan["settings"], classifier, flush=pool.slots == 1, command=command)
     worker.prepare(todo)
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item", file=sys.stderr,
-               dynamic_ncols=True, disable=args.json or None)
+    bar = progress_bar(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item")
     start = time.perf_counter()
     written = 0
     try:

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from . import classifier, engine, evaluate, preposition, presto
+from .args import check_model_path
 from .errors import run_guarded
+from .output import quiet_bars
 
 COMMAND_MODULES = (engine, classifier, preposition, presto, evaluate)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with its usage errors on one line: `forerun sample: error: ... (see --help)`."""
+    """argparse with its usage errors on one line: `forerun sample: error: ... (see --help)`, and no abbreviated
+    options (`--budget` is not `--budget-unit`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
@@ -32,7 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     for module in COMMAND_MODULES:
         module.register(sub, bench_sub)
+    for leaf in _leaf_parsers(parser):
+        leaf.add_argument("--quiet", "-q", action="store_true", help="no progress bars (--json implies it)")
     return parser
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of the commands themselves (those with a handler)."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += _leaf_parsers(child)
+    return out + ([parser] if parser.get_default("handler") is not None else [])
 
 
 def command_name(args: argparse.Namespace) -> str:
@@ -46,7 +65,14 @@ def command_name(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_guarded(command_name(args), lambda: args.handler(args))
+    quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
+
+    def run() -> int | None:
+        check_model_path(args)  # before the handler's heavy imports
+        return args.handler(args)
+
+    with quiet_bars(quiet):
+        return run_guarded(command_name(args), run)
 
 
 if __name__ == "__main__":

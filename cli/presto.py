@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
-from .output import output_file, print_json
+from .output import output_file, print_json, progress_bar
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from ..eval.presto.reference import ReferenceConfig
 from ..eval.presto.scaleout import ScaleoutConfig
@@ -172,9 +172,7 @@ def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
 
 @contextlib.contextmanager
 def _bar(total: int, desc: str, unit: str = "transition") -> Iterator[Any]:
-    from tqdm import tqdm
-
-    with tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+    with progress_bar(total=total, desc=desc, unit=unit, leave=False) as bar:
         yield bar
 
 

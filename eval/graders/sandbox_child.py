@@ -13,7 +13,7 @@ exec'ing the sandboxed interpreter(s).  In order:
    onto itself, and every other mount is remounted read-only.  Writes outside the work directory fail with
    EROFS even for root.  Then the interpreter is exposed: a directory on its path that the unprivileged user
    cannot enter (a pyenv under /root) is covered by a read-only tmpfs holding only bind mounts of the
-   interpreter's prefixes, so the sandbox runs the project's Python, with its packages, as nobody.
+   interpreter's prefixes, so the sandbox runs the project's Python, with its packages, as the run's uid.
 3. pid 1 (a fork, in the new pid namespace): PDEATHSIG, non-dumpable, a fresh /proc (other processes and
    their environments are invisible).  When pid 1 dies the kernel kills everything left in the namespace,
    including processes that left the process group with setsid().  Without a pid namespace (fallback) it is

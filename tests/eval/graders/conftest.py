@@ -1,6 +1,7 @@
-"""Every sandbox test of this folder runs on one pytest-xdist worker (`--dist loadgroup`): in the fallback
-mode (no namespaces) two sandboxed programs of the same uid could see each other, which a test that hunts for
-the pass signal would find - a real limit of the fallback, which is why it is opt-in only."""
+"""Every sandbox test of this folder runs on one pytest-xdist worker (`--dist loadgroup`): as root each run
+has uids of its own, but a normal user's fallback mode (no namespaces) runs every program as that user, so two
+sandboxed programs could see each other, which a test that hunts for the pass signal would find - a real
+limit of the fallback, which is why it is opt-in only."""
 
 from __future__ import annotations
 

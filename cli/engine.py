@@ -86,6 +86,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--suffix-tokens", type=positive_int, default=128, help="tokens per suffix (128)")
     b.add_argument("--decode-tokens", type=positive_int, default=128,
                    help="tokens for the single-stream measurement (128)")
+    b.add_argument("--constrained-rows", type=positive_int, default=8,
+                   help="rows of the constrained-decoding batch, half of them constrained in its mixed run (8)")
     b.add_argument("--repeats", type=positive_int, default=3,
                    help="repetitions of each timing; the median is reported (3)")
     b.add_argument("--seed", type=nonnegative_int, default=0)
@@ -139,7 +141,8 @@ def bench_engine_command(args: argparse.Namespace) -> int:
 
     config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
                                num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
-                               decode_tokens=args.decode_tokens, repeats=args.repeats, seed=args.seed)
+                               decode_tokens=args.decode_tokens, constrained_batch_rows=args.constrained_rows,
+                               repeats=args.repeats, seed=args.seed)
     result = run_engine_bench(config, progress=True)  # a bad config or model: one line (cli/errors.py)
     if args.json:
         print_json(result, indent=2)

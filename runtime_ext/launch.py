@@ -25,7 +25,7 @@ Flags SGLang needs and no others:
   together with other cache options.
 
 The interpreter that runs the servers is the first of $PYTHON, this Python, `python3` on PATH that has the
-SGLang runtime (sglang, torch and triton importable); with none, one line on stderr and exit 2.
+SGLang runtime (sglang, torch, triton, orjson and uvloop importable: triton alone also comes with xgrammar); with none, one line on stderr and exit 2.
 FORERUN_SERVER_MODULE runs another module instead of sglang.launch_server (tests and the scale-out benchmark:
 `forerun.testing.fake_sglang_server`), with no runtime check.
 """
@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Sequence
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-RUNTIME_MODULES = ("sglang", "torch", "triton")
+RUNTIME_MODULES = ("sglang", "torch", "triton", "orjson", "uvloop")
+"""What the SGLang server imports beyond forerun's own dependencies (triton alone is no sign: xgrammar brings it)."""
 MEM_FRACTION_PER_GPU = 0.8
 """Static memory (weights + KV pool) of all servers that share one GPU, as a fraction of its memory."""
 GATEWAY_POLICY = ("--policy", "manual", "--assignment-mode", "min_group")
@@ -73,7 +74,7 @@ class Launched:
 
 
 def has_runtime(python: str) -> bool:
-    """Whether `python` can import the SGLang runtime (sglang, torch, triton)."""
+    """Whether `python` can import the SGLang runtime (RUNTIME_MODULES)."""
     probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in %r))" % (RUNTIME_MODULES,)
     try:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
@@ -87,7 +88,7 @@ def runtime_interpreter(candidates: Sequence[str | None]) -> str:
     for python in tried:
         if has_runtime(python):
             return python
-    raise LaunchError("the SGLang runtime (sglang, torch, triton) is not installed for any of "
+    raise LaunchError("the SGLang runtime (sglang, torch, triton, orjson, uvloop) is not installed for any of "
                       f"{', '.join(tried)}: on a GPU machine run FORERUN_GPU=1 scripts/setup (it installs "
                       "sglang==0.5.23 with its pinned dependencies into .venv), or set PYTHON=/path/to/python", code=2)
 

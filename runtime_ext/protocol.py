@@ -9,12 +9,22 @@ SGLang-shaped `meta_info` plus typed per-token arrays:
     log p0(y_t | ·)             output_logp0       / meta_info["output_token_logp0"][t]
     H(p0(· | y_<t))             output_entropy     / meta_info["output_token_entropy"][t]
     log p0(x_t | x_<t) (prompt) input_logp0        / meta_info["input_token_logprobs"][i][0]
+
+Constrained decoding (issue 32): `regex`, `json_schema` and `ebnf` are SGLang's request fields (at most one);
+the embedded engine enforces them with xgrammar token bitmasks (`engine.grammar`), a server with its own grammar
+backend.  A constrained token is drawn from q_τ restricted to the grammar's allowed tokens and renormalised:
+`output_token_logprobs` are then of that masked distribution (as on an SGLang server) and
+`meta_info["output_token_logprobs_masked"]` says so; log p0, the entropy and the top-k stay those of the raw
+logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
+"""SGLang's constrained-decoding fields of `sampling_params` (srt/sampling/sampling_params.py), at most one set."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,12 @@ class SamplingParams:
     logprob_temperatures: tuple[float, ...] = ()
     """Extra temperatures τ' at which log q_τ'(y_t | ·) (full vocabulary) of every generated token is
     returned (`meta_info["output_token_logq_by_temperature"]`); MultiTryMH's mixture proposal needs them."""
+    regex: str | None = None
+    """Constrain the output to this regular expression (SGLang `sampling_params.regex`)."""
+    json_schema: str | None = None
+    """Constrain the output to JSON matching this schema, a JSON string (SGLang `sampling_params.json_schema`)."""
+    ebnf: str | None = None
+    """Constrain the output to this EBNF grammar, start rule `root` (SGLang `sampling_params.ebnf`)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -65,16 +81,29 @@ class SamplingParams:
         object.__setattr__(self, "logprob_temperatures", tuple(float(t) for t in self.logprob_temperatures))
         if any(not (t > 0) for t in self.logprob_temperatures):
             raise ValueError(f"logprob_temperatures must be > 0, got {self.logprob_temperatures}")
+        set_fields = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(set_fields) > 1:  # SGLang's SamplingParams.verify refuses it too
+            raise ValueError(f"at most one of regex, json_schema, ebnf may be set, got {', '.join(set_fields)}")
+        for name in set_fields:
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {type(getattr(self, name)).__name__}")
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(field, grammar text) of the constraint - field one of CONSTRAINT_FIELDS - or None."""
+        for name in CONSTRAINT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     @classmethod
     def from_sgl(
         cls, p: Any, seed: int | None = None, logprob_temperatures: Sequence[float] = ()
     ) -> "SamplingParams":
-        """Adapter from the frontend's `SglSamplingParams` (after `_resolve_sampling_params`); `seed` and
-        `logprob_temperatures` come from the program's `sampling_seed` / `logprob_temperatures` markers."""
-        for unsupported in ("regex", "json_schema"):
-            if getattr(p, unsupported, None):
-                raise NotImplementedError(f"forerun backends do not support constrained decoding ({unsupported})")
+        """Adapter from the frontend's `SglSamplingParams` (after `_resolve_sampling_params`, with a dtype gen's
+        regex already set: `backends.token_exact.dtype_to_regex`); `seed` and `logprob_temperatures` come from the
+        program's `sampling_seed` / `logprob_temperatures` markers."""
         if getattr(p, "n", 1) not in (None, 1):
             raise NotImplementedError("forerun backends support n=1 only; fork the program instead")
         stop = p.stop if p.stop else ()
@@ -92,6 +121,9 @@ class SamplingParams:
             logprob_start_len=-1 if p.logprob_start_len is None else int(p.logprob_start_len),
             top_logprobs_num=int(p.top_logprobs_num or 0),
             logprob_temperatures=tuple(logprob_temperatures),
+            regex=getattr(p, "regex", None) or None,
+            json_schema=getattr(p, "json_schema", None) or None,
+            ebnf=getattr(p, "ebnf", None) or None,
         )
 
     def to_srt_json(self) -> dict[str, Any]:
@@ -110,6 +142,9 @@ class SamplingParams:
             out["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             out["sampling_seed"] = self.seed
+        if self.constraint is not None:
+            name, value = self.constraint
+            out[name] = value
         return out
 
 
@@ -157,13 +192,18 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class RowEvent:
     """Progress of one streamed request: the tokens generated so far; `output` once it finished (an aborted
-    request finishes with finish_reason {"type": "abort"}), `error` when it failed."""
+    request finishes with finish_reason {"type": "abort"}), `error` when it failed.  `output_logq` (log q_τ of
+    each token so far, as `output_token_logprobs`) and `output_top_logprobs` (as meta_info's) are set by engines
+    that have them when the request asked for them (the embedded engine: return_logprob, top_logprobs_num); a
+    frontend stream's incremental meta_info entries come from them."""
 
     rid: str
     output_ids: tuple[int, ...]
     finished: bool = False
     output: GenerateOutput | None = None
     error: BaseException | None = None
+    output_logq: tuple[float, ...] | None = None
+    output_top_logprobs: tuple[Any, ...] | None = None
 
     @property
     def aborted(self) -> bool:

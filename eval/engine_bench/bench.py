@@ -7,7 +7,8 @@
     prefetch call vs one proposal);
 (c) the prefix-cache hit rate of that call (cached prompt tokens / reusable prompt tokens);
 (d) the peak KV-pool use (radix tree + running rows), tokens and MiB;
-(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`roofline`).
+(e) tokens/s for 1, 6 and 20 rows against the memory-bandwidth bound (`roofline`);
+(f) the decode step with none, half or all of a batch's rows grammar-constrained (`constrained`).
 Timings are medians over `repeats` runs after one warm-up.
 """
 
@@ -28,6 +29,7 @@ from ...runtime_ext.engine import EngineConfig
 from ...runtime_ext.engine.native import on_transient_thread
 from ...runtime_ext.protocol import SamplingParams
 from ...runtime_ext.runtime import open_runtime
+from .constrained import format_constrained, measure_constrained
 from .roofline import RooflineConfig, format_roofline, roofline_goals, run_roofline
 
 BENCH_PROMPT = (
@@ -52,13 +54,16 @@ class EngineBenchConfig:
     """Tokens generated per suffix."""
     decode_tokens: int = 128
     """Tokens generated in the single-stream measurement."""
+    constrained_batch_rows: int = 8
+    """Rows of (f)'s batch (half of them constrained in its mixed variant)."""
     repeats: int = 3
     """Timed repetitions (median reported)."""
     seed: int = 0
     """Seed for the cuts and the sampling noise."""
 
     def __post_init__(self) -> None:
-        for name in ("root_tokens", "num_suffixes", "suffix_tokens", "decode_tokens", "repeats"):
+        for name in ("root_tokens", "num_suffixes", "suffix_tokens", "decode_tokens", "constrained_batch_rows",
+                     "repeats"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if _cut_room(self.root_tokens) < self.num_suffixes + 1:
@@ -97,10 +102,12 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
         if longest > loaded.max_context:
             raise ValueError(f"bench sizes exceed the model context: {longest} tokens (prompt {len(prompt)} + "
                              f"max(--decode-tokens, --root-tokens + --suffix-tokens)) > {loaded.max_context}")
-        with tqdm(total=4 * (config.repeats + 1), desc="bench engine", disable=not progress, file=sys.stderr,
+        with tqdm(total=7 * (config.repeats + 1), desc="bench engine", disable=not progress, file=sys.stderr,
                   leave=False) as bar:
             decode = _measure_decode(loaded, engine, prompt, config, bar.update)
             fork = _measure_fork(loaded, engine, prompt, config, bar.update)
+            constrained = measure_constrained(engine, prompt, config.constrained_batch_rows, config.decode_tokens,
+                                              config.repeats, bar.update)  # (f)
         roofline = run_roofline(engine, prompt, RooflineConfig(decode_tokens=config.decode_tokens,
                                                                repeats=config.repeats))  # (e)
         st = engine.stats()
@@ -112,6 +119,7 @@ def run_engine_bench(config: EngineBenchConfig = EngineBenchConfig(), *, progres
         "decode": decode,
         "fork": fork,
         "roofline": roofline,
+        "constrained": constrained,
         "goals": {
             **roofline_goals(decode["speedup_vs_transformers_generate"], roofline),
             "batched_over_single<=4": fork["batched_over_single"] <= 4.0,
@@ -227,5 +235,6 @@ def format_engine_bench(r: dict[str, Any]) -> str:
         f"(c) prefix hit rate of that call: {100 * f['prefix_hit_rate']:.1f}% (goal >= 90%)",
         f"(d) peak KV-pool use: {f['peak_kv_pool_tokens']} tokens = {f['peak_kv_pool_mib']:.1f} MiB",
         format_roofline(r["roofline"]),
+        format_constrained(r["constrained"]),
     ]
     return "\n".join(lines)

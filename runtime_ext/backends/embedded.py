@@ -2,10 +2,11 @@
 
     sgl.set_default_backend(EmbeddedBackend(EmbeddedEngine.from_spec("default")))
 
-Any `@sgl.function` - fork, gen with logprobs, select, run_batch - runs on it: program text becomes
-exact token ids through `TokenExactBackend` (markers from `token_markers`, remembered generated ids),
-and every request goes to `EmbeddedEngine.generate`, whose concurrent calls (the fork threads) share one
-batched forward per decode step.
+Any `@sgl.function` - fork, gen with logprobs, select, run_batch, constrained gens (regex, json_schema, the
+dtype gens), streaming - runs on it: program text becomes exact token ids through `TokenExactBackend` (markers
+from `token_markers`, remembered generated ids), and every request goes to `EmbeddedEngine.generate`, whose
+concurrent calls (the fork threads) share one batched forward per decode step; a streamed gen goes to
+`EmbeddedEngine.submit_stream` and its chunks follow SGLang's contract (`token_exact.StreamChunks`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..engine import EmbeddedEngine
-from ..protocol import GenerateOutput, SamplingParams
+from ..protocol import GenerateOutput, RowListener, SamplingParams
 from .sglang_frontend import sgl
 from .token_exact import TokenExactBackend
 
@@ -35,6 +36,8 @@ def chat_template_for(engine: EmbeddedEngine) -> Any:
 class EmbeddedBackend(TokenExactBackend):
     """Token-exact SGLang frontend backend whose requests run on an `EmbeddedEngine`."""
 
+    streams = True
+
     def __init__(self, engine: EmbeddedEngine, *, memory_size: int = 4096) -> None:
         if not isinstance(engine, EmbeddedEngine):
             raise TypeError(f"EmbeddedBackend needs an EmbeddedEngine, got {type(engine).__name__}")
@@ -47,6 +50,10 @@ class EmbeddedBackend(TokenExactBackend):
 
     def run_batch(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
         return self.engine.generate_batch(requests)
+
+    def run_stream(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
+                   listener: RowListener) -> None:
+        self.engine.submit_stream(input_ids, params, rid=rid, listener=listener)
 
     def get_model_name(self) -> str:
         return self.engine.model_info.name

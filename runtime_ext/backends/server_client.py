@@ -406,7 +406,8 @@ class SGLangServerClient(ServerStreamingMixin):
         self.sessions.record(it.session, it.rid, full, out["output_ids"], it.params.max_new_tokens)
 
     def _logq_is_logp0(self, p: SamplingParams) -> bool:
-        return self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0)
+        # a constrained request's log q is of the grammar-masked distribution, never log p0
+        return self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0) and p.constraint is None
 
     def _to_output(self, item: WireRequest, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
         ids, p, rid = item.ids, item.params, item.rid
@@ -419,6 +420,7 @@ class SGLangServerClient(ServerStreamingMixin):
         meta.setdefault("completion_tokens", len(output_ids))
         meta.setdefault("cached_tokens", 0)
         meta["sampling_seed"] = p.seed if self.deterministic else None  # the seed the server sampled with
+        meta["output_token_logprobs_masked"] = p.constraint is not None  # SGLang masks before its logprobs
         logq = logp0 = entropy = input_logp0 = None
         if p.return_logprob:
             where = Where(self.base_url + "/generate", rid, len(ids))

@@ -9,30 +9,207 @@ Stock `RuntimeEndpoint` sends `s.text_` and lets the server re-tokenize it; fore
   exactly - this is what keeps forks and multi-gen programs exact without markers;
 * any other text is tokenized.
 
-Subclasses implement `run(input_ids, params) -> GenerateOutput` and `tokenizer`.
+Constraints (issue 32): `gen(regex=...)`, `gen(json_schema=...)` and the dtype gens (`gen_int`, `gen_string`,
+`gen(dtype=int|float|bool|str)`) reach the engine as SGLang's own request fields: a dtype becomes SGLang's regex
+for it exactly as the stock `RuntimeEndpoint._handle_dtype_to_regex` does (`dtype_to_regex`).
+
+Streaming (`generate_stream`) follows SGLang's contract when the backend can stream (`run_stream`; see
+`StreamChunks`); `token_usage` counts the prompt and completion tokens of every request (SGLang's `TokenUsage`
+interface: `prompt_tokens`, `completion_tokens`, `reset()`).
+
+Subclasses implement `run(input_ids, params) -> GenerateOutput` and `tokenizer`; streaming ones `run_stream`.
 """
 
 from __future__ import annotations
 
+import copy
+import queue
 import threading
+import time
+import uuid
 from collections import OrderedDict
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..protocol import GenerateOutput, SamplingParams
+from ..protocol import EngineError, GenerateOutput, RowEvent, SamplingParams
 from .sglang_frontend import (
     BaseBackend,
     ChoicesDecision,
     SglSamplingParams,
     StreamExecutor,
+    sgl,
     token_length_normalized,
 )
 from .token_markers import Directives, IdsSegment, parse_marked_text, parse_marked_text_directives
 
 
+def dtype_to_regex(p: SglSamplingParams) -> SglSamplingParams:
+    """A copy of `p` as SGLang's stock backend sends a dtype gen (gen_int, gen_string, gen(dtype=...)): SGLang's own
+    `RuntimeEndpoint._handle_dtype_to_regex` run on the copy (it mutates its argument and never reads `self`) -
+    the regex of `sglang.lang.ir` for the dtype (REGEX_INT, REGEX_FLOAT, REGEX_STR, REGEX_BOOL; it wins over an
+    explicit regex, with SGLang's warning) and, for int and float, " " and "\\n" added to the stop strings.
+    A str `stop` becomes a list first (SGLang would fail on `str.extend`).  No dtype: `p` itself."""
+    if p.dtype is None:
+        return p
+    out = copy.deepcopy(p)
+    if isinstance(out.stop, str):
+        out.stop = [out.stop]
+    elif isinstance(out.stop, tuple):
+        out.stop = list(out.stop)
+    sgl.RuntimeEndpoint._handle_dtype_to_regex(None, out)
+    return out
+
+
+@dataclass
+class TokenUsage:
+    """Tokens a backend's requests used (the interface of SGLang's `lang.backend.openai.TokenUsage`, which
+    `test_completion_speculative` reads); thread-safe."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.prompt_tokens = self.completion_tokens = 0
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += int(prompt_tokens)
+            self.completion_tokens += int(completion_tokens)
+
+
+PER_TOKEN_KEYS = ("output_token_logprobs", "output_top_logprobs")
+"""meta_info keys SGLang streams incrementally (each chunk: the entries of the chunk's new tokens; the frontend's
+`_INCREMENTAL_STREAMING_META_INFO_KEYS`)."""
+
+
+class StreamChunks:
+    """SGLang's streaming contract, from the `RowEvent`s of one request:
+
+    - every chunk's text is non-empty and the chunks concatenate to the final text (text that may still turn
+      into a stop string - a suffix that begins one - or an incomplete UTF-8 character is held back until it is
+      resolved); only the last chunk may be empty, when the final tokens spell no text (EOS);
+    - each chunk's meta_info has `completion_tokens` = `output_token_logprobs_length` = tokens so far and the
+      entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for the chunk's new tokens only;
+    - the last chunk carries the request's whole meta_info (finish_reason, forerun's per-token extras such as
+      output_token_logp0 in full) with the incremental keys sliced the same way.
+    """
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, prompt_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.params = params
+        self.prompt_tokens = prompt_tokens
+        self.text = ""
+        """Text sent so far."""
+        self.tokens = 0
+        """Tokens whose meta entries were sent so far."""
+
+    def _printable(self, ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        end = len(text)
+        while end > 0 and text[end - 1] == "\ufffd":  # an incomplete UTF-8 character may complete later
+            end -= 1
+        for stop in self.params.stop:  # a suffix that may still become a stop string
+            for k in range(min(len(stop) - 1, end), 0, -1):
+                if text[:end].endswith(stop[:k]):
+                    end -= k
+                    break
+        return text[:end]
+
+    def _token_entries(self, event: RowEvent, start: int) -> list[list[Any]]:
+        assert event.output_logq is not None
+        ids = event.output_ids
+        return [[event.output_logq[t], ids[t], self.tokenizer.decode([ids[t]])] for t in range(start, len(ids))]
+
+    def update(self, event: RowEvent) -> tuple[str, dict[str, Any]] | None:
+        """The chunk this progress event makes (None when it adds no printable text yet)."""
+        text = self._printable(event.output_ids)
+        if len(text) <= len(self.text) or not text.startswith(self.text):
+            return None
+        n = len(event.output_ids)
+        meta: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                                "output_token_logprobs_length": n, "finish_reason": None}
+        if event.output_logq is not None:
+            meta["output_token_logprobs"] = self._token_entries(event, self.tokens)
+        if event.output_top_logprobs is not None:
+            meta["output_top_logprobs"] = list(event.output_top_logprobs[self.tokens:])
+        chunk = text[len(self.text):]
+        self.text, self.tokens = text, n
+        return chunk, meta
+
+    def final(self, out: GenerateOutput) -> tuple[str, dict[str, Any]]:
+        """The last chunk: the rest of the final text and the whole meta_info (incremental keys sliced)."""
+        meta = dict(out.meta_info)
+        for key in PER_TOKEN_KEYS:
+            if isinstance(meta.get(key), list):
+                meta[key] = meta[key][self.tokens:]
+        n = len(out.output_ids)
+        meta["completion_tokens"] = meta["output_token_logprobs_length"] = n
+        chunk = out.text[len(self.text):]  # the sent text is a prefix of the final text (see `_printable`)
+        self.text, self.tokens = out.text, n
+        return chunk, meta
+
+
+class ReaderPacing:
+    """Hands a streamed gen's chunks to SGLang's stream readers one at a time.
+
+    A reader (`ProgramState.text_iter` / `text_async_iter`, in another thread) waits on an event the interpreter
+    sets per chunk, clears it, then reads the variable's new text and its meta_info - which the interpreter
+    *replaces* per chunk.  Two chunks landing before one read show both chunks' text with the second chunk's
+    meta_info only: the first chunk's incremental entries (`output_token_logprobs`) are lost.  A server's decode
+    step is slower than a reader's wake-up; the embedded engine's can be faster.  So before every chunk but the
+    first the generator waits until a reader took the previous one - cleared this gen's variable event or the
+    text event - at most `wait_s`; when that runs out it assumes nobody reads this stream and stops waiting.
+    Events that arrive meanwhile are merged into the next chunk (a slow reader gets bigger chunks).
+    """
+
+    def __init__(self, s: StreamExecutor, wait_s: float = 1.0) -> None:
+        self.s = s
+        self.wait_s = wait_s
+        self.active = getattr(s, "stream_var_event", None) is not None
+
+    def _events(self, sent_text: str) -> list[threading.Event]:
+        events = [self.s.stream_text_event]
+        names = [name for name, value in list(self.s.variables.items()) if value == sent_text]
+        if len(names) == 1 and names[0] in self.s.stream_var_event:  # this gen's variable (what we appended)
+            events.append(self.s.stream_var_event[names[0]])
+        return [e for e in events if e is not None]
+
+    def wait_for_reader(self, sent_text: str) -> None:
+        """Return once a reader took the chunks sent so far (`sent_text`), or after wait_s."""
+        if not self.active:
+            return
+        events = self._events(sent_text)
+        deadline = time.monotonic() + self.wait_s
+        while events and all(e.is_set() for e in events):
+            if time.monotonic() > deadline:
+                self.active = False
+                return
+            time.sleep(0.0005)
+        time.sleep(0.001)  # the reader reads the text and meta_info right after clearing the event
+
+
+def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:
+    """The newest queued progress event (each one holds all tokens so far), stopping at a final one."""
+    while not (event.finished or event.error is not None):
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            break
+    return event
+
+
 class TokenExactBackend(BaseBackend):
     """SGLang frontend backend whose requests are token ids, never re-tokenized text."""
+
+    streams = False
+    """Whether `run_stream` is implemented (else `generate_stream` yields the whole generation at once)."""
+    is_chat_model = False
+    """A completion-style backend (token ids in, tokens out): the interpreter's API speculative execution then
+    generates ahead with `_spec_gen` (SGLang's OpenAI backend sets this attribute; the interpreter reads it)."""
 
     def __init__(self, tokenizer: Any, *, memory_size: int = 4096, add_special_tokens: bool = True) -> None:
         super().__init__()
@@ -41,6 +218,7 @@ class TokenExactBackend(BaseBackend):
         self.add_special_tokens = add_special_tokens
         self._memory: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
         self._memory_lock = threading.Lock()
+        self.token_usage = TokenUsage()
 
     # -- to implement -------------------------------------------------------------------------
     def run(self, input_ids: Sequence[int], params: SamplingParams) -> GenerateOutput:
@@ -49,6 +227,11 @@ class TokenExactBackend(BaseBackend):
     def run_batch(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
         """Default: one `run` per request; engines override to share one batched call."""
         return [self.run(ids, p) for ids, p in requests]
+
+    def run_stream(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
+                   listener: Callable[[list[RowEvent]], None]) -> None:
+        """Start one request whose progress `listener` hears (`protocol.StreamingEngine.submit_stream`)."""
+        raise NotImplementedError
 
     # -- text -> ids --------------------------------------------------------------------------
     def _tokenize(self, text: str, at_start: bool) -> list[int]:
@@ -117,18 +300,58 @@ class TokenExactBackend(BaseBackend):
         return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------
-    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams, **_: Any):
-        ids, directives = self.request_of(s.text_)
+    def _request(self, text: str, sampling_params: SglSamplingParams) -> tuple[list[int], SamplingParams]:
+        """The exact ids of a program text and the engine parameters of a gen (a dtype gen's regex set)."""
+        ids, directives = self.request_of(text)
         params = SamplingParams.from_sgl(
-            sampling_params, seed=directives.seed, logprob_temperatures=directives.logprob_temperatures
+            dtype_to_regex(sampling_params), seed=directives.seed,
+            logprob_temperatures=directives.logprob_temperatures,
         )
+        return ids, params
+
+    def _count(self, out: GenerateOutput) -> None:
+        self.token_usage.add(len(out.input_ids), len(out.output_ids))
+
+    def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams, **_: Any):
+        ids, params = self._request(s.text_, sampling_params)
         out = self.run(ids, params)
+        self._count(out)
         self._remember_generation(s.text_, ids, out)
         return out.text, out.meta_info
 
-    def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams):
-        text, meta = self.generate(s, sampling_params)
-        yield text, meta
+    def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
+        """Chunks as an SGLang server streams them (`StreamChunks`); the whole generation at once when the
+        backend cannot stream."""
+        text_before = s.text_  # the interpreter appends each chunk to s.text_ while this runs
+        ids, params = self._request(text_before, sampling_params)
+        if not self.streams or params.max_new_tokens == 0:
+            out = self.run(ids, params)
+            self._count(out)
+            self._remember_generation(text_before, ids, out)
+            yield out.text, out.meta_info
+            return
+        events: "queue.Queue[RowEvent]" = queue.Queue()
+        rid = uuid.uuid4().hex
+        self.run_stream(ids, params, rid=rid, listener=lambda evs: [events.put(e) for e in evs if e.rid == rid])
+        chunks = StreamChunks(self.tokenizer, params, len(ids))
+        pacing = ReaderPacing(s)
+        while True:
+            event = events.get()
+            if chunks.text:
+                pacing.wait_for_reader(chunks.text)
+            event = latest_event(events, event)
+            if event.error is not None:
+                raise EngineError(f"request {rid}: {event.error}") from event.error
+            if event.finished:
+                if event.output is None:
+                    raise EngineError(f"request {rid}: the stream finished without an output")
+                self._count(event.output)
+                self._remember_generation(text_before, ids, event.output)
+                yield chunks.final(event.output)
+                return
+            chunk = chunks.update(event)
+            if chunk is not None:
+                yield chunk
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
         """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`."""
@@ -146,6 +369,8 @@ class TokenExactBackend(BaseBackend):
             )
             spans.append(len(c_ids))
         outs = self.run_batch(requests)
+        for out in outs:
+            self._count(out)
         input_token_logprobs = []
         normalized = []
         for out, n in zip(outs, spans):

@@ -13,6 +13,8 @@
     batch           RunningBatch: decode rows sharing one left-padded KV buffer (prefixes read in place)
     prefill         prefix reuse + prompt KV by mode (generate / logits / pin), SGLang-shifted prompt logprobs
     decode          one decode step's sampling: draw, record and stop check per row
+    grammar         constrained decoding: xgrammar compilers (cached per tokenizer and grammar), per-request
+                    parse state, the token bitmasks applied to the constrained rows' logits only
     output          stop conditions and the SGLang-shaped GenerateOutput / meta_info
     scheduler       EmbeddedEngine: public API, submission, the worker loop, the decode step
     models          loading a model (default GGUF wheel, tiny in-process Llama, HF folder, .gguf)

@@ -3,6 +3,8 @@
     paper / notion                              code
     log p0, H(p0) of each row's next token      vocab_stats(logits)  (sampling)
     y_t ~ q_τ at absolute position p = kv_len   draw_tokens(stats, [(row, params, seed, p)])  (sampling)
+    y_t ~ q_τ restricted to the grammar's A_t   draw_constrained(stats, [(row, grammar, params, seed, p)])
+                                                (grammar; the constrained rows only)
     log q_τ'(y_t | ·) at extra τ'               log_totals(stats, rows, τ')  (sampling)
     rows that stop or fail at this step         sample_step(...) -> [(request, finish_reason, error)]
 """
@@ -15,6 +17,7 @@ import torch
 
 from ..protocol import EngineError
 from .output import stop_reason, top_entries
+from .grammar import draw_constrained
 from .requests import Request
 from .sampling import VocabStats, draw_tokens, log_totals, vocab_stats
 
@@ -27,7 +30,11 @@ def sample_step(rows: Sequence[Request], logits: torch.Tensor, *, vocab_size: in
     """Sample and record the next token of every row from its logits [B, V] (rows' kv_len already counts
     the fed token); return the rows that finish (stop / length) or fail (NaN logits, a sampling error)."""
     stats = vocab_stats(logits, kernels)
-    draws = draw_tokens(stats, [(i, r.params, r.seed, r.kv_len) for i, r in enumerate(rows) if stats.finite[i]])
+    live = [i for i in range(len(rows)) if stats.finite[i]]
+    draws = draw_tokens(stats, [(i, rows[i].params, rows[i].seed, rows[i].kv_len) for i in live
+                                if rows[i].grammar is None])
+    draws.update(draw_constrained(stats, [(i, rows[i].grammar, rows[i].params, rows[i].seed, rows[i].kv_len)
+                                          for i in live if rows[i].grammar is not None]))
     finished: list[Finished] = []
     for i, r in enumerate(rows):
         if not stats.finite[i]:
@@ -50,8 +57,9 @@ def sample_step(rows: Sequence[Request], logits: torch.Tensor, *, vocab_size: in
 
 def record_row(r: Request, stats: VocabStats, i: int, token: int, logq: float, *, vocab_size: int,
                eos_token_ids: Sequence[int], tokenizer: Any) -> dict[str, Any] | None:
-    """Record r's drawn token (row i of the step) with its per-token quantities; the finish_reason when r
-    stops here."""
+    """Record r's drawn token (row i of the step) with its per-token quantities (log q as drawn: of the masked
+    distribution for a constrained row; log p0, entropy, top-k and log q_τ' of the raw logits); advance r's
+    grammar; the finish_reason when r stops here."""
     p = r.params
     by_temperature = None
     if p.logprob_temperatures:
@@ -61,4 +69,6 @@ def record_row(r: Request, stats: VocabStats, i: int, token: int, logq: float, *
     if p.top_logprobs_num > 0:
         top = top_entries(*stats.top(i, min(p.top_logprobs_num, vocab_size)), tokenizer)
     r.record_token(token, logq, stats.logp0(i, token), float(stats.entropy[i]), by_temperature, top)
+    if r.grammar is not None:
+        r.grammar.accept(token)
     return stop_reason(r, token, eos_token_ids, tokenizer)

@@ -11,7 +11,13 @@
 Stopping: EOS (unless `ignore_eos`) and `stop_token_ids` end a generation and are kept in output_ids;
 a stop string ends it and the text is cut before the string (output_ids keep the token that completed it,
 as SGLang does); before `min_new_tokens` tokens none of these stop a request (nothing is masked, so q_τ is
-unchanged).  finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.
+unchanged).  A constrained request (grammar) also finishes when its grammar terminates - it accepted a stop
+token where the grammar may end - even under `ignore_eos` / `min_new_tokens`, as SGLang's `update_finish_state`
+does.  finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.
+
+meta_info["output_token_logprobs_masked"] says which distribution output_token_logprobs are of: True for a
+constrained request (q_τ restricted to the grammar's allowed tokens, renormalised - what the token was drawn
+from, as an SGLang server reports), False otherwise (q_τ over the full vocabulary).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
                 return {"type": "stop", "matched": st}
     if n_out >= p.max_new_tokens:
         return {"type": "length", "length": n_out}
+    if r.grammar is not None and r.grammar.terminated:
+        return {"type": "stop", "matched": token}
     return None
 
 
@@ -103,6 +111,7 @@ def _meta_info(r: Request, tokenizer: Any) -> dict[str, Any]:
         "output_token_logprobs": [[lq, t, token_text(tokenizer, t)] for lq, t in zip(r.logq, r.output_ids)],
         "output_token_logp0": list(r.logp0),
         "output_token_entropy": list(r.entropy),
+        "output_token_logprobs_masked": r.grammar is not None,
     }
     if p.top_logprobs_num > 0:
         meta["output_top_logprobs"] = r.top

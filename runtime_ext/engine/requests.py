@@ -9,6 +9,7 @@
     y_t, log q_τ(y_t), log p0(y_t), H_t        Request.output_ids, .logq, .logp0, .entropy
     first scored prompt position s             Request.input_logprob_start (-1: none)
     sampling seed of u(seed, p)                Request.seed (the request's, or a fresh random one)
+    parse state of a constrained request       Request.grammar (grammar.RowGrammar; None when unconstrained)
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Request:
     input_top: list[Any] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     stop_text_cut: int | None = None
+    grammar: Any = None
+    """grammar.RowGrammar of a constrained request (regex / json_schema / ebnf), else None."""
     # streaming (runtime extension, `row_streams`): progress listener and the running row to share KV from
     listener: Any = None
     share_from: str | None = None

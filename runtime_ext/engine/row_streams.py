@@ -36,7 +36,9 @@ from .requests import Request, RequestMode
 def row_event(r: Request) -> RowEvent:
     done = r.done.is_set()
     return RowEvent(rid=r.rid, output_ids=tuple(r.output_ids), finished=done,
-                    output=r.result if done and r.error is None else None, error=r.error if done else None)
+                    output=r.result if done and r.error is None else None, error=r.error if done else None,
+                    output_logq=tuple(r.logq) if r.params.return_logprob else None,
+                    output_top_logprobs=tuple(r.top) if r.params.top_logprobs_num > 0 else None)
 
 
 def notify_rows(rows: Sequence[Request]) -> None:

@@ -9,6 +9,8 @@
     log q_τ(y) = (l_y - m) / τ - log T_τ  VocabStats.logq(row, y, τ, log T_τ)
     y_t ~ q_τ (inverse CDF, one u)        draw_tokens(stats, requests)  (sample_inverse_cdf when filtered)
     log q_τ(· | y_<t) with top-k / top-p  sampling_log_probs(logits, τ, top_k, top_p)
+    q_τ restricted to allowed tokens A    restricted_stats(stats, rows, allowed): the rows' logits with -inf
+                                          outside A, drawn by the same draw_tokens (constrained decoding)
 
 q_τ is the full-vocabulary distribution softmax(logits / τ) restricted by top-k / top-p when (and only
 when) the request asks for it; τ = 0 is argmax (q is the point mass, log q = 0).  The token is drawn by
@@ -139,6 +141,28 @@ def vocab_stats(logits: torch.Tensor, kernels: Any = None) -> VocabStats:
     log_s = torch.logsumexp(d, dim=-1)
     ent = entropy_from_log_probs(d - log_s[:, None])
     return VocabStats(lg.contiguous(), m, log_s.tolist(), ent.tolist(), finite, None, m.tolist())
+
+
+def restricted_stats(stats: VocabStats, rows: Sequence[int], allowed: np.ndarray) -> VocabStats:
+    """VocabStats of rows `rows` of stats.logits with every token outside `allowed` (bool [R, V]) set to -inf:
+    the distribution restricted to the allowed tokens and renormalised.  Row j of the result is rows[j]; a row
+    that allows no token is not finite.  `draw_tokens` draws from it unchanged (exp(-inf) = 0 in the native
+    kernels and in torch; m is the largest allowed logit), and each row is computed alone (batch-invariant).
+    Elementwise numpy (no torch intra-op threads: on a busy machine their hand-offs cost more than the work).
+    log S (float64) is only read by the torch draw (no native kernels); the entropy is not needed (NaN)."""
+    wide = stats.logits if stats.logits.dtype in (torch.float32, torch.float64) else stats.logits.float()  # exact
+    logits = wide.numpy()
+    lg = np.where(allowed, logits[list(rows)], -np.inf).astype(logits.dtype, copy=False)
+    m = lg.max(axis=-1)
+    max_values = m.tolist()
+    finite = [bool(np.isfinite(v)) for v in max_values]
+    log_s = [float("nan")] * len(max_values)
+    if stats.kernels is None:
+        log_s = [float(np.log(np.exp(lg[j].astype(np.float64) - max_values[j]).sum())) if finite[j] else float("nan")
+                 for j in range(len(max_values))]
+    masked = torch.from_numpy(np.ascontiguousarray(lg))
+    return VocabStats(masked, torch.from_numpy(m), log_s, [float("nan")] * len(max_values), finite, stats.kernels,
+                      max_values)
 
 
 def log_totals(stats: VocabStats, rows: Sequence[int], temperatures: Sequence[float]) -> list[float]:

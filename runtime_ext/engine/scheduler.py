@@ -5,7 +5,8 @@ Requests arrive from many threads (the fork branches of an sgl program) and are 
 (`prefill`), and then joins the running decode batch (`batch`): one batched forward per step over
 left-padded KV (zeros in the attention mask over the pads, explicit true positions), new arrivals join
 between steps.  This module holds the public API, the worker loop and admission; a step's sampling is in
-`decode` (its math in `sampling`), the model adapters in `forward`, the result shape in `output`.
+`decode` (its math in `sampling`, constrained rows' masks in `grammar`: compiled at submission, on the caller's
+thread), the model adapters in `forward`, the result shape in `output`.
 
 Per generated token y_t at absolute position p the engine returns
 
@@ -44,6 +45,7 @@ from .config import EngineConfig
 from .forward import TOKEN_AXIS, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
+from .grammar import EngineGrammars
 from .output import build_output
 from .prefill import PromptKV, compute_prompt_kv, fill_input_logprobs, prefill_span
 from .radix_cache import RadixCache, RadixNode
@@ -87,11 +89,12 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         self._yielded: set[int] = set()
         """Handles of yielding pins the engine dropped (their `unpin` is a no-op)."""
         self._pin_ids = itertools.count(1)
+        self.grammars = EngineGrammars(self.tokenizer, self.vocab_size, model.eos_token_ids)
         self._closed = False
         self._counters = {"requests": 0, "finished": 0, "aborted": 0, "failed": 0, "decode_steps": 0,
                           "decode_rows": 0, "prefill_tokens": 0, "prefill_calls": 0, "generated_tokens": 0,
                           "max_batch_rows": 0, "peak_kv_pool_tokens": 0, "rebuilds": 0, "decode_s": 0.0,
-                          "stream_shared_tokens": 0, "pins_yielded": 0}
+                          "stream_shared_tokens": 0, "pins_yielded": 0, "constrained_rows": 0}
         self._after_prefill = {RequestMode.GENERATE: self._start_decode, RequestMode.LOGITS: self._return_logits,
                                RequestMode.PIN: self._hold_pin}
         self._worker = threading.Thread(target=self._loop, name="forerun-engine", daemon=True)
@@ -152,6 +155,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             out["rebuilds"] = self._normal.rebuilds + self._background.rebuilds
             out.update({f"radix_{k}": v for k, v in self.radix.stats().items()})
             out["cache_hit_rate"] = self.radix.hit_rate
+            out.update(self.grammars.stats())
             out["active_rows"] = len(self._normal) + len(self._background)
             out["active_kv_tokens"] = self._active_kv_tokens()
             out["kv_pool_tokens"] = self.radix.total_tokens + out["active_kv_tokens"]
@@ -206,6 +210,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         r = make_request(input_ids, params, rid=rid, priority=priority, mode=mode,
                          vocab_size=self.vocab_size, max_context=self.model_info.max_context)
         check_fits_budget(r, self.config.max_total_tokens)
+        r.grammar = self.grammars.for_request(r.rid, params, r.decodes)
         return r
 
     def _submit(self, reqs: Sequence[Request]) -> None:
@@ -447,6 +452,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         B = len(rows)
         self._counters["decode_steps"] += 1
         self._counters["decode_rows"] += B
+        self._counters["constrained_rows"] += sum(r.grammar is not None for r in rows)
         self._counters["max_batch_rows"] = max(self._counters["max_batch_rows"], B)
         finished = sample_step(rows, logits, vocab_size=self.vocab_size, eos_token_ids=self.model_info.eos_token_ids,
                                tokenizer=self.tokenizer, kernels=self.plan.kernels)

@@ -45,7 +45,7 @@ def test_bench_engine_tiny_json(capsys, monkeypatch):
     monkeypatch.setattr(engine_bench, "RooflineConfig",
                         functools.partial(engine_bench.RooflineConfig, bandwidth_mib=8, attempts=1))
     argv = ["bench", "engine", "--model", "tiny", "--root-tokens", "48", "--suffixes", "4", "--suffix-tokens", "8",
-            "--decode-tokens", "8", "--repeats", "1", "--json"]
+            "--decode-tokens", "8", "--constrained-rows", "4", "--repeats", "1", "--json"]
     assert main(argv) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["model"] == "tiny"
@@ -56,6 +56,9 @@ def test_bench_engine_tiny_json(capsys, monkeypatch):
     assert [r["rows"] for r in roof["rows"]] == [1, 6, 20] and roof["bandwidth_gb_s"]["best"] > 0
     assert all(r["tokens_per_s"] > 0 and 0 < r["fraction_of_bound"] for r in roof["rows"])
     assert roof["kernels"] == "native" and roof["batch_invariant"]
+    con = res["constrained"]  # (f): the same batch with none, half and all rows constrained
+    assert con["constrained_rows"] == {"free": 0, "mixed": 2, "all": 4} and con["unconstrained_rows_identical"]
+    assert all(con["step_s"][k] > 0 for k in ("free", "mixed", "all"))
 
 
 # -- --backend URL: a launched SGLang server (the fake one here) --------------------------------------

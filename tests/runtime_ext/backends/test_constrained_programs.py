@@ -1,0 +1,177 @@
+"""Constrained gens, streaming and token usage of `@sgl.function` programs on the embedded backend (issue 32).
+
+    guarantee                                                        test
+    a dtype gen is sent as SGLang's stock backend sends it           test_dtype_gens_are_sglangs_own_mapping
+    constrained gens reach the engine in SGLang's fields and hold    test_constrained_gens_reach_the_engine_and_hold
+    stream chunks: non-empty, incremental logprobs, token counts,    test_stream_chunks_follow_sglangs_contract
+      the same tokens as the non-streamed gen
+    text that may still become a stop string is held back            test_stream_holds_back_a_stop_string_prefix
+    chunks reach SGLang's reader one at a time                        test_sglangs_stream_reader_sees_every_chunk
+    token_usage counts every request                                  test_token_usage_counts_prompt_and_completion
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import threading
+
+import pytest
+
+from forerun.runtime_ext.backends.embedded import EmbeddedBackend
+from forerun.runtime_ext.backends.sglang_frontend import SglSamplingParams, function, gen, sgl
+from forerun.runtime_ext.backends.token_exact import StreamChunks, dtype_to_regex
+from forerun.runtime_ext.backends.token_markers import sampling_seed
+from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+from forerun.runtime_ext.engine.models import load_model
+from forerun.runtime_ext.protocol import RowEvent, SamplingParams
+
+IR = sgl.lang.ir
+
+
+class RecordingEngine(EmbeddedEngine):
+    """Records the parameters every request reaches the engine with."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.params: list[SamplingParams] = []
+        self._lock = threading.Lock()
+
+    def _make_request(self, input_ids, params, **kw):
+        with self._lock:
+            self.params.append(params)
+        return super()._make_request(input_ids, params, **kw)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    eng = RecordingEngine(load_model("tiny"), EngineConfig(batch_window_ms=5))
+    yield EmbeddedBackend(eng)
+    eng.close()
+
+
+# -- constraints --------------------------------------------------------------------------------------
+def test_dtype_gens_are_sglangs_own_mapping():
+    for dtype, regex, stops in [(int, IR.REGEX_INT, [" ", "\n"]), ("int", IR.REGEX_INT, [" ", "\n"]),
+                                (float, IR.REGEX_FLOAT, [" ", "\n"]), (str, IR.REGEX_STR, []),
+                                (bool, IR.REGEX_BOOL, []), ("bool", IR.REGEX_BOOL, [])]:
+        p = SglSamplingParams(dtype=dtype, stop=["\n\n"])
+        before = copy.deepcopy(p)
+        q = dtype_to_regex(p)
+        assert (q.regex, q.stop) == (regex, ["\n\n"] + stops)
+        assert p == before  # the caller's params are not mutated
+    with pytest.warns(UserWarning, match="Only dtype will be used"):
+        assert dtype_to_regex(SglSamplingParams(dtype=int, regex="x+")).regex == IR.REGEX_INT
+    assert dtype_to_regex(SglSamplingParams(dtype=int, stop="!")).stop == ["!", " ", "\n"]
+    plain = SglSamplingParams(regex="x+")
+    assert dtype_to_regex(plain) is plain
+    with pytest.raises(RuntimeError, match="Invalid dtype"):
+        dtype_to_regex(SglSamplingParams(dtype=list))
+
+
+SCHEMA = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                     "additionalProperties": False})
+
+
+@function
+def constrained(s):
+    s += sampling_seed(11) + "int: " + sgl.gen_int("i", max_tokens=40) + "\n"
+    s += sampling_seed(12) + "float: " + gen("f", dtype=float, max_tokens=40) + "\n"
+    s += sampling_seed(13) + "bool: " + gen("b", dtype=bool, max_tokens=8) + "\n"
+    s += sampling_seed(14) + "word: " + gen("w", regex="(alpha|beta|gamma)", max_tokens=8) + "\n"
+    s += sampling_seed(15) + "json: " + gen("j", json_schema=SCHEMA, max_tokens=200) + "\n"
+
+
+def test_constrained_gens_reach_the_engine_and_hold(backend):
+    backend.engine.params.clear()
+    st = constrained.run(backend=backend)
+    st.sync()
+    assert st.error() is None
+    sent = [(p.regex, p.json_schema) for p in backend.engine.params]
+    assert sent == [(IR.REGEX_INT, None), (IR.REGEX_FLOAT, None), (IR.REGEX_BOOL, None),
+                    ("(alpha|beta|gamma)", None), (None, SCHEMA)]
+    assert [p.seed for p in backend.engine.params] == [11, 12, 13, 14, 15]
+    assert re.fullmatch(r"[-+]?[0-9]+", st["i"]) and int(st["i"]) == int(st["i"])  # stop " "/"\n" cut the tail
+    assert re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+", st["f"])
+    assert st["b"] in ("True", "False") and st["w"] in ("alpha", "beta", "gamma")
+    assert isinstance(json.loads(st["j"])["ok"], bool)
+    assert st.get_meta_info("w")["output_token_logprobs_masked"] is True
+
+
+# -- streaming ------------------------------------------------------------------------------------------
+@function
+def streamed(s, seed):
+    s += sampling_seed(seed) + "Once upon a time"
+    s += gen("story", max_tokens=40, temperature=1.0, return_logprob=True)
+
+
+async def _collect(state, name):
+    return [(c, m) async for c, m in state.text_async_iter(name, return_meta_data=True)]
+
+
+def test_stream_chunks_follow_sglangs_contract(backend):
+    for seed in (1, 2, 3):
+        whole = streamed.run(seed=seed, backend=backend)
+        chunks = asyncio.run(_collect(streamed.run(seed=seed, backend=backend, stream=True), "story"))
+        assert len(chunks) > 1 and all(text for text, _ in chunks)
+        assert "".join(text for text, _ in chunks) == whole["story"]
+        prev = 0
+        entries = []
+        for _, meta in chunks:
+            n = meta["completion_tokens"]
+            assert meta["output_token_logprobs_length"] == n
+            assert len(meta["output_token_logprobs"]) == n - prev
+            entries += meta["output_token_logprobs"]
+            prev = n
+        assert entries == whole.get_meta_info("story")["output_token_logprobs"]  # same ids and log q
+        assert chunks[-1][1]["finish_reason"] == whole.get_meta_info("story")["finish_reason"]
+
+
+def test_stream_holds_back_a_stop_string_prefix(backend):
+    tok = backend.tokenizer
+    params = SamplingParams(stop=("Q:",), return_logprob=True)
+    chunks = StreamChunks(tok, params, prompt_tokens=3)
+    ids = list(tok.encode("ab Q"))
+    sent = []
+    for k in range(1, len(ids) + 1):
+        got = chunks.update(RowEvent("r", tuple(ids[:k]), output_logq=tuple([-1.0] * k)))
+        if got is not None:
+            sent.append(got[0])
+    assert "".join(sent) == "ab "  # "Q" may still become "Q:"
+    snowman = list("☃".encode())  # three bytes: nothing printable until the character is whole
+    assert chunks.update(RowEvent("r", tuple(ids + snowman[:2]), output_logq=tuple([-1.0] * (len(ids) + 2)))) is None
+    text, meta = chunks.update(RowEvent("r", tuple(ids + snowman), output_logq=tuple([-1.0] * (len(ids) + 3))))
+    assert text == "Q☃" and meta["completion_tokens"] == len(ids) + 3 and len(meta["output_token_logprobs"]) == 4
+
+
+def test_sglangs_stream_reader_sees_every_chunk(backend):
+    """SGLang's own reader (text_async_iter with meta data) on fast tiny-model steps: each chunk it yields carries
+    exactly the logprob entries of its new tokens (the pacing in `token_exact.ReaderPacing`)."""
+    for seed in range(8):
+        chunks = asyncio.run(_collect(streamed.run(seed=100 + seed, backend=backend, stream=True), "story"))
+        prev = 0
+        for _, meta in chunks:
+            assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - prev
+            prev = meta["completion_tokens"]
+
+
+# -- token usage --------------------------------------------------------------------------------------------
+def test_token_usage_counts_prompt_and_completion(backend):
+    @function
+    def two(s):
+        s += "Hello" + gen("a", max_tokens=5, ignore_eos=True)
+        s += " and " + sgl.select("c", ["x", "yy"])
+
+    usage = backend.token_usage
+    usage.reset()
+    st = two.run(backend=backend)
+    st.sync()
+    a = st.get_meta_info("a")
+    n_hello = len(backend.tokenizer.encode("Hello"))
+    assert usage.completion_tokens == 5 == a["completion_tokens"]
+    prompt_ids = len(backend.tokenizer.encode("Hello")) + 5 + len(backend.tokenizer.encode(" and "))
+    assert usage.prompt_tokens == n_hello + (prompt_ids + 1) + (prompt_ids + 2)  # the gen + one scoring per choice
+    usage.reset()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (0, 0)

@@ -1,0 +1,101 @@
+"""The token-exact server backend forwards constraints in SGLang's own request fields (issue 32, point 2):
+`sampling_params.regex` / `json_schema` / `ebnf`, a dtype gen as its SGLang regex (with the stock backend's stop
+strings), every body checked against SGLang's models like the other bodies (`test_server_contract.check_body`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from forerun.runtime_ext.backends import sglang_frontend  # noqa: F401  (registers the no-triton stub first)
+from forerun.runtime_ext.backends.server import SGLangServerBackend
+from forerun.runtime_ext.backends.server_client import ServerConfig
+from forerun.runtime_ext.backends.sglang_frontend import function, gen, sgl
+from forerun.runtime_ext.protocol import SamplingParams
+from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+
+
+def _sibling(name: str) -> typing.Any:
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = _sibling("test_server_contract")
+IR = sgl.lang.ir
+SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+EBNF = 'root ::= "yes" | "no"'
+
+
+def test_to_srt_json_carries_sglangs_constraint_fields():
+    assert SamplingParams(regex="a+").to_srt_json()["regex"] == "a+"
+    assert SamplingParams(json_schema=SCHEMA).to_srt_json()["json_schema"] == SCHEMA
+    assert SamplingParams(ebnf=EBNF).to_srt_json()["ebnf"] == EBNF
+    plain = SamplingParams().to_srt_json()
+    assert not {"regex", "json_schema", "ebnf"} & set(plain)
+
+
+@function
+def typed(s):
+    s += "n: " + sgl.gen_int("n", max_tokens=4) + "\n"
+    s += "x: " + gen("x", dtype=float, max_tokens=4) + "\n"
+    s += "w: " + gen("w", regex="(a|b)+", max_tokens=4) + "\n"
+    s += "j: " + gen("j", json_schema=SCHEMA, max_tokens=4)
+
+
+@pytest.mark.parametrize("batch_mode", ["batched", "concurrent"])
+def test_constraints_are_forwarded_in_sglangs_fields(batch_mode):
+    model = contract.generate_req_input_model()
+    with FakeSGLangServer() as srv:
+        backend = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(batch_mode=batch_mode))
+        first = len(srv.generate_bodies())
+        st = typed.run(backend=backend)
+        st.sync()
+        assert st.error() is None
+        backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=3, ebnf=EBNF, seed=1))
+        backend.run_batch([([BOS_ID, 2], SamplingParams(max_new_tokens=2, regex="[0-9]+", seed=2)),
+                           ([BOS_ID, 3], SamplingParams(max_new_tokens=2, json_schema=SCHEMA, seed=3))])
+        bodies = srv.generate_bodies()[first:]
+    for body in bodies:
+        contract.check_body(body, model)
+    sps = [sp for body in bodies
+           for sp in (body["sampling_params"] if isinstance(body["sampling_params"], list) else [body["sampling_params"]])]
+    constraints = [sorted((k, sp[k]) for k in ("regex", "json_schema", "ebnf") if k in sp) for sp in sps]
+    assert constraints[:5] == [[("regex", IR.REGEX_INT)], [("regex", IR.REGEX_FLOAT)], [("regex", "(a|b)+")],
+                               [("json_schema", SCHEMA)], [("ebnf", EBNF)]]
+    assert sorted(constraints[5:]) == [[("json_schema", SCHEMA)], [("regex", "[0-9]+")]]  # concurrent: any order
+    assert [" ", "\n"] == sps[0]["stop"][-2:] == sps[1]["stop"][-2:]  # the stock backend's dtype stops
+
+
+def test_the_contract_check_refuses_two_constraints():
+    model = contract.generate_req_input_model()
+    good = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1, "regex": "a+"}}
+    contract.check_body(good, model)
+    with pytest.raises(Exception):
+        contract.check_body({**good, "sampling_params": {"max_new_tokens": 1, "regex": "a+", "ebnf": EBNF}}, model)
+    with pytest.raises(Exception):
+        contract.check_body({**good, "sampling_params": {"max_new_tokens": 1, "regexp": "a+"}}, model)
+
+
+def test_a_constrained_requests_log_p0_comes_from_the_scoring_pass():
+    """SGLang masks the logits before its logprobs: at τ = 1 a constrained request's output logprobs are of the
+    masked distribution, so the client scores prompt + output unconstrained for log p0 and says so in meta_info."""
+    with FakeSGLangServer() as srv:
+        backend = SGLangServerBackend(srv.url, srv.tokenizer)
+        first = len(srv.generate_bodies())
+        free = backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=3, seed=1, return_logprob=True))
+        mid = len(srv.generate_bodies())
+        bound = backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=3, seed=1, return_logprob=True,
+                                                                    regex="[0-9]+"))
+        bodies = srv.generate_bodies()
+    assert mid - first == 1 and free.meta_info["output_token_logprobs_masked"] is False
+    scoring = bodies[mid + 1:]
+    assert len(scoring) == 1 and scoring[0]["sampling_params"]["max_new_tokens"] == 0
+    assert "regex" not in scoring[0]["sampling_params"]  # log p0 of the raw logits
+    assert bound.meta_info["output_token_logprobs_masked"] is True and bound.output_logp0 is not None

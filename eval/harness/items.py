@@ -9,6 +9,7 @@ from typing import Any
 
 from ...programs.prompts import chat_prompt_ids
 from ..graders import grade
+from . import forced as forced_pass
 from .methods import EvalSettings, MethodRunner
 from .runs import WorkItem
 from ..graders.sandbox import isolation_report
@@ -42,6 +43,8 @@ class ItemRunner:
         self.flush = flush
         self.command = command
         self.prompt_ids: dict[tuple[str, str], list[int]] = {}
+        self.forcing_ids: dict[str, list[int]] = {}
+        """The forcing text's ids per answer kind (`harness.forced`; --forced-answer only)."""
 
     def prepare(self, items: list[WorkItem]) -> None:
         """Encode every prompt once, in this thread (the first runtime's tokenizer; `--system`, the chat template
@@ -53,6 +56,9 @@ class ItemRunner:
             if key not in self.prompt_ids:
                 self.prompt_ids[key] = chat_prompt_ids(tok, system + it.prompt.messages(),
                                                        use_template=s.chat_template, thinking=s.thinking)
+        if s.forced_answer:
+            self.forcing_ids = {kind: [int(t) for t in tok.encode(f.text, add_special_tokens=False)]
+                                for kind, f in forced_pass.FORCED_ANSWERS.items()}
 
     def generate(self, item: WorkItem) -> dict[str, Any]:
         """Run the item's method (in a pool thread); a failed generation becomes an error outcome."""
@@ -62,14 +68,16 @@ class ItemRunner:
             ids = self.prompt_ids[(item.dataset, item.prompt.id)]
             runner = MethodRunner(rt.backend, self.settings.for_dataset(item.dataset), self.classifier,
                                   eos_token_ids=rt.eos_token_ids)
-            out = self._run_with_retries(runner, item, ids)
+            out = self._run_with_retries(runner, item, ids, rt)
         out["runtime"] = rt
         return out
 
-    def _run_with_retries(self, runner: MethodRunner, item: WorkItem, ids: list[int]) -> dict[str, Any]:
+    def _run_with_retries(self, runner: MethodRunner, item: WorkItem, ids: list[int], rt: Any) -> dict[str, Any]:
         for attempt in range(self.retries + 1):
             try:
                 out = runner.run(item.method, ids, f"{item.dataset}/{item.prompt.id}", item.seed)
+                if self.settings.forced_answer:
+                    out.update(self._forced_pass(rt, item, ids, out["response_ids"]))
                 out["attempts"] = attempt + 1
                 return out
             except ValueError as e:
@@ -79,6 +87,30 @@ class ItemRunner:
                 if attempt < self.retries:
                     time.sleep(self.backoff_s * 2**attempt)
         return {"error": error, "attempts": self.retries + 1}
+
+    def _forced_pass(self, rt: Any, item: WorkItem, prompt_ids: list[int], response_ids: list[int]
+                     ) -> dict[str, Any]:
+        """The forced-answer continuation of a response (`harness.forced`): its ids and time; none for code."""
+        kind = item.prompt.category
+        how = forced_pass.forced_answer_for(kind)
+        if how is None:
+            return {}
+        prefix = forced_pass.forced_prefix(prompt_ids, response_ids, rt.eos_token_ids, self.forcing_ids[kind])
+        start = time.perf_counter()
+        ids = forced_pass.greedy_continuation(rt.backend, prefix, how.max_tokens)
+        return {"forced_ids": ids, "forced_wall_s": time.perf_counter() - start}
+
+    def _forced_record(self, item: WorkItem, response: str, forced: dict[str, Any], rt: Any) -> dict[str, Any]:
+        """The forced fields of a record: the forced text graded like a response (code: null fields)."""
+        how = forced_pass.forced_answer_for(item.prompt.category)
+        if how is None or "forced_ids" not in forced:
+            return {"forced_text": None, "forced_ids": None, "forced_grade": None, "forced_correct": None,
+                    "forced_tokens": 0, "forced_wall_s": None}
+        ids = cut_at_eos(forced["forced_ids"], rt.eos_token_ids)
+        text = forced_pass.forced_text(how, rt.tokenizer.decode(ids, skip_special_tokens=True))
+        g = grade(item.prompt, response + text)
+        return {"forced_text": text, "forced_ids": ids, "forced_grade": g.to_json(), "forced_correct": g.correct,
+                "forced_tokens": len(forced["forced_ids"]), "forced_wall_s": forced["forced_wall_s"]}
 
     def finish(self, item: WorkItem, out: dict[str, Any]) -> dict[str, Any]:
         """The JSONL record of a generated item, graded here (main thread: math-verify needs its alarm)."""
@@ -90,14 +122,19 @@ class ItemRunner:
             "settings": self.settings.for_dataset(item.dataset).for_method(item.method),
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
+        forced = {k: out.pop(k) for k in ("forced_ids", "forced_wall_s") if k in out}
         if "error" in out:
             rec.update(error=out["error"], attempts=out.get("attempts"), correct=False, grade=None)
+            if self.settings.forced_answer:  # a wrong forced answer too (none for code)
+                rec["forced_correct"] = False if forced_pass.forced_answer_for(item.prompt.category) else None
         else:
             out["response_ids"] = cut_at_eos(out["response_ids"], rt.eos_token_ids)
             text = rt.tokenizer.decode(out["response_ids"], skip_special_tokens=True)
             start = time.perf_counter()
             g = grade(item.prompt, text)
             rec.update(out, response=text, grade=g.to_json(), correct=g.correct, grade_s=time.perf_counter() - start)
+            if self.settings.forced_answer:
+                rec.update(self._forced_record(item, text, forced, rt))
             if g.grader == "code":
                 iso = isolation_report()
                 rec["sandbox"] = {k: iso.get(k) for k in ("network", "filesystem", "pids", "user", "interpreter",

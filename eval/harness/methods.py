@@ -76,7 +76,7 @@ class MethodRunner:
         predictive = method.traversal == "predictive"
         if predictive and self.classifier is None:
             raise ValueError(f"{method.name} needs a certainty classifier (--classifier FILE)")
-        prefetch = PrefetchConfig(budget=s.npf, traversal="predictive" if predictive else "bfs",
+        prefetch = PrefetchConfig(budget=s.npf_for(method.sampler), traversal="predictive" if predictive else "bfs",
                                   branch_prob=self.classifier.branch_prob_of if predictive else None,
                                   tree_position=predictive and self.classifier.uses_tree_position)
         model = proposal_model_for(self.backend, method.sampler, cfg.mtm_temperatures)

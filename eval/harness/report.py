@@ -4,6 +4,8 @@
     accuracy                per dataset × method: correct / n (errors count in n, as wrong), pass@k for
                             k = 1..samples, maj@samples, bootstrap 95 % interval over prompts of pass@1,
                             tokens decoded per answer (rejected proposals included), errors   `statistics`
+                            --forced-answer runs: the forced pass's accuracy and interval (forced_accuracy,
+                            forced_ci95; None for code and runs without it), its tokens apart (forced_tokens)
     comparisons             each method against its baseline (PreSTO: its sequential sampler; the rest:
                             greedy, else low-temp): exact McNemar p on (prompt, seed) correctness, paired
                             bootstrap interval of the pass@1 difference over prompts          `statistics`
@@ -34,7 +36,7 @@ from statsmodels.stats.weightstats import ttost_paired
 from ..presto.table7 import ChainTiming, finite_mean, table7_columns
 from .runs import final_records
 from .settings import Method
-from .statistics import compare, sample_statistics, speedup_ci
+from .statistics import compare, forced_statistics, sample_statistics, speedup_ci
 
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
@@ -197,12 +199,14 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         stats = sample_statistics(c.all_records)
         acc.append({"dataset": ds, "method": m, "n": c.n, "correct": c.correct, "errors": c.errors,
                     "accuracy": c.correct / c.n if c.n else math.nan, **stats,
+                    **forced_statistics(c.all_records), "forced_tokens": c.mean("forced_tokens"),
                     "tokens_decoded": c.mean("tokens_decoded"),
                     "wall_s": c.mean("wall_s"), "call_time_s": c.mean("call_time_s"), "calls": c.mean("num_calls"),
                     "all_calls": c.mean("all_calls"), "transitions_per_call": c.mean("transitions_per_call"),
                     "response_tokens": finite_mean(len(r["response_ids"]) for r in c.records),
                     "log_likelihood": c.mean("log_likelihood"), "confidence": c.mean("confidence")})
-    return {"cells": acc, "comparisons": comparisons(table),
+    return {"cells": acc, "forced_answer": any("forced_correct" in r for r in records),
+            "comparisons": comparisons(table),
             "table7": [table7_row(table[(d, s)], table[(d, p)]) for d, s, p in pairs(table)],
             "tost": tost_rows(table), "tost_pooled": pooled_tost_rows(table),
             "errors": [{"key": r["key"], "error": r["error"]} for r in records if r.get("error")]}

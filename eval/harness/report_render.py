@@ -24,17 +24,29 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def accuracy_table(summary: dict[str, Any]) -> list[str]:
     """Per dataset × method: pass@1 with its bootstrap interval over prompts, pass@k and maj@k, errors."""
+    forced = bool(summary.get("forced_answer"))
     rows = []
     for c in summary["cells"]:
         lo, hi = c["ci95"]
         ks = [k for k in c["pass_at_k"] if k != "1"]
         rows.append([c["dataset"], c["method"], f"{c['correct']}/{c['n']}", str(c["samples"]),
                      f"{_pct(c['pass_at_k'].get('1', math.nan))} [{_pct(lo)}, {_pct(hi)}]",
+                     *([forced_cell(c)] if forced else []),
                      ", ".join(f"@{k} {_pct(c['pass_at_k'][k])}" for k in ks) or "–",
                      ", ".join(f"@{k} {_pct(v)}" for k, v in c["maj_at_k"].items()) or "–",
-                     _f(c["tokens_decoded"], ".0f"), str(c["errors"])])
-    return _table(["dataset", "method", "correct/n", "samples", "pass@1 % [95 % CI]", "pass@k %", "maj@k %",
-                   "tokens decoded", "errors"], rows)
+                     _f(c["tokens_decoded"], ".0f"), *([_f(c.get("forced_tokens"), ".0f")] if forced else []),
+                     str(c["errors"])])
+    return _table(["dataset", "method", "correct/n", "samples", "pass@1 % [95 % CI]",
+                   *(["forced answer % [95 % CI]"] if forced else []), "pass@k %", "maj@k %", "tokens decoded",
+                   *(["forced-pass tokens"] if forced else []), "errors"], rows)
+
+
+def forced_cell(cell: dict[str, Any]) -> str:
+    """The forced-answer column of a cell: accuracy [interval] in %, or – (no forced pass: code)."""
+    if cell.get("forced_accuracy") is None:
+        return "–"
+    lo, hi = cell["forced_ci95"]
+    return f"{_pct(cell['forced_accuracy'])} [{_pct(lo)}, {_pct(hi)}]"
 
 
 def comparison_table(summary: dict[str, Any]) -> list[str]:
@@ -78,11 +90,18 @@ def tost_table(summary: dict[str, Any]) -> list[str]:
                    "note"], rows)
 
 
+FORCED_NOTE = (" Forced answer (--forced-answer): after each response, cut at its first EOS, a forcing text "
+               "(math: \"Final answer: $\\boxed{\", multiple choice: \"The answer is (\") and a short greedy "
+               "continuation, graded like a response; errors count as wrong; code datasets get no forced pass (–); "
+               "its tokens are apart from tokens decoded.")
+
+
 def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Sequence[str]) -> str:
     lines = [*header, "", "## Accuracy", "",
              "pass@k: unbiased estimator over each prompt's samples; interval: bootstrap over prompts (samples "
              "nested in their prompt); errors count as wrong answers; tokens decoded: every token the method "
-             "decoded per answer, rejected proposals included.", "", *accuracy_table(summary), ""]
+             "decoded per answer, rejected proposals included." + (FORCED_NOTE if summary.get("forced_answer") else ""),
+             "", *accuracy_table(summary), ""]
     if summary["comparisons"]:
         lines += ["## Each method against its baseline (paired, errors as wrong answers)", "",
                   *comparison_table(summary), ""]

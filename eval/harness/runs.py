@@ -18,6 +18,7 @@ line of a key is the item's result (`final_records`).
     wall_s, call_time_s     generation time; App. D.2 model-call time (see harness.methods)
     num_calls, transitions  model calls; realized MH transitions (MH samplers only)
     settings, model         what produced the line
+    forced_*                --forced-answer only: forced_text, forced_correct, forced_tokens, ... (harness.forced)
 
 Only the main thread grades and writes; generation runs in a thread pool of `concurrency` workers (the
 embedded engine batches their concurrent requests together; a server spreads them over its workers).
@@ -67,6 +68,8 @@ HEADER_MARK = "forerun_run"
 HEADER_VERSION = 1
 RESUME_KEYS = ("model", "dtype", "concurrency", "settings")
 """Header entries a resumed run must share with the run file (settings: every EvalSettings field)."""
+SETTINGS_ADDED = {"forced_answer": False}
+"""Settings added after run files were written: a header without one ran with this value."""
 
 
 def run_header(settings: dict[str, Any], model: str, dtype: str, concurrency: int, **info: Any) -> dict[str, Any]:
@@ -122,7 +125,8 @@ def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     out = []
     for key in RESUME_KEYS:
         if key == "settings":
-            a, b = old.get("settings") or {}, new.get("settings") or {}
+            a = {**SETTINGS_ADDED, **(old.get("settings") or {})}
+            b = {**SETTINGS_ADDED, **(new.get("settings") or {})}
             out += [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         elif old.get(key) != new.get(key):
             out.append(f"{key} ({old.get(key)!r} -> {new.get(key)!r})")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ...programs.random_streams import PAPER_SEED
-from ...programs.sampler_config import SAMPLER_KINDS, SamplerConfig
+from ...programs.sampler_config import SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
 
 _SAMPLER = SamplerConfig()
 """Where the samplers' own defaults (α, β, M, 𝒯, seed) are read from: written once, in `SamplerConfig`."""
@@ -19,6 +19,8 @@ PRESTO_METHODS = tuple(f"presto-{k}" for k in SAMPLER_KINDS)
 PREDICTIVE_METHODS = tuple(f"presto-{k}-predictive" for k in SAMPLER_KINDS)
 METHODS = BASELINES + MH_METHODS + PRESTO_METHODS + PREDICTIVE_METHODS + ("power-smc",)
 DEFAULT_METHODS = ("greedy", "low-temp", "best-of-n", "power-mh", "presto-power-mh", "power-smc")
+CPU_NPF = 8
+"""N_pf of the PreSTO methods without --npf, where it can prefetch (Case Study 2's low end)."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,8 @@ class EvalSettings:
     """MH block size B (None: n, a single block) [n]."""
     K: int = 8
     """MH transitions per block [100]."""
-    npf: int = 8
-    """PreSTO prefetch budget N_pf [20; Case Study 2: 8-20]."""
+    npf: int | None = None
+    """PreSTO prefetch budget N_pf [20; Case Study 2: 8-20]; None: `npf_for` each sampler."""
     alpha: float = _SAMPLER.alpha
     """Power exponent α; τ = 1/α [4]."""
     beta: float = _SAMPLER.beta
@@ -125,10 +127,12 @@ class EvalSettings:
     fixed_horizon: bool = False
     """MH samplers: exactly n tokens with EOS ignored (PreSTO Table 6's setting).  False (default): the
     references' rule, a chain whose state holds an EOS at the end of a block is cut after it and stops."""
+    forced_answer: bool = False
+    """After each response, one greedy forced-answer pass graded on its own (`harness.forced`; code: none)."""
 
     def __post_init__(self) -> None:
         for name in ("K", "npf", "best_of", "smc_particles", "smc_block"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for ds, n in ((None, self.n), *self.budgets):
             if n is not None and n < 1:
@@ -169,8 +173,19 @@ class EvalSettings:
             out["mtm_temperatures"] = list(_SAMPLER.mtm_temperatures)
             out["mtm_candidates"] = _SAMPLER.mtm_candidates
         if m.presto:
-            out.update(npf=self.npf, traversal=m.traversal)
+            out.update(npf=self.npf_for(m.sampler), traversal=m.traversal)
         return out
+
+    def npf_for(self, sampler: str) -> int:
+        """N_pf of the PreSTO variant of `sampler`: --npf, else CPU_NPF, or the sampler's own default budget
+        where CPU_NPF cannot prefetch anything (MultiTryMH: one transition is 2M - 1 = 7 requests, so 8 would
+        realize one transition per call; its default is 21)."""
+        if self.npf is not None:
+            return self.npf
+        cfg = replace(_SAMPLER, kind=sampler, steps_per_block=self.K)
+        if prefetch_shortfall(cfg, PrefetchConfig(budget=CPU_NPF)) is None:
+            return CPU_NPF
+        return PrefetchConfig().resolved(cfg).budget  # the sampler's own default
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,6 +10,7 @@ prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, see
     maj@k                mean over prompts: the most frequent extracted answer among the first k
                          samples (ties: the earliest) is a correct one                     lighteval maj@n
     ci95                 percentile bootstrap over prompts of pass@1                       scipy.stats.bootstrap
+    forced_ci95          the same, of the forced-answer pass's accuracy (--forced-answer)  scipy.stats.bootstrap
     McNemar p            exact McNemar test on per-(prompt, seed) correctness, method vs
                          baseline (the EntropyCut reference's test)                        statsmodels mcnemar
     diff_ci95            paired bootstrap over prompts of pass@1(method) − pass@1(baseline) scipy.stats.bootstrap
@@ -111,6 +112,18 @@ def sample_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         [majority_correct([(_answer(r), bool(r.get("correct"))) for r in rs[:k_max]]) for rs in groups.values()]))}
     return {"prompts": len(groups), "samples": k_max, "pass_at_k": pass_k, "maj_at_k": maj,
             "ci95": percentile_ci([c / n for n, c in per_prompt])}
+
+
+def forced_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy of the forced-answer pass (`harness.forced`) over a cell's records (errors: wrong) and its
+    bootstrap interval over prompts, as `ci95` is for pass@1; None for both where the cell had no forced pass
+    (a run without --forced-answer, a code dataset)."""
+    if not any(r.get("forced_correct") is not None for r in records):
+        return {"forced_correct": None, "forced_accuracy": None, "forced_ci95": None}
+    hits = [bool(r.get("forced_correct")) for r in records]
+    per_prompt = [float(np.mean([bool(r.get("forced_correct")) for r in rs])) for rs in by_prompt(records).values()]
+    return {"forced_correct": sum(hits), "forced_accuracy": sum(hits) / len(hits),
+            "forced_ci95": percentile_ci(per_prompt)}
 
 
 def compare(method: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -> dict[str, Any]:

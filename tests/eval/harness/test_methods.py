@@ -73,3 +73,18 @@ def test_every_method_runs_on_the_tiny_engine(tiny_runner, method):
     if method.startswith("presto-"):
         seq = runner.run(method.removeprefix("presto-").removesuffix("-predictive"), ids, "p", 7)
         assert seq["response_ids"] == out["response_ids"]  # identical chains (float64 tiny model)
+
+
+def test_presto_multitry_mh_prefetches_at_the_eval_default(tiny_runner):
+    """Without --npf, N_pf = 8 would realize one MultiTryMH transition per call (one takes 2M - 1 = 7 requests):
+    the eval default gives it its own budget, and the chain realizes at least 2 transitions per call."""
+    from forerun.eval.harness.methods import MethodRunner
+
+    rt, _ = tiny_runner
+    settings = EvalSettings(n=32, K=10)
+    assert settings.npf_for("power-mh") == 8 and settings.npf_for("multitry-mh") >= 14
+    assert EvalSettings(npf=5).npf_for("multitry-mh") == 5
+    assert settings.for_method("presto-multitry-mh")["npf"] == settings.npf_for("multitry-mh")
+    runner = MethodRunner(rt.backend, settings)
+    out = runner.run("presto-multitry-mh", rt.tokenizer.encode("Compute 2 + 2."), "p", 7)
+    assert out["transitions_per_call"] >= 2, out["transitions_per_call"]

@@ -1,0 +1,77 @@
+"""The forced-answer pass of `forerun eval --forced-answer` (off by default).
+
+A small model (the default SmolLM2-135M) often runs out of its token budget, or rambles, without ever writing a
+final answer: its accuracy then measures the budget, not the sampler.  The published harnesses (Karan & Du's
+power-sampling evals, lighteval) therefore also grade a forced answer.  After the method's response, each item
+gets ONE greedy continuation on the same runtime (engine or server) as the method:
+
+    prefix   = prompt ids + response ids before its first EOS (the EOS itself dropped) + the forcing text's ids
+    forced   = greedy continuation of prefix: at most `max_tokens` tokens, stopping at EOS
+    graded   = response text + forcing text + forced text, by the dataset's grader (`eval.graders.grade`),
+               exactly as a response is graded
+
+    answer kind   datasets                    forcing text                   max_tokens
+    math          math500, aime, aime2024/25  "\\n\\nFinal answer: $\\boxed{"    32 (the last \\boxed{} is read)
+    mc            gpqa, mmlu                  "\\n\\nThe answer is ("           8  ("answer is (X" is read)
+    code          humaneval, mbpp, lcb-v5/6   none: a program cannot be forced in a few tokens, so code items
+                                              get no forced pass (their forced fields are null, the column –)
+
+Record fields (next to the response's): `forced_text` (forcing text + continuation: the forced pass is graded on
+`response + forced_text`), `forced_ids` (the continuation),
+`forced_grade`, `forced_correct`, `forced_tokens` (tokens the forced pass decoded: never added to the method's
+`tokens_decoded`), `forced_wall_s` (its time: outside the item's `wall_s`).  The run header's settings hold
+`forced_answer`, so `--resume` refuses a run made with the other choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...programs.completions import CompletionRequest, ProgramCompletionModel
+
+
+@dataclass(frozen=True)
+class ForcedAnswer:
+    """How one answer kind is forced."""
+
+    text: str
+    """The forcing text appended after the response (the grader reads the answer it opens)."""
+    max_tokens: int
+    """The most tokens the greedy continuation may decode."""
+
+
+FORCED_ANSWERS: dict[str, ForcedAnswer] = {
+    "math": ForcedAnswer("\n\nFinal answer: $\\boxed{", 32),
+    "mc": ForcedAnswer("\n\nThe answer is (", 8),
+}
+"""Per answer kind (`Prompt.category`); a kind not listed (code) gets no forced pass."""
+
+
+def forced_answer_for(category: str) -> ForcedAnswer | None:
+    """How answers of `category` are forced, or None (code: no forced pass)."""
+    return FORCED_ANSWERS.get(category)
+
+
+def forced_prefix(prompt_ids: Sequence[int], response_ids: Sequence[int], eos_token_ids: Sequence[int],
+                  forcing_ids: Sequence[int]) -> list[int]:
+    """The ids the forced pass continues: the prompt, the response before its first EOS, the forcing text."""
+    eos = set(int(t) for t in eos_token_ids)
+    kept = []
+    for t in response_ids:
+        if int(t) in eos:
+            break
+        kept.append(int(t))
+    return [*(int(t) for t in prompt_ids), *kept, *(int(t) for t in forcing_ids)]
+
+
+def forced_text(forced: ForcedAnswer, continuation_text: str) -> str:
+    """What the forced pass adds after the response: the forcing text and the continuation (graded as
+    response + this)."""
+    return forced.text + continuation_text
+
+
+def greedy_continuation(backend: Any, prefix_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """One greedy completion of `prefix_ids` on `backend` (at most `max_tokens`, stops at EOS): its ids."""
+    (out,) = ProgramCompletionModel(backend).complete([CompletionRequest(tuple(prefix_ids), max_tokens, 0.0, 0)])
+    return [int(t) for t in out.ids]

@@ -1,0 +1,161 @@
+"""`forerun eval --forced-answer`: the forcing text follows the response cut at its first EOS; a response with no
+answer is graded correct by its forced pass when the continuation supplies the answer (graded like a response);
+code datasets get no forced pass; its tokens stay out of tokens_decoded; the header records it and --resume
+refuses the other choice; the report and summary.json show it in a column of its own."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from forerun.cli.main import main
+from forerun.eval.datasets.loading import load_prompts
+from forerun.eval.harness import forced, items, methods
+from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix
+from forerun.eval.harness.report import summarize
+from forerun.eval.harness.report_files import write_report
+from forerun.eval.harness.runs import header_differences, read_run, run_header
+
+SMALL = ["eval", "--model", "tiny", "--datasets", "math500,mmlu,humaneval", "--methods", "greedy", "--limit", "1",
+         "--n", "4"]
+
+
+def test_forced_prefix_drops_the_eos_and_what_follows_it():
+    assert forced_prefix([1, 2], [5, 7, 2, 9, 2], (2,), [40, 41]) == [1, 2, 5, 7, 40, 41]
+    assert forced_prefix([1], [5, 7], (2,), [40]) == [1, 5, 7, 40]
+    assert forced_prefix([1], [2, 5], (2, 3), [40]) == [1, 40]
+    assert set(FORCED_ANSWERS) == {"math", "mc"}  # code: no forced pass
+
+
+def _stub_method_and_continuation(monkeypatch):
+    """The method answers "I think" + EOS + a boxed junk answer after the EOS (never graded); the forced pass
+    continues with the gold answer.  Returns the calls the forced pass got: (prefix, max_tokens, tokenizer)."""
+    seen: dict = {"calls": []}
+    real_prepare = items.ItemRunner.prepare
+
+    def prepare(self, todo):
+        seen["tok"] = self.runtimes[0].tokenizer
+        return real_prepare(self, todo)
+
+    def run(self, method, prompt_ids, prompt_id, seed):
+        tok = seen["tok"]
+        ids = tok.encode("I think", add_special_tokens=False) + [self.eos_token_ids[0]]
+        ids += tok.encode(" \\boxed{999} (D)", add_special_tokens=False)
+        return {"response_ids": ids, "finished": True, "call_time_s": 0.0, "num_calls": 1, "all_calls": 1,
+                "transitions": None, "transitions_per_call": None, "time_per_call_s": 0.0, "log_likelihood": -1.0,
+                "confidence": -1.0, "tokens_decoded": 7, "extra": {}, "wall_s": 0.0}
+
+    golds = seen["golds"] = {"math": load_prompts("math500", limit=1)[0].answer + "}$",
+                             "mc": load_prompts("mmlu", limit=1)[0].answer + ")"}
+
+    def continuation(backend, prefix, max_tokens):
+        tok = seen["tok"]
+        seen["calls"].append((list(prefix), max_tokens))
+        text = tok.decode(prefix)
+        kind = next(k for k, f in FORCED_ANSWERS.items() if text.endswith(f.text))
+        return tok.encode(golds[kind], add_special_tokens=False) + [tok.eos_token_id]
+
+    monkeypatch.setattr(items.ItemRunner, "prepare", prepare)
+    monkeypatch.setattr(methods.MethodRunner, "run", run)
+    monkeypatch.setattr(forced, "greedy_continuation", continuation)
+    return seen
+
+
+def test_an_answerless_response_is_graded_correct_by_its_forced_pass(tmp_path, capsys, monkeypatch):
+    seen = _stub_method_and_continuation(monkeypatch)
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--forced-answer", "--out", str(run)]) == 0
+    capsys.readouterr()
+    header, recs = read_run(run)
+    assert header["settings"]["forced_answer"] is True
+    by = {r["dataset"]: r for r in recs}
+    tok = seen["tok"]
+    assert len(seen["calls"]) == 2  # math and mc; none for code
+    for (prefix, max_tokens), ds in zip(seen["calls"], ("math500", "mmlu")):
+        r, how = by[ds], FORCED_ANSWERS[by[ds]["grade"]["grader"]]
+        tail = prefix[r["prompt_tokens"]:]  # response before its EOS, then the forcing text
+        assert tail == tok.encode("I think", add_special_tokens=False) + tok.encode(how.text, add_special_tokens=False)
+        assert max_tokens == how.max_tokens
+        assert r["response"] == "I think" and r["correct"] is False  # the response has no answer
+        assert r["forced_correct"] is True and r["forced_grade"]["correct"] is True
+        gold = seen["golds"][r["grade"]["grader"]]
+        assert r["forced_text"] == how.text + gold  # forcing text + continuation (its EOS cut)
+        assert r["forced_tokens"] == len(tok.encode(gold, add_special_tokens=False)) + 1  # the EOS too
+        assert r["tokens_decoded"] == 7  # the method's count, the forced tokens apart
+    code = by["humaneval"]
+    assert code["forced_correct"] is None and code["forced_text"] is None and code["forced_tokens"] == 0
+    summary = summarize(recs)
+    cells = {c["dataset"]: c for c in summary["cells"]}
+    assert cells["math500"]["accuracy"] == 0 and cells["math500"]["forced_accuracy"] == 1
+    assert cells["humaneval"]["forced_accuracy"] is None
+
+
+def test_forced_pass_changes_nothing_of_the_method_and_resume_checks_it(tmp_path, capsys):
+    plain, with_forced = tmp_path / "plain.jsonl", tmp_path / "forced.jsonl"
+    assert main([*SMALL, "--out", str(plain)]) == 0
+    assert main([*SMALL, "--forced-answer", "--out", str(with_forced)]) == 0
+    capsys.readouterr()
+    (h0, a), (h1, b) = read_run(plain), read_run(with_forced)
+    assert h0["settings"]["forced_answer"] is False and h1["settings"]["forced_answer"] is True
+    for x, y in zip(a, b):
+        assert (x["response_ids"], x["tokens_decoded"], x["correct"]) == (y["response_ids"], y["tokens_decoded"],
+                                                                          y["correct"])
+        assert "forced_correct" not in x
+    for r in b:  # the real engine ran the forced pass: at most its budget, never for code
+        how = FORCED_ANSWERS.get(r["grade"]["grader"])
+        assert (0 < r["forced_tokens"] <= how.max_tokens) if how else r["forced_tokens"] == 0
+    before = with_forced.read_bytes()
+    assert main([*SMALL, "--out", str(with_forced), "--resume"]) == 2
+    assert "forced_answer (True -> False)" in capsys.readouterr().err
+    assert main([*SMALL, "--forced-answer", "--out", str(plain), "--resume"]) == 2
+    assert "forced_answer (False -> True)" in capsys.readouterr().err
+    assert with_forced.read_bytes() == before
+    assert main([*SMALL, "--forced-answer", "--out", str(with_forced), "--resume"]) == 0
+
+
+def test_a_header_from_before_the_option_ran_without_it():
+    old = run_header({"n": 4, "alpha": 4.0}, "m", "float32", 1)
+    assert header_differences(old, run_header({"n": 4, "alpha": 4.0, "forced_answer": False}, "m", "float32", 1)) == []
+    assert header_differences(old, run_header({"n": 4, "alpha": 4.0, "forced_answer": True}, "m", "float32", 1)) == [
+        "forced_answer (False -> True)"]
+
+
+def _rec(ds, pid, correct, forced_correct, grader="math", **extra):
+    rec = {"key": f"{ds}|greedy|{pid}|1", "dataset": ds, "method": "greedy", "prompt_id": pid, "seed": 1,
+           "correct": correct, "grade": {"grader": grader, "extracted": None}, "response_ids": [1], "settings": {},
+           "model": "m", "tokens_decoded": 4, "wall_s": 1.0}
+    if forced_correct != "absent":
+        rec.update(forced_correct=forced_correct, forced_tokens=0 if forced_correct is None else 3)
+    return {**rec, **extra}
+
+
+def test_the_report_shows_forced_accuracy_in_its_own_column(tmp_path):
+    recs = [_rec("math500", f"p{i}", False, i < 3) for i in range(4)]
+    recs.append(_rec("math500", "p9", False, False, error="boom"))  # an error: wrong, forced too
+    recs += [_rec("humaneval", f"h{i}", i == 0, None, grader="code") for i in range(2)]
+    summary, _ = write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="forerun eval report")
+    cells = {c["dataset"]: c for c in summary["cells"]}
+    math500 = cells["math500"]
+    assert (math500["accuracy"], math500["forced_accuracy"], math500["forced_correct"]) == (0, 3 / 5, 3)
+    lo, hi = math500["forced_ci95"]
+    assert lo <= 3 / 5 <= hi and lo < hi and math500["forced_tokens"] == 3
+    assert cells["humaneval"]["forced_accuracy"] is None and cells["humaneval"]["forced_ci95"] is None
+    saved = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert saved["forced_answer"] is True
+    assert {c["dataset"]: c["forced_accuracy"] for c in saved["cells"]} == {"math500": 0.6, "humaneval": None}
+    table = [ln for ln in (tmp_path / "rep" / "report.md").read_text().splitlines() if ln.startswith("|")]
+    head = [h.strip() for h in table[0].strip("|").split("|")]
+    col = head.index("forced answer % [95 % CI]")
+    assert head[col - 1] == "pass@1 % [95 % CI]"  # beside the normal accuracy
+    rows = {r.strip("|").split("|")[0].strip(): [x.strip() for x in r.strip("|").split("|")] for r in table[2:4]}
+    assert rows["math500"][col].startswith("60 [") and rows["humaneval"][col] == "–"
+    assert rows["math500"][col - 1].startswith("0 [")
+
+    plain = [_rec("math500", f"p{i}", i == 0, "absent") for i in range(3)]
+    summary, _ = write_report(plain, tmp_path / "plain", run_path="run.jsonl", command="forerun eval report")
+    (cell,) = summary["cells"]
+    assert summary["forced_answer"] is False and cell["forced_accuracy"] is None and cell["forced_ci95"] is None
+    assert math.isnan(cell["forced_tokens"])
+    assert "forced" not in (tmp_path / "plain" / "report.md").read_text()

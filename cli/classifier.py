@@ -18,6 +18,7 @@ from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
 from .args import nonnegative_int
 from .errors import reports_errors
+from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
 __all__ = ["register", "train_command", "cv_command"]
@@ -103,7 +104,8 @@ def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> Certain
 
 def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
     """Records from --records (filtered by --sampler), and how many --drop-unreachable removed."""
-    records = read_node_records(args.records, epsilon=args.epsilon)
+    with naming_undecodable(args.records, "--records"):
+        records = read_node_records(args.records, epsilon=args.epsilon)
     if args.sampler is not None:
         found = sorted({str(r.sampler) for r in records})
         records = [r for r in records if r.sampler == args.sampler]

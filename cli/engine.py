@@ -16,17 +16,52 @@ from typing import Any
 
 from ..programs.prompts import chat_prompt_ids
 from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
 from .output import print_json
 
-__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments"]
+__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "backend_urls",
+           "check_pool_serves", "BACKEND_ONLY_OPTIONS"]
+
+BACKEND_ONLY_OPTIONS = ("tokenizer", "allow_nondeterministic", "request_timeout")
+"""Options that apply only with --backend (`args` attribute names); without it they are an error."""
+
+
+def backend_urls(text: str) -> str:
+    """A `--backend` value: one URL or comma-separated URLs, each http[s]://host[:port] (argparse type)."""
+    from ..runtime_ext.backends.server_config import check_server_url
+
+    try:
+        urls = [check_server_url(u) for u in text.split(",") if u.strip()]
+        if not urls:
+            raise ValueError(f"expected http://host:port, got {text!r}")
+        return ",".join(urls)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def check_pool_serves(pool: Any, *, seeded: bool, samplers: Any = ()) -> None:
+    """Refuse, before any work, a server that cannot do what the command asks: seeded chains on a server that
+    ignores seeds (unless --allow-nondeterministic), EntropyCut / MultiTryMH without the forerun plugin."""
+    for rt in pool.runtimes:
+        if seeded and not rt.deterministic and rt.determinism_note is None:
+            raise CommandError(f"SGLang server {rt.location} runs without --enable-deterministic-inference, so it "
+                               "ignores seeds: relaunch it with --enable-deterministic-inference (scripts/launch_runtime "
+                               "passes it), or pass --allow-nondeterministic to accept chains equal in law only")
+        if getattr(rt.engine, "plugin_enabled", True):
+            continue
+        for kind, needs in (("entropy-cut", "the entropy of p0 of every token"),
+                            ("multitry-mh", "log q at extra temperatures")):
+            if kind in samplers:
+                raise CommandError(f"the {kind} sampler needs {needs}, which SGLang server {rt.location} does not "
+                                   "report: launch it with scripts/launch_runtime --plugin, or use the embedded engine")
 
 
 def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     """`--backend URL[,URL...]`, `--tokenizer PATH`, `--allow-nondeterministic`, `--request-timeout SECONDS`
     (generate, sample, bench presto, eval) and, where independent chains run, `--concurrency N` (chains in
     flight per runtime)."""
-    p.add_argument("--backend", action="append", default=None, metavar="URL",
+    p.add_argument("--backend", action="append", default=None, metavar="URL", type=backend_urls,
                    help="run on launched SGLang server(s) at URL (http://host:port, e.g. from scripts/launch_runtime; "
                         "repeat or comma-separate for several, or give an sglang-router URL) instead of the embedded "
                         "engine; --model and --dtype are then ignored")
@@ -99,12 +134,14 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 def generate_command(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise CommandError("--prompt must not be empty")
+    reject_inapplicable(backend_rules(args))
     from ..runtime_ext.protocol import SamplingParams
 
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
-    # a bad model, URL or request: one line on stderr (ValueError: exit 2, EngineError: exit 1; cli/errors.py)
+    # a bad model or request: one line on stderr (ValueError: exit 2; an EngineError, e.g. no server: 1)
     with open_pool_from(args) as pool, pool.lease() as runtime:
+        check_pool_serves(pool, seeded=args.seed is not None)
         name, location = runtime.name, runtime.location
         notes = warn_nondeterministic(pool) if args.seed is not None else []
         out = runtime.engine.generate(_prompt_ids(runtime.tokenizer, args.prompt, args.raw), params)

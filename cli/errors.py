@@ -1,10 +1,17 @@
-"""How a `forerun` command ends when it cannot finish: one line on stderr, a non-zero exit, no traceback.
+"""How a `forerun` command ends: one exit-code table that every command follows, and one line on stderr.
 
-    bad input (ValueError, OSError, a rejected argument)    "forerun <command>: <message>"     exit 2
-    the engine or server failed (EngineError)              "forerun <command>: <message>"     exit 1
-    anything else (a bug)                                  "forerun <command>: internal error: <Type>: ..."  exit 1
-FORERUN_TRACEBACK=1 lets every exception through with its traceback (for debugging).
-    SIGINT (Ctrl-C)                                        "forerun: interrupted"             exit 130
+    exit  meaning                                                 stderr
+    0     ok                                                      (progress bars only)
+    1     failure: the engine or server failed (EngineError), an  "forerun <command>: <message>"
+          eval item failed after retries, chains that should be   ("internal error: <Type>: ..." for a bug)
+          identical differ, or a bug
+    2     usage: bad input (a rejected option or combination, a   "forerun <command>: <message>" (argparse:
+          file that is missing, unreadable or not UTF-8, ...),    "forerun <command>: error: ... (see --help)")
+          found before any model loads where it can be
+    130   interrupted (SIGINT, Ctrl-C)                            "forerun: interrupted"
+
+Usage errors are ValueError (CommandError), OSError and KeyError; EngineError is a failure (exit 1) in every
+command.  FORERUN_TRACEBACK=1 lets every exception through with its traceback (for debugging).
 
 On SIGINT the command's own `finally` blocks still run (the records file is closed after whole lines, the
 engine stops after its current step); then output from other threads (SGLang's fork threads, tqdm, the
@@ -24,10 +31,12 @@ from typing import Any, Callable, TextIO
 from ..runtime_ext.protocol import EngineError
 
 __all__ = ["CommandError", "one_line", "exit_code_for", "report", "reports_errors", "run_guarded",
-           "INTERRUPTED_MESSAGE"]
+           "INTERRUPTED_MESSAGE", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 Handler = Callable[[Any], Any]
 
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""The exit-code table of the module docstring."""
 INTERRUPTED_MESSAGE = "forerun: interrupted"
 TRACEBACK_ENV = "FORERUN_TRACEBACK"
 
@@ -43,24 +52,24 @@ def one_line(exc: BaseException) -> str:
 
 
 def exit_code_for(exc: BaseException) -> int:
-    return 1 if isinstance(exc, EngineError) else 2
+    """EXIT_FAILURE for an engine or server failure, EXIT_USAGE for bad input (the table above)."""
+    return EXIT_FAILURE if isinstance(exc, EngineError) else EXIT_USAGE
 
 
-def report(command: str, exc: BaseException, *, code: int | None = None) -> int:
-    """Print the one-line error of `command` and return its exit code (`code` overrides the default)."""
+def report(command: str, exc: BaseException) -> int:
+    """Print the one-line error of `command` and return its exit code (the table above)."""
     if isinstance(exc, (ValueError, OSError, KeyError, EngineError)):
         message, default = one_line(exc), exit_code_for(exc)
     else:
         message = (f"internal error: {type(exc).__name__}: {one_line(exc)} "
                    f"({TRACEBACK_ENV}=1 shows the traceback)")
-        default = 1
+        default = EXIT_FAILURE
     print(f"forerun {command}: {message}", file=sys.stderr, flush=True)
-    return default if code is None else code
+    return default
 
 
-def reports_errors(command: str, *, engine_error_code: int | None = None) -> Callable[[Handler], Handler]:
-    """Decorate a command handler: an exception becomes its one-line report and exit code (`report`);
-    `engine_error_code` overrides the code of an EngineError."""
+def reports_errors(command: str) -> Callable[[Handler], Handler]:
+    """Decorate a command handler: an exception becomes its one-line report and exit code (`report`)."""
     def wrap(fn: Handler) -> Handler:
         @functools.wraps(fn)
         def handler(args: Any) -> int:
@@ -69,8 +78,7 @@ def reports_errors(command: str, *, engine_error_code: int | None = None) -> Cal
             except Exception as exc:  # noqa: BLE001 - the command's boundary: one line, never a traceback
                 if os.environ.get(TRACEBACK_ENV):
                     raise
-                code = engine_error_code if isinstance(exc, EngineError) else None
-                return report(command, exc, code=code)
+                return report(command, exc)
         return handler
     return wrap
 
@@ -98,7 +106,7 @@ def _exit_interrupted(hint: str = "") -> None:
         stream.write("\r" + INTERRUPTED_MESSAGE + (f"; {hint}" if hint else "") + "\n")  # \r: after a bar's frame
         stream.flush()
     finally:
-        os._exit(130)
+        os._exit(EXIT_INTERRUPTED)
 
 
 def _on_sigint(signum: int, frame: Any) -> None:

@@ -25,6 +25,9 @@ from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
 from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
+from .applicability import eval_rules, reject_inapplicable
+from .errors import report
+from .inputs import check_utf8, dataset_paths, naming_undecodable
 from .output import progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
@@ -67,7 +70,7 @@ def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
 
 
 def _settings_arguments(e: argparse.ArgumentParser) -> None:
-    from ..eval.harness.settings import CPU_BUDGET_SCALE, EvalSettings, default_budget
+    from ..eval.harness.settings import CPU_BUDGET_SCALE, CPU_NPF, EvalSettings, default_budget
 
     d = EvalSettings()
     e.add_argument("--n", type=_budgets, default=(None, ()), metavar="N|NAME=N,...",
@@ -81,7 +84,9 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
                    help="the chat template's thinking switch (models that have one, e.g. Qwen3)")
     e.add_argument("--block", type=positive_int, default=None, help="MH block size B (default n: one block)")
     e.add_argument("--K", type=positive_int, default=d.K, help=f"MH transitions per block ({d.K})")
-    e.add_argument("--npf", type=positive_int, default=d.npf, help=f"PreSTO prefetch budget N_pf ({d.npf})")
+    e.add_argument("--npf", type=positive_int, default=d.npf,
+                   help=f"PreSTO prefetch budget N_pf (default {CPU_NPF}; MultiTryMH, where {CPU_NPF} prefetches "
+                        "nothing: its own default, 21)")
     e.add_argument("--alpha", type=positive_float, default=d.alpha, help=f"power exponent α, τ = 1/α ({d.alpha:g})")
     e.add_argument("--beta", type=positive_float, default=d.beta, help=f"EntropyCut β ({d.beta:g})")
     e.add_argument("--best-of", type=positive_int, default=d.best_of, help=f"N of best-of-n ({d.best_of})")
@@ -97,6 +102,10 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--fixed-horizon", action="store_true",
                    help="MH chains of exactly n tokens, EOS ignored (PreSTO Table 6); default: the references' rule, "
                         "a chain stops at the end of the block whose state holds an EOS")
+    e.add_argument("--forced-answer", action="store_true",
+                   help="after each response (cut at EOS), append a forcing text (math: 'Final answer: $\\boxed{', "
+                        "multiple choice: 'The answer is (') and decode a few tokens greedily (32 / 8); graded and "
+                        "reported in its own column; code datasets get none")
 
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
@@ -199,6 +208,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
 
     out = check_output_file(args.out, args.resume)
     methods = parse_methods(args.methods)
+    reject_inapplicable(eval_rules(args, methods, EvalSettings()))
     if any(m in PREDICTIVE_METHODS for m in methods) and not args.classifier:
         raise ValueError("presto-*-predictive methods need --classifier FILE (train one with `forerun classifier train`)")
     if not 0 <= args.smc_ess <= 1:
@@ -207,7 +217,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
                             thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
                             K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
                             best_of_select=args.best_of_select, smc_particles=args.smc_particles, smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
-                            fixed_horizon=args.fixed_horizon)
+                            fixed_horizon=args.fixed_horizon, forced_answer=args.forced_answer)
     seeds = list(args.seed)
     if args.samples is not None:
         if len(seeds) > 1:
@@ -215,7 +225,10 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
     files = _dataset_files(args.dataset_file, names)
-    prompts = {ds: load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds)) for ds in names}
+    prompts = {}
+    for ds in names:
+        with naming_undecodable(dataset_paths(ds, args.data_dir, files.get(ds))):
+            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds))
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
 
@@ -225,7 +238,8 @@ def _classifier(args: argparse.Namespace):
         return None
     from ..classifiers.certainty import CertaintyClassifier
 
-    return CertaintyClassifier.load(args.classifier)
+    with naming_undecodable([args.classifier], "--classifier"):
+        return CertaintyClassifier.load(args.classifier)
 
 
 def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
@@ -259,7 +273,7 @@ def eval_command(args: argparse.Namespace) -> int:
     pool = None
     try:
         plan = _plan(args)
-        header, existing = read_run(plan["out"]) if args.resume else (None, [])
+        header, existing = read_run(check_utf8(plan["out"], "--out")) if args.resume else (None, [])
         classifier = _classifier(args)
         pool = open_pool_from(args)
         warn_nondeterministic(pool)
@@ -268,9 +282,8 @@ def eval_command(args: argparse.Namespace) -> int:
                           "settings": plan["settings"].to_json()}
         _check_resumable(header, existing, plan["header"])
         return _execute(args, plan, pool, existing, classifier)
-    except (ValueError, OSError, EngineError, RunFileError) as exc:
-        print(f"forerun eval: {_one_line(exc)}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)
+        return report("eval", exc)
     finally:
         if pool is not None:
             pool.close()
@@ -312,8 +325,8 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
     from ..eval.harness.runs import strict_json
 
     summary = summarize(records)
-    keys = ("dataset", "method", "n", "correct", "accuracy", "pass_at_k", "maj_at_k", "ci95", "tokens_decoded",
-            "wall_s", "errors")
+    keys = ("dataset", "method", "n", "correct", "accuracy", "pass_at_k", "maj_at_k", "ci95", "forced_accuracy",
+            "forced_ci95", "tokens_decoded", "forced_tokens", "wall_s", "errors")
     out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
            "cells": [{k: c[k] for k in keys} for c in summary["cells"]], "comparisons": summary["comparisons"]}
     failed = sum(c["errors"] for c in summary["cells"])
@@ -325,6 +338,8 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
             lo, hi = c["ci95"]
             extra = " ".join(f"pass@{k} {100 * v:.0f}%" for k, v in c["pass_at_k"].items() if k != "1")
             extra += "".join(f" maj@{k} {100 * v:.0f}%" for k, v in c["maj_at_k"].items())
+            if c["forced_accuracy"] is not None:
+                extra += f" forced {100 * c['forced_accuracy']:.0f}%"
             print(f"  {c['dataset']:<10} {c['method']:<28} {c['correct']:>3}/{c['n']:<3} "
                   f"[{100 * lo:4.0f}, {100 * hi:4.0f}] % {extra} {c['tokens_decoded']:7.0f} tok "
                   f"{c['wall_s']:8.2f} s/item" + (f"  errors {c['errors']}" if c["errors"] else ""))
@@ -351,7 +366,7 @@ def report_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--out {args.out} exists and is not a directory")
         if not out.parent.is_dir() or not os.access(out.parent if not out.exists() else out, os.W_OK):
             raise ValueError(f"--out {args.out}: cannot create or write it")
-        records = final_records(load_run(args.run, repair=False))
+        records = final_records(load_run(check_utf8(args.run), repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")
         command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])

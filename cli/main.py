@@ -2,8 +2,14 @@
 
 Each area registers its subcommands from its own module (`register(subparsers, bench_subparsers)`);
 `COMMAND_MODULES` lists them.  Every long-running command shows a progress bar on stderr and accepts
-`--json` for strict JSON on stdout (cli/output.py).  Bad input is one line on stderr and a non-zero exit,
-never a traceback; Ctrl-C prints `forerun: interrupted` and exits 130 (cli/errors.py).
+`--json` for strict JSON on stdout (cli/output.py).  Every command follows one exit-code table (cli/errors.py,
+README "Exit codes and bad input"):
+
+    0 ok    1 failure (engine or server, a failed eval item, a bug)    2 usage (bad input)    130 interrupted
+
+Bad input is one line on stderr, never a traceback, found before any model loads where it can be: `--backend`
+URLs (runtime_ext/backends/server_config.py), options that do not apply (cli/applicability.py), input files
+that are not UTF-8 (cli/inputs.py), output paths (cli/output.py).
 """
 
 from __future__ import annotations

@@ -25,13 +25,16 @@ import time
 from typing import Any, Iterator
 
 from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
-from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
+from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
+from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
+from .inputs import dataset_paths, naming_undecodable
 from .output import output_file, print_json, progress_bar
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from ..eval.presto.reference import ReferenceConfig
 from ..eval.presto.scaleout import ScaleoutConfig
-from ..programs.sampler_config import CPU_SAMPLER, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig
+from ..programs.sampler_config import (CPU_SAMPLER, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig,
+                                        SamplerConfig, default_budget, prefetch_shortfall)
 
 __all__ = ["register", "sample_command", "bench_presto_command", "bench_reference_command", "bench_scaleout_command",
            "prompt_id_for_text"]
@@ -43,8 +46,11 @@ _SCALE = ScaleoutConfig()
 """`bench scaleout`'s defaults, read from its config type."""
 _REF = ReferenceConfig(reference="")
 """`bench reference`'s defaults, read from its config type."""
-NPF_DEFAULT = PrefetchConfig().budget
-"""N_pf without --npf: the paper's 20 (Table 6)."""
+NPF_DEFAULT = DEFAULT_BUDGET
+"""N_pf without --npf: the paper's 20 (Table 6); MultiTryMH's default is larger (`NPF_HELP`)."""
+NPF_HELP = (f"prefetch budget N_pf (default {NPF_DEFAULT}; multitry-mh "
+            f"{default_budget(SamplerConfig(kind='multitry-mh'))} = 3(2M − 1), two prefetched levels of its 2M − 1 "
+            "requests per transition). Below 2× a transition's requests a call prefetches nothing: a warning says so")
 
 
 def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
@@ -52,23 +58,23 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--block", type=positive_int, default=None, help="block size B (default: n, a single block)")
     p.add_argument("--K", type=positive_int, default=None, help=f"MH transitions per block (default {CPU_SAMPLER.steps_per_block})")
     p.add_argument("--alpha", type=positive_float, default=None, help=f"power exponent α (default {CPU_SAMPLER.alpha:g}; τ = 1/α)")
-    p.add_argument("--beta", type=positive_float, default=CPU_SAMPLER.beta,
-                   help=f"EntropyCut exponent β (default {CPU_SAMPLER.beta:g})")
+    p.add_argument("--beta", type=positive_float, default=None,
+                   help=f"EntropyCut exponent β (default {CPU_SAMPLER.beta:g}; entropy-cut only)")
     p.add_argument("--seed", type=nonnegative_int, default=None, help=f"run seed (default {CPU_SAMPLER.seed})")
     add_model_arguments(p, with_backend=True)
     add_backend_arguments(p, concurrency=concurrency)
-    p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default="bfs",
+    p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default=None,
                    help="tree traversal rule (bfs); streaming[-predictive]: streaming PreSTO, rows started the moment "
                         "their prefix exists, N_pf rows at once, BFS (or ĥ) order")
     p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
-    p.add_argument("--budget-unit", choices=BUDGET_UNITS, default="request",
+    p.add_argument("--budget-unit", choices=BUDGET_UNITS, default=None,
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
     p.add_argument("--call-overhead", type=positive_float, default=None,
                    help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
                         "predicted transitions / (κ0 + requests) instead of predicted transitions")
-    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=None,
                    help="serve requests a chain already generated from its suffix cache (default on)")
     p.add_argument("--records", default=None,
                    help="append per-node records (JSONL, one line per scored node) to this file")
@@ -80,18 +86,18 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     s = subparsers.add_parser("sample", help="run one power sampler (optionally its PreSTO variant) on one prompt")
     s.add_argument("--sampler", choices=SAMPLER_KINDS, default="power-mh")
     s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
-    s.add_argument("--npf", type=positive_int, default=None, help=f"prefetch budget N_pf (default {NPF_DEFAULT})")
+    s.add_argument("--npf", type=positive_int, default=None, help=NPF_HELP)
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
     src.add_argument("--dataset", type=dataset_name, help="dataset name (with --index)")
-    s.add_argument("--index", type=nonnegative_int, default=0, help="prompt index in --dataset (default 0)")
+    s.add_argument("--index", type=nonnegative_int, default=None, help="prompt index in --dataset (default 0)")
     _common(s)
     s.set_defaults(handler=sample_command)
 
     b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
     b.add_argument("--dataset", type=dataset_name, default="math500")
     b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
-    b.add_argument("--npf", type=positive_int, default=None, help=f"prefetch budget N_pf (default {NPF_DEFAULT})")
+    b.add_argument("--npf", type=positive_int, default=None, help=NPF_HELP)
     b.add_argument("--samplers", nargs="+", choices=SAMPLER_KINDS, default=["power-mh"],
                    help="samplers to pair with their PreSTO variants (default power-mh)")
     b.add_argument("--paper", action="store_true", help=f"Table 6 exactly: n=B={TABLE6_SAMPLER.response_length}, α={TABLE6_SAMPLER.alpha:g}, "
@@ -146,7 +152,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                 seed=base.seed if args.seed is None else args.seed)
 
 
-def _prefetch(args: argparse.Namespace, npf: int, traversal: str | None = None):
+def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None = None):
+    """The PreSTO settings of one variant; npf None: each sampler's default budget (`PrefetchConfig.resolved`)."""
     traversal = traversal or args.traversal
     streaming = traversal.startswith("streaming")
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
@@ -158,7 +165,8 @@ def _prefetch(args: argparse.Namespace, npf: int, traversal: str | None = None):
         raise CommandError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
     from ..classifiers.certainty import CertaintyClassifier
 
-    clf = CertaintyClassifier.load(args.classifier)
+    with naming_undecodable([args.classifier], "--classifier"):
+        clf = CertaintyClassifier.load(args.classifier)
     return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
                           tree_position=clf.uses_tree_position)
 
@@ -167,7 +175,7 @@ def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
     from ..programs.sampler_config import SamplerConfig
 
     return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
-                          alpha=st["alpha"], beta=args.beta, seed=st["seed"]) for k in kinds]
+                          alpha=st["alpha"], beta=args.beta or CPU_SAMPLER.beta, seed=st["seed"]) for k in kinds]
 
 
 @contextlib.contextmanager
@@ -185,7 +193,8 @@ def prompt_id_for_text(text: str) -> str:
 def _dataset_prompt(args: argparse.Namespace) -> Any:
     from ..eval.datasets.loading import load_prompts
 
-    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
+    with naming_undecodable(dataset_paths(args.dataset, args.data_dir)):
+        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
     if args.index >= len(prompts):
         raise CommandError(f"--index {args.index} is out of range: {args.dataset} has {len(prompts)} prompts "
                            f"(valid: 0 to {len(prompts) - 1})")
@@ -202,29 +211,44 @@ def _check_context(runtime: Any, prompt_lens: list[int], n: int) -> None:
                            f"exceeds the model context {limit}")
 
 
-def _checked_inputs(args: argparse.Namespace, kinds: list[str]) -> tuple[dict[str, Any], list[Any], Any]:
-    """Everything that can be wrong with the arguments, found before the model loads."""
+def _checked_inputs(args: argparse.Namespace, kinds: list[str], rules: Any) -> tuple[dict[str, Any], list[Any], Any]:
+    """Everything that can be wrong with the arguments, found before the model loads: options that do not
+    apply (`rules`, cli/applicability.py), then the unset ones get their defaults."""
+    reject_inapplicable(rules(args))
+    args.traversal, args.budget_unit = args.traversal or "bfs", args.budget_unit or "request"
+    args.reuse = args.reuse is not False
+    if getattr(args, "index", None) is None:
+        args.index = 0
     output_file(args.records, "--records")
     st = _settings(args)
     labels = getattr(args, "traversals", None) or [args.traversal]
-    prefetch = {label: _prefetch(args, st["npf"], label) for label in dict.fromkeys(labels)}
+    prefetch = {label: _prefetch(args, args.npf, label) for label in dict.fromkeys(labels)}
     return st, _configs(args, kinds, st), prefetch
 
 
-# sample / bench presto report an engine or server failure with exit 2 (their contract since the first release)
-@reports_errors("sample", engine_error_code=2)
+def _warn_shortfall(command: str, configs: list[Any], prefetch: dict[str, Any]) -> None:
+    """One stderr line per sampler whose PreSTO variant cannot prefetch at the given N_pf (`prefetch_shortfall`)."""
+    notes = (prefetch_shortfall(cfg, pf) for cfg in configs for pf in prefetch.values())
+    for note in dict.fromkeys(n for n in notes if n):
+        print(f"forerun {command}: warning: {note}", file=sys.stderr)
+
+
+@reports_errors("sample")
 def sample_command(args: argparse.Namespace) -> int:
     from ..programs.proposals import proposal_model_for
     from ..programs.prompts import chat_prompt_ids
     from ..programs.records import RecordWriter
     from ..programs.sampler_factory import make_sampler
 
-    st, (cfg,), variants = _checked_inputs(args, [args.sampler])
+    st, (cfg,), variants = _checked_inputs(args, [args.sampler], sample_rules)
     prefetch = variants[args.traversal]
+    if args.presto:
+        _warn_shortfall("sample", [cfg], {args.traversal: prefetch})
     if not args.dataset and not args.prompt:
         raise CommandError("--prompt must not be empty")
     prompt = _dataset_prompt(args) if args.dataset else None
     with open_pool_from(args) as pool, pool.lease() as runtime:  # one chain: one runtime
+        check_pool_serves(pool, seeded=True, samplers=[args.sampler])
         notes = warn_nondeterministic(pool)
         if prompt is not None:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
@@ -233,12 +257,14 @@ def sample_command(args: argparse.Namespace) -> int:
         _check_context(runtime, [len(ids)], cfg.response_length)
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
-        with _bar(cfg.num_blocks * cfg.steps_per_block, sampler.name) as bar:
-            result = sampler.run(ids, prompt_id=pid, progress=bar.update)
-        if args.records:
-            RecordWriter(args.records, model=runtime.name).write_calls(result.calls)
+        writer = RecordWriter(args.records, model=runtime.name) if args.records else None
+        with _bar(cfg.num_blocks * cfg.steps_per_block, sampler.name) as bar:  # records: each call as it ends
+            result = sampler.run(ids, prompt_id=pid, progress=bar.update,
+                                 on_call=(lambda call: writer.write_calls([call])) if writer else None)
         response = runtime.tokenizer.decode(list(result.response_ids))
     out = result.summary()
+    if args.presto:
+        st = dict(st, npf=getattr(sampler, "prefetch").budget)  # the budget it ran with (its default without --npf)
     out.update(sampler=sampler.name, settings=st, model=runtime.name, backend=runtime.location, response=response,
                determinism=notes[0] if notes else "token for token",
                call_times_s=[c.wall_time for c in result.mh_calls],
@@ -256,20 +282,20 @@ def sample_command(args: argparse.Namespace) -> int:
     return 0
 
 
-@reports_errors("bench presto", engine_error_code=2)
+@reports_errors("bench presto")
 def bench_presto_command(args: argparse.Namespace) -> int:
     from ..eval.presto.bench import timestamp
     from ..eval.presto.cost_model import cost_model_prediction
     from ..eval.datasets.loading import load_prompts
 
-    st, configs, prefetch = _checked_inputs(args, list(args.samplers))
-    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
+    st, configs, prefetch = _checked_inputs(args, list(args.samplers), bench_presto_rules)
+    _warn_shortfall("bench presto", configs, prefetch)
+    with naming_undecodable(dataset_paths(args.dataset, args.data_dir)):
+        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
     if len(prompts) < args.prompts:
         raise CommandError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
-    if args.flush_cache and not args.backend:
-        raise CommandError("--flush-cache is for --backend servers (the embedded engine is flushed between chains "
-                           "at --concurrency 1)")
     with open_pool_from(args) as pool:
+        check_pool_serves(pool, seeded=True, samplers=args.samplers)
         notes = warn_nondeterministic(pool)
         start = time.perf_counter()
         rows = _bench_rows(args, pool, prompts, configs, prefetch)
@@ -306,10 +332,11 @@ def _print_bench(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict
 
     print(f"PreSTO benchmark — {meta['date']} — model {meta['model']} ({meta['dtype']}, {meta['backend']}), "
           f"{args.dataset} × {n_prompts} prompts, n={st['n']} B={st['block']} K={st['K']} α={st['alpha']} "
-          f"N_pf={st['npf']} ({args.budget_unit}s) seed={st['seed']} variants={','.join(meta['traversals'])}")
+          f"N_pf={args.npf or 'default (column N_pf)'} ({args.budget_unit}s) seed={st['seed']} variants={','.join(meta['traversals'])}")
     print("cells: sequential/PreSTO; transitions/call = mean over prompts, K÷calls = Table 2's K ÷ mean calls "
           "(PreSTO); speedup = Eq. 20; calls÷ = reduction in calls; t/call× = increase in time per call; "
-          "nodes,req/call = PreSTO nodes scored and requests generated per call")
+          "nodes,req/call = PreSTO nodes scored and requests generated per call; N_pf = its budget; waste,rep = "
+          "share of its MH tokens no realized decision read, requests it generated more than once")
     print(format_table(rows))
     _print_streaming(rows, meta)
     print(f"{meta['chains']} chains in {meta['wall_s']:.2f} s = {meta['chains_per_s']:.3f} chains/s "
@@ -377,14 +404,17 @@ def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
               f"where rows are free {pred['speedup_rows_free']:.2f}x")
 
 
-@reports_errors("bench reference", engine_error_code=2)
+@reports_errors("bench reference")
 def bench_reference_command(args: argparse.Namespace) -> int:
     from ..eval.presto.reference import load_reference, run
 
     cfg = ReferenceConfig(reference=args.reference, prompts=args.prompts, K=args.K, n=args.n, alpha=args.alpha,
                           seed=args.seed, threads=args.threads)
     try:
-        load_reference(cfg.reference)  # a wrong file is found before any model loads
+        with naming_undecodable([cfg.reference], "--reference"):
+            load_reference(cfg.reference)  # a wrong file is found before any model loads
+    except CommandError:
+        raise
     except (OSError, SyntaxError, ValueError) as exc:
         raise CommandError(f"--reference {args.reference}: {exc}") from None
     out = run(cfg)

@@ -10,10 +10,19 @@ ignored.  Each run is one batched model call (`completions.completion_program`),
       sequence log-probability under q_τ (not p0)               select="logq")
     -                                                         select="logp0": highest Σ log p0 instead
 
-Why offer `select="logp0"`: π_α ∝ p0^α ranks sequences by p0, so best-of-N by Σ log p0 is the crude
-"argmax of the power target among N draws"; E.8's Σ log q_τ also rewards sequences on which q_τ is
-peaked (low-entropy paths).  Both sums are unnormalized and favour short (early-EOS) samples; E.8 uses
-q_τ, so that is the default.
+The selection rule (`BaselineConfig.select`, `SELECT_RULES`) and its bias.  With τ = 1/α, q_τ(v | y_<t) =
+p0(v | y_<t)^α / Z_t, Z_t = Σ_v p0(v | y_<t)^α ≤ 1 (α ≥ 1), so
+
+    Σ_t log q_τ(y_t) = α Σ_t log p0(y_t) + Σ_t (−log Z_t),        −log Z_t ≥ 0.
+
+"logp0" ranks the N samples exactly as π_α ∝ p0^α does: it returns the most likely of them under the power
+target (mode-seeking among N draws, not a sample of π_α).  "logq" (E.8, the default) adds the bonus Σ −log Z_t,
+which grows with the entropy of p0 along the sample's own path (0 where p0 is one-hot; (α − 1) log V at a
+uniform position over V tokens): relative to π_α it under-penalizes uncertain positions, i.e. it ranks by the
+low-temperature distribution, whose per-prefix normalizers Z_t are exactly what separates it from the power
+distribution (Karan & Du).  Both sums are unnormalized in length and favour short (early-EOS) samples.  The
+default stays E.8's "logq" (so results compare with the paper); the run records which rule chose
+(`DecodeResult.extra["select"]`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,11 @@ from .completions import CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 
 BASELINE_KINDS = ("greedy", "low-temp", "best-of-n")
+SELECT_RULES: dict[str, str] = {
+    "logq": "the largest Σ log q_τ (E.8, default): π_α's ranking plus a bonus on high-entropy paths",
+    "logp0": "the largest Σ log p0: the most likely of the N under π_α ∝ p0^α",
+}
+"""Best-of-N's selection rules and what each returns (module docstring: the bias of each)."""
 SAMPLE_SEED_PURPOSE = 201
 """Stream purpose of a baseline sample's seed (distinct from the MH decision purposes)."""
 
@@ -45,7 +59,8 @@ class BaselineConfig:
     samples: int = 4
     """N of best-of-N.  E.8: N ∈ {4, 8, 16, 32}."""
     select: str = "logq"
-    """best-of-N score: "logq" (Σ log q_τ, E.8) or "logp0" (Σ log p0)."""
+    """best-of-N score (`SELECT_RULES`): "logq" (Σ log q_τ, E.8; biased away from π_α toward high-entropy paths)
+    or "logp0" (Σ log p0: π_α's own ranking).  Both favour short samples."""
     seed: int = PAPER_SEED
     """Run seed.  Table 6: `PAPER_SEED` = 10086."""
 
@@ -58,8 +73,8 @@ class BaselineConfig:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
         if self.samples < 1:
             raise ValueError(f"samples N must be >= 1, got {self.samples}")
-        if self.select not in ("logq", "logp0"):
-            raise ValueError(f"select must be 'logq' or 'logp0', got {self.select!r}")
+        if self.select not in SELECT_RULES:
+            raise ValueError(f"select must be one of {tuple(SELECT_RULES)}, got {self.select!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
 
@@ -104,6 +119,6 @@ class DecodingBaseline:
             raise RuntimeError(f"model returned {len(outs)} completions for {len(reqs)} requests")
         scores = [float(np.sum(o.logq if self.config.select == "logq" else o.logp0)) for o in outs]
         best = int(np.argmax(scores))  # ties: the lowest sample index
-        extra = {"scores": scores, "chosen": best} if self.config.kind == "best-of-n" else {}
+        extra = {"scores": scores, "chosen": best, "select": self.config.select} if self.config.kind == "best-of-n" else {}
         return DecodeResult(method=self.name, prompt_id=prompt_id, response=outs[best], call_times=[wall],
                             extra=extra, tokens_decoded=sum(len(o.ids) for o in outs))

@@ -25,10 +25,15 @@ Proposal.  The reference code also lowers the proposal temperature along the ram
 1/α throughout (one temperature per request, as SGLang's sampling params have), which keeps the weights
 exact and is the proposal the paper proves variance-optimal at the final exponent.
 
-Final answer.  A particle drawn with probability ∝ its final weight (a keyed uniform), as the reference
-implementation does: that is the SMC approximation of one draw from π_α, the distribution the MH samplers
-target, so accuracies compare like with like.  `final="max"` takes the highest-weight particle instead (a
-mode-seeking choice, not a sample of π_α).
+Final answer (`PowerSMCConfig.final`, `FINAL_RULES`).  "sample" (default): a particle drawn with probability
+∝ its final weight (a keyed uniform), as the reference implementation does: that is the SMC approximation of
+one draw from π_α, the distribution the MH samplers target, so accuracies compare like with like.  "max": the
+particle with the largest importance weight.  That is NOT the most likely particle under π_α: a weight is
+π_α / (proposal) accumulated since the last resampling (after one, every survivor restarts from the same mean
+weight), so it ranks how much the proposal under-sampled a particle's recent blocks, not its p0.
+"max-logp0": the particle with the largest Σ_t log p0(y_t | y_<t), i.e. the most likely under p0, hence under
+π_α ∝ p0^α (any α > 0): the mode-seeking choice among the final particles.  Neither "max" rule is a sample of
+π_α, and Σ log p0 is not length-normalized: it favours particles that ended early (EOS).
 
 Randomness is keyed by (seed, prompt, block, particle) for the suffix seeds and (seed, prompt, block) for
 the resampling uniform: runs are reproducible and independent of batching.  EOS semantics follow E.8:
@@ -50,6 +55,14 @@ from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 
 PARTICLE_SEED_PURPOSE, RESAMPLE_PURPOSE, FINAL_PURPOSE = 301, 302, 303
 
+FINAL_RULES: dict[str, str] = {
+    "sample": "a particle drawn ∝ its final weight: one draw from the SMC approximation of π_α (default)",
+    "max": "the largest importance weight (not the most likely under π_α: weights restart at each resampling)",
+    "max-logp0": "the largest Σ log p0, the most likely particle under π_α ∝ p0^α (mode-seeking; favours short "
+                 "responses)",
+}
+"""The final-answer rules of Power-SMC and what each returns (module docstring)."""
+
 
 @dataclass(frozen=True)
 class PowerSMCConfig:
@@ -70,7 +83,8 @@ class PowerSMCConfig:
     resampling: str = "systematic"
     """"systematic" (one keyed uniform) or "multinomial" (P keyed uniforms)."""
     final: str = "sample"
-    """Answer: "sample" (a particle drawn ∝ final weight) or "max" (the highest-weight particle)."""
+    """The answer (`FINAL_RULES`): "sample" (a particle drawn ∝ final weight, a draw of π_α; default), "max"
+    (the largest importance weight) or "max-logp0" (the largest Σ log p0: the most likely under π_α)."""
     seed: int = PAPER_SEED
     """Run seed.  Table 6: `PAPER_SEED` = 10086."""
 
@@ -86,8 +100,8 @@ class PowerSMCConfig:
             raise ValueError(f"ramp_tokens must be >= 0, got {self.ramp_tokens}")
         if self.resampling not in ("systematic", "multinomial"):
             raise ValueError(f"resampling must be 'systematic' or 'multinomial', got {self.resampling!r}")
-        if self.final not in ("sample", "max"):
-            raise ValueError(f"final must be 'sample' or 'max', got {self.final!r}")
+        if self.final not in FINAL_RULES:
+            raise ValueError(f"final must be one of {tuple(FINAL_RULES)}, got {self.final!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
 
@@ -204,10 +218,13 @@ class PowerSMC:
         return new, ess, True
 
     def choose(self, particles: list[Particle], key: int) -> int:
-        """The answer's particle: drawn ∝ final weight (keyed uniform), or the highest weight."""
+        """The answer's particle by `PowerSMCConfig.final`: drawn ∝ final weight (keyed uniform), the largest
+        weight, or the largest Σ log p0 (ties: the lowest index)."""
         log_w = np.array([p.log_w for p in particles])
         if self.config.final == "max":
             return int(np.argmax(log_w))
+        if self.config.final == "max-logp0":
+            return int(np.argmax([math.fsum(p.logp0) for p in particles]))
         u = float(keyed_generator(self.config.seed, key, FINAL_PURPOSE).random())
         cdf = np.cumsum(np.exp(log_w - logsumexp(log_w)))
         return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(particles) - 1))
@@ -228,7 +245,7 @@ class PowerSMC:
             ess_log.append(ess)
             resamples += did
         chosen = self.choose(particles, key)
-        extra = {"resamples": resamples, "ess": ess_log, "chosen": chosen,
+        extra = {"resamples": resamples, "ess": ess_log, "chosen": chosen, "final": cfg.final,
                  "log_weights": [p.log_w for p in particles], "unique_final": len({tuple(p.ids) for p in particles})}
         return DecodeResult(method=self.name, prompt_id=prompt_id, response=particles[chosen].as_completion(),
                             call_times=calls, extra=extra, tokens_decoded=tokens)

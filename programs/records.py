@@ -255,7 +255,9 @@ class CallRecord:
 
 class RecordWriter:
     """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`), each stamped with
-    `model` when it is given."""
+    `model` when it is given.  Each `write_*` call appends whole lines in one write and flushes them before it
+    returns, so writing each call's nodes as the call finishes (`BlockwiseSampler.run(on_call=...)`) leaves
+    every finished call in the file when the run is interrupted or fails."""
 
     def __init__(self, path: str | os.PathLike[str], *, model: str | None = None) -> None:
         self.path = Path(path)
@@ -275,4 +277,5 @@ class RecordWriter:
         lines = [json.dumps(stamp(node).to_json()) for node in nodes]
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
+            fh.flush()
         return len(lines)

@@ -7,11 +7,18 @@
     α, τ = 1/α, β                       alpha, temperature, beta                    4, ¼, 4
     M, 𝒯 (MultiTryMH)                   mtm_candidates, mtm_temperatures            4, {¼, ½, 1}
     seed                                seed (`random_streams.PAPER_SEED`)          10086
-    N_pf                                PrefetchConfig.budget                       20
+    N_pf                                PrefetchConfig.budget                       20        20; MultiTryMH 3(2M − 1)
     traversal rule, ĥ(v+; ε)            PrefetchConfig.traversal, branch_prob
 
 `SamplerConfig()` is the library's default (n = B = 64, K = 10); `CPU_SAMPLER` is what `forerun sample` and
 `forerun bench presto` run without flags (the README's main job on 2 cores); `TABLE6_SAMPLER` is `--paper`.
+
+N_pf without a value (`PrefetchConfig(budget=None)`, no `--npf`) is `default_budget`: Table 6's 20, except where
+20 requests buy too few decision levels.  Under the request unit one MultiTryMH transition costs 2M − 1 = 7
+requests, so N_pf < 2(2M − 1) = 14 prefetches nothing (1.00 transitions per call) and 14-20 buys one level below
+the root (measured on `--model tiny`, 2 MATH500 prompts, n = 32, K = 10: 1.67 transitions per call at N_pf = 14
+and 20, 2.50 at 21, 2.92 at 28); its default is 3(2M − 1) = 21, the root's level and two prefetched ones.
+`prefetch_shortfall` says when a given budget cannot prefetch anything.
 """
 
 from __future__ import annotations
@@ -25,6 +32,12 @@ from .random_streams import PAPER_SEED
 from .traversal import TRAVERSALS, BranchProb
 
 SAMPLER_KINDS: tuple[str, ...] = ("power-mh", "entropy-cut", "multitry-mh")
+
+DEFAULT_BUDGET = 20
+"""N_pf of Table 6: the default budget of PowerMH and EntropyCut (and of every sampler under the node unit)."""
+DEFAULT_PREFETCH_LEVELS = 3
+"""Decision levels the default request budget pays for at least: the root's and two prefetched ones (with only
+one, a round realizes at most 2 transitions and fewer wherever an acceptance's cut blocks the next level)."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +111,10 @@ class SamplerConfig:
 class PrefetchConfig:
     """PreSTO settings."""
 
-    budget: int = 20
-    """N_pf: what one prefetch round may cost, in `budget_unit`s.  Table 6: 20."""
+    budget: int | None = None
+    """N_pf: what one prefetch round may cost, in `budget_unit`s (streaming: rows running at once).  None: the
+    sampler's `default_budget` (Table 6: 20; MultiTryMH under the request unit 3(2M − 1)), set by the samplers
+    (`resolved`)."""
     budget_unit: str = "request"
     """What N_pf counts (`call_cost`): "request" - distinct suffix requests the call generates (one per
     requested depth; MultiTryMH 2M − 1; requests the chain already generated are free), the default;
@@ -124,7 +139,7 @@ class PrefetchConfig:
     known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
 
     def __post_init__(self) -> None:
-        if self.budget < 1:
+        if self.budget is not None and self.budget < 1:
             raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")
         if self.budget_unit not in BUDGET_UNITS:
             raise ValueError(f"budget_unit must be one of {BUDGET_UNITS}, got {self.budget_unit!r}")
@@ -139,8 +154,47 @@ class PrefetchConfig:
         if self.call_overhead is not None and (self.budget_unit != "request" or self.traversal != "predictive"):
             raise ValueError("call_overhead applies to the predictive rule under budget_unit='request' only")
 
+    def resolved(self, config: SamplerConfig) -> "PrefetchConfig":
+        """This config with N_pf set: the given budget, or `default_budget` of the sampler `config`."""
+        return self if self.budget is not None else replace(self, budget=default_budget(config, self.budget_unit))
+
+
+def requests_per_transition(config: SamplerConfig) -> int:
+    """Distinct suffix requests one MH transition generates: 1 (PowerMH, EntropyCut), or MultiTryMH's M candidates
+    and M − 1 reference points (`transitions.MultiTryKernel.requests`)."""
+    return 2 * config.mtm_candidates - 1 if config.kind == "multitry-mh" else 1
+
+
+def default_budget(config: SamplerConfig, budget_unit: str = "request") -> int:
+    """N_pf when none is given: Table 6's 20, or under the request unit enough for `DEFAULT_PREFETCH_LEVELS`
+    levels of the sampler's transitions when that is more (MultiTryMH, M = 4: 21)."""
+    if budget_unit != "request":
+        return DEFAULT_BUDGET
+    return max(DEFAULT_BUDGET, DEFAULT_PREFETCH_LEVELS * requests_per_transition(config))
+
+
+def prefetch_shortfall(config: SamplerConfig, prefetch: PrefetchConfig) -> str | None:
+    """Why the PreSTO variant of `config` prefetches nothing at this budget (every call realizes one transition,
+    as the sequential sampler does), or None when it can prefetch.  Round-based, a round pays its root's
+    transition first (always made), then whole levels: the next level fits only from N_pf = 2 × the requests of
+    a transition (2 nodes under the node unit).  Streaming runs N_pf rows (the walk's own always) and starts a
+    node's requests all together: a prefetched node's rows fit beside the walk's only from the same 2 × (the
+    walk's rows start together at one length and finish together)."""
+    if config.steps_per_block < 2:
+        return None  # one transition per block: nothing to prefetch at any budget
+    pf = prefetch.resolved(config)
+    assert pf.budget is not None
+    per = requests_per_transition(config) if pf.budget_unit == "request" or pf.streaming else 1
+    need = 2 * per
+    if pf.budget >= need:
+        return None
+    what = f"{per} requests" if per > 1 else ("1 request" if pf.budget_unit == "request" else "1 node")
+    return (f"N_pf = {pf.budget} cannot prefetch anything for {config.kind}: one transition takes {what}, so every "
+            f"{'window' if pf.streaming else 'call'} realizes one transition; N_pf >= {need} prefetches "
+            f"(default without --npf: {default_budget(config, pf.budget_unit)})")
+
 
 CPU_SAMPLER = SamplerConfig(response_length=32, block_size=32, steps_per_block=10)
 """CPU-sized defaults of `forerun sample` / `forerun bench presto` (3 MATH500 prompts in minutes on 2 cores)."""
 TABLE6_SAMPLER = replace(SamplerConfig(), response_length=1024, block_size=1024, steps_per_block=100)
-"""PreSTO Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, seed 10086 (N_pf: `PrefetchConfig().budget`)."""
+"""PreSTO Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, seed 10086 (N_pf: `DEFAULT_BUDGET`)."""

@@ -41,6 +41,7 @@ from .prefetch_tree import PrefetchPlan, accept_child, accepts_on_path, mh_trans
 from .suffixes import ProposalModel, Suffix, SuffixRequest
 from .random_streams import DecisionStream, prompt_key
 from .records import CallRecord, NodeRecord
+from .request_ledger import RequestLedger
 from .suffix_cache import SuffixCache
 from .sampler_config import PrefetchConfig, SamplerConfig
 from .traversal import plan_prefetch
@@ -66,6 +67,8 @@ class ChainResult:
     calls: list[CallRecord] = field(default_factory=list)
     ended_at_eos: bool = False
     """The chain stopped at the end of a block whose state held an EOS (`SamplerConfig.stop_at_eos`)."""
+    requests: RequestLedger = field(default_factory=RequestLedger)
+    """The MH phase's generated and used requests (`request_ledger`: wasted tokens, repeated requests)."""
 
     @property
     def response_ids(self) -> tuple[int, ...]:
@@ -94,6 +97,16 @@ class ChainResult:
         """Every token the engine generated for this chain (block extensions and every proposal, rejected ones
         included; requests served from the suffix cache cost nothing): the compute-matched budget."""
         return int(sum(c.generated_tokens for c in self.calls))
+
+    @property
+    def wasted_token_fraction(self) -> float:
+        """Tokens of the MH phase that no realized decision read ÷ tokens it generated (`request_ledger`)."""
+        return self.requests.wasted_token_fraction
+
+    @property
+    def repeated_requests(self) -> int:
+        """Generations of a request the chain had already generated (`request_ledger`)."""
+        return self.requests.repeated_requests
 
     @property
     def call_time(self) -> float:
@@ -135,6 +148,9 @@ class ChainResult:
             "distinct_requests": self.total("distinct_requests"),
             "generated_requests": self.total("generated_requests"),
             "generated_tokens": self.total("generated_tokens"),
+            "wasted_tokens": self.requests.wasted_tokens,
+            "wasted_token_fraction": self.wasted_token_fraction,
+            "repeated_requests": self.repeated_requests,
             "call_time_s": self.call_time,
             "transitions_per_call": self.transitions_per_call,
             "time_per_call_s": self.time_per_call,
@@ -163,11 +179,13 @@ class BlockwiseSampler:
         return self.config.kind
 
     def _generate(self, requests: Sequence[SuffixRequest], cache: SuffixCache | None = None,
-                  transitions: Sequence[int] = ()) -> tuple[list[Suffix], float, tuple[int, int, int]]:
+                  transitions: Sequence[int] = (), ledger: RequestLedger | None = None,
+                  ) -> tuple[list[Suffix], float, tuple[int, int, int]]:
         """One timed model call for the distinct requests not in `cache`; returns the suffixes in request
         order, the wall time and (distinct, generated requests, generated tokens).  Identical requests (same
         prefix, seed, length, τ: nodes of one depth share their transition's inputs) are generated once -
-        their suffixes are identical by the engine contract; no call is made when every one is cached."""
+        their suffixes are identical by the engine contract; no call is made when every one is cached.  The
+        generated ones are entered in `ledger` (the chain's MH phase)."""
         unique = list(dict.fromkeys(requests))
         todo = [r for r in unique if cache is None or r not in cache]
         by_request = {r: cache.get(r) for r in unique if cache is not None and r in cache}
@@ -180,6 +198,9 @@ class BlockwiseSampler:
             if len(out) != len(todo):
                 raise RuntimeError(f"model returned {len(out)} suffixes for {len(todo)} requests")
             by_request.update(zip(todo, out))
+            for r, suffix in zip(todo, out):
+                if ledger is not None:
+                    ledger.generated(r, len(suffix.ids))
             if cache is not None:
                 serves = dict(zip(requests, transitions))
                 for r, suffix in zip(todo, out):
@@ -209,18 +230,35 @@ class BlockwiseSampler:
                           accepted=accepted, extra=root_cut_features(root, cut))
 
     def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
-            progress: Callable[[int], None] | None = None) -> ChainResult:
-        """Run the chain; `progress(k)` (optional) is called after every k realized MH transitions."""
-        self._progress = progress
+            progress: Callable[[int], None] | None = None,
+            on_call: Callable[[CallRecord], None] | None = None) -> ChainResult:
+        """Run the chain; `progress(k)` (optional) is called after every k realized MH transitions, `on_call(c)`
+        (optional) with each CallRecord once its call has finished, in order (a records file written from it
+        keeps every finished call when the chain is interrupted or fails)."""
         prompt = tuple(int(t) for t in prompt_ids)
         key = prompt_key(prompt)
         n_temps = len(self.config.mtm_temperatures) if self.config.kind == "multitry-mh" else None
         result = ChainResult(sampler=self.name, prompt_id=prompt_id or str(key), prompt_ids=prompt,
                              state=ChainState.empty(n_temps))
+        sent = 0
+
+        def finished_calls() -> None:
+            nonlocal sent
+            while on_call is not None and sent < len(result.calls):
+                sent += 1
+                on_call(result.calls[sent - 1])
+
+        def advanced(k: int) -> None:
+            finished_calls()
+            if progress is not None:
+                progress(k)
+
+        self._progress = advanced
         for block in range(1, self.config.num_blocks + 1):
             stream = DecisionStream(self.config.seed, key, block)
             self._extend(result, stream, block)
             self._run_block(result, stream, block)
+            finished_calls()  # streaming PreSTO records its windows at the end of the block
             if self._ended_at_eos(result):
                 break
         return result
@@ -255,8 +293,9 @@ class SequentialSampler(BlockwiseSampler):
             cut = self.kernel.cut(state, j, stream)
             reqs = self.kernel.requests(result.prompt_ids + tuple(int(t) for t in state.tokens[:cut]), cut, horizon,
                                         j, stream)
-            suffixes, wall, (distinct, generated, tokens) = self._generate(reqs)
+            suffixes, wall, (distinct, generated, tokens) = self._generate(reqs, ledger=result.requests)
             decision = self.kernel.decide(state, cut, suffixes, j, stream)
+            result.requests.used(reqs)
             accepted = accept_decision(stream.accept_log_uniform(j), decision.log_accept)
             call_index = len(result.calls)
             node = self._node_record(result, block, call_index, accept_child(0), horizon, cut, j,
@@ -280,7 +319,7 @@ class PrestoSampler(BlockwiseSampler):
     def __init__(self, model: ProposalModel, config: SamplerConfig, prefetch: PrefetchConfig = PrefetchConfig(),
                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(model, config, clock)
-        self.prefetch = prefetch
+        self.prefetch = prefetch.resolved(config)  # N_pf set: the given one, or the sampler's default
 
     @property
     def name(self) -> str:
@@ -331,7 +370,7 @@ class PrestoSampler(BlockwiseSampler):
         by_depth = round_requests(self.kernel, result.prompt_ids, root, plan.requests, k, stream)
         flat = [r for d in sorted(by_depth) for r in by_depth[d]]
         serves = [k + d for d in sorted(by_depth) for _ in by_depth[d]]
-        suffixes, wall, (distinct, generated, tokens) = self._generate(flat, cache, serves)
+        suffixes, wall, (distinct, generated, tokens) = self._generate(flat, cache, serves, ledger=result.requests)
         suffix_of = dict(zip(flat, suffixes))
         scored = score_round(self.kernel, root, plan.requests,
                              [[suffix_of[q] for q in by_depth[r.depth]] for r in plan.requests], k, stream)
@@ -346,6 +385,8 @@ class PrestoSampler(BlockwiseSampler):
         if not steps:
             raise RuntimeError("the walk realized no transition (the root's proposal must be scored)")
         taken = {s.node: s.accepted for s in steps}
+        for s in steps:  # a realized decision at depth d read its transition's requests
+            result.requests.used(by_depth[node_depth(s.node)])
         call_index = len(result.calls)
         nodes = tuple(
             self._node_record(result, block, call_index, r.node, r.parent_cut, r.cut, k + r.depth,

@@ -119,7 +119,7 @@ class StreamingPrestoSampler(BlockwiseSampler):
     def __init__(self, model: ProposalModel, config: SamplerConfig, prefetch: PrefetchConfig = PrefetchConfig(),
                  streams: ProposalStreams | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(model, config, clock)
-        self.prefetch = prefetch
+        self.prefetch = prefetch.resolved(config)  # N_pf set: the given one, or the sampler's default
         self._streams = streams
 
     @property
@@ -331,8 +331,13 @@ class _BlockRun:
         self.windows.append(Window(start=now))
 
     def record_windows(self) -> None:
-        """One CallRecord per window: tokens and waste of the rows started in it."""
+        """One CallRecord per window: tokens and waste of the rows started in it; every row into the chain's
+        `request_ledger`."""
         res, s = self.result, self.sampler
+        for row in self.started:  # the chain's ledger: every started row is a generation (restarts repeat one)
+            res.requests.generated(row.request, len(row.suffix.ids) if row.suffix is not None else len(row.ids))
+            if row.used:
+                res.requests.used([row.request])
         for w_index, w in enumerate(self.windows):
             rows = [r for r in self.started if r.window == w_index]
             tokens = sum(len(r.suffix.ids) if r.suffix is not None else len(r.ids) for r in rows)

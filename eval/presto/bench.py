@@ -15,6 +15,12 @@ phase), with the rows started / aborted, the wasted tokens and the rows per deco
 carries its decode steps S and row-steps G per chain: with a measured per-step time t(r) ≈ a + b·r
 (`cost_model.step_cost_curve`), the model-call time is predicted as a·S + b·G (`cost_model.cost_model_prediction`), and a ratio of S
 alone is what the speedup becomes where extra rows are free (b → 0, a wide accelerator batch).
+
+What speculation costs, per row (the PreSTO variant's chains, `programs.request_ledger`): `wasted_token_fraction`,
+the MH-phase tokens the variant generated that no realized decision read ÷ the tokens it generated (pooled over
+the prompts; the sequential sampler's is 0 by construction), and `repeated_requests`, the generations of a
+request (same prompt and prefix ids, length, τ, seed) the chain had already generated, summed over the prompts.
+`npf` is the budget the variant ran with (`PrefetchConfig.resolved`: the sampler's default when none was given).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class PairResult:
     """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
     traversal: str = "bfs"
     """The PreSTO variant: "bfs", "predictive", "streaming" (BFS order) or "streaming-predictive"."""
+    npf: int | None = None
+    """N_pf the PreSTO variant ran with."""
 
     def table_row(self) -> dict[str, Any]:
         """Table 7 (`table7.table7_columns`) plus what the benchmark adds: Table 2's K ÷ mean calls, what a PreSTO
@@ -66,10 +74,19 @@ class PairResult:
             "unflushed_chains": self.unflushed,
             "accept_rate": finite_mean(np.mean(s.history) for s in seq if s.history),
             "traversal": self.traversal,
+            "npf": self.npf,
+            "wasted_token_fraction": wasted_token_fraction(pre),
+            "repeated_requests": sum(r.repeated_requests for r in pre),
             "decode_steps": [finite_mean(_sum(r, "decode_steps") for r in runs) for runs in (seq, pre)],
             "row_steps": [finite_mean(_sum(r, "row_steps") for r in runs) for runs in (seq, pre)],
             **({"streaming": streaming_metrics(pre)} if self.traversal.startswith("streaming") else {}),
         }
+
+
+def wasted_token_fraction(runs: Sequence[ChainResult]) -> float:
+    """Σ wasted ÷ Σ generated MH-phase tokens over the chains (`programs.request_ledger`); NaN without chains."""
+    generated = sum(r.requests.generated_tokens for r in runs)
+    return sum(r.requests.wasted_tokens for r in runs) / generated if generated else (0.0 if runs else math.nan)
 
 
 def _sum(run: ChainResult, name: str) -> int:
@@ -163,7 +180,8 @@ def run_pairs(
 
     chains = chains_of(prompts, configs, list(variants))
     results = pool.map(one, chains)
-    pairs: dict[tuple[int, str], PairResult] = {(id(cfg), v): PairResult(sampler=cfg.kind, traversal=v)
+    pairs: dict[tuple[int, str], PairResult] = {(id(cfg), v): PairResult(sampler=cfg.kind, traversal=v,
+                                                                         npf=variants[v].resolved(cfg).budget)
                                                  for cfg in configs for v in variants}
     for chain, (res, flushed) in zip(chains, results):
         for v in (variants if not chain.presto else [chain.variant]):
@@ -176,7 +194,8 @@ def run_pairs(
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Table 7 layout: sequential / PreSTO per cell, then the ratios."""
     head = (f"{'sampler':<12} {'variant':<20} {'total time (s)':>22} {'transitions/call':>18} {'K÷calls':>8} {'time/call (s)':>17} "
-            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10} {'nodes,req/call':>15}")
+            f"{'speedup':>8} {'median':>7} {'calls÷':>7} {'t/call×':>8} {'identical':>10} {'nodes,req/call':>15} "
+            f"{'N_pf':>5} {'waste,rep':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         tt, tpc, tc = r["total_time_s"], r["transitions_per_call"], r["time_per_call_s"]
@@ -186,9 +205,18 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{tpc[0]:>8.2f}/{tpc[1]:<9.2f} {r['transitions_per_call_table2'][1]:>8.2f} {tc[0]:>8.3f}/{tc[1]:<8.3f} "
             f"{r['speedup_eq20']:>7.2f}x {r['median_prompt_speedup']:>6.2f}x {r['reduction_in_calls']:>6.2f}x "
             f"{r['increase_in_time_per_call']:>7.2f}x {r['identical_chains']:>4}/{r['prompts']:<5} "
-            f"{per_call['nodes_scored']:>7.1f},{per_call['generated_requests']:<7.1f}"
+            f"{per_call['nodes_scored']:>7.1f},{per_call['generated_requests']:<7.1f} "
+            f"{_cell(r.get('npf')):>5} {_percent(r.get('wasted_token_fraction')):>5},{_cell(r.get('repeated_requests')):<4}"
         )
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.0f}%"
 
 
 def timestamp() -> str:

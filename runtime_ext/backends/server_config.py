@@ -4,6 +4,10 @@ and the gateway's routing header."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+SERVER_URL_SCHEMES = ("http", "https")
+"""What a server URL may start with (SGLang's HTTP API)."""
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 """The SGLang Model Gateway's sticky-routing header (`smg`, policy `manual`: one key, one worker); a plain SGLang
@@ -77,3 +81,25 @@ class ServerConfig:
     def backoff(self, attempt: int) -> float:
         """Sleep before retry number `attempt` (0-based)."""
         return min(self.max_backoff_s, self.backoff_s * self.backoff_factor**attempt)
+
+
+def check_server_url(url: str) -> str:
+    """`url` as a server URL (http[s]://host[:port][/path], trailing "/" removed), or ValueError saying what is
+    wrong with it: empty, no scheme, a scheme other than http/https, no host, a port that is not a number."""
+    text = url.strip()
+    if not text:
+        raise ValueError("a server URL must not be empty (expected http://host:port)")
+    if "://" not in text:
+        raise ValueError(f"{url!r} is not a server URL: expected http://host:port")
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in SERVER_URL_SCHEMES:
+        raise ValueError(f"{url!r}: unsupported scheme {parts.scheme + '://'!r} (expected http:// or https://)")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port when it is read
+    except ValueError:
+        raise ValueError(f"{url!r}: the port is not a number from 0 to 65535 (expected http://host:port)") from None
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{url!r} contains white space (expected http://host:port)")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host (expected http://host:port)")
+    return parts._replace(scheme=parts.scheme.lower()).geturl().rstrip("/")

@@ -1,9 +1,11 @@
 """Admission under the KV budget: a request starts decoding only when its KV fits (SGLang-style queueing).
 
 `EngineConfig.max_total_tokens` bounds ALL the KV the engine holds, in tokens: the radix tree's cached
-prefixes plus every running row's own KV.  A row is charged for its whole prompt as if it held a copy (the
-transformers fallback does copy it; the native forward reads the cached part in place, so the charge is
-an upper bound there).  A decoding request reserves the most KV its row will
+prefixes plus every running row's own KV.  The transformers fallback copies a row's whole prompt into the row,
+so the row is charged for all of it.  The native forward reads the cached prefix in place (`shares_prefix`):
+a prefix that is locked in the tree (a pin, or a running row that reads it) stays resident while the row
+runs and is already counted in the tree, so the row is charged only for the tokens it adds — charging the
+prefix again would refuse a request next to a pin of its own prompt that fits.  A decoding request reserves the most KV its row will
 ever hold when it is admitted and releases it when it leaves; the radix tree only caches what the
 reservations leave free (`RadixCache.reserved`), so
 
@@ -11,6 +13,7 @@ reservations leave free (`RadixCache.reserved`), so
 
     notion                                       code
     KV a decoding row holds at most              row_demand(r) = len(prompt) - 1 + max_new_tokens
+    what it adds (prefix read in place)          row_demand(r) - locked_prefix(radix, r)
     fits now (after evicting unlocked prefixes)  RadixCache.reserve(row_demand(r), protect=r's cached prefix)
     can never fit                                row_demand(r) > max_total_tokens -> EngineError at submission
     queue order                                  FIFO per priority class: a request that does not fit yet
@@ -38,6 +41,18 @@ def row_demand(r: Request) -> int:
     return len(r.input_ids) - 1 + r.params.max_new_tokens
 
 
+def locked_prefix(radix: RadixCache, r: Request) -> int:
+    """Leading tokens of r's row KV (prompt[:-1]) cached in the tree under a lock: they cannot be evicted, so
+    a row that reads its prefix in place adds nothing for them."""
+    node = radix.deepest_cached(r.input_ids[: max(len(r.input_ids) - 1, 0)])
+    locked = 0
+    while node is not None:
+        if node.lock_ref > 0:
+            locked += len(node.key)
+        node = node.parent
+    return locked
+
+
 def check_fits_budget(r: Request, max_total_tokens: int) -> None:
     """EngineError when r's row could not fit even in an empty engine."""
     if r.decodes and row_demand(r) > max_total_tokens:
@@ -56,7 +71,10 @@ def release(radix: RadixCache, r: Request) -> None:
 
 def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
                  take: list[Request], failed: list[tuple[Request, EngineError]],
-                 make_room: MakeRoom | None = None) -> None:
+                 make_room: MakeRoom | None = None, shares_prefix: bool = False) -> None:
+    def demand_of(r: Request) -> int:
+        return row_demand(r) - (locked_prefix(radix, r) if shares_prefix else 0)
+
     blocked = False
     for r in waiting:
         if not r.decodes:
@@ -65,10 +83,11 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
         if blocked or free_rows <= 0:
             blocked = True
             continue
-        demand = row_demand(r)
+        demand = demand_of(r)
         protect = radix.deepest_cached(r.input_ids)
         if make_room is not None and radix.free_tokens < demand:
             make_room(demand, protect)
+            demand = demand_of(r)  # make_room may have dropped a pin that held r's prefix
         if radix.reserve(demand, protect=protect):
             r.reserved = demand
             take.append(r)
@@ -82,15 +101,17 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
 
 
 def take_admissible(waiting: Sequence[Request], radix: RadixCache, *, free_rows: int, free_background_rows: int,
-                    normal_running: bool, make_room: MakeRoom | None = None,
+                    normal_running: bool, make_room: MakeRoom | None = None, shares_prefix: bool = False,
                     ) -> tuple[list[Request], list[tuple[Request, EngineError]]]:
     """What starts now, and what fails: normal requests first (FIFO, each decoding one needs a free row and
     its KV reserved, after `make_room` when it does not fit); background requests (priority < 0) only when
-    no normal request is queued or running (they never make room)."""
+    no normal request is queued or running (they never make room).  `shares_prefix`: rows read their cached
+    prefix in place (the native forward), so a locked prefix is not charged again."""
     take: list[Request] = []
     failed: list[tuple[Request, EngineError]] = []
     normal = [r for r in waiting if r.priority >= 0]
-    _admit_class(normal, radix, free_rows, take, failed, make_room)
+    _admit_class(normal, radix, free_rows, take, failed, make_room, shares_prefix)
     if not normal and not normal_running:
-        _admit_class([r for r in waiting if r.priority < 0], radix, free_background_rows, take, failed)
+        _admit_class([r for r in waiting if r.priority < 0], radix, free_background_rows, take, failed,
+                     shares_prefix=shares_prefix)
     return take, failed

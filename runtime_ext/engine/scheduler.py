@@ -385,7 +385,8 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             take, failed = take_admissible(
                 self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
                 free_background_rows=self.config.max_batch_size - len(self._background),
-                normal_running=bool(self._normal.rows), make_room=self._yield_pins)
+                normal_running=bool(self._normal.rows), make_room=self._yield_pins,
+                shares_prefix=self._normal.share_prefix)
             for r in take + [r for r, _ in failed]:
                 self._waiting.remove(r)
         for r, exc in failed:

@@ -77,7 +77,7 @@ def test_bench_presto_budget_unit_and_reuse_flags(capsys):
     (row,) = out["rows"]
     assert row["presto_per_call"]["nodes_scored"] <= 3 and row["identical_chains"] == 1
     assert main(base + ["--call-overhead", "2"]) == 2  # κ0 needs the predictive rule
-    assert "call_overhead" in capsys.readouterr().err
+    assert "--call-overhead applies only to the round-based predictive rule" in capsys.readouterr().err
 
 
 def test_table_ratios_from_one_run():
@@ -172,7 +172,7 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
                      "--sampler", "entropy-cut", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["confidence"] is not None
     url = f"http://127.0.0.1:{unused_port()}"
-    assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 2
+    assert main(["bench", "presto", "--backend", url, "--prompts", "1"]) == 1  # a server failure, not usage
     err = capsys.readouterr().err
     assert err.startswith("forerun bench presto: ") and url in err and err.count("\n") == 1
 
@@ -190,3 +190,52 @@ def test_prompt_runs_get_a_unique_prompt_id_and_records_carry_the_model(tmp_path
                                                       prompt_id_for_text("second prompt")}
     assert all(line["model"] == "tiny" for line in lines)
     assert prompt_id_for_text("x") == "prompt/2d711642b726" and len(read_node_records(rec)) == len(lines)
+
+
+# -- N_pf defaults and shortfall (issue 30 item 4), what speculation costs (wasted tokens, repeated requests) ---
+def test_bench_presto_multitry_default_budget_prefetches(capsys):
+    """No --npf: presto-multitry-mh runs at its default 3(2M − 1) = 21 and realizes >= 2 transitions per call on
+    the tiny model, with the sequential chain and no warning."""
+    assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--samplers", "multitry-mh", "--json"]) == 0
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)["rows"]
+    assert row["npf"] == 21 and row["identical_chains"] == 1
+    assert row["transitions_per_call"][1] >= 2.0
+    assert row["repeated_requests"] == 0 and 0.0 <= row["wasted_token_fraction"] <= 1.0
+    assert "warning" not in captured.err
+
+
+def test_npf_below_one_level_warns_once(capsys):
+    args = ["sample", "--sampler", "multitry-mh", "--presto", "--prompt", "x", "--model", "tiny", "--n", "6", "--K",
+            "3", "--json"]
+    assert main(args + ["--npf", "8"]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert warnings == [warnings[0]] and warnings[0].startswith(
+        "forerun sample: warning: N_pf = 8 cannot prefetch anything for multitry-mh")
+    out = json.loads(captured.out)
+    assert out["transitions_per_call"] == 1.0 and out["settings"]["npf"] == 8
+    assert main(args + ["--npf", "14"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err and json.loads(captured.out)["settings"]["npf"] == 21
+
+
+def test_wasted_tokens_and_repeated_requests_per_traversal(capsys):
+    """Every row reports the PreSTO variant's wasted token share (in [0, 1]) and its repeated requests (0 for the
+    round-based traversals); a sequential chain wastes nothing and repeats nothing."""
+    assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--K", "4", "--json"]) == 0
+    seq = json.loads(capsys.readouterr().out)
+    assert seq["wasted_token_fraction"] == 0.0 and seq["wasted_tokens"] == 0 and seq["repeated_requests"] == 0
+    assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "6", "--npf", "4",
+                 "--samplers", "power-mh", "entropy-cut", "--traversals", "bfs", "streaming", "--no-cost-model",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 4
+    for r in rows:
+        assert 0.0 <= r["wasted_token_fraction"] <= 1.0 and r["identical_chains"] == 1
+        assert isinstance(r["repeated_requests"], int) and r["repeated_requests"] >= 0
+        if r["traversal"] == "bfs":
+            assert r["repeated_requests"] == 0
+    assert "waste,rep" in format_table(rows)

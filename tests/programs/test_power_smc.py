@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -163,3 +164,54 @@ def test_baselines_greedy_low_temperature_best_of_n():
     by_p0 = DecodingBaseline(toy, BaselineConfig(kind="best-of-n", samples=6, max_new_tokens=5, select="logp0")).run(PROMPT)
     p0_scores = [toy.table.sequence_logp0(PROMPT, c.ids) for c in toy.complete(reqs)]
     assert by_p0.extra["chosen"] == int(np.argmax(p0_scores))
+
+
+def test_final_max_logp0_picks_the_most_likely_particle():
+    """final="max-logp0": the final particle with the largest Σ log p0, the oracle recomputed here from the toy's
+    table over the final particle cloud; on this run the heaviest particle is a less likely one ("max" fails)."""
+    cfg = PowerSMCConfig(alpha=4.0, particles=8, max_new_tokens=6, block_size=2, ramp_tokens=0, seed=1,
+                         final="max-logp0")
+    toy = _toy()
+    res = PowerSMC(toy, cfg).run(PROMPT)
+    particles = _final_particles(PowerSMC(_toy(), cfg))
+    oracle = [toy.table.sequence_logp0(PROMPT, p.ids) for p in particles]
+    assert res.extra["final"] == "max-logp0"
+    assert toy.table.sequence_logp0(PROMPT, res.response_ids) == pytest.approx(max(oracle))
+    assert math.fsum(res.response.logp0) == pytest.approx(max(oracle))  # the returned per-token log p0 agree
+    heaviest = int(np.argmax([p.log_w for p in particles]))
+    assert oracle[heaviest] < max(oracle) - 1e-9  # the largest weight is not the most likely particle here
+    by_weight = PowerSMC(_toy(), replace(cfg, final="max")).run(PROMPT)
+    assert toy.table.sequence_logp0(PROMPT, by_weight.response_ids) < max(oracle) - 1e-9
+    assert by_weight.extra["final"] == "max"
+
+
+def test_final_rule_is_validated_and_documented():
+    from forerun.programs.power_smc import FINAL_RULES
+
+    assert set(FINAL_RULES) == {"sample", "max", "max-logp0"}
+    for rule in FINAL_RULES:
+        assert PowerSMCConfig(final=rule).final == rule
+    with pytest.raises(ValueError, match="final must be one of"):
+        PowerSMCConfig(final="mode")
+
+
+def test_best_of_n_records_its_rule_and_logq_is_logp0_plus_the_normalizer_bonus():
+    """The documented bias of select="logq": Σ log q_τ = α Σ log p0 + Σ_t −log Z_t with Z_t = Σ_v p0(v|·)^α ≤ 1,
+    Z_t computed here from the toy's logits; the two rules pick different samples on this prompt."""
+    from forerun.programs.baselines import SELECT_RULES
+
+    toy, alpha = _toy(), 4.0
+    picks = {}
+    for rule in SELECT_RULES:
+        res = DecodingBaseline(toy, BaselineConfig(kind="best-of-n", samples=16, max_new_tokens=5, alpha=alpha,
+                                                   select=rule, seed=2)).run(PROMPT)
+        assert res.extra["select"] == rule
+        picks[rule] = res.response_ids
+    for c in toy.complete(toy.calls[-1]):
+        ids, bonus = list(PROMPT), 0.0
+        for tok in c.ids:
+            bonus -= float(logsumexp(alpha * toy.table.log_p0(ids[-1], len(ids))))
+            ids.append(int(tok))
+        assert bonus >= 0.0
+        assert math.fsum(c.logq) == pytest.approx(alpha * math.fsum(c.logp0) + bonus)
+    assert picks["logq"] != picks["logp0"]

@@ -378,7 +378,7 @@ def test_concurrent_threads_mixed_requests_all_finish():
 
 
 def test_radix_reuse_eviction_and_pins():
-    # the budget counts the running row's own KV too: the final request holds a copy of the pinned root
+    # the budget counts the running row's own KV too, but not again the pinned root it reads in place
     with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=250, batch_window_ms=0)) as eng:
         root = list(range(40, 140))  # 100 tokens
         handle = eng.pin(root)
@@ -390,8 +390,17 @@ def test_radix_reuse_eviction_and_pins():
         assert eng.stats()["radix_evicted_tokens"] > 0
         hit = eng.generate(root + [7], SamplingParams(max_new_tokens=2, seed=1, ignore_eos=True))
         assert hit.meta_info["cached_tokens"] == 100  # the pinned root survived eviction
-        with pytest.raises(EngineError, match="pinned"):  # 100 pinned + a 199-token row > 250, nothing running
-            eng.generate(root + [7], SamplingParams(max_new_tokens=99, seed=1, ignore_eos=True))
+        # the row reads the 100 pinned tokens in place and adds 99: 100 + 99 <= 250 (charging the pinned root
+        # twice, 100 + 199 > 250, refused it)
+        out = eng.generate(root + [7], SamplingParams(max_new_tokens=99, seed=1, ignore_eos=True))
+        assert out.meta_info["cached_tokens"] == 100 and len(out.output_ids) == 99
+        assert eng.stats()["radix_total_tokens"] <= 250
+        other = eng.pin([150 + i for i in range(60)])  # 160 pinned now: 160 + the 99 the row adds > 250
+        with pytest.raises(EngineError, match="pinned"):
+            eng.generate(root + [7], SamplingParams(max_new_tokens=99, seed=2, ignore_eos=True))
+        with pytest.raises(EngineError, match="can never fit"):  # 100 pinned + 151 added > 250 in any engine
+            eng.generate(root + [7], SamplingParams(max_new_tokens=151, seed=1, ignore_eos=True))
+        eng.unpin(other)
         eng.unpin(handle)
         with pytest.raises(EngineError, match="unknown pin handle"):
             eng.unpin(handle)

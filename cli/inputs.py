@@ -1,0 +1,83 @@
+"""Input files a command reads (records, classifiers, datasets, run files, the reference): a file that is not
+UTF-8 text is one line on stderr that names the file and the byte offset of the first bad byte, exit 2.
+
+    forerun classifier train: --records runs/nodes.jsonl: not UTF-8 text (byte 0xff at offset 16)
+
+The readers themselves decode line by line and raise a UnicodeDecodeError that names neither the file nor
+the offset in it; `naming_undecodable(paths)` turns that error into the line above by scanning the given files
+(only when the error happens: a large dataset is never read twice on the normal path).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .errors import CommandError
+
+__all__ = ["utf8_problem", "check_utf8", "naming_undecodable", "dataset_paths"]
+
+_CHUNK = 1 << 20
+
+
+def utf8_problem(path: str | os.PathLike[str]) -> str | None:
+    """"byte 0xff at offset 16" for the first byte of `path` that is not UTF-8, None when it all decodes (or
+    cannot be read: the reader reports that itself)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes of the file fed to the decoder so far
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return None
+    with fh:
+        while True:
+            chunk = fh.read(_CHUNK)
+            pending = decoder.getstate()[0]  # bytes of an unfinished character kept from the last chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                data = pending + chunk
+                return f"byte 0x{data[exc.start]:02x} at offset {offset - len(pending) + exc.start}"
+            if not chunk:
+                return None
+            offset += len(chunk)
+
+
+def check_utf8(path: str | os.PathLike[str], option: str | None = None) -> str | os.PathLike[str]:
+    """`path`, or CommandError when it is not UTF-8 text (for readers that report a bad byte without the offset,
+    such as the run-file reader)."""
+    problem = utf8_problem(path)
+    if problem is not None:
+        raise CommandError(f"{option + ' ' if option else ''}{path}: not UTF-8 text ({problem})")
+    return path
+
+
+@contextlib.contextmanager
+def naming_undecodable(paths: Iterable[str | os.PathLike[str] | None], option: str | None = None) -> Iterator[None]:
+    """Run a reader of `paths`; a UnicodeDecodeError it raises becomes a CommandError naming the first of
+    `paths` that is not UTF-8 (prefixed with `option`, e.g. "--records"), and the offset."""
+    paths = [p for p in paths if p is not None]
+    try:
+        yield
+    except UnicodeDecodeError:
+        for path in paths:
+            check_utf8(path, option)
+        raise
+
+
+def dataset_paths(name: str | None, data_dir: str | os.PathLike[str] | None,
+                  file: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The files `load_prompts(name, data_dir=..., file=...)` reads (empty when it would fail before reading)."""
+    from ..eval.datasets.loading import resolve_data_dir
+    from ..eval.datasets.registry import dataset_spec
+
+    if file is not None:
+        return [Path(file)]
+    try:
+        spec, source = dataset_spec(name or ""), resolve_data_dir(data_dir)
+    except (KeyError, ValueError):  # DatasetError is a ValueError
+        return []
+    return [source.path / f for f in (spec.packaged if source.packaged else spec.files)]

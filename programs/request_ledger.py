@@ -1,0 +1,61 @@
+"""What a chain's MH phase generated and what its walk used: wasted tokens and repeated requests.
+
+Every variant generates suffix requests and realizes decisions from some of them.  The sequential sampler uses
+every request it generates (each call serves the decision it was made for); a PreSTO variant also generates
+requests of decisions the walk never reaches (the branch not taken, a level below a deferred node, a streamed
+row aborted), and should never generate one request twice (`suffix_cache` serves a round's repeat; streaming
+keeps a complete row).  The ledger counts both, per chain, with one definition for every traversal:
+
+    generated tokens      Σ tokens of every generation (a request generated twice counts twice; a streamed row
+                          aborted part-way counts the tokens it decoded)
+    used tokens           Σ over the distinct requests some realized decision read of their length T − c
+    wasted tokens         generated − used;  wasted_token_fraction = wasted ÷ generated (0 when none generated)
+    repeated requests     generations of a request (same prefix ids, length, τ, seed) already generated earlier
+                          in the chain
+
+Block extensions are left out (identical in every variant and always used), as in the call metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .suffixes import SuffixRequest
+
+
+@dataclass
+class RequestLedger:
+    """Generated and used suffix requests of one chain's MH phase (module docstring)."""
+
+    generated_tokens: int = 0
+    """Tokens of every generation."""
+    repeated_requests: int = 0
+    """Generations of a request that the chain had already generated."""
+    _generated: set[SuffixRequest] = field(default_factory=set, repr=False)
+    _used: set[SuffixRequest] = field(default_factory=set, repr=False)
+
+    def generated(self, request: SuffixRequest, tokens: int) -> None:
+        """The engine generated `tokens` tokens for `request` (a whole suffix, or an aborted row's part)."""
+        if request in self._generated:
+            self.repeated_requests += 1
+        self._generated.add(request)
+        self.generated_tokens += int(tokens)
+
+    def used(self, requests: Iterable[SuffixRequest]) -> None:
+        """A realized MH decision read the suffixes of `requests`."""
+        self._used.update(requests)
+
+    @property
+    def used_tokens(self) -> int:
+        """Σ T − c over the distinct used requests that the chain generated."""
+        return sum(r.max_tokens for r in self._used if r in self._generated)
+
+    @property
+    def wasted_tokens(self) -> int:
+        return self.generated_tokens - self.used_tokens
+
+    @property
+    def wasted_token_fraction(self) -> float:
+        """Wasted ÷ generated tokens, in [0, 1]; 0 when nothing was generated."""
+        return self.wasted_tokens / self.generated_tokens if self.generated_tokens else 0.0

@@ -274,6 +274,8 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
         header, existing = read_run(check_utf8(plan["out"], "--out")) if args.resume else (None, [])
+        if header is not None:  # the settings first: a refused resume loads no model
+            _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json()})
         classifier = _classifier(args)
         pool = open_pool_from(args)
         warn_nondeterministic(pool)

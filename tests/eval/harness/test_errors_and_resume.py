@@ -16,11 +16,17 @@ from forerun.runtime_ext.protocol import EngineError
 SMALL = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy,low-temp", "--limit", "2", "--n", "4"]
 
 
-def test_resume_refuses_other_settings_naming_them_and_leaves_the_file(tmp_path, capsys):
+def test_resume_refuses_other_settings_naming_them_and_leaves_the_file(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run.jsonl"
     assert main([*SMALL, "--out", str(run)]) == 0
     before = run.read_bytes()
     capsys.readouterr()
+    import forerun.cli.evaluate as evaluate
+
+    def no_model(*_a, **_k):
+        raise AssertionError("a refused resume must not load a model")
+
+    monkeypatch.setattr(evaluate, "open_pool_from", no_model)
     assert main([*SMALL, "--out", str(run), "--resume", "--alpha", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "alpha (4.0 -> 2.0)" in err and "Traceback" not in err

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
-from .engine import add_backend_arguments, open_pool_from, warn_nondeterministic
+from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .errors import report
 from .inputs import check_utf8, dataset_paths, naming_undecodable
@@ -269,6 +269,7 @@ def _check_sandbox() -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     from ..eval.harness.runs import RunFileError, read_run
+    from ..eval.harness.settings import Method
 
     pool = None
     try:
@@ -278,6 +279,7 @@ def eval_command(args: argparse.Namespace) -> int:
             _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json()})
         classifier = _classifier(args)
         pool = open_pool_from(args)
+        check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})
         warn_nondeterministic(pool)
         rt = pool.first
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,

@@ -164,3 +164,21 @@ def test_an_lcb_v6_file_is_evaluated_and_labelled_v6(tmp_path, capsys):
     assert sorted(r["prompt_id"] for r in recs) == ["lcb-v6-0", "lcb-v6-1"]
     assert {r["dataset"] for r in recs} == {"lcb-v6"}
     assert all(r["grade"] is not None for r in recs)
+
+
+@pytest.mark.parametrize("server,methods,needs", [
+    ({"plugin": False}, "greedy,entropy-cut", "entropy of p0"),
+    ({"plugin": False}, "presto-multitry-mh", "extra temperatures"),
+    ({"deterministic": False}, "greedy", "deterministic-inference"),
+])
+def test_a_server_that_cannot_serve_the_methods_is_refused_before_any_item(tmp_path, capsys, server, methods, needs):
+    from forerun.testing.fake_sglang_server import FakeSGLangServer
+
+    run = tmp_path / "run.jsonl"
+    with FakeSGLangServer(**server) as srv:
+        rc = main(["eval", "--backend", srv.url, "--datasets", "mmlu", "--methods", methods, "--limit", "1",
+                   "--n", "4", "--out", str(run)])
+        assert srv.generate_bodies() == []
+    err = capsys.readouterr().err
+    assert rc == 2 and needs in err and err.count("\n") == 1, err
+    assert load_run(run) == []

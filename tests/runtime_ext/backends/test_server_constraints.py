@@ -4,11 +4,7 @@ strings), every body checked against SGLang's models like the other bodies (`tes
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import typing
-from pathlib import Path
 
 import pytest
 
@@ -18,16 +14,11 @@ from forerun.runtime_ext.backends.server_client import ServerConfig
 from forerun.runtime_ext.backends.sglang_frontend import function, gen, sgl
 from forerun.runtime_ext.protocol import SamplingParams
 from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+from forerun.testing.test_modules import sibling
 
 
-def _sibling(name: str) -> typing.Any:
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(module)
-    return module
 
-
-contract = _sibling("test_server_contract")
+contract = sibling(__file__, "test_server_contract")
 IR = sgl.lang.ir
 SCHEMA = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
 EBNF = 'root ::= "yes" | "no"'

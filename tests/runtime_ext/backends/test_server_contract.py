@@ -23,11 +23,8 @@ outside the server (the session controller's loop, the scheduler's logprob_start
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 import threading
 import typing
-from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
@@ -40,16 +37,11 @@ from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ROUTING_KEY_HEADER, ServerConfig, SGLangServerError
 from forerun.runtime_ext.protocol import RowEvent, SamplingParams
 from forerun.testing.fake_sglang_server import BOS_ID, VOCAB_SIZE, FakeSGLangServer
+from forerun.testing.test_modules import sibling
 
 
-def _sibling(name: str) -> typing.Any:
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(module)
-    return module
 
-
-src = _sibling("sglang_source")
+src = sibling(__file__, "sglang_source")
 IO_STRUCT = "srt/managers/io_struct.py"
 SESSIONS = "srt/session/session_controller.py"
 SCHEDULER = "srt/managers/scheduler.py"

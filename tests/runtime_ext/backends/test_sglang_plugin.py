@@ -7,7 +7,6 @@ so that EntropyCut and MultiTryMH run on a server (the fake, started with the pl
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,20 +25,15 @@ from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ServerConfig, SGLangServerError
 from forerun.runtime_ext.protocol import SamplingParams
 from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+from forerun.testing.test_modules import sibling
 
 REPO = Path(__file__).resolve().parents[3]
 CPU_RUNTIME = REPO / ".forerun-cache" / "sglang-cpu-runtime"
 ASK = {"forerun_plugin": True, "forerun_logq_temperatures": [1.0, 0.25]}
 
 
-def _sibling(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(module)
-    return module
 
-
-src = _sibling("sglang_source")
+src = sibling(__file__, "sglang_source")
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:

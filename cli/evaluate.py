@@ -130,7 +130,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     e.add_argument("--dataset-file", action="append", default=[], metavar="NAME=PATH",
                    help="read dataset NAME from this one file (its usual schema), e.g. lcb-v6=lcb_release_v6.jsonl; "
                         "repeatable")
-    e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods)")
+    e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods; default: the "
+                   "shipped one, trained on PowerMH chains of the default model)")
     _settings_arguments(e)
     e.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
     e.set_defaults(handler=eval_command)
@@ -204,13 +205,11 @@ def _dataset_files(items: list[str], names: list[str]) -> dict[str, str]:
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that can be checked before a model is loaded."""
     from ..eval.datasets.loading import load_prompts
-    from ..eval.harness.settings import PREDICTIVE_METHODS, EvalSettings, parse_methods
+    from ..eval.harness.settings import EvalSettings, parse_methods
 
     out = check_output_file(args.out, args.resume)
     methods = parse_methods(args.methods)
     reject_inapplicable(eval_rules(args, methods, EvalSettings()))
-    if any(m in PREDICTIVE_METHODS for m in methods) and not args.classifier:
-        raise ValueError("presto-*-predictive methods need --classifier FILE (train one with `forerun classifier train`)")
     if not 0 <= args.smc_ess <= 1:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
     settings = EvalSettings(n=args.n[0], budgets=args.n[1], system=args.system, chat_template=args.chat_template,
@@ -233,13 +232,30 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
 
 
-def _classifier(args: argparse.Namespace):
+def _classifier(args: argparse.Namespace, methods: list[str]):
+    """--classifier FILE; without it the shipped classifier when a predictive method runs (`classifiers.shipped`)."""
     if not args.classifier:
-        return None
+        from ..classifiers.shipped import load_shipped
+
+        return load_shipped() if any(m.endswith("-predictive") for m in methods) else None
     from ..classifiers.certainty import CertaintyClassifier
 
     with naming_undecodable([args.classifier], "--classifier"):
         return CertaintyClassifier.load(args.classifier)
+
+
+def _shipped_checked(classifier: Any, model: str, methods: list[str]) -> Any:
+    """The classifier to run; for the shipped one, a warning line when the model or a sampler differs."""
+    from ..classifiers.shipped import ShippedClassifier, mismatch_note
+    from ..eval.harness.settings import Method
+
+    if not isinstance(classifier, ShippedClassifier):
+        return classifier
+    samplers = [Method.parse(m).sampler for m in methods if m.endswith("-predictive")]
+    note = mismatch_note(classifier, model, samplers)
+    if note:
+        print(f"forerun eval: warning: {note}", file=sys.stderr)
+    return classifier.classifier
 
 
 def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
@@ -277,11 +293,12 @@ def eval_command(args: argparse.Namespace) -> int:
         header, existing = read_run(check_utf8(plan["out"], "--out")) if args.resume else (None, [])
         if header is not None:  # the settings first: a refused resume loads no model
             _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json()})
-        classifier = _classifier(args)
+        classifier = _classifier(args, plan["methods"])
         pool = open_pool_from(args)
         check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})
         warn_nondeterministic(pool)
         rt = pool.first
+        classifier = _shipped_checked(classifier, rt.name, plan["methods"])
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json()}
         _check_resumable(header, existing, plan["header"])

@@ -66,7 +66,9 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default=None,
                    help="tree traversal rule (bfs); streaming[-predictive]: streaming PreSTO, rows started the moment "
                         "their prefix exists, N_pf rows at once, BFS (or ĥ) order")
-    p.add_argument("--classifier", default=None, help="certainty classifier JSON for --traversal predictive")
+    p.add_argument("--classifier", default=None,
+                   help="certainty classifier JSON for the predictive traversals (default: the shipped one, trained on "
+                        "PowerMH chains of the default model; a warning on stderr for another model or sampler)")
     p.add_argument("--budget-unit", choices=BUDGET_UNITS, default=None,
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
@@ -161,14 +163,33 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
+    clf = _classifier(args)
+    return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
+                          tree_position=clf.uses_tree_position)
+
+
+def _classifier(args: argparse.Namespace) -> Any:
+    """--classifier FILE, or without it the shipped classifier (`classifiers.shipped`, kept in args.shipped)."""
     if not args.classifier:
-        raise CommandError("--traversal predictive needs --classifier FILE (train one with `forerun classifier train`)")
+        from ..classifiers.shipped import load_shipped
+
+        args.shipped = getattr(args, "shipped", None) or load_shipped()
+        return args.shipped.classifier
     from ..classifiers.certainty import CertaintyClassifier
 
     with naming_undecodable([args.classifier], "--classifier"):
-        clf = CertaintyClassifier.load(args.classifier)
-    return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
-                          tree_position=clf.uses_tree_position)
+        return CertaintyClassifier.load(args.classifier)
+
+
+def _warn_shipped(command: str, args: argparse.Namespace, model: str | None, samplers: Any) -> None:
+    """One stderr line when the shipped classifier runs on a model or sampler it was not trained on."""
+    shipped = getattr(args, "shipped", None)
+    if shipped is not None:
+        from ..classifiers.shipped import mismatch_note
+
+        note = mismatch_note(shipped, model, samplers)
+        if note:
+            print(f"forerun {command}: warning: {note}", file=sys.stderr)
 
 
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
@@ -250,6 +271,7 @@ def sample_command(args: argparse.Namespace) -> int:
     with open_pool_from(args) as pool, pool.lease() as runtime:  # one chain: one runtime
         check_pool_serves(pool, seeded=True, samplers=[args.sampler])
         notes = warn_nondeterministic(pool)
+        _warn_shipped("sample", args, runtime.name, [args.sampler])
         if prompt is not None:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
@@ -297,6 +319,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
     with open_pool_from(args) as pool:
         check_pool_serves(pool, seeded=True, samplers=args.samplers)
         notes = warn_nondeterministic(pool)
+        _warn_shipped("bench presto", args, pool.first.name, args.samplers)
         start = time.perf_counter()
         rows = _bench_rows(args, pool, prompts, configs, prefetch)
         wall = time.perf_counter() - start
@@ -310,7 +333,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
             "chains_per_s": chains / wall, "determinism": notes[0] if notes else "token for token",
             "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
             "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead,
-            "traversals": list(prefetch)}
+            "traversals": list(prefetch), "classifier": _classifier_label(args)}
     if cost is not None:
         meta["cost_model"] = cost
         for r in rows:
@@ -324,6 +347,15 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         print(f"forerun bench presto: chains differ between sequential and PreSTO for {not_identical}", file=sys.stderr)
         return 1
     return 0
+
+
+def _classifier_label(args: argparse.Namespace) -> str | None:
+    """The classifier of the predictive variants: --classifier's path, "shipped: FILE", or None."""
+    if getattr(args, "shipped", None) is not None:
+        from ..classifiers.shipped import SHIPPED_FILE
+
+        return f"shipped: {SHIPPED_FILE}"
+    return args.classifier
 
 
 def _print_bench(args: argparse.Namespace, meta: dict[str, Any], rows: list[dict[str, Any]], st: dict[str, Any],

@@ -9,8 +9,8 @@ record shape.
     entropy-cut                 EntropyCut (Zhou et al.): cuts at entropy jumps          1 per transition
     multitry-mh                 MultiTryMH (simplified EGPS)                             1 per transition
     presto-<sampler>            its PreSTO variant, BFS traversal (the paper's default)  1 per prefetch round
-    presto-<sampler>-predictive its PreSTO variant, predictive traversal (needs a        1 per prefetch round
-                                certainty classifier: --classifier FILE)
+    presto-<sampler>-predictive its PreSTO variant, predictive traversal (certainty      1 per prefetch round
+                                classifier: --classifier FILE, else the shipped one)
     power-smc                   Power-SMC (Azizi et al. 2026): P particles, 1 batch/block 1 per block
 
 EOS semantics follow App. E.8: the MH samplers generate exactly n tokens (EOS ignored); the baselines and
@@ -28,6 +28,7 @@ import math
 import time
 from typing import Any, Sequence
 
+from ...classifiers.shipped import load_shipped
 from ...programs.baselines import BaselineConfig, DecodingBaseline
 from ...programs.completions import DecodeResult, ProgramCompletionModel
 from ...programs.power_smc import PowerSMC, PowerSMCConfig
@@ -66,7 +67,8 @@ class MethodRunner:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         """The model's EOS ids: where MH chains stop unless `settings.fixed_horizon`."""
         self.classifier = classifier
-        """The certainty classifier of the predictive traversal (`CertaintyClassifier`), or None."""
+        """The certainty classifier of the predictive traversal (`CertaintyClassifier`); None: the shipped one
+        (`classifiers.shipped`, loaded when a predictive method first runs)."""
 
     def _mh(self, method: Method, seed: int):
         s = self.settings
@@ -74,8 +76,8 @@ class MethodRunner:
                             alpha=s.alpha, beta=s.beta, seed=seed,
                             stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
         predictive = method.traversal == "predictive"
-        if predictive and self.classifier is None:
-            raise ValueError(f"{method.name} needs a certainty classifier (--classifier FILE)")
+        if predictive and self.classifier is None:  # the shipped one (classifiers.shipped)
+            self.classifier = load_shipped().classifier
         prefetch = PrefetchConfig(budget=s.npf_for(method.sampler), traversal="predictive" if predictive else "bfs",
                                   branch_prob=self.classifier.branch_prob_of if predictive else None,
                                   tree_position=predictive and self.classifier.uses_tree_position)

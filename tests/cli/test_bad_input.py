@@ -85,7 +85,6 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--model", NO_SUCH], "does not exist"),
     ("sample", ["sample", "--prompt", "x", "--records", MISSING_PARENT], "does not exist (create it first)"),
     ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_dir"], "is a directory"),
-    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive"], "--classifier"),
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", "/no/clf.json"],
      "cannot read classifier file"),
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",

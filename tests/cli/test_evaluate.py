@@ -60,8 +60,6 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl"], "--resume"),
     (["eval", "--datasets", "math500"], "--out"),
     (["eval", "--methods", "greedy", "--out", "{tmp}/r.jsonl"], "--datasets is required"),
-    (["eval", "--datasets", "math500", "--methods", "presto-power-mh-predictive", "--out", "{tmp}/r.jsonl"],
-     "--classifier"),
     (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v6"], "expected NAME=PATH"),
     (["eval", "--datasets", "lcb-v6", "--out", "{tmp}/r.jsonl", "--dataset-file", "lcb-v9={tmp}/full.jsonl"],
      "unknown dataset"),

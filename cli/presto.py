@@ -212,8 +212,12 @@ def prompt_id_for_text(text: str) -> str:
 
 
 def _dataset_prompt(args: argparse.Namespace) -> Any:
-    from ..eval.datasets.loading import load_prompts
+    from ..eval.datasets.loading import DATA_DIR_ENV, PACKAGED_SLICE_SIZE, load_prompts, resolve_data_dir
 
+    packaged = resolve_data_dir(args.data_dir).packaged
+    if packaged and args.index >= PACKAGED_SLICE_SIZE:
+        raise CommandError(f"--index {args.index} is out of range: only the first {PACKAGED_SLICE_SIZE} prompts of "
+                           f"{args.dataset} are packaged; set {DATA_DIR_ENV} to the full offline datasets")
     with naming_undecodable(dataset_paths(args.dataset, args.data_dir)):
         prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
     if args.index >= len(prompts):

@@ -52,7 +52,8 @@ from typing import Any, Iterator, Sequence
 import requests
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
-from .server_config import NONDETERMINISTIC_NOTE, ROUTING_KEY_HEADER, TRANSIENT_STATUS, ServerConfig
+from .server_config import (NONDETERMINISTIC_NOTE, ROUTING_KEY_HEADER, TRANSIENT_STATUS, ServerConfig,
+                            check_server_url)
 from .server_sessions import SessionMirror
 from .server_stream import ServerStreamingMixin
 from .server_wire import (
@@ -98,10 +99,10 @@ class SGLangServerClient(ServerStreamingMixin):
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  http: requests.Session | None = None) -> None:
-        base_url = base_url.rstrip("/")
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        self.base_url = base_url
+        try:
+            self.base_url = check_server_url(base_url)
+        except ValueError as exc:
+            raise ValueError(f"base_url: {exc}") from None
         self.config = config or ServerConfig()
         self._http = http or requests.Session()
         self.default_session_params: dict[str, Any] | None = None

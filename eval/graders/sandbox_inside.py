@@ -20,6 +20,10 @@ different uid when the grader is root; non-dumpable either way), and values cros
 plain data (`decode` builds ints, strings, lists, ... with the builtin constructors), so an object with a
 rigged `__eq__` cannot reach the tests either.  A program that exits early, crashes, writes garbage on the
 wire or kills T makes the tests fail: there is no signal in C's reach that T would take as a pass.
+
+The standard-library imports inside functions are deliberate, not hidden circles: each role imports only what
+it uses (socket and _socket only to block them in the fallback mode, ctypes only for prctl, runpy only to run
+the program), so the program's process starts with the fewest modules it could reach or patch.
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point: register the hooks when FORERUN_SGLANG_PLUGIN=1."""
     if os.environ.get(PLUGIN_ENV) != "1":
         return
+    # not at module level: every SGLang process loads this entry point, and importing the frontend there
+    # (sglang.lang, the stub check) is only wanted when the plugin is switched on; no import circle
     from .sglang_frontend import hook_registry
 
     HookRegistry, HookType = hook_registry()

@@ -71,6 +71,7 @@ def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
 
 def _settings_arguments(e: argparse.ArgumentParser) -> None:
     from ..eval.harness.settings import CPU_BUDGET_SCALE, CPU_NPF, EvalSettings, default_budget
+    from ..programs.selection_rules import FINAL_RULES, SELECT_RULES
 
     d = EvalSettings()
     e.add_argument("--n", type=_budgets, default=(None, ()), metavar="N|NAME=N,...",
@@ -90,8 +91,8 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--alpha", type=positive_float, default=d.alpha, help=f"power exponent α, τ = 1/α ({d.alpha:g})")
     e.add_argument("--beta", type=positive_float, default=d.beta, help=f"EntropyCut β ({d.beta:g})")
     e.add_argument("--best-of", type=positive_int, default=d.best_of, help=f"N of best-of-n ({d.best_of})")
-    e.add_argument("--best-of-select", choices=("logq", "logp0"), default=d.best_of_select,
-                   help="best-of-n score: Σ log q_τ (E.8, default) or Σ log p0")
+    e.add_argument("--best-of-select", choices=tuple(SELECT_RULES), default=d.best_of_select,
+                   help="best-of-n's answer: " + "; ".join(f"{k}: {v}" for k, v in SELECT_RULES.items()))
     e.add_argument("--smc-particles", type=positive_int, default=d.smc_particles,
                    help=f"Power-SMC particles P ({d.smc_particles})")
     e.add_argument("--smc-block", type=positive_int, default=d.smc_block,
@@ -99,6 +100,8 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--smc-ramp", type=nonnegative_int, default=d.smc_ramp,
                    help=f"Power-SMC exponent ramp in tokens ({d.smc_ramp}; 0: no bridge)")
     e.add_argument("--smc-ess", type=float, default=d.smc_ess, help=f"Power-SMC resampling threshold κ ({d.smc_ess})")
+    e.add_argument("--smc-final", choices=tuple(FINAL_RULES), default=d.smc_final,
+                   help="Power-SMC's answer: " + "; ".join(f"{k}: {v}" for k, v in FINAL_RULES.items()))
     e.add_argument("--fixed-horizon", action="store_true",
                    help="MH chains of exactly n tokens, EOS ignored (PreSTO Table 6); default: the references' rule, "
                         "a chain stops at the end of the block whose state holds an EOS")
@@ -216,6 +219,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
                             thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
                             K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
                             best_of_select=args.best_of_select, smc_particles=args.smc_particles, smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
+                            smc_final=args.smc_final,
                             fixed_horizon=args.fixed_horizon, forced_answer=args.forced_answer)
     seeds = list(args.seed)
     if args.samples is not None:
@@ -330,7 +334,8 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
         with RunWriter(plan["out"]) as writer:
             if os.path.getsize(plan["out"]) == 0:
                 writer.write(run_header(**plan["header"], backend=[rt.location for rt in pool.runtimes],
-                                        command=command, created=time.time()))
+                                        command=command, created=time.time(),
+                                        selection_rules=plan["settings"].selection_rules(plan["methods"])))
             written = run_items(todo, worker.generate, worker.finish, writer,
                                 concurrency=pool.width, progress=bar)
     except KeyboardInterrupt:
@@ -349,12 +354,15 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
     keys = ("dataset", "method", "n", "correct", "accuracy", "pass_at_k", "maj_at_k", "ci95", "forced_accuracy",
             "forced_ci95", "tokens_decoded", "forced_tokens", "wall_s", "errors")
     out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
-           "cells": [{k: c[k] for k in keys} for c in summary["cells"]], "comparisons": summary["comparisons"]}
+           "cells": [{k: c[k] for k in keys} for c in summary["cells"]], "comparisons": summary["comparisons"],
+           "selection_rules": summary["selection_rules"]}
     failed = sum(c["errors"] for c in summary["cells"])
     if args.json:
         print(json.dumps(strict_json(out), allow_nan=False))
     else:
         print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
+        for line in out["selection_rules"].values():
+            print(f"  {line}")
         for c in out["cells"]:
             lo, hi = c["ci95"]
             extra = " ".join(f"pass@{k} {100 * v:.0f}%" for k, v in c["pass_at_k"].items() if k != "1")

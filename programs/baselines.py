@@ -35,13 +35,9 @@ import numpy as np
 
 from .completions import CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
+from .selection_rules import SELECT_RULES
 
 BASELINE_KINDS = ("greedy", "low-temp", "best-of-n")
-SELECT_RULES: dict[str, str] = {
-    "logq": "the largest Σ log q_τ (E.8, default): π_α's ranking plus a bonus on high-entropy paths",
-    "logp0": "the largest Σ log p0: the most likely of the N under π_α ∝ p0^α",
-}
-"""Best-of-N's selection rules and what each returns (module docstring: the bias of each)."""
 SAMPLE_SEED_PURPOSE = 201
 """Stream purpose of a baseline sample's seed (distinct from the MH decision purposes)."""
 

@@ -52,16 +52,9 @@ from scipy.special import logsumexp
 
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
+from .selection_rules import FINAL_RULES
 
 PARTICLE_SEED_PURPOSE, RESAMPLE_PURPOSE, FINAL_PURPOSE = 301, 302, 303
-
-FINAL_RULES: dict[str, str] = {
-    "sample": "a particle drawn ∝ its final weight: one draw from the SMC approximation of π_α (default)",
-    "max": "the largest importance weight (not the most likely under π_α: weights restart at each resampling)",
-    "max-logp0": "the largest Σ log p0, the most likely particle under π_α ∝ p0^α (mode-seeking; favours short "
-                 "responses)",
-}
-"""The final-answer rules of Power-SMC and what each returns (module docstring)."""
 
 
 @dataclass(frozen=True)

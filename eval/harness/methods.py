@@ -11,6 +11,9 @@ record shape.
     presto-<sampler>            its PreSTO variant, BFS traversal (the paper's default)  1 per prefetch round
     presto-<sampler>-predictive its PreSTO variant, predictive traversal (certainty      1 per prefetch round
                                 classifier: --classifier FILE, else the shipped one)
+    presto-<sampler>-streaming  streaming PreSTO: rows start the moment their prefix      1 per window
+                                exists, best first by reach, at most N_pf at once, rows free (λ = 0)
+                                (`programs.streaming_presto`)
     power-smc                   Power-SMC (Azizi et al. 2026): P particles, 1 batch/block 1 per block
 
 EOS semantics follow App. E.8: the MH samplers generate exactly n tokens (EOS ignored); the baselines and
@@ -19,7 +22,8 @@ Power-SMC stop at EOS (at most n tokens).
 Timing fields of a record: `wall_s` is the whole generation of the item (every model call, the block
 extensions included; model loading and grading excluded); `call_time_s` is the App. D.2 cumulative
 model-call time (MH samplers: the MH calls only, block extensions excluded, as in Table 7; the others: every
-call).  `transitions` / `transitions_per_call` exist for the MH samplers only.
+call).  `transitions` / `transitions_per_call` exist for the MH samplers only.  A streaming method's "calls" are
+its windows (`programs.streaming_presto`), so its transitions per call read the same way.
 """
 
 from __future__ import annotations
@@ -38,13 +42,24 @@ from ...programs.sampler_factory import make_sampler
 from ...programs.proposals import proposal_model_for
 from .settings import EvalSettings, Method
 
+
+def prefetch_config(method: Method, budget: int, classifier: Any = None) -> PrefetchConfig:
+    """The `PrefetchConfig` of a PreSTO method: N_pf, its traversal rule (predictive: ĥ from `classifier`, a
+    `CertaintyClassifier`) and whether it streams.  Every other setting is PrefetchConfig's default."""
+    predictive = method.traversal == "predictive"
+    return PrefetchConfig(budget=budget, traversal=method.traversal or "bfs", streaming=method.streaming,
+                          branch_prob=classifier.branch_prob_of if predictive else None,
+                          tree_position=predictive and classifier.uses_tree_position)
+
+
 def _mh_outcome(res: ChainResult) -> dict[str, Any]:
     tpc = res.transitions_per_call
     return {"response_ids": list(res.response_ids), "finished": None, "call_time_s": res.call_time,
             "num_calls": res.num_calls, "all_calls": len(res.calls), "transitions": res.transitions,
             "transitions_per_call": tpc, "time_per_call_s": res.time_per_call,
             "log_likelihood": res.log_likelihood, "confidence": res.confidence, "tokens_decoded": res.tokens_decoded,
-            "extra": {"accepts": int(sum(res.history)), "history": [bool(h) for h in res.history]}}
+            "extra": {"sampler": res.sampler, "accepts": int(sum(res.history)),
+                      "history": [bool(h) for h in res.history]}}
 
 
 def _decode_outcome(res: DecodeResult) -> dict[str, Any]:
@@ -75,12 +90,9 @@ class MethodRunner:
         cfg = SamplerConfig(kind=method.sampler, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
                             alpha=s.alpha, beta=s.beta, seed=seed,
                             stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
-        predictive = method.traversal == "predictive"
-        if predictive and self.classifier is None:  # the shipped one (classifiers.shipped)
+        if method.traversal == "predictive" and self.classifier is None:  # the shipped one (classifiers.shipped)
             self.classifier = load_shipped().classifier
-        prefetch = PrefetchConfig(budget=s.npf_for(method.sampler), traversal="predictive" if predictive else "bfs",
-                                  branch_prob=self.classifier.branch_prob_of if predictive else None,
-                                  tree_position=predictive and self.classifier.uses_tree_position)
+        prefetch = prefetch_config(method, s.npf_for(method.sampler), self.classifier)
         model = proposal_model_for(self.backend, method.sampler, cfg.mtm_temperatures)
         return make_sampler(model, cfg, presto=method.presto, prefetch=prefetch)
 
@@ -90,7 +102,7 @@ class MethodRunner:
         if method == "power-smc":
             return PowerSMC(model, PowerSMCConfig(alpha=s.alpha, particles=s.smc_particles, max_new_tokens=s.n,
                                                   block_size=s.smc_block, ramp_tokens=s.smc_ramp,
-                                                  ess_threshold=s.smc_ess, seed=seed))
+                                                  ess_threshold=s.smc_ess, final=s.smc_final, seed=seed))
         return DecodingBaseline(model, BaselineConfig(kind=method, max_new_tokens=s.n, alpha=s.alpha,
                                                       samples=s.best_of, select=s.best_of_select, seed=seed))
 

@@ -1,6 +1,9 @@
 """`forerun eval report`: tables of a run file, with the statistics of PreSTO App. D.2.
 
     table                   what                                                    from
+    every sampler           per dataset and over the datasets every method ran: pass@1 [95 % CI], tokens
+                            decoded and wall time per answer, on the accuracy / time Pareto frontier  `frontier`
+    selection rules         best-of-n's and power-smc's answer rule with its bias    `programs.selection_rules`
     accuracy                per dataset × method: correct / n (errors count in n, as wrong), pass@k for
                             k = 1..samples, maj@samples, bootstrap 95 % interval over prompts of pass@1,
                             tokens decoded per answer (rejected proposals included), errors   `statistics`
@@ -33,7 +36,9 @@ from typing import Any, Sequence
 import numpy as np
 from statsmodels.stats.weightstats import ttost_paired
 
+from ...programs.selection_rules import FINAL_RULES, SELECT_RULES, rule_line
 from ..presto.table7 import ChainTiming, finite_mean, table7_columns
+from .frontier import common_datasets, sampler_rows
 from .runs import final_records
 from .settings import Method
 from .statistics import compare, forced_statistics, sample_statistics, speedup_ci
@@ -190,6 +195,22 @@ def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]
     return rows
 
 
+RULE_SETTINGS = {"best-of-n": ("select", SELECT_RULES), "power-smc": ("final", FINAL_RULES)}
+"""The methods that pick one answer among several candidates: the record setting naming the rule, the rules."""
+
+
+def selection_rules(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """'<method> selects by <rule>: <what it returns, its bias>' for best-of-n and power-smc, from the rule their
+    records' settings name."""
+    out: dict[str, str] = {}
+    for r in records:
+        key, rules = RULE_SETTINGS.get(r["method"], (None, {}))
+        rule = (r.get("settings") or {}).get(key)
+        if rule in rules:
+            out.setdefault(r["method"], rule_line(r["method"], rule))
+    return out
+
+
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every table of the report as plain data (the last line of each item: a retried error is replaced)."""
     records = final_records(records)
@@ -205,7 +226,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "all_calls": c.mean("all_calls"), "transitions_per_call": c.mean("transitions_per_call"),
                     "response_tokens": finite_mean(len(r["response_ids"]) for r in c.records),
                     "log_likelihood": c.mean("log_likelihood"), "confidence": c.mean("confidence")})
-    return {"cells": acc, "forced_answer": any("forced_correct" in r for r in records),
+    return {"samplers": sampler_rows(records), "sampler_datasets": common_datasets(records),
+            "selection_rules": selection_rules(records), "cells": acc, "forced_answer": any("forced_correct" in r for r in records),
             "comparisons": comparisons(table),
             "table7": [table7_row(table[(d, s)], table[(d, p)]) for d, s, p in pairs(table)],
             "tost": tost_rows(table), "tost_pooled": pooled_tost_rows(table),

@@ -1,4 +1,5 @@
-"""Write a report folder: report.md (header + tables), summary.json, accuracy_vs_latency.png, speedup.png."""
+"""Write a report folder: report.md (header + tables), summary.json, accuracy_vs_latency.png (the accuracy / time
+frontier of every method), speedup.png."""
 
 from __future__ import annotations
 

@@ -22,6 +22,17 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *["| " + " | ".join(r) + " |" for r in rows]]
 
 
+def sampler_table(summary: dict[str, Any]) -> list[str]:
+    """The every-sampler table (`frontier`): per scope and method, pass@1 [interval], tokens and time per answer,
+    and a mark where the method is on the accuracy / time Pareto frontier of its scope."""
+    mark = {True: "yes", False: "", None: "–"}
+    rows = [[r["scope"], r["method"], str(r["answers"]), f"{_pct(r['pass_at_1'])} [{_pct(r['ci95'][0])}, "
+             f"{_pct(r['ci95'][1])}]", _f(r["tokens_decoded"], ".0f"), _f(r["wall_s"]), mark[r["frontier"]]]
+            for r in summary["samplers"]]
+    return _table(["dataset", "method", "answers", "pass@1 % [95 % CI]", "tokens decoded / answer",
+                   "wall s / answer", "Pareto frontier"], rows)
+
+
 def accuracy_table(summary: dict[str, Any]) -> list[str]:
     """Per dataset × method: pass@1 with its bootstrap interval over prompts, pass@k and maj@k, errors."""
     forced = bool(summary.get("forced_answer"))
@@ -97,7 +108,18 @@ FORCED_NOTE = (" Forced answer (--forced-answer): after each response, cut at it
 
 
 def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Sequence[str]) -> str:
-    lines = [*header, "", "## Accuracy", "",
+    lines = [*header, ""]
+    if summary.get("selection_rules"):
+        lines += ["Selection rules:", "", *[f"- {line}" for line in summary["selection_rules"].values()], ""]
+    if summary.get("samplers"):
+        common = summary.get("sampler_datasets") or []
+        lines += ["## Every sampler: accuracy, tokens and wall time per answer", "",
+                  f"Same prompts for every method; dataset \"all\": {', '.join(common) or 'none shared'} pooled "
+                  "(the interval resamples (dataset, prompt) clusters).  Pareto frontier: no other method on the same "
+                  "dataset (or on \"all\") is at least as accurate and at least as fast per answer, one of the two "
+                  "strictly; errors count as wrong answers.  Figure: accuracy_vs_latency.png.", "",
+                  *sampler_table(summary), ""]
+    lines += ["## Accuracy", "",
              "pass@k: unbiased estimator over each prompt's samples; interval: bootstrap over prompts (samples "
              "nested in their prompt); errors count as wrong answers; tokens decoded: every token the method "
              "decoded per answer, rejected proposals included." + (FORCED_NOTE if summary.get("forced_answer") else ""),
@@ -123,38 +145,50 @@ def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Seq
 
 
 def accuracy_latency_figure(summary: dict[str, Any], path: Path) -> None:
+    """The frontier plot: one panel per scope of the every-sampler table (all datasets first), each method one
+    point (pass@1 with its interval against mean wall time per answer, log scale), labelled, filled where it is on
+    the scope's Pareto frontier, drawn as a step line (the best accuracy reached within each time)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    cells = [c for c in summary["cells"] if c["n"]]
-    datasets = list(dict.fromkeys(c["dataset"] for c in cells))
-    methods = list(dict.fromkeys(c["method"] for c in cells))
-    cols = min(4, max(1, len(datasets)))
-    rows = math.ceil(len(datasets) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
-    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
-    for ax, ds in zip(axes.flat, datasets):
-        for c in (c for c in cells if c["dataset"] == ds):
-            lo, hi = c["ci95"]
-            ax.errorbar([c["wall_s"]], [100 * c["accuracy"]],
-                        yerr=[[100 * (c["accuracy"] - lo)], [100 * (hi - c["accuracy"])]],
-                        fmt="o", color=colors[c["method"]], capsize=3, label=c["method"])
+    rows = [r for r in summary["samplers"] if r["answers"] and r["frontier"] is not None]
+    scopes = list(dict.fromkeys(r["scope"] for r in rows)) or ["(no answers)"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cols = min(3, len(scopes))
+    nrows = math.ceil(len(scopes) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.2 * nrows), squeeze=False)
+    colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(methods)}
+    for ax, scope in zip(axes.flat, scopes):
+        here = [r for r in rows if r["scope"] == scope]
+        for r in here:
+            acc, (lo, hi) = 100 * r["pass_at_1"], r["ci95"]
+            ax.errorbar([r["wall_s"]], [acc], yerr=[[acc - 100 * lo], [100 * hi - acc]], fmt="o",
+                        color=colors[r["method"]], capsize=2, ms=6 if r["frontier"] else 4,
+                        mec="black" if r["frontier"] else colors[r["method"]],
+                        mfc=colors[r["method"]] if r["frontier"] else "none")  # filled: on the frontier
+            ax.annotate(r["method"], (r["wall_s"], acc), xytext=(2, 4), textcoords="offset points", fontsize=6,
+                        rotation=60, rotation_mode="anchor")  # slanted: close times do not overwrite each other
+        front = sorted((r["wall_s"], 100 * r["pass_at_1"]) for r in here if r["frontier"])
+        if front:
+            right = max(r["wall_s"] for r in here)
+            xs, ys = [t for t, _ in front] + [right], [a for _, a in front] + [front[-1][1]]
+            ax.step(xs, ys, where="post", color="black", lw=1, alpha=0.6, label="Pareto frontier")
+            ax.legend(fontsize=7, loc="upper left")
         ax.set_xscale("log")
+        ax.margins(x=0.25)  # room for the labels of the slowest methods
         ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping minor labels
-        ax.set_title(ds)
-        ax.set_xlabel("mean generation time per item (s)")
-        ax.set_ylabel("accuracy (%)")
+        ax.set_title("all datasets" if scope == "all" else scope)
+        ax.set_xlabel("mean wall time per answer (s, log scale)")
+        ax.set_ylabel("pass@1 (%)")
         ax.set_ylim(-5, 105)
-    for ax in list(axes.flat)[len(datasets):]:
+    for ax in list(axes.flat)[len(scopes):]:
         ax.axis("off")
-    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[m]) for m in methods]
-    fig.legend(handles, methods, loc="lower center", ncol=min(len(methods), 6), fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

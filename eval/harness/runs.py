@@ -68,7 +68,7 @@ HEADER_MARK = "forerun_run"
 HEADER_VERSION = 1
 RESUME_KEYS = ("model", "dtype", "concurrency", "settings")
 """Header entries a resumed run must share with the run file (settings: every EvalSettings field)."""
-SETTINGS_ADDED = {"forced_answer": False}
+SETTINGS_ADDED = {"forced_answer": False, "smc_final": "sample"}
 """Settings added after run files were written: a header without one ran with this value."""
 
 

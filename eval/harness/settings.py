@@ -9,6 +9,7 @@ from typing import Any
 
 from ...programs.random_streams import PAPER_SEED
 from ...programs.sampler_config import SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
+from ...programs.selection_rules import FINAL_RULES, SELECT_RULES, rule_line
 
 _SAMPLER = SamplerConfig()
 """Where the samplers' own defaults (α, β, M, 𝒯, seed) are read from: written once, in `SamplerConfig`."""
@@ -17,7 +18,10 @@ BASELINES = ("greedy", "low-temp", "best-of-n")
 MH_METHODS = SAMPLER_KINDS
 PRESTO_METHODS = tuple(f"presto-{k}" for k in SAMPLER_KINDS)
 PREDICTIVE_METHODS = tuple(f"presto-{k}-predictive" for k in SAMPLER_KINDS)
-METHODS = BASELINES + MH_METHODS + PRESTO_METHODS + PREDICTIVE_METHODS + ("power-smc",)
+STREAMING_METHODS = tuple(f"presto-{k}-streaming" for k in SAMPLER_KINDS)
+METHODS = BASELINES + MH_METHODS + PRESTO_METHODS + PREDICTIVE_METHODS + STREAMING_METHODS + ("power-smc",)
+PRESTO_VARIANTS = {"": ("bfs", False), "-predictive": ("predictive", False), "-streaming": ("bfs", True)}
+"""Method-name suffix of a PreSTO variant -> (traversal rule, streaming)."""
 DEFAULT_METHODS = ("greedy", "low-temp", "best-of-n", "power-mh", "presto-power-mh", "power-smc")
 CPU_NPF = 8
 """N_pf of the PreSTO methods without --npf, where it can prefetch (Case Study 2's low end)."""
@@ -27,12 +31,13 @@ CPU_NPF = 8
 class Method:
     """A method name of `forerun eval`, parsed once: what it is and what it is compared against.
 
-        name                        family      sampler         presto  traversal
-        greedy / low-temp / best-of-n  baseline  -              no      -
-        power-smc                   power-smc   -               no      -
-        <kind>                      mh          <kind>          no      -
-        presto-<kind>               mh          <kind>          yes     bfs
-        presto-<kind>-predictive    mh          <kind>          yes     predictive
+        name                        family      sampler         presto  traversal   streaming
+        greedy / low-temp / best-of-n  baseline  -              no      -           -
+        power-smc                   power-smc   -               no      -           -
+        <kind>                      mh          <kind>          no      -           -
+        presto-<kind>               mh          <kind>          yes     bfs         no (round-based)
+        presto-<kind>-predictive    mh          <kind>          yes     predictive  no (round-based)
+        presto-<kind>-streaming     mh          <kind>          yes     bfs         yes (issue 12)
     """
 
     name: str
@@ -43,6 +48,9 @@ class Method:
     presto: bool = False
     traversal: str | None = None
     """The PreSTO traversal rule: "bfs" or "predictive"."""
+    streaming: bool = False
+    """Streaming PreSTO (`programs.streaming_presto`: rows started the moment their prefix exists) instead of
+    round-based prefetch calls."""
 
     @classmethod
     def parse(cls, name: str) -> "Method":
@@ -53,9 +61,9 @@ class Method:
         if name in MH_METHODS:
             return cls(name, "mh", sampler=name)
         for kind in SAMPLER_KINDS:
-            for traversal, suffix in (("bfs", ""), ("predictive", "-predictive")):
+            for suffix, (traversal, streaming) in PRESTO_VARIANTS.items():
                 if name == f"presto-{kind}{suffix}":
-                    return cls(name, "mh", sampler=kind, presto=True, traversal=traversal)
+                    return cls(name, "mh", sampler=kind, presto=True, traversal=traversal, streaming=streaming)
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
 
     @property
@@ -113,7 +121,7 @@ class EvalSettings:
     best_of: int = 4
     """N of best-of-N [4-32]."""
     best_of_select: str = "logq"
-    """best-of-N score: logq (E.8) or logp0."""
+    """best-of-N score (`SELECT_RULES`): logq (E.8) or logp0."""
     smc_particles: int = 8
     """Power-SMC particles P [64; E.8: 2-32]."""
     smc_block: int = 8
@@ -122,6 +130,8 @@ class EvalSettings:
     """Power-SMC exponent ramp T_r in tokens [400 of 1024-2048 tokens; scaled down with n here]."""
     smc_ess: float = 0.5
     """Power-SMC resampling threshold κ [0.5]."""
+    smc_final: str = "sample"
+    """Power-SMC's answer (`FINAL_RULES`): sample (∝ final weight, the reference's), max or max-logp0."""
     seed: int = PAPER_SEED
     """Run seed [10086]."""
     fixed_horizon: bool = False
@@ -131,6 +141,10 @@ class EvalSettings:
     """After each response, one greedy forced-answer pass graded on its own (`harness.forced`; code: none)."""
 
     def __post_init__(self) -> None:
+        for name, value, rules in (("best_of_select", self.best_of_select, SELECT_RULES),
+                                   ("smc_final", self.smc_final, FINAL_RULES)):
+            if value not in rules:
+                raise ValueError(f"{name} must be one of {tuple(rules)}, got {value!r}")
         for name in ("K", "npf", "best_of", "smc_particles", "smc_block"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -164,7 +178,7 @@ class EvalSettings:
         if m.family == "power-smc":
             return {"max_new_tokens": self.n, "alpha": self.alpha, "particles": self.smc_particles,
                     "block": self.smc_block, "ramp_tokens": self.smc_ramp, "ess_threshold": self.smc_ess,
-                    "resampling": "systematic", "final": "sample"}
+                    "resampling": "systematic", "final": self.smc_final}
         out = {"n": self.n, "block": self.block or self.n, "K": self.K, "alpha": self.alpha,
                "horizon": "fixed" if self.fixed_horizon else "eos"}
         if m.sampler == "entropy-cut":
@@ -173,7 +187,7 @@ class EvalSettings:
             out["mtm_temperatures"] = list(_SAMPLER.mtm_temperatures)
             out["mtm_candidates"] = _SAMPLER.mtm_candidates
         if m.presto:
-            out.update(npf=self.npf_for(m.sampler), traversal=m.traversal)
+            out.update(npf=self.npf_for(m.sampler), traversal=m.traversal, streaming=m.streaming)
         return out
 
     def npf_for(self, sampler: str) -> int:
@@ -186,6 +200,11 @@ class EvalSettings:
         if prefetch_shortfall(cfg, PrefetchConfig(budget=CPU_NPF)) is None:
             return CPU_NPF
         return PrefetchConfig().resolved(cfg).budget  # the sampler's own default
+
+    def selection_rules(self, methods: list[str]) -> dict[str, str]:
+        """The answer rule, with its bias, of best-of-n and power-smc where `methods` run them (the run header)."""
+        chosen = {"best-of-n": self.best_of_select, "power-smc": self.smc_final}
+        return {m: rule_line(m, rule) for m, rule in chosen.items() if m in methods}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

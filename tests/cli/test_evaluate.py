@@ -180,3 +180,33 @@ def test_a_server_that_cannot_serve_the_methods_is_refused_before_any_item(tmp_p
     err = capsys.readouterr().err
     assert rc == 2 and needs in err and err.count("\n") == 1, err
     assert load_run(run) == []
+
+
+def test_streaming_presto_is_an_eval_method_compared_with_its_sequential_sampler(tmp_path, capsys):
+    """`presto-<kind>-streaming` runs through `forerun eval` (--K applies to it: an MH method), and the report pairs
+    it with its sequential sampler: Table 7 row, identical chains, and a row in the every-sampler table."""
+    run = tmp_path / "run.jsonl"
+    assert main(["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "presto-power-mh-streaming,power-mh",
+                 "--limit", "2", "--n", "8", "--K", "4", "--out", str(run)]) == 0
+    capsys.readouterr()
+    recs = load_run(run, repair=False)
+    assert {r["extra"]["sampler"] for r in recs if r["method"] == "presto-power-mh-streaming"} == \
+        {"streaming-presto-power-mh"}
+    assert main(["eval", "report", str(run), "--out", str(tmp_path / "rep"), "--json"]) == 0
+    rep = _strict(capsys.readouterr().out)
+    (row,) = rep["table7"]
+    assert (row["sampler"], row["presto"]) == ("power-mh", "presto-power-mh-streaming")
+    assert row["identical_chains"] == row["pairs"] == 2
+    assert {(r["scope"], r["method"]) for r in rep["samplers"]} >= {("all", "presto-power-mh-streaming"),
+                                                                    ("mmlu", "power-mh")}
+
+
+def test_mh_settings_apply_to_a_run_of_streaming_methods_only(tmp_path, capsys):
+    """--K and --block are MH settings: a run of presto-*-streaming methods alone takes them (not refused as
+    inapplicable), and its records carry them."""
+    run = tmp_path / "run.jsonl"
+    assert main(["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "presto-entropy-cut-streaming",
+                 "--limit", "1", "--n", "4", "--K", "2", "--block", "2", "--out", str(run)]) == 0, \
+        capsys.readouterr().err
+    (rec,) = load_run(run, repair=False)
+    assert (rec["settings"]["K"], rec["settings"]["block"], rec["settings"]["streaming"]) == (2, 2, True)

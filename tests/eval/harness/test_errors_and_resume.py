@@ -107,3 +107,48 @@ def test_n_per_dataset_and_prompt_options_reach_the_items(tmp_path, capsys):
     assert "thinking switch" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([*argv[:9], "--n", "math500=0", "--out", str(tmp_path / "z.jsonl")])
+
+
+def test_smc_final_is_recorded_printed_and_kept_by_resume(tmp_path, capsys):
+    from forerun.programs.selection_rules import FINAL_RULES, SELECT_RULES
+
+    run = tmp_path / "run.jsonl"
+    args = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "best-of-n,power-smc", "--limit", "1",
+            "--n", "4", "--smc-block", "2", "--best-of-select", "logp0", "--out", str(run)]
+    assert main([*args, "--smc-final", "max-logp0"]) == 0
+    out = capsys.readouterr().out
+    assert f"power-smc selects by max-logp0: {FINAL_RULES['max-logp0']}" in out
+    assert f"best-of-n selects by logp0: {SELECT_RULES['logp0']}" in out
+    header, recs = read_run(run)
+    assert header["settings"]["smc_final"] == "max-logp0" and "max-logp0" in header["selection_rules"]["power-smc"]
+    assert [r["settings"]["final"] for r in recs if r["method"] == "power-smc"] == ["max-logp0"]
+    assert [r["extra"]["final"] for r in recs if r["method"] == "power-smc"] == ["max-logp0"]  # what ran
+    before = run.read_bytes()
+    assert main([*args, "--resume"]) == 2  # the default rule is another setting
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "smc_final ('max-logp0' -> 'sample')" in err
+    assert run.read_bytes() == before
+    assert main([*args, "--smc-final", "max-logp0", "--resume"]) == 0
+
+
+def test_a_run_file_from_before_smc_final_resumes_with_the_default(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--out", str(run)]) == 0
+    lines = run.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["settings"]["smc_final"]  # what an older forerun wrote
+    run.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    capsys.readouterr()
+    assert main([*SMALL, "--out", str(run), "--resume"]) == 0
+    assert main([*SMALL, "--out", str(run), "--resume", "--smc-final", "max"]) == 2  # no power-smc here
+    assert "--smc-*" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--smc-final", "argmax"], ["--best-of-select", "logp"]])
+def test_an_unknown_rule_is_one_line_and_exit_2(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exc:  # argparse's own exit (cli.main: one line)
+        main([*SMALL, "--out", str(tmp_path / "r.jsonl"), *flag])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice" in err and "Traceback" not in err
+    assert not (tmp_path / "r.jsonl").exists()

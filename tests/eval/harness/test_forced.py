@@ -5,6 +5,7 @@ refuses the other choice; the report and summary.json show it in a column of its
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -145,7 +146,9 @@ def test_the_report_shows_forced_accuracy_in_its_own_column(tmp_path):
     saved = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert saved["forced_answer"] is True
     assert {c["dataset"]: c["forced_accuracy"] for c in saved["cells"]} == {"math500": 0.6, "humaneval": None}
-    table = [ln for ln in (tmp_path / "rep" / "report.md").read_text().splitlines() if ln.startswith("|")]
+    lines = (tmp_path / "rep" / "report.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|") and "forced answer % [95 % CI]" in ln)
+    table = [ln for ln in itertools.takewhile(lambda ln: ln.startswith("|"), lines[start:])]  # the accuracy table
     head = [h.strip() for h in table[0].strip("|").split("|")]
     col = head.index("forced answer % [95 % CI]")
     assert head[col - 1] == "pass@1 % [95 % CI]"  # beside the normal accuracy

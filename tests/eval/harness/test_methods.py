@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from forerun.eval.harness.settings import DEFAULT_METHODS, METHODS, PREDICTIVE_METHODS, EvalSettings, parse_methods
+from forerun.eval.harness.settings import (
+    DEFAULT_METHODS,
+    METHODS,
+    PREDICTIVE_METHODS,
+    EvalSettings,
+    Method,
+    parse_methods,
+)
 
 FIELDS = {"response_ids", "finished", "call_time_s", "num_calls", "all_calls", "transitions", "transitions_per_call",
           "time_per_call_s", "log_likelihood", "confidence", "extra", "wall_s", "tokens_decoded"}
@@ -15,6 +22,14 @@ def test_parse_methods():
     assert parse_methods("default") == list(DEFAULT_METHODS)
     every = parse_methods("all")
     assert set(every) == set(METHODS) - set(PREDICTIVE_METHODS)
+    streaming = {f"presto-{k}-streaming" for k in ("power-mh", "entropy-cut", "multitry-mh")}
+    assert streaming <= set(every)  # issue 30: every power sampler, the streaming variants included
+    m = Method.parse("presto-entropy-cut-streaming")
+    assert (m.sampler, m.presto, m.traversal, m.streaming, m.sequential) == ("entropy-cut", True, "bfs", True,
+                                                                             "entropy-cut")
+    assert not Method.parse("presto-entropy-cut").streaming and not Method.parse("presto-power-mh-predictive").streaming
+    with pytest.raises(ValueError, match="unknown method"):
+        Method.parse("presto-power-mh-streaming-predictive")
     with pytest.raises(ValueError, match="unknown method"):
         parse_methods("power-mhh")
     with pytest.raises(ValueError, match="empty"):
@@ -27,6 +42,14 @@ def test_settings_record_what_defines_each_method():
     assert s.for_method("presto-entropy-cut")["beta"] == 4.0
     assert s.for_method("presto-power-mh-predictive")["traversal"] == "predictive"
     assert s.for_method("power-smc")["particles"] == s.smc_particles
+    assert s.for_method("power-smc")["final"] == "sample"
+    assert EvalSettings(smc_final="max-logp0").for_dataset("gpqa").for_method("power-smc")["final"] == "max-logp0"
+    assert s.for_method("presto-power-mh-streaming")["streaming"] is True
+    assert s.for_method("presto-power-mh")["streaming"] is False
+    with pytest.raises(ValueError, match="smc_final"):
+        EvalSettings(smc_final="argmax")
+    with pytest.raises(ValueError, match="best_of_select"):
+        EvalSettings(best_of_select="logp")
     with pytest.raises(ValueError, match="block"):
         EvalSettings(n=32, block=5)
     with pytest.raises(ValueError, match="resolved"):
@@ -71,20 +94,40 @@ def test_every_method_runs_on_the_tiny_engine(tiny_runner, method):
     else:
         assert out["tokens_decoded"] > len(out["response_ids"])
     if method.startswith("presto-"):
-        seq = runner.run(method.removeprefix("presto-").removesuffix("-predictive"), ids, "p", 7)
+        sequential = method.removeprefix("presto-").removesuffix("-predictive").removesuffix("-streaming")
+        seq = runner.run(sequential, ids, "p", 7)
         assert seq["response_ids"] == out["response_ids"]  # identical chains (float64 tiny model)
+        assert seq["extra"]["history"] == out["extra"]["history"]  # the same accept/reject decisions
+        # the program that ran is the one the name says (streaming rows vs round-based calls)
+        assert out["extra"]["sampler"].startswith("streaming-") == method.endswith("-streaming")
 
 
-def test_presto_multitry_mh_prefetches_at_the_eval_default(tiny_runner):
-    """Without --npf, N_pf = 8 would realize one MultiTryMH transition per call (one takes 2M - 1 = 7 requests):
-    the eval default gives it its own budget, and the chain realizes at least 2 transitions per call."""
+def test_selection_rules_name_the_chosen_rule_and_its_bias():
+    from forerun.programs.selection_rules import FINAL_RULES, SELECT_RULES
+
+    s = EvalSettings(best_of_select="logp0", smc_final="max-logp0")
+    rules = s.selection_rules(["greedy", "best-of-n", "power-smc"])
+    assert rules == {"best-of-n": f"best-of-n selects by logp0: {SELECT_RULES['logp0']}",
+                     "power-smc": f"power-smc selects by max-logp0: {FINAL_RULES['max-logp0']}"}
+    assert "favours short" in rules["power-smc"]  # the bias is printed with the rule
+    assert EvalSettings().selection_rules(["greedy", "power-mh"]) == {}
+
+
+def test_smc_final_reaches_power_smc(tiny_runner):
+    """--smc-final picks the answer among the same particles: max-logp0's answer has the largest Σ log p0 of the
+    three rules' answers (Σ = mean log p0 × length, from the records), and each record names its rule."""
+    from dataclasses import replace
+
     from forerun.eval.harness.methods import MethodRunner
 
-    rt, _ = tiny_runner
-    settings = EvalSettings(n=32, K=10)
-    assert settings.npf_for("power-mh") == 8 and settings.npf_for("multitry-mh") >= 14
-    assert EvalSettings(npf=5).npf_for("multitry-mh") == 5
-    assert settings.for_method("presto-multitry-mh")["npf"] == settings.npf_for("multitry-mh")
-    runner = MethodRunner(rt.backend, settings)
-    out = runner.run("presto-multitry-mh", rt.tokenizer.encode("Compute 2 + 2."), "p", 7)
-    assert out["transitions_per_call"] >= 2, out["transitions_per_call"]
+    rt, runner = tiny_runner
+    ids = rt.tokenizer.encode("Name a prime.")
+    picks = {}
+    for final in ("sample", "max", "max-logp0"):
+        r = MethodRunner(rt.backend, replace(runner.settings, smc_final=final, smc_particles=6))
+        picks[final] = r.run("power-smc", ids, "p", 3)
+        assert picks[final]["extra"]["final"] == final
+    assert len({tuple(o["extra"]["ess"]) for o in picks.values()}) == 1  # the same particles every time
+    total = {f: o["log_likelihood"] * len(o["response_ids"]) for f, o in picks.items()}
+    assert len({o["extra"]["chosen"] for o in picks.values()}) == 3  # seed 3: the rules disagree (teeth)
+    assert total["max-logp0"] > max(total["sample"], total["max"]), total

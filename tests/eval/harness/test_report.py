@@ -65,3 +65,79 @@ def test_summary_table7_and_accuracy(tmp_path):
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "pass@1" in text and "McNemar" in text and "Eq. 20" in text and "TOST" in text and "boom" in text
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
+
+
+def _front_by_sweep(points):
+    """Independent oracle of the Pareto frontier: sweep times in increasing order; a point is on it when it is
+    the most accurate at its time and more accurate than everything strictly faster."""
+    out = [None] * len(points)
+    best_before = -math.inf
+    for t in sorted({t for _, t in points}):
+        group = [i for i, (_, u) in enumerate(points) if u == t]
+        top = max(points[i][0] for i in group)
+        for i in group:
+            out[i] = points[i][0] == top and points[i][0] > best_before
+        best_before = max(best_before, top)
+    return out
+
+
+def test_pareto_front_against_a_sweep():
+    from forerun.eval.harness.frontier import pareto_front
+
+    assert pareto_front([(0.5, 1.0), (0.5, 2.0), (0.7, 2.0), (0.7, 2.0), (0.2, 0.5)]) == [True, False, True, True,
+                                                                                          True]
+    assert pareto_front([(0.5, math.nan), (0.1, 3.0)]) == [None, True]  # NaN: not compared, dominates nothing
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # small integer grids: many ties in accuracy and in time
+        pts = [(float(a), float(t)) for a, t in rng.integers(0, 4, size=(int(rng.integers(1, 9)), 2))]
+        assert pareto_front(pts) == _front_by_sweep(pts), pts
+
+
+def test_every_sampler_table_per_dataset_and_over_shared_datasets(tmp_path):
+    import json
+
+    recs = []
+    for ds in ("math500", "gpqa"):
+        for i in range(4):  # greedy: fast, 2/4; power-mh: slow, 3/4 (math500) and 1/4 (gpqa); best-of-n: slow, 1/4
+            recs.append(dict(_rec(ds, "greedy", f"p{i}", i < 2, 1.0, 1, -0.5), tokens_decoded=10))
+            recs.append(dict(_rec(ds, "power-mh", f"p{i}", i < (3 if ds == "math500" else 1), 9.0, 9, -0.4),
+                             tokens_decoded=100))
+            recs.append(dict(_rec(ds, "best-of-n", f"p{i}", i < 1, 4.0, 1, -0.3), tokens_decoded=40 + i))
+    recs.append(dict(_rec("mmlu", "greedy", "p0", True, 1.0, 1, -0.5), tokens_decoded=5))  # only greedy ran mmlu
+    recs.append(dict(_rec("math500", "power-mh", "p9", False, 1.0, 1, -0.5), error="boom"))  # counts as wrong
+    s = summarize(recs)
+    assert s["sampler_datasets"] == ["math500", "gpqa"]
+    rows = {(r["scope"], r["method"]): r for r in s["samplers"]}
+    assert [r["scope"] for r in s["samplers"]][:3] == ["all"] * 3
+    assert rows[("math500", "power-mh")]["answers"] == 5 and rows[("math500", "power-mh")]["errors"] == 1
+    assert rows[("math500", "power-mh")]["pass_at_1"] == pytest.approx(3 / 5)
+    assert rows[("math500", "power-mh")]["wall_s"] == pytest.approx(9.1)  # graded items only (the error has none)
+    assert rows[("all", "power-mh")]["pass_at_1"] == pytest.approx(4 / 9)  # mmlu is not shared: left out of "all"
+    assert rows[("all", "greedy")]["answers"] == 8 and rows[("mmlu", "greedy")]["answers"] == 1
+    assert rows[("all", "best-of-n")]["tokens_decoded"] == pytest.approx(41.5)
+    lo, hi = rows[("all", "greedy")]["ci95"]
+    assert lo < 0.5 < hi
+    # frontier: greedy (fastest) always; power-mh only where it is more accurate than greedy; best-of-n never
+    front = {k: r["frontier"] for k, r in rows.items()}
+    assert front[("math500", "greedy")] and front[("math500", "power-mh")] and not front[("math500", "best-of-n")]
+    assert front[("gpqa", "greedy")] and not front[("gpqa", "power-mh")] and not front[("gpqa", "best-of-n")]
+    assert front[("all", "greedy")] and not front[("all", "power-mh")]  # 4/9 < 1/2
+    _, files = write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="forerun eval report run.jsonl")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Every sampler" in text and "| all | greedy | 8 | 50 [" in text and "Pareto frontier" in text
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["samplers"][0]["scope"] == "all"
+    assert (tmp_path / "rep" / "accuracy_vs_latency.png").stat().st_size > 0
+
+
+def test_report_names_the_selection_rules_with_their_bias(tmp_path):
+    from forerun.programs.selection_rules import FINAL_RULES, SELECT_RULES
+
+    recs = [dict(_rec("mmlu", "best-of-n", "p0", True, 1.0, 1, -0.5), settings={"select": "logp0"}),
+            dict(_rec("mmlu", "power-smc", "p0", True, 1.0, 1, -0.5), settings={"final": "max"}),
+            _rec("mmlu", "greedy", "p0", True, 1.0, 1, -0.5)]
+    s = summarize(recs)
+    assert s["selection_rules"] == {"best-of-n": f"best-of-n selects by logp0: {SELECT_RULES['logp0']}",
+                                    "power-smc": f"power-smc selects by max: {FINAL_RULES['max']}"}
+    write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="c")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert FINAL_RULES["max"] in text and SELECT_RULES["logp0"] in text

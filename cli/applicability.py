@@ -56,6 +56,8 @@ def prefetch_rules(args: argparse.Namespace, traversals: list[str], presto: bool
          "applies only with --presto and --budget-unit request"),
         ("--call-overhead", args.call_overhead is not None, presto and "predictive" in traversals and request_unit,
          "applies only to the round-based predictive rule (--traversal predictive) with --budget-unit request"),
+        ("--row-cost", getattr(args, "row_cost", None) is not None, presto and any(t.startswith("streaming") for t in traversals),
+         "applies only to the streaming traversals (--traversal streaming or streaming-predictive)"),
         ("--classifier", args.classifier is not None, presto and any(t in PREDICTIVE_TRAVERSALS for t in traversals),
          "applies only with a predictive traversal (--traversal predictive or streaming-predictive)"),
     ]
@@ -95,8 +97,9 @@ def eval_rules(args: argparse.Namespace, methods: list[str], defaults: object) -
     def changed(*names: str) -> bool:
         return any(getattr(args, n) != getattr(defaults, n) for n in names)
 
-    mh = any(m.replace("presto-", "").replace("-predictive", "") in ("power-mh", "entropy-cut", "multitry-mh")
-             for m in methods)
+    from ..eval.harness.settings import Method
+
+    mh = any(Method.parse(m).is_mh for m in methods)
     return [
         ("--classifier", args.classifier is not None, any(m.endswith("-predictive") for m in methods),
          "applies only to presto-*-predictive methods"),
@@ -108,7 +111,7 @@ def eval_rules(args: argparse.Namespace, methods: list[str], defaults: object) -
         ("--fixed-horizon", args.fixed_horizon, mh, "applies only to the MH methods"),
         ("--best-of/--best-of-select", changed("best_of", "best_of_select"), "best-of-n" in methods,
          "applies only to the best-of-n method"),
-        ("--smc-*", changed("smc_particles", "smc_block", "smc_ramp", "smc_ess"), "power-smc" in methods,
+        ("--smc-*", changed("smc_particles", "smc_block", "smc_ramp", "smc_ess", "smc_final"), "power-smc" in methods,
          "applies only to the power-smc method"),
         *backend_rules(args),
     ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import sys
 import time
@@ -65,7 +66,8 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     add_backend_arguments(p, concurrency=concurrency)
     p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default=None,
                    help="tree traversal rule (bfs); streaming[-predictive]: streaming PreSTO, rows started the moment "
-                        "their prefix exists, N_pf rows at once, BFS (or ĥ) order")
+                        "their prefix exists, N_pf rows at once, best first by the probability that the walk reaches "
+                        "them (ĥ: the chain's acceptance rate, or the classifier's)")
     p.add_argument("--classifier", default=None,
                    help="certainty classifier JSON for the predictive traversals (default: the shipped one, trained on "
                         "PowerMH chains of the default model; a warning on stderr for another model or sampler)")
@@ -73,6 +75,10 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
+    p.add_argument("--row-cost", type=nonnegative_float, default=None,
+                   help="streaming traversals: λ, what one more row adds to a decode step relative to the step; a row "
+                        "starts only for a node the walk reaches with probability >= λ (default: measured on the "
+                        "embedded engine, b/a of the step time a + b·rows; 0 on a server: rows free)")
     p.add_argument("--call-overhead", type=positive_float, default=None,
                    help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
                         "predicted transitions / (κ0 + requests) instead of predicted transitions")
@@ -281,6 +287,8 @@ def sample_command(args: argparse.Namespace) -> int:
         else:
             pid, ids = prompt_id_for_text(args.prompt), chat_prompt_ids(runtime.tokenizer, args.prompt)
         _check_context(runtime, [len(ids)], cfg.response_length)
+        if args.presto and prefetch.streaming:
+            prefetch = _with_row_cost(args, prefetch, _row_cost(args, runtime, ids, probe=True))
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         writer = RecordWriter(args.records, model=runtime.name) if args.records else None
@@ -324,11 +332,14 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         check_pool_serves(pool, seeded=True, samplers=args.samplers)
         notes = warn_nondeterministic(pool)
         _warn_shipped("bench presto", args, pool.first.name, args.samplers)
+        cost = _cost_model(args, pool, prompts, prefetch, st)  # first: streaming's λ comes from it
+        row_cost = _row_cost(args, pool.first, fit=cost["fit"] if cost else None)
+        prefetch = {label: _with_row_cost(args, pf, row_cost) for label, pf in prefetch.items()}
+        leases_before = list(pool.leases)
         start = time.perf_counter()
         rows = _bench_rows(args, pool, prompts, configs, prefetch)
         wall = time.perf_counter() - start
-        leases = list(pool.leases)  # the chains' (the cost model below leases a slot too)
-        cost = _cost_model(args, pool, prompts, prefetch, st)
+        leases = [n - b for n, b in zip(pool.leases, leases_before)]  # the chains' (not the cost model's lease)
     runtime = pool.first
     chains = (1 + len(prefetch)) * len(prompts) * len(configs)
     meta = {"date": timestamp(), "model": runtime.name, "dtype": runtime.dtype,
@@ -337,7 +348,8 @@ def bench_presto_command(args: argparse.Namespace) -> int:
             "chains_per_s": chains / wall, "determinism": notes[0] if notes else "token for token",
             "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
             "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead,
-            "traversals": list(prefetch), "classifier": _classifier_label(args)}
+            "traversals": list(prefetch), "classifier": _classifier_label(args),
+            "row_cost": row_cost if any(pf.streaming for pf in prefetch.values()) else None}
     if cost is not None:
         meta["cost_model"] = cost
         for r in rows:
@@ -416,6 +428,31 @@ def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetc
     sizes = sorted({1, 2, 4, 6, 8, 12, 16, st["npf"]} | ({20} if st["npf"] >= 20 else set()))
     with pool.lease() as rt:
         return step_cost_curve(rt.engine, ids, rows=sizes)
+
+
+def _row_cost(args: argparse.Namespace, runtime: Any, ids: Any = None, *, fit: dict[str, float] | None = None,
+              probe: bool = False) -> float:
+    """λ of the streaming variants: --row-cost, else b/a of the step-time fit on the embedded engine (`fit`, or
+    with `probe` a short curve measured here on the prompt `ids`), else 0 (a server: rows free)."""
+    if args.row_cost is not None:
+        return float(args.row_cost)
+    if not runtime.is_embedded:
+        return 0.0
+    from ..eval.presto.cost_model import row_cost_of, step_cost_curve
+
+    if fit is None and probe:
+        fit = step_cost_curve(runtime.engine, ids, rows=(1, 4, 8, 16), tokens=8)["fit"]
+    return row_cost_of(fit) if fit is not None else 0.0
+
+
+def _with_row_cost(args: argparse.Namespace, prefetch: Any, row_cost: float) -> Any:
+    """The streaming variant's settings with its λ (`PrefetchConfig.row_cost`); the others unchanged."""
+    if not prefetch.streaming:
+        return prefetch
+    if not args.quiet and not args.json and args.row_cost is None and row_cost > 0:
+        print(f"forerun: streaming rows start only for nodes reached with probability >= {row_cost:.3f} (the measured "
+              "cost of one more row; --row-cost 0: rows free)", file=sys.stderr)
+    return dataclasses.replace(prefetch, row_cost=row_cost)
 
 
 def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

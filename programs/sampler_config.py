@@ -136,7 +136,13 @@ class PrefetchConfig:
     """Serve a request the chain already generated in an earlier round from `suffix_cache` (same chain)."""
     streaming: bool = False
     """Streaming PreSTO (`streaming_presto`, issue 12): every request is a row started the moment its prefix is
-    known, N_pf bounds the rows running at once, `traversal` orders the tree (BFS or ĥ best first)."""
+    known, N_pf bounds the rows running at once, the tree is ranked best first by the probability that the walk
+    reaches a node (ĥ: the classifier's with `traversal="predictive"`, else the chain's acceptance rate so far)."""
+    row_cost: float = 0.0
+    """λ, streaming only: what one more row adds to a decode step, relative to the step (b / a of the step time
+    t(r) ≈ a + b·r with r rows; `forerun` measures it on the embedded engine).  A row of L tokens for a node the
+    walk reaches with probability P saves P·L·a of waiting and costs L·b, so a row starts only for a node with
+    P ≥ λ.  0 (default): rows are free (a GPU batch): up to N_pf rows run."""
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -147,6 +153,8 @@ class PrefetchConfig:
             raise ValueError(f"traversal must be one of {TRAVERSALS}, got {self.traversal!r}")
         if self.traversal == "predictive" and self.branch_prob is None:
             raise ValueError("traversal='predictive' needs branch_prob (candidate node -> ĥ)")
+        if not (0.0 <= self.row_cost < math.inf):
+            raise ValueError(f"row_cost λ must be a finite number >= 0, got {self.row_cost!r}")
         if self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if self.call_overhead is not None and not (0 < self.call_overhead < math.inf):

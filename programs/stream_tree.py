@@ -12,12 +12,14 @@ once all its candidates are.
     paper / notion                             code
     x^(k) (the realized state)                 StateRef.root(state)
     (x_{0:c}, y_{c:T}), y still decoding       StateRef(parent, cut, transition, requests)
-    x_{0:c′} of a node's state (or unknown)    StateRef.tokens(c′, ...)
+    x_{0:c′} of a node's state (or unknown)    StateRef.tokens(c′, ...); what is known of it: .known(c′, ...)
     the row whose KV a child can share         StateRef.source(c′, ...)
     d(v), κ(v), accepts on the path            TreeNode.depth, .known_cut, .accepts
     ĥ(v+; ε) (Eq. 14)                          hhat(node) -> float (predictive rule)
     P(the walk reaches v)                      TreeNode.reach: Π ĥ over accept edges, Π (1 − ĥ) over rejects
+    the decisions from x^(k) to v              TreeNode.path (True: accept)
     traversal order                            "bfs" (depth, then heap index) | "predictive" (reach, best first)
+    rows worth their cost (streaming)          walk_tree(..., min_reach=λ): nodes reached with P ≥ λ only
 """
 
 from __future__ import annotations
@@ -106,6 +108,20 @@ class StateRef:
             return None
         return np.concatenate([head, np.asarray(row.ids[: upto - self.cut], dtype=np.int64)])
 
+    def known(self, upto: int, rows: Rows) -> np.ndarray:
+        """The longest prefix of x_{0:upto} of this state that is known now (decoded or realized)."""
+        if self.state is not None:
+            return self.state.tokens[:upto]
+        if self.parent is None or self.cut < 0:
+            return np.zeros(0, dtype=np.int64)
+        head = self.parent.known(min(upto, self.cut), rows)
+        if upto <= self.cut or len(head) < self.cut or self.requests is None or len(self.requests) != 1:
+            return head  # (MultiTryMH: the selected candidate is unknown until all are complete)
+        row = rows.get(self.requests[0])
+        if row is None:
+            return head
+        return np.concatenate([head, np.asarray(row.ids[: upto - self.cut], dtype=np.int64)])
+
     def source(self, upto: int, rows: Rows) -> str | None:
         """The rid of the row that decodes position upto − 1 of this state, if one does (KV to share)."""
         node: StateRef | None = self
@@ -129,6 +145,8 @@ class TreeNode:
     accepts: int
     reach: float
     heap: int
+    path: tuple[bool, ...] = ()
+    """The decisions from the realized state to this node (True: accept), transitions k .. k + depth − 1."""
     cut: int | None = None
     """c_j of the node's request (None: the state-dependent cut of an incomplete state)."""
     requests: tuple[SuffixRequest, ...] | None = None
@@ -140,14 +158,16 @@ Expand = Callable[[TreeNode], None]
 
 
 def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: int, expand: Expand, *,
-              traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None) -> Iterator[TreeNode]:
+              traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None,
+              min_reach: float = 0.0) -> Iterator[TreeNode]:
     """The first `max_nodes` nodes below the realized state `root` (which decides transition
     `first_transition`; depth < depth_cap) in traversal order, each expanded (lazily: a consumer that has
     spent its budget stops early).
 
     "bfs": depth by depth; "predictive": best first by the probability that the walk reaches the node, with
-    ĥ = hhat(node) at every expanded node.  Below a node whose cut is unknown the acceptance child's state
-    is unknown: it is enumerated, never feasible."""
+    ĥ = hhat(node) at every expanded node (so the reach of the nodes it yields never increases).  A node whose
+    reach is below `min_reach` is not enumerated, nor is anything below it (the root always is).  Below a node
+    whose cut is unknown the acceptance child's state is unknown: it is enumerated, never feasible."""
     if traversal == "predictive" and hhat is None:
         raise ValueError("the predictive traversal needs hhat")
     if depth_cap < 1 or max_nodes < 1:
@@ -165,6 +185,8 @@ def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: 
             continue
         h = float(hhat(node)) if traversal == "predictive" else 0.5
         for child in _children(node, h):
+            if child.reach < min_reach:
+                continue
             if traversal == "bfs":
                 frontier.append(child)
             else:
@@ -178,6 +200,6 @@ def _children(node: TreeNode, h: float) -> Iterator[TreeNode]:
     state = StateRef(node.state, cut, node.transition, node.requests if cut >= 0 else None)
     yield TreeNode(depth=node.depth + 1, transition=node.transition + 1, state=state,
                    known_cut=max(min(cut, node.known_cut), 0), accepts=node.accepts + 1, reach=node.reach * h,
-                   heap=2 * node.heap + 1)
-    yield TreeNode(depth=node.depth + 1, transition=node.transition + 1, state=node.state, known_cut=node.known_cut, accepts=node.accepts,
-                   reach=node.reach * (1.0 - h), heap=2 * node.heap + 2)
+                   heap=2 * node.heap + 1, path=node.path + (True,))
+    yield TreeNode(depth=node.depth + 1, transition=node.transition + 1, state=node.state, known_cut=node.known_cut,
+                   accepts=node.accepts, reach=node.reach * (1.0 - h), heap=2 * node.heap + 2, path=node.path + (False,))

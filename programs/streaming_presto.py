@@ -9,10 +9,14 @@ the engine (`stream_proposals.ProposalStreams.updates`) the sampler:
 
 1. walks as far as the completed proposals allow - with the kernel's own `cut`, `requests`, `decide` and
    the decision stream's uniform at the realized state, i.e. exactly the sequential sampler's decisions;
-2. enumerates the tree below the realized state (BFS, or best first by the reach probability of the
-   predictive rule's ĥ) and keeps the N_pf best-ranked feasible requests running: rows no node needs any
-   more (the walk went the other way) or that a better-ranked request displaces are aborted at once, and
-   their slots go to the next feasible requests.
+2. enumerates the tree below the realized state best first by the probability P that the walk reaches a
+   node (ĥ: the predictive rule's classifier, else the chain's acceptance rate so far) and starts the
+   requests of the feasible nodes in that order while fewer than N_pf rows run, but only for nodes with
+   P ≥ λ (`PrefetchConfig.row_cost`, the measured cost of one more row relative to a decode step: a row
+   of L tokens saves P·L·a of waiting and costs L·b).  A running row is never displaced; it is aborted only
+   when no node below the realized state asks for it any more (each row keeps the decision paths of the
+   nodes that asked for it, and the next plan looks for a new one when the walk went the other way), so a
+   request is generated twice only when a node the plan did not enumerate asks for an aborted row's request.
 
 Exactness (Proposition 1): the walk looks rows up by the exact `SuffixRequest` the sequential sampler would
 send at the realized state (same prefix ids, length, τ, seed of transition j); the engine keys noise by
@@ -30,7 +34,9 @@ events are not decode steps, only restarts open windows.)
 
     paper / notion                             code
     N_pf (concurrent distinct rows)            PrefetchConfig.budget
-    traversal rule                             PrefetchConfig.traversal ("bfs" | "predictive")
+    λ = b / a (admission: P(reach) ≥ λ)         PrefetchConfig.row_cost
+    ĥ of the ranking                           PrefetchConfig.traversal ("predictive": the classifier's;
+                                               else the chain's acceptance rate, Laplace-smoothed)
     MHTransition at the realized state         _BlockRun.advance
     prefetch: abort unreachable, start rows    _BlockRun.plan
     window (a "call")                          Window -> CallRecord
@@ -66,10 +72,15 @@ class Row:
     rid: str
     request: SuffixRequest
     window: int
+    transition: int
+    """j: the transition whose proposal this request is (its seed is transition j's)."""
     ids: tuple[int, ...] = ()
     suffix: Suffix | None = None
     aborted: bool = False
     used: bool = False
+    paths: set[tuple[bool, ...]] = field(default_factory=set)
+    """The decision paths from the realized state to the nodes that asked for this row (True: accept): the row
+    is reachable while one of them agrees with the decisions the walk makes."""
 
     @property
     def running(self) -> bool:
@@ -159,6 +170,8 @@ class _BlockRun:
         self.windows: list[Window] = []
         self.needs: tuple[SuffixRequest, ...] = ()
         self.max_nodes = self.pf.max_nodes
+        self.hhat_memo: dict[tuple[int, int, int, int], float] = {}
+        """ĥ by (transition, cut, κ, accepts) below the current realized state (reset when it changes)."""
         self.waits: dict[str, int] = {}
         """rid -> tokens that running row must decode before a node the last plan met becomes feasible."""
         self.dirty = True
@@ -234,44 +247,88 @@ class _BlockRun:
         if accepted:
             self.result.state = decision.proposal
             self.root = StateRef.root(decision.proposal)
+        self.hhat_memo = {}
+        self.prune(accepted)
         self.k += 1
         self.sampler._advanced(1)
         return True
 
     # ------------------------------------------------------------------------------------------ prefetch
+    def prune(self, accepted: bool) -> None:
+        """The walk decided transition k: keep each row's paths that agree, one level shorter.  A running row
+        left with none is an orphan - unless the new realized state asks for its request itself (an accepted
+        proposal that repeats the old tokens up to the row's cut) - until the next `plan` finds a node of the
+        new tree that asks for it or aborts it."""
+        assert self.root.state is not None
+        head, tokens = len(self.result.prompt_ids), tuple(self.root.state.tokens.tolist())
+        for row in self.by_rid.values():
+            row.paths = {p[1:] for p in row.paths if p and p[0] == accepted}
+            below = row.transition - (self.k + 1)
+            if row.running and not row.paths and below >= 0 and tuple(row.request.prefix_ids[head:]) == \
+                    tokens[: len(row.request.prefix_ids) - head]:
+                row.paths.add((False,) * below)  # the new state asks for it itself, after `below` rejections
+
     def plan(self) -> None:
-        """Keep the N_pf best-ranked feasible requests running: the walk's own first, then the tree's in
-        traversal order (a running row counts, a complete one is free); abort every other running row - the
-        ones no node below the realized state needs any more, and the ones a better-ranked request that
-        became feasible (a child inside a running row) displaces - and start the rest."""
-        nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand,
-                          traversal=self.pf.traversal, hhat=self.hhat if self.pf.traversal == "predictive" else None)
+        """Start rows for the feasible nodes best first by reach, while fewer than N_pf rows run, down to reach
+        λ (module docstring); the walk's own requests always run.  A running row is never displaced; a row
+        no reachable node needs was aborted by `prune`."""
+        nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand, traversal="predictive",
+                          hhat=self.hhat, min_reach=self.pf.row_cost)
         self.dirty, self.waits = False, {}
         missing = [r for r in dict.fromkeys(self.needs) if r not in self.rows]
         if missing or not self.windows:  # the walk waits on a request no row was running: a new window
             self.open_window()
-        limit = max(self.pf.budget, len(self.needs))
-        target: dict[SuffixRequest, str | None] = dict.fromkeys(self.needs)
-        slots = limit - sum(1 for r in self.needs if not self.complete(r))
+        for r in self.needs:
+            if r in self.rows:
+                self.rows[r].paths.add(())
+        target: dict[SuffixRequest, tuple[str | None, tuple[bool, ...], int]] = {r: (None, (), self.k) for r in missing}
+        slots = max(self.pf.budget, len(missing) + len(self.running_rows())) - len(self.running_rows()) - len(missing)
+        orphans = [row for row in self.running_rows() if not row.paths]
         for node in nodes:
-            if slots <= 0:  # every later node ranks below the N_pf kept: none can displace one
-                break
+            if slots <= 0 and not orphans:
+                break  # nothing left to start, no orphan left to look for
             if node.requests is None:
+                if orphans:
+                    orphans = self.keep_orphans_for(node, orphans)
                 continue
-            todo = [r for r in dict.fromkeys(node.requests) if r not in target]
-            cost = sum(1 for r in todo if not self.complete(r))
-            if todo and cost <= slots:
-                assert node.cut is not None
-                source = node.state.source(node.cut, self.rows)
-                target.update((r, source) for r in todo)
-                slots -= cost
-        for row in [r for r in self.by_rid.values() if r.running and r.request not in target]:
-            self.abort(row)
-        for req, source in target.items():
-            if req not in self.rows:
-                self.start([req], source)
-                self.dirty = True  # the next plan learns where the new row's children become feasible
+            wanted = list(dict.fromkeys(node.requests))
+            for r in wanted:
+                if r in self.rows:
+                    self.rows[r].paths.add(node.path)
+            if orphans:
+                orphans = [row for row in orphans if not row.paths]
+            todo = [r for r in wanted if r not in self.rows and r not in target]
+            if not todo:
+                continue
+            if slots <= 0:
+                if not orphans:
+                    break
+                continue  # only orphans left to look for
+            if len(todo) > slots:
+                continue  # (MultiTryMH) too many rows for the slots left; a later node may need fewer
+            assert node.cut is not None
+            source = node.state.source(node.cut, self.rows)
+            target.update((r, (source, node.path, node.transition)) for r in todo)
+            slots -= len(todo)
+        for row in self.running_rows():
+            if not row.paths and row.request not in target:  # no node below the realized state asks for it
+                self.abort(row)
+        for req, (source, path, transition) in target.items():
+            self.start(req, source, path, transition)
+            self.dirty = True  # the next plan learns where the new row's children become feasible
         self.windows[-1].max_rows = max(self.windows[-1].max_rows, len(self.running_rows()))
+
+    def keep_orphans_for(self, node: TreeNode, orphans: list[Row]) -> list[Row]:
+        """A node whose requests are not known yet may still ask for an orphan's request: attach every orphan
+        of its transition whose prefix agrees with what is known of the node's state; the orphans left."""
+        head = len(self.result.prompt_ids)
+        for row in orphans:
+            if row.transition == node.transition:
+                prefix = row.request.prefix_ids[head:]
+                known = node.state.known(len(prefix), self.rows)
+                if tuple(known.tolist()) == tuple(prefix[: len(known)]):
+                    row.paths.add(node.path)
+        return [row for row in orphans if not row.paths]
 
     def complete(self, request: SuffixRequest) -> bool:
         row = self.rows.get(request)
@@ -291,26 +348,34 @@ class _BlockRun:
             node.requests = self.requests_at(tokens, node.cut, node.transition)
 
     def hhat(self, node: TreeNode) -> float:
-        """ĥ(v+; ε) of the predictive rule at the node (Features 3/4 from the realized state)."""
-        assert self.pf.branch_prob is not None and self.root.state is not None
+        """ĥ(v+; ε) at the node: the predictive rule's (Features 3/4 from the realized state), else the chain's
+        acceptance rate so far, (accepts + 1) / (decisions + 2)."""
+        assert self.root.state is not None
+        if self.pf.traversal != "predictive":
+            history = self.result.history
+            return (sum(history) + 1.0) / (len(history) + 2.0)
+        assert self.pf.branch_prob is not None
         cut = node.cut if node.cut is not None else self.kernel.cut(self.root.state, node.transition, self.stream)
-        where = dict(parent_cut=node.known_cut, accepts_on_path=node.accepts) if self.pf.tree_position else {}
-        cand = CandidateNode(node.depth, cut, self.T, features=root_cut_features(self.root.state, cut), **where)
-        return float(self.pf.branch_prob(cand))
+        key = (node.transition, cut, node.known_cut, node.accepts) if self.pf.tree_position else (node.transition, cut, 0, 0)
+        if key not in self.hhat_memo:
+            where = dict(parent_cut=node.known_cut, accepts_on_path=node.accepts) if self.pf.tree_position else {}
+            cand = CandidateNode(node.depth, cut, self.T, features=root_cut_features(self.root.state, cut), **where)
+            self.hhat_memo[key] = float(self.pf.branch_prob(cand))
+        return self.hhat_memo[key]
 
     # ------------------------------------------------------------------------------------------ rows
     def running_rows(self) -> list[Row]:
         return [r for r in self.by_rid.values() if r.running]
 
-    def start(self, requests: list[SuffixRequest], share_from: str | None) -> None:
-        for req in requests:
-            row = Row(rid=f"stream-{uuid.uuid4().hex[:16]}", request=req, window=len(self.windows) - 1)
-            self.rows[req] = row
-            self.by_rid[row.rid] = row
-            self.started.append(row)
-            self.windows[-1].rows_started += 1
-            running = self.by_rid.get(share_from) if share_from else None
-            self.io.start(row.rid, req, share_from if running is not None and running.running else None)
+    def start(self, request: SuffixRequest, share_from: str | None, path: tuple[bool, ...], transition: int) -> None:
+        row = Row(rid=f"stream-{uuid.uuid4().hex[:16]}", request=request, window=len(self.windows) - 1,
+                  transition=transition, paths={path})
+        self.rows[request] = row
+        self.by_rid[row.rid] = row
+        self.started.append(row)
+        self.windows[-1].rows_started += 1
+        running = self.by_rid.get(share_from) if share_from else None
+        self.io.start(row.rid, request, share_from if running is not None and running.running else None)
 
     def abort(self, row: Row) -> None:
         self.io.abort(row.rid)

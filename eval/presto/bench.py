@@ -49,7 +49,8 @@ class PairResult:
     unflushed: int = 0
     """Chains that started without a flushed prefix cache (asked to flush, the server stayed busy)."""
     traversal: str = "bfs"
-    """The PreSTO variant: "bfs", "predictive", "streaming" (BFS order) or "streaming-predictive"."""
+    """The PreSTO variant: "bfs", "predictive", "streaming" (ranked by the chain's acceptance rate) or
+    "streaming-predictive" (by the classifier's ĥ)."""
     npf: int | None = None
     """N_pf the PreSTO variant ran with."""
 

@@ -4,6 +4,8 @@ model-call time it predicts for a PreSTO variant.
     t(r) ≈ a + b·r              time of one decode step with r rows (least squares over measured sizes)
     T ≈ a·S + b·G               a chain's model-call time from its decode steps S and row-steps G
     S_sequential ÷ S_variant    the speedup where extra rows are free (b → 0, a wide accelerator batch)
+    λ = b / a                   what one more row costs relative to a step: streaming PreSTO's admission
+                                threshold (`PrefetchConfig.row_cost`)
 """
 
 from __future__ import annotations
@@ -47,3 +49,9 @@ def cost_model_prediction(row: dict[str, Any], fit: dict[str, float]) -> dict[st
     return {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan,
             "speedup_rows_free": s_seq / s_pre if s_pre else math.nan,
             "measured_speedup": row["speedup_eq20"]}
+
+
+def row_cost_of(fit: dict[str, float]) -> float:
+    """λ = b / a of a fit t(r) = a + b·r: one more row's cost relative to a decode step (0 when b ≤ 0)."""
+    a, b = fit["a_s"], fit["b_s"]
+    return max(b, 0.0) / a if a > 0 else 0.0

@@ -129,3 +129,52 @@ def test_make_sampler_builds_the_streaming_variant_and_needs_streams():
     assert isinstance(sampler, StreamingPrestoSampler)
     with pytest.raises(Exception, match="cannot stream"):
         sampler.run([1, 2])
+
+
+@pytest.mark.parametrize("traversal", ["bfs", "predictive"])
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_no_request_is_generated_twice(kind, traversal):
+    """A running row is never displaced and an aborted one was unreachable: across budgets small enough that
+    better-ranked requests keep appearing behind the running ones, no chain generates a request twice."""
+    aborted = 0
+    for seed in range(10):
+        for npf in (2, 3, 5, 8):
+            small = kind == "multitry-mh"
+            seq, res, streams = run_streaming(kind, seed, npf * (3 if small else 1), n=8 if small else 16,
+                                              block=8 if small else 16, K=6 if small else 12, vocab=4,
+                                              traversal=traversal, mtm_candidates=2)
+            assert_same_chain(seq, res, f"seed {seed} npf {npf}")
+            assert res.repeated_requests == 0, f"seed {seed} npf {npf}: {res.repeated_requests} requests repeated"
+            aborted += len(streams.aborted)
+    assert aborted > 0  # rows the walk left behind were aborted
+
+
+def test_row_cost_admits_rows_by_reach():
+    """λ = row_cost: a row starts only for a node reached with probability >= λ.  λ = 1: only the walk's own
+    requests run (no waste, one row per transition); raising λ never starts more rows; the chain never changes."""
+    started = {}
+    for lam in (0.0, 0.1, 0.3, 1.0):
+        rows = wasted = 0
+        for seed in range(8):
+            model = toy("power-mh", 3, 4)
+            cfg = SamplerConfig(kind="power-mh", response_length=16, block_size=16, steps_per_block=12, seed=seed)
+            seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
+            pf = PrefetchConfig(budget=20, streaming=True, traversal="predictive", branch_prob=hhat, row_cost=lam)
+            streams = SteppedStreams(model)
+            res = StreamingPrestoSampler(model, cfg, pf, streams=streams).run([1, 2, 3], prompt_id="p")
+            assert_same_chain(seq, res, f"λ {lam} seed {seed}")
+            rows += sum(c.rows_started for c in res.mh_calls)
+            wasted += sum(c.wasted_tokens for c in res.mh_calls)
+            if lam == 1.0:
+                assert sum(c.rows_started for c in res.mh_calls) == res.transitions
+        started[lam] = rows
+        if lam == 1.0:
+            assert wasted == 0
+    assert started[0.0] >= started[0.1] >= started[0.3] >= started[1.0]
+    assert started[0.0] > started[0.3]
+
+
+def test_row_cost_is_validated():
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="row_cost"):
+            PrefetchConfig(streaming=True, row_cost=bad)

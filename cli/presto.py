@@ -75,10 +75,11 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
-    p.add_argument("--row-cost", type=nonnegative_float, default=None,
+    p.add_argument("--row-cost", type=_row_cost_arg, default=None,
                    help="streaming traversals: λ, what one more row adds to a decode step relative to the step; a row "
-                        "starts only for a node the walk reaches with probability >= λ (default: measured on the "
-                        "embedded engine, b/a of the step time a + b·rows; 0 on a server: rows free)")
+                        "starts only for a node worth it, P·(1 + ĥ·D) >= λ (P: its reach, D: levels below it). "
+                        "A number, or 'measured': b/a of the step time a + b·rows on the embedded engine (default 0: "
+                        "rows free, up to N_pf; measured on 2 cores it beat the measured λ, BENCHMARKS.md)")
     p.add_argument("--call-overhead", type=positive_float, default=None,
                    help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
                         "predicted transitions / (κ0 + requests) instead of predicted transitions")
@@ -288,7 +289,7 @@ def sample_command(args: argparse.Namespace) -> int:
             pid, ids = prompt_id_for_text(args.prompt), chat_prompt_ids(runtime.tokenizer, args.prompt)
         _check_context(runtime, [len(ids)], cfg.response_length)
         if args.presto and prefetch.streaming:
-            prefetch = _with_row_cost(args, prefetch, _row_cost(args, runtime, ids, probe=True))
+            prefetch = _with_row_cost(args, prefetch, _row_cost(args, runtime, ids, probe=args.row_cost == "measured"))
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         writer = RecordWriter(args.records, model=runtime.name) if args.records else None
@@ -430,12 +431,22 @@ def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetc
         return step_cost_curve(rt.engine, ids, rows=sizes)
 
 
+def _row_cost_arg(text: str) -> float | str:
+    if text == "measured":
+        return text
+    try:
+        return nonnegative_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'measured', got {text!r}") from None
+
+
 def _row_cost(args: argparse.Namespace, runtime: Any, ids: Any = None, *, fit: dict[str, float] | None = None,
               probe: bool = False) -> float:
-    """λ of the streaming variants: --row-cost, else b/a of the step-time fit on the embedded engine (`fit`, or
-    with `probe` a short curve measured here on the prompt `ids`), else 0 (a server: rows free)."""
-    if args.row_cost is not None:
-        return float(args.row_cost)
+    """λ of the streaming variants: --row-cost N; with --row-cost measured b/a of the step-time fit on the
+    embedded engine (`fit`, or with `probe` a short curve measured here on the prompt `ids`; 0 on a server);
+    else 0 (rows free)."""
+    if args.row_cost != "measured":
+        return float(args.row_cost or 0.0)
     if not runtime.is_embedded:
         return 0.0
     from ..eval.presto.cost_model import row_cost_of, step_cost_curve
@@ -449,9 +460,9 @@ def _with_row_cost(args: argparse.Namespace, prefetch: Any, row_cost: float) -> 
     """The streaming variant's settings with its λ (`PrefetchConfig.row_cost`); the others unchanged."""
     if not prefetch.streaming:
         return prefetch
-    if not args.quiet and not args.json and args.row_cost is None and row_cost > 0:
-        print(f"forerun: streaming rows start only for nodes reached with probability >= {row_cost:.3f} (the measured "
-              "cost of one more row; --row-cost 0: rows free)", file=sys.stderr)
+    if not args.quiet and not args.json and args.row_cost == "measured":
+        print(f"forerun: streaming rows start only for nodes worth >= {row_cost:.3f} (the measured cost of one more "
+              "row)", file=sys.stderr)
     return dataclasses.replace(prefetch, row_cost=row_cost)
 
 

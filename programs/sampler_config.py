@@ -140,9 +140,10 @@ class PrefetchConfig:
     reaches a node (ĥ: the classifier's with `traversal="predictive"`, else the chain's acceptance rate so far)."""
     row_cost: float = 0.0
     """λ, streaming only: what one more row adds to a decode step, relative to the step (b / a of the step time
-    t(r) ≈ a + b·r with r rows; `forerun` measures it on the embedded engine).  A row of L tokens for a node the
-    walk reaches with probability P saves P·L·a of waiting and costs L·b, so a row starts only for a node with
-    P ≥ λ.  0 (default): rows are free (a GPU batch): up to N_pf rows run."""
+    t(r) ≈ a + b·r with r rows; `forerun` measures it on the embedded engine).  A row of L tokens costs L·b and
+    saves L·a of waiting for its node (reached with probability P) and for the acceptance subtree its tokens make
+    feasible (about P·ĥ per level, D levels below), so a row starts only for a node with P·(1 + ĥ·D) ≥ λ
+    (`stream_tree.walk_tree`).  0 (default): rows are free (a GPU batch): up to N_pf rows run."""
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:

@@ -19,7 +19,7 @@ once all its candidates are.
     P(the walk reaches v)                      TreeNode.reach: Π ĥ over accept edges, Π (1 − ĥ) over rejects
     the decisions from x^(k) to v              TreeNode.path (True: accept)
     traversal order                            "bfs" (depth, then heap index) | "predictive" (reach, best first)
-    rows worth their cost (streaming)          walk_tree(..., min_reach=λ): nodes reached with P ≥ λ only
+    rows worth their cost (streaming)          walk_tree(..., min_value=λ): P·(1 + ĥ·D) ≥ λ, D = the levels below
 """
 
 from __future__ import annotations
@@ -159,15 +159,20 @@ Expand = Callable[[TreeNode], None]
 
 def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: int, expand: Expand, *,
               traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None,
-              min_reach: float = 0.0) -> Iterator[TreeNode]:
+              min_value: float = 0.0) -> Iterator[TreeNode]:
     """The first `max_nodes` nodes below the realized state `root` (which decides transition
     `first_transition`; depth < depth_cap) in traversal order, each expanded (lazily: a consumer that has
     spent its budget stops early).
 
     "bfs": depth by depth; "predictive": best first by the probability that the walk reaches the node, with
-    ĥ = hhat(node) at every expanded node (so the reach of the nodes it yields never increases).  A node whose
-    reach is below `min_reach` is not enumerated, nor is anything below it (the root always is).  Below a node
-    whose cut is unknown the acceptance child's state is unknown: it is enumerated, never feasible."""
+    ĥ = hhat(node) at every expanded node (so the reach of the nodes it yields never increases).
+
+    A node is enumerated only when its value P·(1 + ĥ·D) is at least `min_value` (the root always is): P its
+    reach, ĥ its parent's, D the levels below it (depth_cap − depth − 1).  What a row for the node saves is
+    its own wait, P·L steps, plus the waits of the acceptance subtree that only its tokens make feasible,
+    whose reach sums to about P·ĥ per level; the value falls along every path, so nothing below a node that
+    fails is enumerated either.  Below a node whose cut is unknown the acceptance child's state is unknown:
+    it is enumerated, never feasible."""
     if traversal == "predictive" and hhat is None:
         raise ValueError("the predictive traversal needs hhat")
     if depth_cap < 1 or max_nodes < 1:
@@ -185,7 +190,7 @@ def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: 
             continue
         h = float(hhat(node)) if traversal == "predictive" else 0.5
         for child in _children(node, h):
-            if child.reach < min_reach:
+            if child.reach * (1.0 + h * (depth_cap - child.depth - 1)) < min_value:
                 continue
             if traversal == "bfs":
                 frontier.append(child)

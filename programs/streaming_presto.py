@@ -11,9 +11,11 @@ the engine (`stream_proposals.ProposalStreams.updates`) the sampler:
    the decision stream's uniform at the realized state, i.e. exactly the sequential sampler's decisions;
 2. enumerates the tree below the realized state best first by the probability P that the walk reaches a
    node (ĥ: the predictive rule's classifier, else the chain's acceptance rate so far) and starts the
-   requests of the feasible nodes in that order while fewer than N_pf rows run, but only for nodes with
-   P ≥ λ (`PrefetchConfig.row_cost`, the measured cost of one more row relative to a decode step: a row
-   of L tokens saves P·L·a of waiting and costs L·b).  A running row is never displaced; it is aborted only
+   requests of the feasible nodes in that order while fewer than N_pf rows run, but only for nodes worth
+   their row: P·(1 + ĥ·D) ≥ λ (`PrefetchConfig.row_cost`, the measured cost of one more row relative to a
+   decode step; a row of L tokens costs L·b and saves L·a of waiting for the node, reached with P, and for
+   the acceptance subtree its tokens make feasible, about P·ĥ per level over the D levels below;
+   `stream_tree.walk_tree`).  A running row is never displaced; it is aborted only
    when no node below the realized state asks for it any more (each row keeps the decision paths of the
    nodes that asked for it, and the next plan looks for a new one when the walk went the other way), so a
    request is generated twice only when a node the plan did not enumerate asks for an aborted row's request.
@@ -34,7 +36,7 @@ events are not decode steps, only restarts open windows.)
 
     paper / notion                             code
     N_pf (concurrent distinct rows)            PrefetchConfig.budget
-    λ = b / a (admission: P(reach) ≥ λ)         PrefetchConfig.row_cost
+    λ = b / a (admission: P·(1 + ĥ·D) ≥ λ)      PrefetchConfig.row_cost
     ĥ of the ranking                           PrefetchConfig.traversal ("predictive": the classifier's;
                                                else the chain's acceptance rate, Laplace-smoothed)
     MHTransition at the realized state         _BlockRun.advance
@@ -273,7 +275,7 @@ class _BlockRun:
         λ (module docstring); the walk's own requests always run.  A running row is never displaced; a row
         no reachable node needs was aborted by `prune`."""
         nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand, traversal="predictive",
-                          hhat=self.hhat, min_reach=self.pf.row_cost)
+                          hhat=self.hhat, min_value=self.pf.row_cost)
         self.dirty, self.waits = False, {}
         missing = [r for r in dict.fromkeys(self.needs) if r not in self.rows]
         if missing or not self.windows:  # the walk waits on a request no row was running: a new window

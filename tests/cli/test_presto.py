@@ -242,19 +242,22 @@ def test_wasted_tokens_and_repeated_requests_per_traversal(capsys):
 
 
 def test_row_cost_reaches_the_streaming_variants(capsys):
-    """--row-cost is streaming's λ: at 1 only the walk's own requests run (nothing wasted, one row per transition);
+    """--row-cost is streaming's λ: above K only the walk's own requests run (nothing wasted, one row per transition);
     bench presto records the λ it ran with; a round-based variant is untouched; without the flag on the embedded
-    engine λ is b/a of the measured step-time fit."""
+    engine --row-cost measured is b/a of the measured step-time fit, and without --row-cost rows are free (λ = 0)."""
     assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "6", "--npf", "8",
-                 "--traversals", "bfs", "streaming", "--row-cost", "1", "--no-cost-model", "--json"]) == 0
+                 "--traversals", "bfs", "streaming", "--row-cost", "100", "--no-cost-model", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["meta"]["row_cost"] == 1.0
+    assert out["meta"]["row_cost"] == 100.0
     rows = {r["traversal"]: r for r in out["rows"]}
     assert rows["streaming"]["wasted_token_fraction"] == 0.0 and rows["streaming"]["identical_chains"] == 1
     assert rows["streaming"]["streaming"]["rows_started_per_window"] * rows["streaming"]["streaming"]["windows"] == 6
     assert rows["bfs"]["identical_chains"] == 1
     assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4",
-                 "--traversals", "streaming", "--json"]) == 0
+                 "--traversals", "streaming", "--row-cost", "measured", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     fit = out["meta"]["cost_model"]["fit"]
     assert out["meta"]["row_cost"] == pytest.approx(max(fit["b_s"], 0.0) / fit["a_s"])
+    assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4",
+                 "--traversals", "streaming", "--no-cost-model", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["meta"]["row_cost"] == 0.0

@@ -1,5 +1,5 @@
-"""The tree of streaming PreSTO (`stream_tree.walk_tree`): reach, decision paths and the λ cut-off, against an
-enumeration of decision sequences written here."""
+"""The tree of streaming PreSTO (`stream_tree.walk_tree`): reach, decision paths and the value cut-off
+P·(1 + ĥ·D) ≥ λ, against an enumeration of decision sequences written here."""
 
 from __future__ import annotations
 
@@ -22,14 +22,19 @@ def reach_of(path: tuple[bool, ...], h: float) -> float:
     return math.prod(h if a else 1.0 - h for a in path)
 
 
-@pytest.mark.parametrize("h,min_reach", [(0.3, 0.0), (0.3, 0.05), (0.7, 0.1), (0.5, 0.2), (0.5, 1.0)])
-def test_best_first_by_reach_down_to_min_reach(h, min_reach):
+def value_of(path: tuple[bool, ...], h: float, depth_cap: int) -> float:
+    return reach_of(path, h) * (1.0 + h * (depth_cap - len(path) - 1))
+
+
+@pytest.mark.parametrize("h,min_value", [(0.3, 0.0), (0.3, 0.05), (0.7, 0.1), (0.5, 0.2), (0.5, 1.0), (0.4, 7.0)])
+def test_best_first_by_reach_down_to_min_value(h, min_value):
     depth_cap = 6
     nodes = list(walk_tree(root(), 0, depth_cap, 10_000, lambda node: None, traversal="predictive",
-                           hhat=lambda node: h, min_reach=min_reach))
-    # the oracle: every decision sequence shorter than depth_cap whose prefixes are all reached with P >= min_reach
+                           hhat=lambda node: h, min_value=min_value))
+    # the oracle: every decision sequence shorter than depth_cap whose prefixes are all worth their row:
+    # reach × (1 + h × levels below) >= min_value
     want = {p for d in range(depth_cap) for p in itertools.product((True, False), repeat=d)
-            if all(reach_of(p[:i], h) >= min_reach for i in range(1, d + 1))}
+            if all(value_of(p[:i], h, depth_cap) >= min_value for i in range(1, d + 1))}
     assert {n.path for n in nodes} == want
     assert len(nodes) == len(want)
     for n in nodes:
@@ -41,8 +46,9 @@ def test_best_first_by_reach_down_to_min_reach(h, min_reach):
     assert reaches == sorted(reaches, reverse=True)  # best first
 
 
-def test_bfs_order_keeps_depth_order_and_min_reach():
-    nodes = list(walk_tree(root(), 3, 4, 10_000, lambda node: None, min_reach=0.2))
+def test_bfs_order_keeps_depth_order_and_min_value():
+    # h = 0.5, depth_cap 5: depth 1 is worth 0.5 · (1 + 0.5 · 3) = 1.25, depth 2 0.25 · 2 = 0.5, depth 3 0.125 · 1.5
+    nodes = list(walk_tree(root(), 3, 5, 10_000, lambda node: None, min_value=0.4))
     assert [n.depth for n in nodes] == sorted(n.depth for n in nodes)
     assert {n.path for n in nodes} == {p for d in range(3) for p in itertools.product((True, False), repeat=d)}
     assert all(n.transition == 3 + n.depth for n in nodes)

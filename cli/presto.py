@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import sys
 import time
@@ -31,6 +30,7 @@ from .engine import add_backend_arguments, check_pool_serves, open_pool_from, wa
 from .errors import CommandError, reports_errors
 from .inputs import dataset_paths, naming_undecodable
 from .output import output_file, print_json, progress_bar
+from .row_cost import bench_cost_curve, row_cost_arg, row_cost_for, with_row_cost
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from ..eval.presto.reference import ReferenceConfig
 from ..eval.presto.scaleout import ScaleoutConfig
@@ -75,7 +75,7 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
-    p.add_argument("--row-cost", type=_row_cost_arg, default=None,
+    p.add_argument("--row-cost", type=row_cost_arg, default=None,
                    help="streaming traversals: λ, what one more row adds to a decode step relative to the step; a row "
                         "starts only for a node worth it, P·(1 + ĥ·D) >= λ (P: its reach, D: levels below it). "
                         "A number, or 'measured': b/a of the step time a + b·rows on the embedded engine (default 0: "
@@ -289,7 +289,7 @@ def sample_command(args: argparse.Namespace) -> int:
             pid, ids = prompt_id_for_text(args.prompt), chat_prompt_ids(runtime.tokenizer, args.prompt)
         _check_context(runtime, [len(ids)], cfg.response_length)
         if args.presto and prefetch.streaming:
-            prefetch = _with_row_cost(args, prefetch, _row_cost(args, runtime, ids, probe=args.row_cost == "measured"))
+            prefetch = with_row_cost(args, prefetch, row_cost_for(args, runtime, ids, probe=args.row_cost == "measured"))
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
         sampler = make_sampler(model, cfg, presto=args.presto, prefetch=prefetch)
         writer = RecordWriter(args.records, model=runtime.name) if args.records else None
@@ -333,9 +333,9 @@ def bench_presto_command(args: argparse.Namespace) -> int:
         check_pool_serves(pool, seeded=True, samplers=args.samplers)
         notes = warn_nondeterministic(pool)
         _warn_shipped("bench presto", args, pool.first.name, args.samplers)
-        cost = _cost_model(args, pool, prompts, prefetch, st)  # first: streaming's λ comes from it
-        row_cost = _row_cost(args, pool.first, fit=cost["fit"] if cost else None)
-        prefetch = {label: _with_row_cost(args, pf, row_cost) for label, pf in prefetch.items()}
+        cost = bench_cost_curve(args, pool, prompts, prefetch, st)  # first: streaming's λ comes from it
+        row_cost = row_cost_for(args, pool.first, fit=cost["fit"] if cost else None)
+        prefetch = {label: with_row_cost(args, pf, row_cost) for label, pf in prefetch.items()}
         leases_before = list(pool.leases)
         start = time.perf_counter()
         rows = _bench_rows(args, pool, prompts, configs, prefetch)
@@ -412,58 +412,6 @@ def _bench_rows(args: argparse.Namespace, pool: Any, prompts: list[Any], configs
                           on_transitions=bar.update,
                           on_result=(lambda r: writer.write_calls(r.calls)) if writer else None)
     return [pair.table_row() for pair in pairs]
-
-
-def _cost_model(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetch: dict[str, Any],
-                st: dict[str, Any]) -> dict[str, Any] | None:
-    """The per-step cost against rows (`step_cost_curve`) on the embedded engine, when asked or by default with a
-    streaming variant; None on a server (no step timer) or when not wanted."""
-    runtime = pool.first
-    wanted = args.cost_model if args.cost_model is not None else any(p.streaming for p in prefetch.values())
-    if not wanted or not runtime.is_embedded:
-        return None
-    from ..eval.presto.cost_model import step_cost_curve
-    from ..programs.prompts import chat_prompt_ids
-
-    ids = chat_prompt_ids(runtime.tokenizer, prompts[0].messages())
-    sizes = sorted({1, 2, 4, 6, 8, 12, 16, st["npf"]} | ({20} if st["npf"] >= 20 else set()))
-    with pool.lease() as rt:
-        return step_cost_curve(rt.engine, ids, rows=sizes)
-
-
-def _row_cost_arg(text: str) -> float | str:
-    if text == "measured":
-        return text
-    try:
-        return nonnegative_float(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'measured', got {text!r}") from None
-
-
-def _row_cost(args: argparse.Namespace, runtime: Any, ids: Any = None, *, fit: dict[str, float] | None = None,
-              probe: bool = False) -> float:
-    """λ of the streaming variants: --row-cost N; with --row-cost measured b/a of the step-time fit on the
-    embedded engine (`fit`, or with `probe` a short curve measured here on the prompt `ids`; 0 on a server);
-    else 0 (rows free)."""
-    if args.row_cost != "measured":
-        return float(args.row_cost or 0.0)
-    if not runtime.is_embedded:
-        return 0.0
-    from ..eval.presto.cost_model import row_cost_of, step_cost_curve
-
-    if fit is None and probe:
-        fit = step_cost_curve(runtime.engine, ids, rows=(1, 4, 8, 16), tokens=8)["fit"]
-    return row_cost_of(fit) if fit is not None else 0.0
-
-
-def _with_row_cost(args: argparse.Namespace, prefetch: Any, row_cost: float) -> Any:
-    """The streaming variant's settings with its λ (`PrefetchConfig.row_cost`); the others unchanged."""
-    if not prefetch.streaming:
-        return prefetch
-    if not args.quiet and not args.json and args.row_cost == "measured":
-        print(f"forerun: streaming rows start only for nodes worth >= {row_cost:.3f} (the measured cost of one more "
-              "row)", file=sys.stderr)
-    return dataclasses.replace(prefetch, row_cost=row_cost)
 
 
 def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

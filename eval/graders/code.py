@@ -27,6 +27,7 @@ import ast
 import builtins
 import json
 import re
+import signal
 import textwrap
 from typing import Any
 
@@ -155,7 +156,12 @@ def _why(res: Any) -> str:
     if res.killed_for:
         return res.killed_for
     tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
-    return tail[0][:200] if tail else f"exit {res.exit_code}"
+    if tail:
+        return tail[0][:200]
+    code = res.exit_code
+    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):  # RLIMIT_CPU (the shell's 128 + signal, or the signal)
+        return f"CPU time limit (exit {code})"
+    return f"exit {code}"
 
 
 def _grade_lcb(solution: str, extra: dict[str, Any]) -> tuple[bool, str, str]:

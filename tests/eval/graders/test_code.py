@@ -297,8 +297,8 @@ def test_a_stdin_program_cannot_find_the_expected_output():
               "    m = re.search(rb'\"output\": \"(\\\\d+)', data)\n    if m:\n        found = m.group(1).decode()\n"
               "print(found)\n")
     g = grade(p, f"```python\n{hunter}```")
-    # wrong output, or a timeout where the walk is long (a checkout under /tmp): never the secret
-    assert not g.correct and ("wrong output" in g.detail or "timeout" in g.detail)
+    # wrong output, or a wall-clock / CPU time limit where the walk is long (a checkout under /tmp): never the secret
+    assert not g.correct and any(why in g.detail for why in ("wrong output", "timeout", "CPU time limit")), g.detail
 
 
 def test_code_extraction_and_output_comparison():

@@ -15,10 +15,11 @@ from .args import nonnegative_float
 
 def bench_cost_curve(args: argparse.Namespace, pool: Any, prompts: list[Any], prefetch: dict[str, Any],
                 st: dict[str, Any]) -> dict[str, Any] | None:
-    """The per-step cost against rows (`step_cost_curve`) on the embedded engine, when asked or by default with a
-    streaming variant; None on a server (no step timer) or when not wanted."""
+    """The per-step cost against rows (`step_cost_curve`) on the embedded engine, when asked, by default with a
+    streaming variant, and always for --row-cost measured; None on a server (no step timer) or when not wanted."""
     runtime = pool.first
     wanted = args.cost_model if args.cost_model is not None else any(p.streaming for p in prefetch.values())
+    wanted = wanted or (args.row_cost == "measured" and any(p.streaming for p in prefetch.values()))  # λ needs it
     if not wanted or not runtime.is_embedded:
         return None
     from ..eval.presto.cost_model import step_cost_curve

@@ -256,8 +256,16 @@ def test_row_cost_reaches_the_streaming_variants(capsys):
     assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4",
                  "--traversals", "streaming", "--row-cost", "measured", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    fit = out["meta"]["cost_model"]["fit"]
-    assert out["meta"]["row_cost"] == pytest.approx(max(fit["b_s"], 0.0) / fit["a_s"])
+    assert out["meta"]["row_cost"] == pytest.approx(_lambda_of(out["meta"]["cost_model"]["fit"]))
     assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4",
                  "--traversals", "streaming", "--no-cost-model", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["meta"]["row_cost"] == 0.0
+    assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4",  # λ needs the curve
+                 "--traversals", "streaming", "--no-cost-model", "--row-cost", "measured", "--json"]) == 0
+    meta = json.loads(capsys.readouterr().out)["meta"]
+    assert meta["row_cost"] == pytest.approx(_lambda_of(meta["cost_model"]["fit"]))
+
+
+def _lambda_of(fit):
+    """b/a of the step-time fit (0 where a loaded machine fits a ≤ 0 or b < 0)."""
+    return max(fit["b_s"], 0.0) / fit["a_s"] if fit["a_s"] > 0 else 0.0

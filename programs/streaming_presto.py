@@ -172,8 +172,9 @@ class _BlockRun:
         self.windows: list[Window] = []
         self.needs: tuple[SuffixRequest, ...] = ()
         self.max_nodes = self.pf.max_nodes
-        self.hhat_memo: dict[tuple[int, int, int, int], float] = {}
-        """ĥ by (transition, cut, κ, accepts) below the current realized state (reset when it changes)."""
+        self.hhat_memo: dict[Any, float] = {}
+        """ĥ by (transition, cut, κ, accepts), or the acceptance rate ("rate"), below the current realized state
+        (reset at every decision)."""
         self.waits: dict[str, int] = {}
         """rid -> tokens that running row must decode before a node the last plan met becomes feasible."""
         self.dirty = True
@@ -271,8 +272,8 @@ class _BlockRun:
                 row.paths.add((False,) * below)  # the new state asks for it itself, after `below` rejections
 
     def plan(self) -> None:
-        """Start rows for the feasible nodes best first by reach, while fewer than N_pf rows run, down to reach
-        λ (module docstring); the walk's own requests always run.  A running row is never displaced; a row
+        """Start rows for the feasible nodes best first by reach, while fewer than N_pf rows run, for nodes worth
+        at least λ (module docstring); the walk's own requests always run.  A running row is never displaced; a row
         no reachable node needs was aborted by `prune`."""
         nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand, traversal="predictive",
                           hhat=self.hhat, min_value=self.pf.row_cost)
@@ -284,8 +285,9 @@ class _BlockRun:
             if r in self.rows:
                 self.rows[r].paths.add(())
         target: dict[SuffixRequest, tuple[str | None, tuple[bool, ...], int]] = {r: (None, (), self.k) for r in missing}
-        slots = max(self.pf.budget, len(missing) + len(self.running_rows())) - len(self.running_rows()) - len(missing)
-        orphans = [row for row in self.running_rows() if not row.paths]
+        running = self.running_rows()
+        slots = max(self.pf.budget - len(running) - len(missing), 0)
+        orphans = [row for row in running if not row.paths]
         for node in nodes:
             if slots <= 0 and not orphans:
                 break  # nothing left to start, no orphan left to look for
@@ -302,12 +304,8 @@ class _BlockRun:
             todo = [r for r in wanted if r not in self.rows and r not in target]
             if not todo:
                 continue
-            if slots <= 0:
-                if not orphans:
-                    break
-                continue  # only orphans left to look for
-            if len(todo) > slots:
-                continue  # (MultiTryMH) too many rows for the slots left; a later node may need fewer
+            if len(todo) > slots:  # none left (only orphans to look for), or
+                continue  # (MultiTryMH) too many rows for the slots left: a later node may need fewer
             assert node.cut is not None
             source = node.state.source(node.cut, self.rows)
             target.update((r, (source, node.path, node.transition)) for r in todo)
@@ -354,8 +352,10 @@ class _BlockRun:
         acceptance rate so far, (accepts + 1) / (decisions + 2)."""
         assert self.root.state is not None
         if self.pf.traversal != "predictive":
-            history = self.result.history
-            return (sum(history) + 1.0) / (len(history) + 2.0)
+            if "rate" not in self.hhat_memo:  # reset with the memo at every decision
+                history = self.result.history
+                self.hhat_memo["rate"] = (sum(history) + 1.0) / (len(history) + 2.0)
+            return self.hhat_memo["rate"]
         assert self.pf.branch_prob is not None
         cut = node.cut if node.cut is not None else self.kernel.cut(self.root.state, node.transition, self.stream)
         key = (node.transition, cut, node.known_cut, node.accepts) if self.pf.tree_position else (node.transition, cut, 0, 0)

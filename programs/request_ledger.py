@@ -10,8 +10,11 @@ keeps a complete row).  The ledger counts both, per chain, with one definition f
                           aborted part-way counts the tokens it decoded)
     used tokens           Σ over the distinct requests some realized decision read of their length T − c
     wasted tokens         generated − used;  wasted_token_fraction = wasted ÷ generated (0 when none generated)
-    repeated requests     generations of a request (same prefix ids, length, τ, seed) already generated earlier
-                          in the chain
+    repeated requests     generations of a request (same prefix ids, length, τ, seed) that decode a position of it
+                          an earlier generation in the chain already decoded
+    resumed requests      generations that continue an aborted row of the request after the tokens it decoded
+                          (streaming: the engine's noise is keyed by (seed, position), so the continuation decodes
+                          exactly the tokens the uninterrupted row would have; none is decoded twice)
 
 Block extensions are left out (identical in every variant and always used), as in the call metrics.
 """
@@ -31,15 +34,22 @@ class RequestLedger:
     generated_tokens: int = 0
     """Tokens of every generation."""
     repeated_requests: int = 0
-    """Generations of a request that the chain had already generated."""
-    _generated: set[SuffixRequest] = field(default_factory=set, repr=False)
+    """Generations of a request that decode again a position the chain had already decoded for it."""
+    resumed_requests: int = 0
+    """Generations that continue an aborted row of the request where it stopped."""
+    _decoded: dict[SuffixRequest, int] = field(default_factory=dict, repr=False)
+    """request -> how many of its tokens some generation has decoded."""
     _used: set[SuffixRequest] = field(default_factory=set, repr=False)
 
-    def generated(self, request: SuffixRequest, tokens: int) -> None:
-        """The engine generated `tokens` tokens for `request` (a whole suffix, or an aborted row's part)."""
-        if request in self._generated:
+    def generated(self, request: SuffixRequest, tokens: int, start: int = 0) -> None:
+        """The engine decoded `tokens` tokens of `request` from its token `start` on (a whole suffix from 0; an
+        aborted row's part; the rest of it after `start` tokens an aborted row decoded)."""
+        done = self._decoded.get(request)
+        if done is not None and start < done and tokens > 0:
             self.repeated_requests += 1
-        self._generated.add(request)
+        elif start > 0:
+            self.resumed_requests += 1
+        self._decoded[request] = max(done or 0, start + int(tokens))
         self.generated_tokens += int(tokens)
 
     def used(self, requests: Iterable[SuffixRequest]) -> None:
@@ -49,7 +59,7 @@ class RequestLedger:
     @property
     def used_tokens(self) -> int:
         """Σ T − c over the distinct used requests that the chain generated."""
-        return sum(r.max_tokens for r in self._used if r in self._generated)
+        return sum(r.max_tokens for r in self._used if r in self._decoded)
 
     @property
     def wasted_tokens(self) -> int:

@@ -151,6 +151,7 @@ class ChainResult:
             "wasted_tokens": self.requests.wasted_tokens,
             "wasted_token_fraction": self.wasted_token_fraction,
             "repeated_requests": self.repeated_requests,
+            "resumed_requests": self.requests.resumed_requests,
             "call_time_s": self.call_time,
             "transitions_per_call": self.transitions_per_call,
             "time_per_call_s": self.time_per_call,

@@ -15,6 +15,7 @@ children that became feasible, aborted what became unreachable), so a child join
     notion                                         code
     start a request (its prefix may extend a row)  ProposalStreams.start(rid, request, share_from)
     tokens of a row so far / complete suffix       RowUpdate.ids / RowUpdate.suffix
+    what an aborted row generated (to resume)      RowUpdate.partial
     one decode step's events                       one batch of EngineStreams.updates() (StreamBatch.steps)
 """
 
@@ -38,6 +39,9 @@ class RowUpdate:
     suffix: Suffix | None = None
     aborted: bool = False
     error: BaseException | None = None
+    partial: Suffix | None = None
+    """An aborted row's tokens with their per-token quantities, when the engine reported them (the embedded
+    engine does; a server's abort does not): the request can resume after them instead of starting over."""
 
 
 @dataclass
@@ -136,7 +140,8 @@ class EngineStreams:
         if e.error is not None:
             return RowUpdate(e.rid, e.output_ids, error=e.error)
         if e.aborted:
-            return RowUpdate(e.rid, e.output_ids, aborted=True)
+            req = self._requests.pop(e.rid, None)
+            return RowUpdate(e.rid, e.output_ids, aborted=True, partial=self._partial(e, req))
         if not e.finished or e.output is None:
             return RowUpdate(e.rid, e.output_ids)
         req = self._requests.pop(e.rid, None)
@@ -144,6 +149,17 @@ class EngineStreams:
             return RowUpdate(e.rid, e.output_ids, aborted=True)
         suffix = suffix_from_meta(e.output.meta_info, req, self.temperatures, self.require_entropy)
         return RowUpdate(e.rid, tuple(int(t) for t in suffix.ids), suffix=suffix)
+
+
+    def _partial(self, e: RowEvent, req: SuffixRequest | None) -> Suffix | None:
+        """The tokens an aborted row generated, as a Suffix, when its output carries their quantities."""
+        if req is None or e.output is None or not e.output_ids or len(e.output_ids) >= req.max_tokens:
+            return None
+        try:
+            return suffix_from_meta(e.output.meta_info, req, self.temperatures, self.require_entropy,
+                                    tokens=len(e.output_ids))
+        except EngineError:  # no per-token quantities (a server's abort): the request starts over if needed
+            return None
 
 
 def open_streams(backend: Any, *, tempered_temperatures: Sequence[float] = (),

@@ -17,8 +17,11 @@ the engine (`stream_proposals.ProposalStreams.updates`) the sampler:
    the acceptance subtree its tokens make feasible, about P·ĥ per level over the D levels below;
    `stream_tree.walk_tree`).  A running row is never displaced; it is aborted only
    when no node below the realized state asks for it any more (each row keeps the decision paths of the
-   nodes that asked for it, and the next plan looks for a new one when the walk went the other way), so a
-   request is generated twice only when a node the plan did not enumerate asks for an aborted row's request.
+   nodes that asked for it, and the next plan looks for a new one when the walk went the other way).  When a
+   node the plan did not enumerate asks for an aborted row's request later, the request resumes after the
+   tokens that row decoded (`RowUpdate.partial`: the embedded engine reports them with their per-token
+   quantities and keeps their KV in its prefix cache), so no token is decoded twice; a server's abort reports
+   no quantities, and there the request starts over (a repeated request in the ledger).
 
 Exactness (Proposition 1): the walk looks rows up by the exact `SuffixRequest` the sequential sampler would
 send at the realized state (same prefix ids, length, τ, seed of transition j); the engine keys noise by
@@ -83,10 +86,25 @@ class Row:
     paths: set[tuple[bool, ...]] = field(default_factory=set)
     """The decision paths from the realized state to the nodes that asked for this row (True: accept): the row
     is reachable while one of them agrees with the decisions the walk makes."""
+    resumed: Suffix | None = None
+    """What an aborted earlier row of this request decoded: this row decodes the rest (`ids` and `suffix` are
+    of the whole request)."""
+    previous: "Row | None" = None
+    """That aborted row (used when this one is)."""
 
     @property
     def running(self) -> bool:
         return self.suffix is None and not self.aborted
+
+    @property
+    def first(self) -> int:
+        """The request's first token this row decodes (after what the aborted row it resumes decoded)."""
+        return 0 if self.resumed is None else len(self.resumed.ids)
+
+    @property
+    def decoded(self) -> int:
+        """Tokens this row decoded itself."""
+        return (len(self.suffix.ids) if self.suffix is not None else len(self.ids)) - self.first
 
 
 @dataclass
@@ -175,6 +193,11 @@ class _BlockRun:
         self.hhat_memo: dict[Any, float] = {}
         """ĥ by (transition, cut, κ, accepts), or the acceptance rate ("rate"), below the current realized state
         (reset at every decision)."""
+        self.parked: dict[SuffixRequest, tuple[Suffix, Row]] = {}
+        """request -> what an aborted row of it decoded (with per-token quantities) and that row: a later start
+        of the request resumes after those tokens."""
+        self.aborting: dict[str, Row] = {}
+        """rid -> a row aborted whose abort the engine has not reported yet."""
         self.waits: dict[str, int] = {}
         """rid -> tokens that running row must decode before a node the last plan met becomes feasible."""
         self.dirty = True
@@ -208,20 +231,25 @@ class _BlockRun:
         window.steps += batch.steps
         for u in batch.updates:
             row = self.by_rid.get(u.rid)
+            if row is None and u.aborted:
+                self.park(self.aborting.pop(u.rid, None), u.partial)
             if row is None or not row.running:
                 continue
             if u.error is not None:
                 raise EngineError(f"streamed row {u.rid} failed: {u.error}") from u.error
             if u.aborted:
                 self.forget(row)
+                self.park(row, u.partial)
                 self.dirty = True
                 continue
-            window.row_steps += max(len(u.ids) - len(row.ids), 0)
-            row.ids = u.ids
+            head = () if row.resumed is None else tuple(int(t) for t in row.resumed.ids)
+            ids = head + tuple(u.ids)
+            window.row_steps += max(len(ids) - len(row.ids), 0)
+            row.ids = ids
             if u.suffix is not None:
-                row.suffix = u.suffix
+                row.suffix = u.suffix if row.resumed is None else row.resumed.then(u.suffix)
                 self.dirty = True
-            elif len(u.ids) >= self.waits.get(row.rid, len(u.ids) + 1):
+            elif len(ids) >= self.waits.get(row.rid, len(ids) + 1):
                 self.dirty = True
 
     # ------------------------------------------------------------------------------------------ the walk
@@ -243,8 +271,9 @@ class _BlockRun:
         decision = self.kernel.decide(state, cut, suffixes, j, self.stream)
         accepted = accept_decision(self.stream.accept_log_uniform(j), decision.log_accept)
         for row in rows:
-            assert row is not None
-            row.used = True
+            while row is not None:  # and the aborted rows it resumed
+                row.used = True
+                row = row.previous
         self.windows[-1].decisions.append((j, cut, decision.log_accept, accepted, state))
         self.result.history.append(accepted)
         if accepted:
@@ -370,19 +399,37 @@ class _BlockRun:
         return [r for r in self.by_rid.values() if r.running]
 
     def start(self, request: SuffixRequest, share_from: str | None, path: tuple[bool, ...], transition: int) -> None:
+        """Start a row for `request`; one an aborted row decoded part of resumes after that part (the engine keys
+        noise by (seed, absolute position): the continuation's tokens are those the whole request would get)."""
+        partial, previous = self.parked.pop(request, (None, None))
         row = Row(rid=f"stream-{uuid.uuid4().hex[:16]}", request=request, window=len(self.windows) - 1,
-                  transition=transition, paths={path})
+                  transition=transition, paths={path}, resumed=partial, previous=previous,
+                  ids=() if partial is None else tuple(int(t) for t in partial.ids))
         self.rows[request] = row
         self.by_rid[row.rid] = row
         self.started.append(row)
         self.windows[-1].rows_started += 1
+        if partial is not None:  # the aborted row's KV went into the engine's prefix cache
+            rest = SuffixRequest(request.prefix_ids + row.ids, request.max_tokens - len(row.ids), request.temperature,
+                                 request.seed)
+            self.io.start(row.rid, rest, None)
+            return
         running = self.by_rid.get(share_from) if share_from else None
         self.io.start(row.rid, request, share_from if running is not None and running.running else None)
 
     def abort(self, row: Row) -> None:
         self.io.abort(row.rid)
         self.windows[-1].rows_aborted += 1
+        self.aborting[row.rid] = row
         self.forget(row)
+
+    def park(self, row: Row | None, partial: Suffix | None) -> None:
+        """Keep what an aborted row decoded (the engine's report of it) for a later start of its request."""
+        if row is None or partial is None or len(partial.ids) == 0 or row.request in self.rows:
+            return
+        whole = partial if row.resumed is None else row.resumed.then(partial)
+        if 0 < len(whole.ids) < row.request.max_tokens:
+            self.parked[row.request] = (whole, row)
 
     def forget(self, row: Row) -> None:
         row.aborted = True
@@ -402,13 +449,13 @@ class _BlockRun:
         `request_ledger`."""
         res, s = self.result, self.sampler
         for row in self.started:  # the chain's ledger: every started row is a generation (restarts repeat one)
-            res.requests.generated(row.request, len(row.suffix.ids) if row.suffix is not None else len(row.ids))
+            res.requests.generated(row.request, row.decoded, start=row.first)
             if row.used:
                 res.requests.used([row.request])
         for w_index, w in enumerate(self.windows):
             rows = [r for r in self.started if r.window == w_index]
-            tokens = sum(len(r.suffix.ids) if r.suffix is not None else len(r.ids) for r in rows)
-            wasted = sum(len(r.suffix.ids) if r.suffix is not None else len(r.ids) for r in rows if not r.used)
+            tokens = sum(r.decoded for r in rows)
+            wasted = sum(r.decoded for r in rows if not r.used)
             call_index = len(res.calls)
             nodes = tuple(s._node_record(res, self.block, call_index, accept_child(0), self.T, cut, j, log_a, True,
                                          accepted, state) for j, cut, log_a, accepted, state in w.decisions)

@@ -75,6 +75,20 @@ class Suffix:
         if self.logq_by_temp is not None and self.logq_by_temp.shape[1] != n:
             raise ValueError(f"Suffix.logq_by_temp has shape {self.logq_by_temp.shape}, expected (*, {n})")
 
+    def head(self, n: int) -> "Suffix":
+        """The first n tokens with their per-token quantities."""
+        by_temp = None if self.logq_by_temp is None else self.logq_by_temp[:, :n]
+        return Suffix(ids=self.ids[:n], logq=self.logq[:n], logp0=self.logp0[:n], entropy=self.entropy[:n],
+                      logq_by_temp=by_temp)
+
+    def then(self, rest: "Suffix") -> "Suffix":
+        """These tokens followed by `rest` (a request resumed after its first len(self) tokens)."""
+        if (self.logq_by_temp is None) != (rest.logq_by_temp is None):
+            raise ValueError("Suffix.then: both parts need log q at the same temperatures, or neither")
+        by_temp = None if self.logq_by_temp is None else np.concatenate([self.logq_by_temp, rest.logq_by_temp], axis=1)
+        cat = lambda name: np.concatenate([getattr(self, name), getattr(rest, name)])
+        return Suffix(ids=cat("ids"), logq=cat("logq"), logp0=cat("logp0"), entropy=cat("entropy"), logq_by_temp=by_temp)
+
 
 class ProposalModel(Protocol):
     """One model call: generate every request of a batch; return the suffixes in order."""
@@ -83,7 +97,10 @@ class ProposalModel(Protocol):
 
 
 def suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatures: tuple[float, ...],
-                      require_entropy: bool = True) -> Suffix:
+                      require_entropy: bool = True, tokens: int | None = None) -> Suffix:
+    """The suffix in a response's meta_info: `tokens` of them (default: all req.max_tokens; fewer for the part an
+    aborted row generated)."""
+    expected = req.max_tokens if tokens is None else tokens
     if not meta:
         raise EngineError("suffix proposal returned no meta_info (backend error?)")
     entries = meta.get("output_token_logprobs")
@@ -100,9 +117,9 @@ def suffix_from_meta(meta: dict[str, Any] | None, req: SuffixRequest, temperatur
             "'output_token_entropy'); the backend did not return it. A stock SGLang server does not report it: "
             "launch the server with scripts/launch_runtime --plugin (forerun's sampler plugin), or use the embedded engine."
         )
-    if len(entries) != req.max_tokens:
+    if len(entries) != expected:
         raise EngineError(
-            f"suffix has {len(entries)} tokens, expected {req.max_tokens} (a stop string or EOS ended it early; "
+            f"suffix has {len(entries)} tokens, expected {expected} (a stop string or EOS ended it early; "
             "power samplers need fixed-length responses)"
         )
     ids = np.asarray([int(e[1]) for e in entries], dtype=np.int64)

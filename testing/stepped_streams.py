@@ -4,7 +4,9 @@ Each row's suffix is the model's answer to its request, computed when the row st
 call is one decode step that reveals one more token of every running row, like the embedded engine's
 continuous batching: a row started between two steps decodes from the next one.  The double checks what
 the engine would rely on - a `share_from` row is running and its tokens so far extend the prefix the
-child claims - and counts steps, rows and the most rows running at once.
+child claims - and counts steps, rows and the most rows running at once.  An aborted row is reported at the next
+`updates()` with the tokens it decoded and their quantities (`RowUpdate.partial`), as the embedded engine
+reports an abort (`report_partial=False`: as a server does, without them).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class SteppedStreams:
     max_rows: int = 0
     lockstep: bool = True
     """Each `updates()` is one decode step (the sampler caps a window at T of them)."""
+    report_partial: bool = True
+    resumed: list[SuffixRequest] = field(default_factory=list)
+    """Requests started whose prefix extends an aborted row's prefix by the tokens it decoded."""
+    _gone: list[RowUpdate] = field(default_factory=list)
+    _aborted_rows: list[_Running] = field(default_factory=list)
 
     def start(self, rid: str, request: SuffixRequest, share_from: str | None = None) -> None:
         if rid in self.rows:
@@ -45,21 +52,29 @@ class SteppedStreams:
         (suffix,) = self.model.generate([request])
         self.rows[rid] = _Running(request, suffix)
         self.started.append(request)
+        if any(_continues(request, a) for a in self._aborted_rows):
+            self.resumed.append(request)
 
     @staticmethod
     def _fed(row: _Running) -> tuple[int, ...]:
         return row.request.prefix_ids + tuple(int(t) for t in row.suffix.ids[: row.shown])
 
     def abort(self, rid: str) -> None:
-        if self.rows.pop(rid, None) is not None:
+        row = self.rows.pop(rid, None)
+        if row is not None:
             self.aborted.append(rid)
+            self._aborted_rows.append(row)
+            ids = tuple(int(t) for t in row.suffix.ids[: row.shown])
+            partial = row.suffix.head(row.shown) if self.report_partial and row.shown else None
+            self._gone.append(RowUpdate(rid, ids, aborted=True, partial=partial))
 
     def updates(self) -> StreamBatch:
         if not self.rows:
             raise RuntimeError("updates() with no row running: the sampler would wait forever")
         self.steps += 1
         self.max_rows = max(self.max_rows, len(self.rows))
-        out = StreamBatch(steps=1)
+        out = StreamBatch(steps=1, updates=list(self._gone))
+        self._gone.clear()
         for rid, row in list(self.rows.items()):
             row.shown += 1
             ids = tuple(int(t) for t in row.suffix.ids[: row.shown])
@@ -72,3 +87,14 @@ class SteppedStreams:
 
     def pause(self) -> None:
         pass
+
+
+def _continues(request: SuffixRequest, aborted: _Running) -> bool:
+    """Whether `request` resumes the aborted row: its prefix is the row's prefix and 1+ of its decoded tokens, with
+    the row's seed and τ, for the rest of its length."""
+    head = aborted.request.prefix_ids
+    n = len(request.prefix_ids) - len(head)
+    return (0 < n <= aborted.shown and request.prefix_ids[: len(head)] == head
+            and request.prefix_ids[len(head):] == tuple(int(t) for t in aborted.suffix.ids[:n])
+            and request.seed == aborted.request.seed and request.temperature == aborted.request.temperature
+            and request.max_tokens == aborted.request.max_tokens - n)

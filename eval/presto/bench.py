@@ -18,8 +18,10 @@ alone is what the speedup becomes where extra rows are free (b → 0, a wide acc
 
 What speculation costs, per row (the PreSTO variant's chains, `programs.request_ledger`): `wasted_token_fraction`,
 the MH-phase tokens the variant generated that no realized decision read ÷ the tokens it generated (pooled over
-the prompts; the sequential sampler's is 0 by construction), and `repeated_requests`, the generations of a
-request (same prompt and prefix ids, length, τ, seed) the chain had already generated, summed over the prompts.
+the prompts; the sequential sampler's is 0 by construction), `repeated_requests`, the generations of a
+request (same prompt and prefix ids, length, τ, seed) that decode again a token the chain had already decoded
+for it, and `resumed_requests`, the streamed requests that continued an aborted row after its tokens (none
+decoded twice), both summed over the prompts.
 `npf` is the budget the variant ran with (`PrefetchConfig.resolved`: the sampler's default when none was given).
 """
 
@@ -78,6 +80,7 @@ class PairResult:
             "npf": self.npf,
             "wasted_token_fraction": wasted_token_fraction(pre),
             "repeated_requests": sum(r.repeated_requests for r in pre),
+            "resumed_requests": sum(r.requests.resumed_requests for r in pre),
             "decode_steps": [finite_mean(_sum(r, "decode_steps") for r in runs) for runs in (seq, pre)],
             "row_steps": [finite_mean(_sum(r, "row_steps") for r in runs) for runs in (seq, pre)],
             **({"streaming": streaming_metrics(pre)} if self.traversal.startswith("streaming") else {}),

@@ -355,6 +355,10 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         for batch in (self._normal, self._background):
             gone = [r for r in batch.rows if r.aborted]
             if gone:
+                for r in gone:  # its KV into the tree, as a finished row's: a request that resumes it is a hit
+                    release_reservation(self.radix, r)
+                    if r.output_ids and len(r.input_ids) + len(r.output_ids) - 1 == r.kv_len:
+                        self._cache_finished(batch, r)
                 batch.leave(gone)
                 for r in gone:
                     self._finish(r, {"type": "abort", "message": "aborted"})

@@ -179,3 +179,47 @@ def test_row_cost_is_validated():
     for bad in (-0.1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="row_cost"):
             PrefetchConfig(streaming=True, row_cost=bad)
+
+
+class DroppingStreams(SteppedStreams):
+    """An engine that aborts a running row by itself every third step (as under memory pressure; each request's
+    first row at most), reporting what it decoded as the embedded engine reports an abort."""
+
+    def updates(self):
+        dropped = self.__dict__.setdefault("dropped", set())
+        if self.steps % 3 == 2 and len(self.rows) > 1:
+            for rid, row in list(self.rows.items()):
+                if 0 < row.shown < len(row.suffix.ids) and row.request not in dropped:
+                    dropped.add(row.request)
+                    self.abort(rid)
+                    break
+        return super().updates()
+
+
+def dropping_without_partial(model):
+    return DroppingStreams(model, report_partial=False)  # as a server reports an abort
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_an_aborted_row_resumes_where_it_stopped(kind):
+    """A request whose row was aborted part-way starts again after the tokens it decoded (continuation request:
+    prefix + those tokens, same seed, the rest of the length): the chain is the sequential one, no token is
+    decoded twice, and the ledger counts a resumption, not a repeat.  Without the partial report it starts over."""
+    small = kind == "multitry-mh"
+    resumed = restarted = 0
+    for seed in range(6):
+        for cls in (DroppingStreams, dropping_without_partial):
+            seq, res, streams = run_streaming(kind, seed, 6 if small else 4, n=8 if small else 16,
+                                              block=8 if small else 16, K=6 if small else 12, vocab=4,
+                                              streams_cls=cls, mtm_candidates=2)
+            assert_same_chain(seq, res, f"seed {seed} {cls.__name__}")
+            if cls is DroppingStreams:
+                assert res.repeated_requests == 0, f"seed {seed}: {res.repeated_requests} repeated"
+                assert res.requests.resumed_requests == len(streams.resumed)
+                resumed += len(streams.resumed)
+            else:
+                assert not streams.resumed and res.requests.resumed_requests == 0
+                restarted += res.repeated_requests
+            generated = sum(c.generated_tokens for c in res.mh_calls)
+            assert generated == res.requests.generated_tokens
+    assert resumed > 0 and restarted > 0

@@ -111,6 +111,48 @@ def test_abort_of_a_streamed_row_is_reported(engine):
     assert final.aborted and len(final.output_ids) <= 3
 
 
+def test_an_aborted_row_resumes_exactly_from_its_cached_kv(engine):
+    """Abort a streamed suffix request after 5 tokens: EngineStreams reports them with their per-token quantities,
+    the engine keeps the row's KV in its prefix cache, and the continuation (prompt + those tokens, same seed, the
+    rest of the length) prefills nothing but its last token and completes to exactly the uninterrupted suffix."""
+    from forerun.programs.stream_proposals import EngineStreams
+    from forerun.programs.suffixes import SuffixRequest
+
+    engine.flush_cache()
+    streams = EngineStreams(engine, require_entropy=True)
+    prompt = tuple(engine.tokenizer.encode("resume"))
+    whole = SuffixRequest(prompt, 12, 0.25, 4321)
+    streams.start("first", whole)
+    ids = ()
+    while len(ids) < 5:
+        for u in streams.updates().updates:
+            ids = u.ids
+    streams.abort("first")
+    gone = []
+    while not gone:
+        gone = [u for u in streams.updates().updates if u.aborted]
+    partial = gone[0].partial
+    assert partial is not None and tuple(partial.ids) == gone[0].ids and 5 <= len(partial.ids) < 12
+    before = engine.stats()
+    rest = SuffixRequest(prompt + gone[0].ids, 12 - len(partial.ids), 0.25, 4321)
+    streams.start("rest", rest)
+    done = None
+    while done is None:
+        done = next((u.suffix for u in streams.updates().updates if u.suffix is not None), None)
+    streams.pause()
+    assert engine.stats()["prefill_tokens"] - before["prefill_tokens"] == 0  # prompt and partial were cached
+    resumed = partial.then(done)
+    engine.flush_cache()
+    alone = EngineStreams(engine, require_entropy=True)
+    alone.start("alone", whole)
+    ref = None
+    while ref is None:
+        ref = next((u.suffix for u in alone.updates().updates if u.suffix is not None), None)
+    alone.pause()
+    for name in ("ids", "logq", "logp0", "entropy"):
+        assert getattr(resumed, name).tolist() == getattr(ref, name).tolist(), name
+
+
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
 def test_streaming_presto_on_the_tiny_engine_gives_the_sequential_chain(engine, kind):
     from forerun.runtime_ext.backends.embedded import EmbeddedBackend

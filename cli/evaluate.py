@@ -288,6 +288,7 @@ def _check_sandbox() -> None:
 
 
 def eval_command(args: argparse.Namespace) -> int:
+    from ..eval.harness.forced import forcing_header
     from ..eval.harness.runs import RunFileError, read_run
     from ..eval.harness.settings import Method
 
@@ -295,8 +296,10 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
         header, existing = read_run(check_utf8(plan["out"], "--out")) if args.resume else (None, [])
+        forced = forcing_header(plan["settings"].forced_answer)
         if header is not None:  # the settings first: a refused resume loads no model
-            _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json()})
+            _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json(),
+                                                "forced_answers": forced})
         classifier = _classifier(args, plan["methods"])
         pool = open_pool_from(args)
         check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})
@@ -304,7 +307,7 @@ def eval_command(args: argparse.Namespace) -> int:
         rt = pool.first
         classifier = _shipped_checked(classifier, rt.name, plan["methods"])
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
-                          "settings": plan["settings"].to_json()}
+                          "settings": plan["settings"].to_json(), "forced_answers": forced}
         _check_resumable(header, existing, plan["header"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)

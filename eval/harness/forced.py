@@ -20,7 +20,8 @@ Record fields (next to the response's): `forced_text` (forcing text + continuati
 `response + forced_text`), `forced_ids` (the continuation),
 `forced_grade`, `forced_correct`, `forced_tokens` (tokens the forced pass decoded: never added to the method's
 `tokens_decoded`), `forced_wall_s` (its time: outside the item's `wall_s`).  The run header's settings hold
-`forced_answer`, so `--resume` refuses a run made with the other choice.
+`forced_answer`, and its `forced_answers` the forcing texts and budgets (`forcing_header`), so `--resume` refuses
+a run made with the other choice, or with other forcing texts.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ FORCED_ANSWERS: dict[str, ForcedAnswer] = {
     "mc": ForcedAnswer("\n\nThe answer is (", 8),
 }
 """Per answer kind (`Prompt.category`); a kind not listed (code) gets no forced pass."""
+
+
+def forcing_header(on: bool) -> dict[str, dict[str, Any]] | None:
+    """The run header's record of the forced pass: per answer kind its forcing text and token budget (None when
+    the run has no forced pass)."""
+    return {kind: {"text": f.text, "max_tokens": f.max_tokens} for kind, f in FORCED_ANSWERS.items()} if on else None
 
 
 def forced_answer_for(category: str) -> ForcedAnswer | None:

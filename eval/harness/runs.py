@@ -66,8 +66,11 @@ def encode_line(record: dict[str, Any]) -> bytes:
 
 HEADER_MARK = "forerun_run"
 HEADER_VERSION = 1
-RESUME_KEYS = ("model", "dtype", "concurrency", "settings")
-"""Header entries a resumed run must share with the run file (settings: every EvalSettings field)."""
+RESUME_KEYS = ("model", "dtype", "concurrency", "settings", "forced_answers")
+"""Header entries a resumed run must share with the run file (settings: every EvalSettings field;
+forced_answers: the forcing texts and budgets of a --forced-answer run, `forced.forcing_header`)."""
+HEADER_ADDED = ("forced_answers",)
+"""Resume keys added after run files were written: compared only when both headers have one."""
 SETTINGS_ADDED = {"forced_answer": False, "smc_final": "sample"}
 """Settings added after run files were written: a header without one ran with this value."""
 
@@ -128,6 +131,8 @@ def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             a = {**SETTINGS_ADDED, **(old.get("settings") or {})}
             b = {**SETTINGS_ADDED, **(new.get("settings") or {})}
             out += [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif key in HEADER_ADDED and (key not in old or key not in new):
+            continue
         elif old.get(key) != new.get(key):
             out.append(f"{key} ({old.get(key)!r} -> {new.get(key)!r})")
     return out

@@ -14,7 +14,7 @@ import pytest
 from forerun.cli.main import main
 from forerun.eval.datasets.loading import load_prompts
 from forerun.eval.harness import forced, items, methods
-from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix
+from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix, forcing_header
 from forerun.eval.harness.report import summarize
 from forerun.eval.harness.report_files import write_report
 from forerun.eval.harness.runs import header_differences, read_run, run_header
@@ -100,6 +100,7 @@ def test_forced_pass_changes_nothing_of_the_method_and_resume_checks_it(tmp_path
     capsys.readouterr()
     (h0, a), (h1, b) = read_run(plain), read_run(with_forced)
     assert h0["settings"]["forced_answer"] is False and h1["settings"]["forced_answer"] is True
+    assert h0["forced_answers"] is None and h1["forced_answers"] == forcing_header(True)
     for x, y in zip(a, b):
         assert (x["response_ids"], x["tokens_decoded"], x["correct"]) == (y["response_ids"], y["tokens_decoded"],
                                                                           y["correct"])
@@ -114,6 +115,21 @@ def test_forced_pass_changes_nothing_of_the_method_and_resume_checks_it(tmp_path
     assert "forced_answer (False -> True)" in capsys.readouterr().err
     assert with_forced.read_bytes() == before
     assert main([*SMALL, "--forced-answer", "--out", str(with_forced), "--resume"]) == 0
+
+
+def test_the_forcing_texts_are_a_resume_key():
+    """A --forced-answer run records each kind's forcing text and budget; a resume with other texts (a newer
+    forerun) is refused by name, and a header written before they were recorded is not."""
+    on = forcing_header(True)
+    assert on == {kind: {"text": f.text, "max_tokens": f.max_tokens} for kind, f in FORCED_ANSWERS.items()}
+    assert forcing_header(False) is None
+    made = run_header({"forced_answer": True}, "m", "float32", 1, forced_answers=on)
+    other = {**on, "math": {**on["math"], "text": "\n\nAnswer: "}}
+    assert header_differences(made, run_header({"forced_answer": True}, "m", "float32", 1, forced_answers=other)) == [
+        f"forced_answers ({on!r} -> {other!r})"]
+    assert header_differences(made, run_header({"forced_answer": True}, "m", "float32", 1, forced_answers=on)) == []
+    before = run_header({"forced_answer": True}, "m", "float32", 1)
+    assert header_differences(before, made) == []
 
 
 def test_a_header_from_before_the_option_ran_without_it():

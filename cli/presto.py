@@ -421,7 +421,8 @@ def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
             print(f"{r['sampler']} {r['traversal']}: {sm['transitions_per_window']:.2f} transitions/window, "
                   f"{sm['decode_steps_per_window']:.1f} decode steps/window, {sm['rows_per_step']:.2f} rows/step "
                   f"(max {sm['max_rows']}), rows started/aborted per window {sm['rows_started_per_window']:.1f}/"
-                  f"{sm['rows_aborted_per_window']:.1f}, wasted tokens {100 * sm['wasted_token_share']:.0f}%")
+                  f"{sm['rows_aborted_per_window']:.1f}, wasted tokens {100 * sm['wasted_token_share']:.0f}%, "
+                  f"requests resumed after an abort {r.get('resumed_requests', 0)}")
     cost = meta.get("cost_model")
     if not cost:
         return

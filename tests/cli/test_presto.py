@@ -228,6 +228,7 @@ def test_wasted_tokens_and_repeated_requests_per_traversal(capsys):
     assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--K", "4", "--json"]) == 0
     seq = json.loads(capsys.readouterr().out)
     assert seq["wasted_token_fraction"] == 0.0 and seq["wasted_tokens"] == 0 and seq["repeated_requests"] == 0
+    assert seq["resumed_requests"] == 0
     assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "6", "--npf", "4",
                  "--samplers", "power-mh", "entropy-cut", "--traversals", "bfs", "streaming", "--no-cost-model",
                  "--json"]) == 0
@@ -236,8 +237,9 @@ def test_wasted_tokens_and_repeated_requests_per_traversal(capsys):
     for r in rows:
         assert 0.0 <= r["wasted_token_fraction"] <= 1.0 and r["identical_chains"] == 1
         assert isinstance(r["repeated_requests"], int) and r["repeated_requests"] >= 0
+        assert isinstance(r["resumed_requests"], int) and r["resumed_requests"] >= 0
         if r["traversal"] == "bfs":
-            assert r["repeated_requests"] == 0
+            assert r["repeated_requests"] == 0 and r["resumed_requests"] == 0
     assert "waste,rep" in format_table(rows)
 
 

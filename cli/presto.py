@@ -35,7 +35,7 @@ from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from ..eval.presto.reference import ReferenceConfig
 from ..eval.presto.scaleout import ScaleoutConfig
 from ..programs.sampler_config import (CPU_SAMPLER, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig,
-                                        SamplerConfig, default_budget, prefetch_shortfall)
+                                        SamplerConfig, default_budget, predictive_rule, prefetch_shortfall)
 
 __all__ = ["register", "sample_command", "bench_presto_command", "bench_reference_command", "bench_scaleout_command",
            "prompt_id_for_text"]
@@ -170,9 +170,7 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
-    clf = _classifier(args)
-    return PrefetchConfig(**cost, traversal="predictive", branch_prob=clf.branch_prob_of,
-                          tree_position=clf.uses_tree_position)
+    return PrefetchConfig(**cost, **predictive_rule(_classifier(args)))
 
 
 def _classifier(args: argparse.Namespace) -> Any:

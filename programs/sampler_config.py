@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .acceptance import EPSILON
 from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
@@ -166,6 +167,13 @@ class PrefetchConfig:
     def resolved(self, config: SamplerConfig) -> "PrefetchConfig":
         """This config with N_pf set: the given budget, or `default_budget` of the sampler `config`."""
         return self if self.budget is not None else replace(self, budget=default_budget(config, self.budget_unit))
+
+
+def predictive_rule(classifier: Any) -> dict[str, Any]:
+    """The PrefetchConfig fields of the predictive traversal driven by a certainty classifier
+    (`classifiers.certainty.CertaintyClassifier`): its ĥ, and whether ĥ reads the node's place in the tree."""
+    return {"traversal": "predictive", "branch_prob": classifier.branch_prob_of,
+            "tree_position": classifier.uses_tree_position}
 
 
 def requests_per_transition(config: SamplerConfig) -> int:

@@ -37,7 +37,7 @@ from ...programs.baselines import BaselineConfig, DecodingBaseline
 from ...programs.completions import DecodeResult, ProgramCompletionModel
 from ...programs.power_smc import PowerSMC, PowerSMCConfig
 from ...programs.samplers import ChainResult
-from ...programs.sampler_config import PrefetchConfig, SamplerConfig
+from ...programs.sampler_config import PrefetchConfig, SamplerConfig, predictive_rule
 from ...programs.sampler_factory import make_sampler
 from ...programs.proposals import proposal_model_for
 from .settings import EvalSettings, Method
@@ -46,10 +46,8 @@ from .settings import EvalSettings, Method
 def prefetch_config(method: Method, budget: int, classifier: Any = None) -> PrefetchConfig:
     """The `PrefetchConfig` of a PreSTO method: N_pf, its traversal rule (predictive: ĥ from `classifier`, a
     `CertaintyClassifier`) and whether it streams.  Every other setting is PrefetchConfig's default."""
-    predictive = method.traversal == "predictive"
-    return PrefetchConfig(budget=budget, traversal=method.traversal or "bfs", streaming=method.streaming,
-                          branch_prob=classifier.branch_prob_of if predictive else None,
-                          tree_position=predictive and classifier.uses_tree_position)
+    rule = predictive_rule(classifier) if method.traversal == "predictive" else {}
+    return PrefetchConfig(budget=budget, streaming=method.streaming, **rule)
 
 
 def _mh_outcome(res: ChainResult) -> dict[str, Any]:

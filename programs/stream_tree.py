@@ -18,7 +18,7 @@ once all its candidates are.
     ĥ(v+; ε) (Eq. 14)                          hhat(node) -> float (predictive rule)
     P(the walk reaches v)                      TreeNode.reach: Π ĥ over accept edges, Π (1 − ĥ) over rejects
     the decisions from x^(k) to v              TreeNode.path (True: accept)
-    traversal order                            "bfs" (depth, then heap index) | "predictive" (reach, best first)
+    traversal order                            best first by reach (ĥ: the classifier's, or the acceptance rate)
     rows worth their cost (streaming)          walk_tree(..., min_value=λ): P·(1 + ĥ·D) ≥ λ, D = the levels below
 """
 
@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -158,14 +157,11 @@ Expand = Callable[[TreeNode], None]
 
 
 def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: int, expand: Expand, *,
-              traversal: str = "bfs", hhat: Callable[[TreeNode], float] | None = None,
-              min_value: float = 0.0) -> Iterator[TreeNode]:
+              hhat: Callable[[TreeNode], float], min_value: float = 0.0) -> Iterator[TreeNode]:
     """The first `max_nodes` nodes below the realized state `root` (which decides transition
-    `first_transition`; depth < depth_cap) in traversal order, each expanded (lazily: a consumer that has
-    spent its budget stops early).
-
-    "bfs": depth by depth; "predictive": best first by the probability that the walk reaches the node, with
-    ĥ = hhat(node) at every expanded node (so the reach of the nodes it yields never increases).
+    `first_transition`; depth < depth_cap) best first by the probability that the walk reaches the node, with
+    ĥ = hhat(node) at every expanded node (so the reach of the nodes it yields never increases; a constant
+    ĥ = 1/2 gives depth-by-depth order), each expanded (lazily: a consumer that has spent its budget stops early).
 
     A node is enumerated only when its value P·(1 + ĥ·D) is at least `min_value` (the root always is): P its
     reach, ĥ its parent's, D the levels below it (depth_cap − depth − 1).  What a row for the node saves is
@@ -173,28 +169,22 @@ def walk_tree(root: StateRef, first_transition: int, depth_cap: int, max_nodes: 
     whose reach sums to about P·ĥ per level; the value falls along every path, so nothing below a node that
     fails is enumerated either.  Below a node whose cut is unknown the acceptance child's state is unknown:
     it is enumerated, never feasible."""
-    if traversal == "predictive" and hhat is None:
-        raise ValueError("the predictive traversal needs hhat")
     if depth_cap < 1 or max_nodes < 1:
         return
     order = itertools.count()
     start = TreeNode(depth=0, transition=first_transition, state=root, known_cut=root.cut, accepts=0, reach=1.0, heap=0)
-    frontier: Any = deque([start]) if traversal == "bfs" else [(-1.0, 0, next(order), start)]
+    frontier = [(-1.0, 0, next(order), start)]
     count = 0
     while frontier and count < max_nodes:
-        node = frontier.popleft() if traversal == "bfs" else heapq.heappop(frontier)[3]
+        node = heapq.heappop(frontier)[3]
         expand(node)
         count += 1
         yield node
         if node.depth + 1 >= depth_cap:
             continue
-        h = float(hhat(node)) if traversal == "predictive" else 0.5
+        h = float(hhat(node))
         for child in _children(node, h):
-            if child.reach * (1.0 + h * (depth_cap - child.depth - 1)) < min_value:
-                continue
-            if traversal == "bfs":
-                frontier.append(child)
-            else:
+            if child.reach * (1.0 + h * (depth_cap - child.depth - 1)) >= min_value:
                 heapq.heappush(frontier, (-child.reach, child.depth, next(order), child))
 
 

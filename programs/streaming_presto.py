@@ -242,8 +242,7 @@ class _BlockRun:
                 self.park(row, u.partial)
                 self.dirty = True
                 continue
-            head = () if row.resumed is None else tuple(int(t) for t in row.resumed.ids)
-            ids = head + tuple(u.ids)
+            ids = row.ids[: row.first] + tuple(u.ids)  # a resumed row's ids begin with the resumed part
             window.row_steps += max(len(ids) - len(row.ids), 0)
             row.ids = ids
             if u.suffix is not None:
@@ -304,8 +303,8 @@ class _BlockRun:
         """Start rows for the feasible nodes best first by reach, while fewer than N_pf rows run, for nodes worth
         at least λ (module docstring); the walk's own requests always run.  A running row is never displaced; a row
         no reachable node needs was aborted by `prune`."""
-        nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand, traversal="predictive",
-                          hhat=self.hhat, min_value=self.pf.row_cost)
+        nodes = walk_tree(self.root, self.k, self.K - self.k, self.max_nodes, self.expand, hhat=self.hhat,
+                          min_value=self.pf.row_cost)
         self.dirty, self.waits = False, {}
         missing = [r for r in dict.fromkeys(self.needs) if r not in self.rows]
         if missing or not self.windows:  # the walk waits on a request no row was running: a new window
@@ -358,10 +357,6 @@ class _BlockRun:
                 if tuple(known.tolist()) == tuple(prefix[: len(known)]):
                     row.paths.add(node.path)
         return [row for row in orphans if not row.paths]
-
-    def complete(self, request: SuffixRequest) -> bool:
-        row = self.rows.get(request)
-        return row is not None and row.suffix is not None
 
     def expand(self, node: TreeNode) -> None:
         """The node's cut and, once its prefix is known, its requests (the kernel's, at the node's state)."""

@@ -29,8 +29,8 @@ def value_of(path: tuple[bool, ...], h: float, depth_cap: int) -> float:
 @pytest.mark.parametrize("h,min_value", [(0.3, 0.0), (0.3, 0.05), (0.7, 0.1), (0.5, 0.2), (0.5, 1.0), (0.4, 7.0)])
 def test_best_first_by_reach_down_to_min_value(h, min_value):
     depth_cap = 6
-    nodes = list(walk_tree(root(), 0, depth_cap, 10_000, lambda node: None, traversal="predictive",
-                           hhat=lambda node: h, min_value=min_value))
+    nodes = list(walk_tree(root(), 0, depth_cap, 10_000, lambda node: None, hhat=lambda node: h,
+                           min_value=min_value))
     # the oracle: every decision sequence shorter than depth_cap whose prefixes are all worth their row:
     # reach × (1 + h × levels below) >= min_value
     want = {p for d in range(depth_cap) for p in itertools.product((True, False), repeat=d)
@@ -46,9 +46,9 @@ def test_best_first_by_reach_down_to_min_value(h, min_value):
     assert reaches == sorted(reaches, reverse=True)  # best first
 
 
-def test_bfs_order_keeps_depth_order_and_min_value():
+def test_a_constant_half_keeps_depth_order_and_min_value():
     # h = 0.5, depth_cap 5: depth 1 is worth 0.5 · (1 + 0.5 · 3) = 1.25, depth 2 0.25 · 2 = 0.5, depth 3 0.125 · 1.5
-    nodes = list(walk_tree(root(), 3, 5, 10_000, lambda node: None, min_value=0.4))
+    nodes = list(walk_tree(root(), 3, 5, 10_000, lambda node: None, hhat=lambda node: 0.5, min_value=0.4))
     assert [n.depth for n in nodes] == sorted(n.depth for n in nodes)
     assert {n.path for n in nodes} == {p for d in range(3) for p in itertools.product((True, False), repeat=d)}
     assert all(n.transition == 3 + n.depth for n in nodes)

@@ -213,6 +213,7 @@ def test_an_aborted_row_resumes_where_it_stopped(kind):
                                               block=8 if small else 16, K=6 if small else 12, vocab=4,
                                               streams_cls=cls, mtm_candidates=2)
             assert_same_chain(seq, res, f"seed {seed} {cls.__name__}")
+            assert all(ok for _, _, ok in streams.shares)  # a child's prefix is its parent's tokens so far
             if cls is DroppingStreams:
                 assert res.repeated_requests == 0, f"seed {seed}: {res.repeated_requests} repeated"
                 assert res.requests.resumed_requests == len(streams.resumed)

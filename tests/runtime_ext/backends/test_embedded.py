@@ -76,6 +76,7 @@ def test_gen_meta_info_and_multi_turn_exactness(backend):
 
     eng.seen.clear()
     st = two_gens.run(backend=backend)
+    st.sync()  # both gens done before the test ends (else "b" may still run when the fixture closes the engine)
     meta = st.get_meta_info("a")
     assert meta["completion_tokens"] == 5 and len(meta["output_token_logprobs"]) == 5
     assert len(meta["output_top_logprobs"]) == 5 and len(meta["output_token_entropy"]) == 5

@@ -136,7 +136,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     r.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     r.set_defaults(handler=bench_reference_command)
 
-    o = bench_subparsers.add_parser("scaleout", help="chains/s over 1, 2, 4 fake SGLang workers behind the SGLang "
+    o = bench_subparsers.add_parser("scaleout", help="chains/s over 1, 2, 4 stand-in SGLang workers behind the SGLang "
                                                      "Model Gateway (smg): throughput, stickiness, identical chains")
     o.add_argument("--workers", type=positive_int, nargs="+", default=list(_SCALE.workers),
                    help=f"worker counts ({' '.join(map(str, _SCALE.workers))})")
@@ -147,7 +147,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     o.add_argument("--K", type=positive_int, default=_SCALE.K, help=f"MH transitions per block ({_SCALE.K})")
     o.add_argument("--npf", type=positive_int, default=_SCALE.npf, help=f"prefetch budget N_pf ({_SCALE.npf})")
     o.add_argument("--step-ms", type=nonnegative_float, default=_SCALE.step_ms,
-                   help=f"fake worker decode step in ms ({_SCALE.step_ms:g})")
+                   help=f"stand-in worker decode step in ms ({_SCALE.step_ms:g})")
     o.add_argument("--json", action="store_true", help="print a JSON object on stdout (its last line)")
     o.set_defaults(handler=bench_scaleout_command)
 

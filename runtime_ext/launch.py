@@ -27,7 +27,7 @@ Flags SGLang needs and no others:
 The interpreter that runs the servers is the first of $PYTHON, this Python, `python3` on PATH that has the
 SGLang runtime (sglang, torch, triton, orjson and uvloop importable: triton alone also comes with xgrammar); with none, one line on stderr and exit 2.
 FORERUN_SERVER_MODULE runs another module instead of sglang.launch_server (tests and the scale-out benchmark:
-`forerun.testing.fake_sglang_server`), with no runtime check.
+the stand-in server `forerun.runtime_ext.standin.server`), with no runtime check.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""Test doubles. Production code never imports this package (only tests and the fake mode of
-`scripts/launch_runtime`)."""
+"""Test doubles. Production code never imports this package (only tests do); the stand-in SGLang server is
+production code (`forerun.runtime_ext.standin`)."""

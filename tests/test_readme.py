@@ -73,9 +73,9 @@ def test_a_program_proposal_model_on_a_server_backend_runs_power_mh_as_the_readm
     from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
     from forerun.programs.sampler_factory import make_sampler
     from forerun.runtime_ext.backends.server import SGLangServerBackend
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         backend = SGLangServerBackend(srv.url)
         model = ProgramProposalModel(backend)
         config = SamplerConfig(kind="power-mh", response_length=6, block_size=6, steps_per_block=3, seed=1)

@@ -1,7 +1,7 @@
 """`forerun bench scaleout`: PreSTO chains over 1, 2 and 4 SGLang workers, through the SGLang Model Gateway.
 
-For each worker count N the benchmark launches N fake SGLang workers (`forerun.testing.fake_sglang_server`, the
-JSON of SGLang 0.5.23 with a tiny deterministic model; `--step-ms` of sleep per decode step stands in for a GPU
+For each worker count N the benchmark launches N stand-in SGLang workers (`forerun.runtime_ext.standin.server`,
+the JSON of SGLang 0.5.23 with a tiny deterministic model; `--step-ms` of sleep per decode step stands in for a GPU
 step, and each worker serves one /generate at a time, a worker at capacity), puts the real `smg` binary in front
 of them (`runtime_ext.launch`: sticky routing, one key -> one worker) and runs the `bench presto` chains
 (each sampler sequential and PreSTO on the first MATH500 prompts) through the gateway's one URL with N chains in
@@ -12,7 +12,7 @@ worker), the path used before the gateway.
     chains_per_s      chains ÷ wall time of the N-worker run
     speedup           chains_per_s ÷ the 1-worker row's
     sticky_fraction   per chain: calls served by its main worker ÷ its calls; averaged over chains (read from the
-                      workers' per-routing-key counters, a route of the fake: real servers have none)
+                      workers' per-routing-key counters, a route of the stand-in: real servers have none)
     identical         every chain (tokens and accept/reject history) equal to the same chain run on one server
                       with no gateway
 """
@@ -30,7 +30,7 @@ from ...programs.sampler_config import CPU_SAMPLER, PrefetchConfig, SamplerConfi
 from ...runtime_ext import launch as launcher
 from ..datasets.loading import load_prompts
 
-FAKE_SERVER = "forerun.testing.fake_sglang_server"
+STANDIN_SERVER = "forerun.runtime_ext.standin.server"
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ScaleoutConfig:
     npf: int = 4
     samplers: tuple[str, ...] = ("power-mh",)
     step_ms: float = 20.0
-    """Sleep of a fake worker per decode step (a GPU step)."""
+    """Sleep of a stand-in worker per decode step (a GPU step)."""
     port: int = 0
     """First port (0: a free one per launch)."""
     timeout_s: float = 120.0
@@ -72,7 +72,7 @@ def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, lo
     argv = ["--port", str(port), "--workers", str(workers), "--timeout", str(int(cfg.timeout_s)),
             "--log", f"{log_dir}/w{workers}-{'gw' if gateway else 'direct'}-{port}.log"]
     args, extra = launcher.parse_args(argv + (["--gateway"] if gateway else []))
-    return launcher.launch(args, extra + ["--step-ms", f"{step_ms:g}", "--serial"], module=FAKE_SERVER)
+    return launcher.launch(args, extra + ["--step-ms", f"{step_ms:g}", "--serial"], module=STANDIN_SERVER)
 
 
 def _chains(urls: Sequence[str], slots: int, cfg: ScaleoutConfig) -> tuple[dict[tuple, tuple], float, int]:
@@ -108,7 +108,7 @@ def sticky_fraction(counts_per_worker: Sequence[dict[str, int]]) -> float | None
 
 
 def _routing_counts(url: str) -> dict[str, int]:
-    with urllib.request.urlopen(url + "/forerun_fake/routing", timeout=10) as resp:
+    with urllib.request.urlopen(url + "/forerun_standin/routing", timeout=10) as resp:
         return dict(json.loads(resp.read())["counts"])
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from forerun.programs.records import RecordWriter
-from forerun.testing.fake_sglang_server import unused_port
+from forerun.runtime_ext.standin.server import unused_port
 from forerun.testing.synthetic_records import synthetic_node_records
 
 

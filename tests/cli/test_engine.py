@@ -61,17 +61,17 @@ def test_bench_engine_tiny_json(capsys, monkeypatch):
     assert all(con["step_s"][k] > 0 for k in ("free", "mixed", "all"))
 
 
-# -- --backend URL: a launched SGLang server (the fake one here) --------------------------------------
+# -- --backend URL: a launched SGLang server (the stand-in here) --------------------------------------
 def test_generate_on_a_server_backend(capsys):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         argv = ["generate", "--backend", srv.url, "--prompt", "hi", "--max-tokens", "5", "--seed", "7",
                 "--temperature", "0.5", "--ignore-eos", "--model", "/ignored/with/backend", "--json"]
         assert main(argv) == 0
         out = json.loads(capsys.readouterr().out)
         bodies = srv.generate_bodies()
-    assert out["backend"] == srv.url and out["model"] == "forerun-fake-byte-model"
+    assert out["backend"] == srv.url and out["model"] == "forerun-standin-byte-model"
     assert out["prompt_ids"] == srv.tokenizer.encode("hi") == bodies[0]["input_ids"]
     assert len(out["output_ids"]) == 5 and bodies[0]["sampling_params"]["sampling_seed"] == 7
     # log p0 from the server backend's scoring pass; a stock server reports no entropy
@@ -79,7 +79,7 @@ def test_generate_on_a_server_backend(capsys):
 
 
 def test_unreachable_backend_is_a_one_line_error(capsys):
-    from forerun.testing.fake_sglang_server import unused_port
+    from forerun.runtime_ext.standin.server import unused_port
 
     url = f"http://127.0.0.1:{unused_port()}"
     assert main(["generate", "--backend", url, "--prompt", "hi"]) != 0

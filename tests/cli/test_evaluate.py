@@ -129,10 +129,10 @@ def test_resume_refuses_other_settings(tmp_path, capsys):
 
 
 def test_items_are_spread_over_every_backend_url(tmp_path, capsys):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
     run = tmp_path / "run.jsonl"
-    with FakeSGLangServer() as a, FakeSGLangServer() as b:
+    with StandInServer() as a, StandInServer() as b:
         rc = main(["eval", "--backend", a.url, "--backend", b.url, "--datasets", "mmlu", "--methods",
                    "greedy,power-mh,presto-power-mh,power-smc", "--limit", "2", "--n", "6", "--K", "2",
                    "--smc-block", "3", "--out", str(run), "--json"])
@@ -170,10 +170,10 @@ def test_an_lcb_v6_file_is_evaluated_and_labelled_v6(tmp_path, capsys):
     ({"deterministic": False}, "greedy", "deterministic-inference"),
 ])
 def test_a_server_that_cannot_serve_the_methods_is_refused_before_any_item(tmp_path, capsys, server, methods, needs):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
     run = tmp_path / "run.jsonl"
-    with FakeSGLangServer(**server) as srv:
+    with StandInServer(**server) as srv:
         rc = main(["eval", "--backend", srv.url, "--datasets", "mmlu", "--methods", methods, "--limit", "1",
                    "--n", "4", "--out", str(run)])
         assert srv.generate_bodies() == []

@@ -12,7 +12,7 @@ import pytest
 
 from forerun.eval.engine_bench import bench as engine_bench
 from forerun.programs.records import RecordWriter
-from forerun.testing.fake_sglang_server import FakeSGLangServer
+from forerun.runtime_ext.standin.server import StandInServer
 from forerun.testing.synthetic_records import synthetic_node_records
 
 
@@ -82,7 +82,7 @@ def test_json_output_is_strict(name, records, run_forerun, run_forerun_in_proces
 
 def test_sample_on_a_stock_server_reports_the_undefined_confidence_with_its_reason(run_forerun_in_process):
     """A stock SGLang server reports no entropy of p0: Eq. 22's confidence is NaN -> null + reason."""
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         proc = run_forerun_in_process(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "4", "--K", "2", "--json"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = strict_loads(proc.stdout)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from forerun.cli import main as cli, preposition as cli_preposition
-from forerun.testing.fake_sglang_server import fake_tokenizer
 from forerun.runtime_ext.protocol import GenerateOutput
+from forerun.runtime_ext.standin.server import byte_tokenizer
 
 V = 258
 
@@ -27,7 +27,7 @@ class FakeEngine:
     vocab_size = V
 
     def __init__(self):
-        self.tokenizer = fake_tokenizer()
+        self.tokenizer = byte_tokenizer()
         self.pins = {}
         self.closed = False
 

@@ -116,11 +116,11 @@ def test_predictive_traversal_from_a_trained_classifier(tmp_path, capsys):
     # without --classifier: the shipped one (tests/cli/test_classifier_shipped.py)
 
 
-# -- --backend URL: the samplers unchanged on a launched SGLang server (the fake one here) ----------------
+# -- --backend URL: the samplers unchanged on a launched SGLang server (the stand-in here) ----------------
 def test_sample_presto_on_a_server_backend(capsys):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         argv = ["sample", "--backend", srv.url, "--sampler", "power-mh", "--presto", "--prompt", "hi", "--n", "8",
                 "--K", "3", "--json"]
         assert main(argv) == 0
@@ -139,10 +139,10 @@ def test_sample_presto_on_a_server_backend(capsys):
 
 
 def test_bench_presto_on_a_server_backend(capsys):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer
+    from forerun.runtime_ext.standin.server import StandInServer
 
     argv = ["bench", "presto", "--prompts", "1", "--n", "6", "--K", "3", "--npf", "4", "--json"]
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         assert main(argv + ["--backend", srv.url]) == 0
         out = json.loads(capsys.readouterr().out)
         assert srv.flushes == 0 and not [p for p, _ in srv.requests if p == "/flush_cache"]  # a shared server: never by default
@@ -157,9 +157,9 @@ def test_bench_presto_on_a_server_backend(capsys):
 
 
 def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):
-    from forerun.testing.fake_sglang_server import FakeSGLangServer, unused_port
+    from forerun.runtime_ext.standin.server import StandInServer, unused_port
 
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         base = ["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2"]
         assert main(base + ["--sampler", "entropy-cut"]) == 2
         err = capsys.readouterr().err
@@ -167,7 +167,7 @@ def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly
         assert main(base + ["--sampler", "multitry-mh"]) == 2
         err = capsys.readouterr().err
         assert "extra temperatures" in err and err.count("\n") == 1
-    with FakeSGLangServer(plugin=True) as srv:  # a server plugin that reports the entropy of p0
+    with StandInServer(plugin=True) as srv:  # a server plugin that reports the entropy of p0
         assert main(["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2",
                      "--sampler", "entropy-cut", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["confidence"] is not None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from forerun.programs.sessions import AgenticSession, ProgramEngine, SessionFormat, StreamingSession, ToolCallPending
-from forerun.testing.fake_sglang_server import fake_tokenizer, FakeSGLangServer
+from forerun.runtime_ext.standin.server import byte_tokenizer, StandInServer
 from forerun.runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from forerun.runtime_ext.protocol import GenerateOutput, SamplingParams
 from forerun.runtime_ext.preposition.ready_cache import SessionClosed
@@ -26,7 +26,7 @@ class PinningHashEngine:
     """Greedy argmax of hash_logits; top-2 log-probs; pin/unpin bookkeeping."""
 
     def __init__(self):
-        self.tokenizer = fake_tokenizer()
+        self.tokenizer = byte_tokenizer()
         self.pins: dict[int, tuple[int, ...]] = {}
         self._next = 0
         self.calls = []
@@ -243,14 +243,14 @@ def test_bad_format_rejected():
 
 
 def test_through_the_sglang_server_backend_and_programs():
-    """Stock server APIs (top_logprobs_num=2, priority) and the @sgl.function programs on a fake server."""
+    """Stock server APIs (top_logprobs_num=2, priority) and the @sgl.function programs on the stand-in server."""
     from forerun.runtime_ext.backends.server import SGLangServerBackend
 
-    with FakeSGLangServer() as srv:
-        backend = SGLangServerBackend(srv.url, tokenizer=fake_tokenizer())
+    with StandInServer() as srv:
+        backend = SGLangServerBackend(srv.url, tokenizer=byte_tokenizer())
         model = srv.model
         for engine in (backend.engine, ProgramEngine(backend)):
-            s = StreamingSession(_pp(engine, threshold=0.0), tokenizer=fake_tokenizer(), system="s")
+            s = StreamingSession(_pp(engine, threshold=0.0), tokenizer=byte_tokenizer(), system="s")
             s.register_query("t", "up?")
             s.append_data("1 2 3")
             r = s.ask_standing("t")

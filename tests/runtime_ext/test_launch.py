@@ -1,6 +1,6 @@
 """Launching servers and the SGLang Model Gateway (`runtime_ext.launch`, `scripts/launch_runtime`): the real
-`smg` binary in front of fake SGLang workers keeps every chain on one worker, and the chains are the ones a single
-server gives; the flags SGLang needs (mem-fraction when servers share a GPU) and no others."""
+`smg` binary in front of stand-in SGLang workers keeps every chain on one worker, and the chains are the ones a
+single server gives; the flags SGLang needs (mem-fraction when servers share a GPU) and no others."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.runtime_ext import launch
 from forerun.runtime_ext.pool import open_pool
 from forerun.runtime_ext.protocol import SamplingParams
-from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+from forerun.runtime_ext.standin.server import BOS_ID, StandInServer
 
 REPO = Path(__file__).resolve().parents[2]
 def _smg_installed() -> bool:
@@ -41,7 +41,7 @@ def _chains(urls, slots):
 
 @needs_smg
 def test_the_gateway_keeps_each_chain_on_one_worker_and_changes_no_chain(tmp_path):
-    with FakeSGLangServer(serial=True) as a, FakeSGLangServer(serial=True) as b:
+    with StandInServer(serial=True) as a, StandInServer(serial=True) as b:
         reference = _chains([a.url], 1)
         a.routing_counts.clear()
         gw = launch.launch_gateway("127.0.0.1", launch.free_port(), [a.url, b.url], tmp_path / "gw.log", 60)
@@ -63,7 +63,7 @@ def test_sticky_fraction_is_the_main_workers_share_per_chain():
 
 
 def test_a_chain_sends_its_routing_key_on_every_request():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         with open_pool(backend_urls=[srv.url], slots=2) as pool, pool.lease() as one, pool.lease() as two:
             for rt in (one, two):
                 rt.backend.run([BOS_ID, 1, 2], SamplingParams(max_new_tokens=2, seed=1, ignore_eos=True))
@@ -78,7 +78,7 @@ def test_a_chain_sends_its_routing_key_on_every_request():
     (4, 2, [], 0.4),
     (3, 1, [], 0.26),
     (2, 1, ["--mem-fraction-static", "0.3"], None),  # the user's value, checked to fit
-    (1, 0, [], None),                      # no GPU seen (fake workers)
+    (1, 0, [], None),                      # no GPU seen (stand-in workers)
 ])
 def test_mem_fraction_static_only_when_servers_share_a_gpu(workers, gpus, extra, expected):
     assert launch.mem_fraction_static(workers, gpus, extra) == expected

@@ -12,7 +12,7 @@ import pytest
 
 from forerun.cli.main import main
 from forerun.runtime_ext.pool import RuntimePool, open_pool, split_urls
-from forerun.testing.fake_sglang_server import FakeSGLangServer
+from forerun.runtime_ext.standin.server import StandInServer
 
 
 class _Rt(SimpleNamespace):
@@ -60,14 +60,14 @@ def test_split_urls():
 
 
 def test_servers_of_different_models_are_refused():
-    with FakeSGLangServer(model_path="m1") as a, FakeSGLangServer(model_path="m2") as b:
+    with StandInServer(model_path="m1") as a, StandInServer(model_path="m2") as b:
         with pytest.raises(ValueError, match="different models"):
             open_pool(backend_urls=[a.url, b.url], tokenizer=a.tokenizer)
 
 
 def test_bench_presto_spreads_chains_over_servers_one_at_a_time(capsys):
     argv = ["bench", "presto", "--prompts", "2", "--n", "6", "--K", "3", "--npf", "4", "--json"]
-    with FakeSGLangServer() as a, FakeSGLangServer() as b:
+    with StandInServer() as a, StandInServer() as b:
         assert main(argv + ["--backend", f"{a.url},{b.url}"]) == 0
         out = json.loads(capsys.readouterr().out)
         for srv in (a, b):
@@ -76,7 +76,7 @@ def test_bench_presto_spreads_chains_over_servers_one_at_a_time(capsys):
     assert meta["backend"] == [a.url, b.url] and meta["chains"] == 4 and sum(meta["chains_per_runtime"]) == 4
     assert min(meta["chains_per_runtime"]) >= 1 and meta["chains_per_s"] > 0
     assert out["rows"][0]["identical_chains"] == 2
-    with FakeSGLangServer() as one:
+    with StandInServer() as one:
         assert main(argv + ["--backend", one.url]) == 0
         single = json.loads(capsys.readouterr().out)
     assert single["rows"][0]["per_prompt_speedup"] and single["rows"][0]["calls"] == out["rows"][0]["calls"]

@@ -12,9 +12,9 @@ from forerun.eval.preposition.calibration import calibrate_held_out
 from forerun.eval.preposition.live_trace import run_agentic_trace, run_status_trace
 from forerun.runtime_ext.preposition.gate import GateConfig
 from forerun.runtime_ext.protocol import GenerateOutput
-from forerun.testing.fake_sglang_server import fake_tokenizer
+from forerun.runtime_ext.standin.server import byte_tokenizer
 
-TOK = fake_tokenizer()
+TOK = byte_tokenizer()
 
 
 class StatusEngine:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from forerun.eval.preposition.trend_task import QUESTION, answer_tokens, collect_pairs, make_windows, report
-from forerun.testing.fake_sglang_server import fake_tokenizer
 from forerun.runtime_ext.protocol import GenerateOutput
+from forerun.runtime_ext.standin.server import byte_tokenizer
 
-TOK = fake_tokenizer()
+TOK = byte_tokenizer()
 
 
 def test_windows_have_unambiguous_direction():

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own source, read as text from the installed wheel (the runtime cannot be imported here: it needs
 zmq, triton, CUDA ...): the line that causes a behaviour, a method's code run on stand-in objects, a pydantic model
 of a request class's fields.  Tests that mirror SGLang pin themselves to these lines, so a version bump that moves
-or changes one fails them instead of letting the fake or the client drift silently."""
+or changes one fails them instead of letting the stand-in or the client drift silently."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SGLangServerBackend against the fake SGLang server: ids on the wire, logprob parsing, errors, programs."""
+"""SGLangServerBackend against the stand-in SGLang server: ids on the wire, logprob parsing, errors, programs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from forerun.programs.proposals import ProgramProposalModel
 from forerun.programs.suffixes import SuffixRequest
 from forerun.runtime_ext.backends import server_client
-from forerun.testing.fake_sglang_server import BOS_ID, fake_tokenizer, FakeSGLangServer, unused_port
+from forerun.runtime_ext.standin.server import BOS_ID, byte_tokenizer, StandInServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
 from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import SGLangServerError, ServerConfig
@@ -33,7 +33,7 @@ def _contract():
 
 @pytest.fixture()
 def srv():
-    with FakeSGLangServer() as s:
+    with StandInServer() as s:
         yield s
 
 
@@ -66,7 +66,7 @@ def test_backoff_is_exponential_and_capped():
 
 def test_bad_url_rejected():
     with pytest.raises(ValueError, match="base_url"):
-        SGLangServerBackend("127.0.0.1:30000", fake_tokenizer())
+        SGLangServerBackend("127.0.0.1:30000", byte_tokenizer())
 
 
 # -- generation and logprobs ----------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_no_logprob_means_one_pass(srv, backend):
 
 
 def test_plugin_keys_give_entropy_and_skip_pass_two():
-    with FakeSGLangServer(plugin=True) as srv:
+    with StandInServer(plugin=True) as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         prompt = [BOS_ID, 10, 20]
         out = b.run(prompt, SamplingParams(max_new_tokens=4, seed=5, ignore_eos=True, return_logprob=True))
@@ -226,7 +226,7 @@ def test_tokenizer_loaded_from_server_info(srv, monkeypatch):
 
     def fake_load(path):
         seen.append(path)
-        return fake_tokenizer()
+        return byte_tokenizer()
 
     monkeypatch.setattr(server_client, "_load_tokenizer", fake_load)
     SGLangServerBackend(srv.url, config=FAST)
@@ -317,7 +317,7 @@ def test_connection_refused_fails_clearly():
     """The client reads /server_info at connect, so an unreachable server fails there, naming the URL."""
     url = f"http://127.0.0.1:{unused_port()}"
     with pytest.raises(SGLangServerError, match="cannot connect") as ei:
-        SGLangServerBackend(url, fake_tokenizer(), config=ServerConfig(retries=1, backoff_s=0, connect_timeout_s=1))
+        SGLangServerBackend(url, byte_tokenizer(), config=ServerConfig(retries=1, backoff_s=0, connect_timeout_s=1))
     assert ei.value.attempts == 2
     assert url + "/server_info" in str(ei.value)
 
@@ -418,14 +418,14 @@ def test_launcher_waits_for_health_and_prints_url(tmp_path):
     port = unused_port()
     res = _launch("--port", str(port), "--timeout", "30", "--log", str(tmp_path / "log"),
                   "--", "--mem-fraction-static", "0.5",
-                  env_extra={"FORERUN_SERVER_MODULE": "forerun.testing.fake_sglang_server"})
+                  env_extra={"FORERUN_SERVER_MODULE": "forerun.runtime_ext.standin.server"})
     assert res.returncode == 0, res.stderr
     url = res.stdout.strip()
     assert url == f"http://127.0.0.1:{port}"
     pid = int(re.search(r"healthy \(pid (\d+)", res.stderr).group(1))
     try:
         assert "--enable-metrics" in res.stderr and "--mem-fraction-static 0.5" in res.stderr
-        b = SGLangServerBackend(url, fake_tokenizer(), config=FAST)
+        b = SGLangServerBackend(url, byte_tokenizer(), config=FAST)
         assert b.engine.health()
         assert len(b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, ignore_eos=True)).output_ids) == 2
     finally:
@@ -451,7 +451,7 @@ def test_entropy_of_p0_only_through_a_plugin(srv, backend):
     assert out.output_entropy is None and "output_token_entropy" not in out.meta_info
     with pytest.raises(EngineError, match="needs the entropy of p0"):
         ProgramProposalModel(backend, require_entropy=True).generate([SuffixRequest((BOS_ID, 1), 2, 0.5, 1)])
-    with FakeSGLangServer(plugin=True) as plug:
+    with StandInServer(plugin=True) as plug:
         b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
         out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))
         assert len(out.output_entropy) == 2 and len(out.meta_info["output_token_entropy"]) == 2

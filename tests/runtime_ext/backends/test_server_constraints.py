@@ -13,7 +13,7 @@ from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ServerConfig
 from forerun.runtime_ext.backends.sglang_frontend import function, gen, sgl
 from forerun.runtime_ext.protocol import SamplingParams
-from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+from forerun.runtime_ext.standin.server import BOS_ID, StandInServer
 from forerun.testing.test_modules import sibling
 
 
@@ -43,7 +43,7 @@ def typed(s):
 @pytest.mark.parametrize("batch_mode", ["batched", "concurrent"])
 def test_constraints_are_forwarded_in_sglangs_fields(batch_mode):
     model = contract.generate_req_input_model()
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         backend = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(batch_mode=batch_mode))
         first = len(srv.generate_bodies())
         st = typed.run(backend=backend)
@@ -77,7 +77,7 @@ def test_the_contract_check_refuses_two_constraints():
 def test_a_constrained_requests_log_p0_comes_from_the_scoring_pass():
     """SGLang masks the logits before its logprobs: at τ = 1 a constrained request's output logprobs are of the
     masked distribution, so the client scores prompt + output unconstrained for log p0 and says so in meta_info."""
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         backend = SGLangServerBackend(srv.url, srv.tokenizer)
         first = len(srv.generate_bodies())
         free = backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=3, seed=1, return_logprob=True))

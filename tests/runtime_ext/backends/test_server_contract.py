@@ -1,7 +1,7 @@
 """The contract (issue 9, point 7; issue 29, point 3): every body the client sends validates against SGLang
-0.5.23's own request models, every response the fake server sends against SGLang's own response model, and each
-behaviour of the real server that the client avoids or the fake reproduces is pinned to the line of SGLang's
-source that causes it, so neither the client nor the fake can drift from the real server.
+0.5.23's own request models, every response the stand-in server sends against SGLang's own response model, and
+each behaviour of the real server that the client avoids or the stand-in reproduces is pinned to the line of
+SGLang's source that causes it, so neither the client nor the stand-in can drift from the real server.
 
     what the real server does with a request                             checked here with
     FastAPI/pydantic parses /generate as io_struct.GenerateReqInput       a pydantic model of the dataclass's fields,
@@ -36,7 +36,7 @@ from forerun.runtime_ext.backends import sglang_frontend  # noqa: F401  (registe
 from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ROUTING_KEY_HEADER, ServerConfig, SGLangServerError
 from forerun.runtime_ext.protocol import RowEvent, SamplingParams
-from forerun.testing.fake_sglang_server import BOS_ID, VOCAB_SIZE, FakeSGLangServer
+from forerun.runtime_ext.standin.server import BOS_ID, VOCAB_SIZE, StandInServer
 from forerun.testing.test_modules import sibling
 
 
@@ -159,17 +159,17 @@ def _exercise(b: SGLangServerBackend, plugin: bool) -> None:
 def test_every_request_body_and_response_matches_sglangs_models_and_carries_the_routing_key(plugin, monkeypatch):
     model = generate_req_input_model()
     responses = []
-    from forerun.testing import fake_http
+    from forerun.runtime_ext.standin import routes
 
-    real_send = fake_http.Handler._send
+    real_send = routes.Handler._send
 
     def record(self, status, payload, content_type="application/json"):
         if self.path.startswith("/generate") and status == 200:
             responses.append(payload)
         return real_send(self, status, payload, content_type)
 
-    monkeypatch.setattr(fake_http.Handler, "_send", record)
-    with FakeSGLangServer(plugin=plugin) as srv:
+    monkeypatch.setattr(routes.Handler, "_send", record)
+    with StandInServer(plugin=plugin) as srv:
         backend = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(batch_mode="batched"))
         first = len(srv.requests)  # /server_info at connect, before any key is set
         _exercise(backend.with_routing_key("chain-7"), plugin)
@@ -213,7 +213,7 @@ def test_the_checks_have_teeth():
         check_response({"text": "", "output_ids": [1], "meta_info": {"prompt_tokens": "3"}})
 
 
-# -- what real SGLang mishandles: never sent; the fake does what SGLang does ---------------------------------
+# -- what real SGLang mishandles: never sent; the stand-in does what SGLang does -----------------------------
 def _session_controller_loop() -> typing.Callable:
     """SGLang's own code: SessionReqNode (from session_controller.py) and Session.create_req's replace-without-rid
     loop (lines 245-246) over `self.req_nodes`."""
@@ -233,7 +233,7 @@ def test_replace_without_rid_crashes_sglang_so_the_client_refuses_it_and_the_fak
     replace_without_rid([])  # an empty session: the loop does nothing, the request runs
     with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
         replace_without_rid(["t1"])  # SGLang's own code crashes on one request already
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(retries=0))
         sid = b.open_session(1024)
         p = SamplingParams(max_new_tokens=2, seed=1)
@@ -286,7 +286,7 @@ def test_logprob_start_len_minus_one_returns_no_input_logprobs_as_sglang(max_new
     start = _scheduler_logprob_start(True, -1, n, max_new)
     assert start == n and _input_logprobs_returned(start, n) == 0  # SGLang: none
     assert _input_logprobs_returned(_scheduler_logprob_start(True, 1, n, max_new), n) == n - 1
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer)
         p = SamplingParams(max_new_tokens=max_new, temperature=1.0, return_logprob=True, top_logprobs_num=2)
         out = b.run([BOS_ID, 1, 2, 3], p)
@@ -301,7 +301,7 @@ def test_logprob_start_len_minus_one_returns_no_input_logprobs_as_sglang(max_new
 
 
 def test_a_session_abort_is_an_http_400_with_sglangs_message():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         sid = requests.post(srv.url + "/open_session", json={"capacity_of_str_len": 64}, timeout=5).json()
         r = requests.post(srv.url + "/generate", timeout=5, json={
             "input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 1}, "session_params": {"id": sid,
@@ -313,10 +313,10 @@ def test_a_session_abort_is_an_http_400_with_sglangs_message():
 
 
 def test_unseeded_requests_get_fresh_seeds_which_are_recorded():
-    """SGLang samples an unseeded request with seed 42 under deterministic inference (the fake too), so the
+    """SGLang samples an unseeded request with seed 42 under deterministic inference (the stand-in too), so the
     client sends each one a fresh seed and records it; replaying that seed replays the tokens."""
     prompt = [BOS_ID, 9, 9]
-    with FakeSGLangServer(deterministic=True) as srv:
+    with StandInServer(deterministic=True) as srv:
         raw = [requests.post(srv.url + "/generate", timeout=5, json={
             "input_ids": prompt, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}).json()["output_ids"]
             for _ in range(2)]
@@ -329,7 +329,7 @@ def test_unseeded_requests_get_fresh_seeds_which_are_recorded():
         assert len({o.output_ids for o in outs}) == 3  # fresh noise each time
         again = b.run(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True, seed=sent[1]))
         assert again.output_ids == outs[1].output_ids and again.meta_info["sampling_seed"] == sent[1]
-    with FakeSGLangServer(deterministic=False) as srv:  # the server ignores seeds: none is sent, none recorded
+    with StandInServer(deterministic=False) as srv:  # the server ignores seeds: none is sent, none recorded
         out = SGLangServerBackend(srv.url, srv.tokenizer).run(prompt, p)
         assert "sampling_seed" not in srv.generate_bodies()[0]["sampling_params"]
         assert out.meta_info["sampling_seed"] is None

@@ -1,6 +1,6 @@
 """The server path where GPU users meet it (issue 9, points 1-4): seeds need deterministic inference,
 /flush_cache waits for an idle server, session requests are scored on the context the server built, bad
-output and bad requests fail clearly.  Against the fake server, which models each behaviour as SGLang does."""
+output and bad requests fail clearly.  Against the stand-in server, which models each behaviour as SGLang does."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ServerConfig, SGLangServerError
 from forerun.runtime_ext.backends.server_wire import Where, finite_logprobs
 from forerun.runtime_ext.protocol import SamplingParams
-from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer, unused_port
+from forerun.runtime_ext.standin.server import BOS_ID, StandInServer, unused_port
 
 FAST = ServerConfig(retries=1, backoff_s=0.001, timeout_s=30.0, connect_timeout_s=2.0, flush_wait_s=5.0)
 SEEDED = SamplingParams(max_new_tokens=6, temperature=0.8, seed=7, ignore_eos=True)
@@ -31,7 +31,7 @@ SEEDED = SamplingParams(max_new_tokens=6, temperature=0.8, seed=7, ignore_eos=Tr
 
 # -- 1. seeds ---------------------------------------------------------------------------------------
 def test_seeded_work_is_refused_without_deterministic_inference_and_allowed_on_request():
-    with FakeSGLangServer(deterministic=False) as srv:
+    with StandInServer(deterministic=False) as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         assert not b.engine.deterministic
         with pytest.raises(SGLangServerError, match="--enable-deterministic-inference") as ei:
@@ -42,14 +42,14 @@ def test_seeded_work_is_refused_without_deterministic_inference_and_allowed_on_r
         loose = SGLangServerBackend(srv.url, srv.tokenizer, config=ServerConfig(allow_nondeterministic=True))
         a, c = (loose.run([BOS_ID, 1, 2], SEEDED).output_ids for _ in range(2))
         assert a != c  # why it is refused: this server ignores the seed (equal in law only)
-    with FakeSGLangServer(deterministic=True) as srv:
+    with StandInServer(deterministic=True) as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         assert b.engine.deterministic
         assert b.run([BOS_ID, 1, 2], SEEDED).output_ids == b.run([BOS_ID, 1, 2], SEEDED).output_ids
 
 
 def test_cli_refuses_then_proceeds_with_the_equal_in_law_note(capsys):
-    with FakeSGLangServer(deterministic=False) as srv:
+    with StandInServer(deterministic=False) as srv:
         argv = ["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2", "--json"]
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -64,7 +64,7 @@ def test_generate_without_seed_reports_the_fresh_seed_it_ran_with(capsys):
     the server's own default would be 42 for everyone); passing it back as --seed replays the tokens."""
     argv = ["generate", "--prompt", "hi", "--raw", "--max-tokens", "8", "--temperature", "1.0", "--ignore-eos",
             "--json"]
-    with FakeSGLangServer(deterministic=True) as srv:
+    with StandInServer(deterministic=True) as srv:
         assert main(argv + ["--backend", srv.url]) == 0
         first = json.loads(capsys.readouterr().out)
         sent = [b["sampling_params"]["sampling_seed"] for b in srv.generate_bodies()]
@@ -78,7 +78,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _launch(*flags: str, tmp_path: Path) -> tuple[str, int]:
-    env = dict(os.environ, PYTHON=sys.executable, FORERUN_SERVER_MODULE="forerun.testing.fake_sglang_server")
+    env = dict(os.environ, PYTHON=sys.executable, FORERUN_SERVER_MODULE="forerun.runtime_ext.standin.server")
     res = subprocess.run(["bash", str(REPO / "scripts" / "launch_runtime"), "--port", str(unused_port()), "--timeout",
                           "30", "--log", str(tmp_path / f"log{len(flags)}"), *flags], capture_output=True, text=True,
                          timeout=60, env=env)
@@ -109,7 +109,7 @@ def test_launch_runtime_fake_mode_with_and_without_deterministic_inference(tmp_p
 
 # -- 2. /flush_cache ------------------------------------------------------------------------------
 def test_flush_waits_for_an_idle_server_and_gives_up_on_a_busy_one():
-    with FakeSGLangServer(step_s=0.02) as srv:
+    with StandInServer(step_s=0.02) as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         long = threading.Thread(target=b.run, args=([BOS_ID, 3], SamplingParams(max_new_tokens=60, seed=1)))
         long.start()
@@ -124,7 +124,7 @@ def test_flush_waits_for_an_idle_server_and_gives_up_on_a_busy_one():
 
 # -- 3. sessions ----------------------------------------------------------------------------------
 def test_session_generation_is_scored_on_the_context_the_server_built():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         m = srv.model
         sid = b.open_session(4096)
@@ -147,7 +147,7 @@ def test_session_generation_is_scored_on_the_context_the_server_built():
 @pytest.mark.parametrize("extra", [{"offset": -2}, {"drop_previous_output": True}, {"offset": 3},
                                    {"replace": True}])
 def test_session_mirror_matches_the_server_for_offset_drop_and_replace(extra):
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         sid = b.open_session(4096)
         p = SamplingParams(max_new_tokens=3, temperature=0.5, seed=5, ignore_eos=True, return_logprob=True)
@@ -158,7 +158,7 @@ def test_session_mirror_matches_the_server_for_offset_drop_and_replace(extra):
 
 
 def test_a_session_the_client_did_not_open_cannot_be_scored():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         sid = requests.post(srv.url + "/open_session", json={"capacity_of_str_len": 100}, timeout=5).json()
         p = SamplingParams(max_new_tokens=2, temperature=0.5, seed=1, return_logprob=True)
@@ -170,7 +170,7 @@ def test_a_session_the_client_did_not_open_cannot_be_scored():
 
 # -- 4. bad output, bad requests ------------------------------------------------------------------
 def test_nan_logprob_is_an_error_naming_the_request():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         srv.fail("nan")
         with pytest.raises(SGLangServerError, match=r"null as log q .* rid=nan-1 \(prompt length 2 tokens\)"):
@@ -183,7 +183,7 @@ def test_nan_logprob_is_an_error_naming_the_request():
 
 
 def test_seed_outside_int64_and_flashinfer_seed_with_top_k_are_rejected_client_side():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         with pytest.raises(ValueError, match="outside int64"):
             b.run([BOS_ID, 1], SamplingParams(max_new_tokens=1, seed=2**63))
@@ -191,7 +191,7 @@ def test_seed_outside_int64_and_flashinfer_seed_with_top_k_are_rejected_client_s
         r = requests.post(srv.url + "/generate", json={"input_ids": [BOS_ID], "sampling_params": {
             "max_new_tokens": 1, "sampling_seed": 2**63}}, timeout=5)
         assert r.status_code == 400 and "sampling_seed" in r.text  # what the server would have said
-    with FakeSGLangServer(deterministic=True, sampling_backend="flashinfer") as srv:
+    with StandInServer(deterministic=True, sampling_backend="flashinfer") as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
         with pytest.raises(ValueError, match="flashinfer sampling backend"):
             b.run([BOS_ID, 1], SamplingParams(max_new_tokens=1, seed=3, top_k=20))
@@ -215,7 +215,7 @@ def test_every_server_backed_command_maps_request_timeout_to_the_client(command)
     from forerun.cli.engine import open_pool_from
     from forerun.cli.main import build_parser
 
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         args = build_parser().parse_args(SERVER_COMMANDS[command] + ["--backend", srv.url, "--request-timeout", "2.5"])
         with open_pool_from(args) as pool:
             assert [rt.engine.config.timeout_s for rt in pool.runtimes] == [2.5]
@@ -226,9 +226,9 @@ def test_every_server_backed_command_maps_request_timeout_to_the_client(command)
 
 @pytest.mark.parametrize("command", ["generate", "sample", "bench presto"])
 def test_a_hung_request_fails_after_request_timeout_naming_the_url(command, capsys):
-    """A hung /generate (the fake's "hang" mode) fails after --request-timeout with the URL in the message, instead
-    of waiting the default 600 s (the fake hangs up after 60 s: another message)."""
-    with FakeSGLangServer() as srv:
+    """A hung /generate (the stand-in's "hang" mode) fails after --request-timeout with the URL in the message,
+    instead of waiting the default 600 s (the stand-in hangs up after 60 s: another message)."""
+    with StandInServer() as srv:
         srv.fail("hang", times=100)
         rc = main(SERVER_COMMANDS[command] + ["--backend", srv.url, "--request-timeout", "0.3"])
         last = capsys.readouterr().err.rstrip("\n").split("\n")[-1].split("\r")[-1]

@@ -1,5 +1,5 @@
-"""Streaming on an SGLang server (issue 12): the fake server streams as SGLang 0.5.23 does, the client turns the
-events into rows, and streaming PreSTO over concurrent streamed requests gives the sequential chain."""
+"""Streaming on an SGLang server (issue 12): the stand-in server streams as SGLang 0.5.23 does, the client turns
+the events into rows, and streaming PreSTO over concurrent streamed requests gives the sequential chain."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
 from forerun.runtime_ext.runtime import open_runtime
-from forerun.testing.fake_sglang_server import FakeSGLangServer
+from forerun.runtime_ext.standin.server import StandInServer
 from forerun.testing.chains import assert_same_chain
 
 
 def test_sglangs_own_source_streams_data_lines_and_done():
-    """The wire format the fake copies, read from SGLang 0.5.23's http_server.py (not imported: it needs the
+    """The wire format the stand-in copies, read from SGLang 0.5.23's http_server.py (not imported: it needs the
     GPU runtime)."""
     spec = importlib.util.find_spec("sglang")
     src = (Path(spec.submodule_search_locations[0]) / "srt" / "entrypoints" / "http_server.py").read_text()
@@ -29,7 +29,7 @@ def test_sglangs_own_source_streams_data_lines_and_done():
 
 
 def test_the_fake_server_streams_cumulative_chunks_then_done():
-    with FakeSGLangServer() as srv:
+    with StandInServer() as srv:
         ids = srv.tokenizer.encode("hi there")
         body = {"input_ids": ids, "rid": "s1", "stream": True, "return_logprob": True,
                 "sampling_params": {"max_new_tokens": 5, "temperature": 0.5, "ignore_eos": True, "sampling_seed": 3}}
@@ -47,7 +47,7 @@ def test_the_fake_server_streams_cumulative_chunks_then_done():
 
 
 def test_client_streams_rows_and_a_child_from_the_parents_tokens():
-    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         client = runtime.engine
         assert isinstance(client, StreamingEngine)
         ids = srv.tokenizer.encode("parent")
@@ -79,7 +79,7 @@ def test_client_streams_rows_and_a_child_from_the_parents_tokens():
 
 
 def test_abort_stops_a_streamed_row():
-    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         srv.stream_step_s = 0.02
         client = runtime.engine
         events, done = [], threading.Event()
@@ -102,7 +102,7 @@ def test_abort_stops_a_streamed_row():
 def test_streaming_presto_on_a_server_gives_the_sequential_chain():
     from forerun.programs.proposals import proposal_model_for
 
-    with FakeSGLangServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         ids = srv.tokenizer.encode("stream a chain")
         for seed in range(3):
             cfg = SamplerConfig(kind="power-mh", response_length=12, block_size=6 if seed else 12, steps_per_block=5,

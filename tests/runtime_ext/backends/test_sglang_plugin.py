@@ -2,7 +2,7 @@
 computation and one device-to-host copy per step), its batch-row bookkeeping, another client's meta_info left
 exactly as it was (SGLang's own collection, output-streamer and meta_info code, read from the installed source),
 SGLang's real Sampler on CPU tensors (when the CPU runtime packages are there), and the client reading its fields
-so that EntropyCut and MultiTryMH run on a server (the fake, started with the plugin)."""
+so that EntropyCut and MultiTryMH run on a server (the stand-in, started with the plugin)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from forerun.runtime_ext.backends import sglang_plugin as plugin
 from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import ServerConfig, SGLangServerError
 from forerun.runtime_ext.protocol import SamplingParams
-from forerun.testing.fake_sglang_server import BOS_ID, FakeSGLangServer
+from forerun.runtime_ext.standin.server import BOS_ID, StandInServer
 from forerun.testing.test_modules import sibling
 
 REPO = Path(__file__).resolve().parents[3]
@@ -268,7 +268,7 @@ def test_the_plugin_inside_sglangs_real_sampler_on_cpu():
 
 # -- the client side ---------------------------------------------------------------------------------
 def test_client_asks_the_plugin_and_reads_one_pass():
-    with FakeSGLangServer(plugin=True) as srv:
+    with StandInServer(plugin=True) as srv:
         b = SGLangServerBackend(srv.url, srv.tokenizer)
         p = SamplingParams(max_new_tokens=4, temperature=0.5, seed=5, ignore_eos=True, return_logprob=True,
                            logprob_temperatures=(1.0, 0.25))
@@ -288,14 +288,14 @@ def test_client_asks_the_plugin_and_reads_one_pass():
                                                            ignore_eos=True, return_logprob=True))
         assert again.output_logp0 == pytest.approx(out.output_logp0, abs=1e-12)  # the exact two-pass recipe agrees
         assert "custom_params" not in srv.generate_bodies()[1]["sampling_params"] and again.output_entropy is None
-    with FakeSGLangServer() as stock_srv:
+    with StandInServer() as stock_srv:
         with pytest.raises(SGLangServerError, match="launch_runtime --plugin"):
             SGLangServerBackend(stock_srv.url, stock_srv.tokenizer).run([BOS_ID, 1], p)
 
 
 @pytest.mark.parametrize("sampler", ["entropy-cut", "multitry-mh", "power-mh"])
 def test_samplers_run_on_a_plugin_server_and_presto_chains_are_identical(sampler, capsys):
-    with FakeSGLangServer(plugin=True) as srv:
+    with StandInServer(plugin=True) as srv:
         argv = ["sample", "--backend", srv.url, "--sampler", sampler, "--prompt", "hi", "--n", "8", "--K", "4",
                 "--json"]
         assert main(argv) == 0

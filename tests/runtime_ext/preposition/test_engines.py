@@ -67,9 +67,9 @@ def test_the_prepositioner_picks_the_adapter_once_by_type():
 
 def test_a_frontend_backend_is_not_an_engine():
     from forerun.runtime_ext.backends.token_exact import TokenExactBackend
-    from forerun.testing.fake_sglang_server import fake_tokenizer
+    from forerun.runtime_ext.standin.server import byte_tokenizer
 
-    backend = TokenExactBackend(fake_tokenizer())
+    backend = TokenExactBackend(byte_tokenizer())
     with pytest.raises(TypeError, match="ProgramEngine"):
         Prepositioner(backend)
     program_engine = ProgramEngine(backend)

@@ -1,9 +1,9 @@
-"""The fake SGLang server's model: a tiny deterministic numpy "model" over a byte vocabulary, its tokenizer
-and its prefix cache.  Tests recompute every number the fake server reports from `FakeByteModel`:
+"""The stand-in SGLang server's model: a tiny deterministic numpy "model" over a byte vocabulary, its tokenizer
+and its prefix cache.  Tests recompute every number the stand-in server reports from `ByteModel`:
 
-    paper / SGLang                        fake
+    paper / SGLang                        stand-in
     vocabulary                            256 byte tokens + BOS (256) + EOS (257)
-    logits z(· | x_<t)                    FakeByteModel.logits(prefix): a fixed random bigram table row
+    logits z(· | x_<t)                    ByteModel.logits(prefix): a fixed random bigram table row
                                           of the last token plus a small position term (seed 0)
     log p0(· | x_<t)                      log_softmax(z)
     log q_τ(· | x_<t) (reported)          log_softmax(z / τ), before top-k / top-p, as SGLang's sampler
@@ -28,11 +28,11 @@ EOS_ID = 257
 VOCAB_SIZE = 258
 
 
-def fake_tokenizer() -> Any:
-    """The fake model's tokenizer, a real Hugging Face fast tokenizer: token i < 256 is byte i; BOS 256
+def byte_tokenizer() -> Any:
+    """The byte model's tokenizer, a real Hugging Face fast tokenizer: token i < 256 is byte i; BOS 256
     (prepended when encoding with special tokens), EOS 257.  The server saves it to a folder and reports
     that folder as its `tokenizer_path`, so clients load it like any other (`AutoTokenizer`)."""
-    from ..runtime_ext.engine.models import build_byte_tokenizer
+    from ..engine.models import build_byte_tokenizer
 
     tok = build_byte_tokenizer(("<s>", "</s>"), eos_token="</s>", pad_token=None, bos_token="<s>", chat_template=None)
     assert tok.bos_token_id == BOS_ID and tok.eos_token_id == EOS_ID
@@ -45,7 +45,7 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return z - m - np.log(np.sum(e))
 
 
-class FakeByteModel:
+class ByteModel:
     """Deterministic next-token logits over the byte vocabulary (float64)."""
 
     def __init__(self, seed: int = 0, scale: float = 2.0) -> None:
@@ -58,7 +58,7 @@ class FakeByteModel:
     def logits(self, prefix: Sequence[int]) -> np.ndarray:
         """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty)."""
         if len(prefix) == 0:
-            raise ValueError("the fake model needs a non-empty prefix")
+            raise ValueError("the byte model needs a non-empty prefix")
         return self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
 
     def logp0(self, prefix: Sequence[int]) -> np.ndarray:
@@ -107,7 +107,7 @@ class FakeByteModel:
 
 
 class PrefixTrie:
-    """Token-prefix set (the fake's radix cache): longest cached prefix of a sequence."""
+    """Token-prefix set (the stand-in's radix cache): longest cached prefix of a sequence."""
 
     def __init__(self) -> None:
         self.root: dict[int, dict] = {}
@@ -134,7 +134,7 @@ class PrefixTrie:
 
 
 @dataclass(frozen=True)
-class FakeSampling:
+class Sampling:
     """One request's sampling parameters (SGLang's `sampling_params`, resolved)."""
 
     max_new_tokens: int
@@ -148,7 +148,7 @@ class FakeSampling:
 
 
 @dataclass
-class FakeGeneration:
+class Generation:
     """What one generation produced, per token: id, reported log q_τ, top-k of log q_τ as
     [logprob, id, text] (when asked), log p0, entropy of p0, log q_τ' at the asked temperatures τ' (one
     list per token); and SGLang's finish_reason."""
@@ -162,14 +162,14 @@ class FakeGeneration:
     finish: dict[str, Any] = field(default_factory=dict)
 
 
-def fake_generate(model: FakeByteModel, prompt: Sequence[int], sampling: FakeSampling, top_logprobs_num: int,
-                  text_of: Callable[[int], str | None], temperatures: Sequence[float] = (),
-                  step_s: float = 0.0) -> FakeGeneration:
+def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, top_logprobs_num: int,
+             text_of: Callable[[int], str | None], temperatures: Sequence[float] = (),
+             step_s: float = 0.0) -> Generation:
     """Decode up to max_new_tokens after `prompt`; EOS (unless ignore_eos) and stop ids end it once
     min_new_tokens are out (and are kept, as SGLang does).  `step_s` sleeps per decode step (a GPU's step
     time, for scale-out benchmarks)."""
     s = sampling
-    out = FakeGeneration(finish={"type": "length", "length": s.max_new_tokens})
+    out = Generation(finish={"type": "length", "length": s.max_new_tokens})
     seq = list(prompt)
     for _ in range(s.max_new_tokens):
         lq = model.logq(seq, s.temperature)

@@ -1,4 +1,4 @@
-"""The fake SGLang server's sessions, following `srt/session/session_controller.py` (0.5.23) line by line for
+"""The stand-in SGLang server's sessions, following `srt/session/session_controller.py` (0.5.23) line by line for
 non-streaming sessions: a request naming a session request `rid` runs on that request's input + output
 (`output_ids[:max_new_tokens]`; only its input with `drop_previous_output`), cut at `offset` (a Python slice
 when non-zero), followed by the new ids with a leading BOS stripped.  `rid` None: no history.  An unknown
@@ -43,7 +43,7 @@ class _Session:
     nodes: dict[str, _Req] = field(default_factory=dict)
 
 
-class FakeSessions:
+class Sessions:
     """Open sessions and their request trees."""
 
     def __init__(self, bos_token_id: int) -> None:

@@ -1,11 +1,11 @@
-"""Server-sent events of the fake SGLang server: `/generate` with `"stream": true`, as SGLang 0.5.23 streams.
+"""Server-sent events of the stand-in SGLang server: `/generate` with `"stream": true`, as SGLang 0.5.23 streams.
 
 `srt/entrypoints/http_server.py` (`serve_generate_request`) answers a streamed request with
 `Content-Type: text/event-stream` and one `data: <json>\\n\\n` line per output batch, then `data: [DONE]\\n\\n`.
 With the server's default (`incremental_streaming_output` off, `tokenizer_manager.py`) each chunk is cumulative:
 `output_ids` and every per-token list of `meta_info` hold all tokens so far, `finish_reason` is null until the
 last chunk, and an intermediate chunk's `text` is null (the detokenized text is filled in the last one).  The
-fake emits one chunk per generated token, `stream_step_s` apart, and stops early - with a last chunk whose
+stand-in emits one chunk per generated token, `stream_step_s` apart, and stops early - with a last chunk whose
 finish_reason is {"type": "abort"} - when `/abort_request {"rid"}` names the request or the client disconnects.
 """
 

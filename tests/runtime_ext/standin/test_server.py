@@ -1,4 +1,4 @@
-"""The fake SGLang server itself: JSON shapes, the SGLang logprob shift, determinism, failure injection."""
+"""The stand-in SGLang server itself: JSON shapes, the SGLang logprob shift, determinism, failure injection."""
 
 from __future__ import annotations
 
@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 import requests
 
-from forerun.testing.fake_sglang_server import (
+from forerun.runtime_ext.standin.server import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,
-    fake_tokenizer,
-    FakeByteModel,
-    FakeSGLangServer,
+    ByteModel,
+    StandInServer,
+    byte_tokenizer,
 )
 
 
 @pytest.fixture()
 def srv():
-    with FakeSGLangServer() as s:
+    with StandInServer() as s:
         yield s
 
 
@@ -27,7 +27,7 @@ def _post(srv, path, body):
 
 
 def test_byte_tokenizer_roundtrip_and_partial_chars():
-    tok = fake_tokenizer()
+    tok = byte_tokenizer()
     ids = tok.encode("日本")
     assert ids[0] == BOS_ID and len(ids) == 7
     assert tok.decode(ids, skip_special_tokens=True) == "日本"
@@ -36,7 +36,7 @@ def test_byte_tokenizer_roundtrip_and_partial_chars():
 
 
 def test_model_distributions_are_normalised():
-    m = FakeByteModel()
+    m = ByteModel()
     prefix = [BOS_ID, 5, 6]
     for lp in (m.logp0(prefix), m.logq(prefix, 0.5), m.sampling_logprobs(prefix, 1.3, top_k=7),
                m.sampling_logprobs(prefix, 1.0, top_p=0.6)):
@@ -102,9 +102,9 @@ def test_batched_generate_and_text_input(srv):
 
 
 def test_stop_on_eos_unless_ignored():
-    m = FakeByteModel()
+    m = ByteModel()
     m.table[:, EOS_ID] = 50.0  # EOS always wins
-    with FakeSGLangServer(model=m) as srv:
+    with StandInServer(model=m) as srv:
         out = _post(srv, "/generate", {"input_ids": [BOS_ID, 1], "sampling_params": {"max_new_tokens": 5}}).json()
         assert out["output_ids"] == [EOS_ID]
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS_ID}
@@ -127,7 +127,7 @@ def test_cache_metrics_and_flush(srv):
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 4
     assert _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 9]}).json()["meta_info"]["cached_tokens"] == 2
     text = requests.get(srv.url + "/metrics", timeout=5).text
-    assert 'sglang:cached_tokens_total{model_name="forerun-fake-byte-model"} 6.0' in text
+    assert 'sglang:cached_tokens_total{model_name="forerun-standin-byte-model"} 6.0' in text
     assert _post(srv, "/flush_cache", {}).status_code == 200
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
 

@@ -1,4 +1,4 @@
-"""The HTTP side of `FakeSGLangServer`: routes, SGLang's status codes and error bodies, failure injection."""
+"""The HTTP side of `StandInServer`: routes, SGLang's status codes and error bodies, failure injection."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .fake_sessions import SchedulerCrash
-from .fake_stream import write_event_stream
+from .sessions import SchedulerCrash
+from .stream import write_event_stream
 
 
 class HTTPError(Exception):
@@ -20,11 +20,11 @@ class HTTPError(Exception):
 
 
 class Handler(BaseHTTPRequestHandler):
-    """Answers like SGLang 0.5.23's http_server.py for the routes forerun uses (`fake` is set by `make_handler`)."""
+    """Answers like SGLang 0.5.23's http_server.py for the routes forerun uses (`standin` is set by `make_handler`)."""
 
     protocol_version = "HTTP/1.1"
-    fake: Any
-    """The `FakeSGLangServer` whose routes this handler answers (duck-typed: this module sits below it)."""
+    standin: Any
+    """The `StandInServer` whose routes this handler answers (duck-typed: this module sits below it)."""
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -59,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def _dispatch(self, method: str) -> None:
-        server = self.fake
+        server = self.standin
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query)
         try:
@@ -76,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
                 with server.lock:
                     server.routing_counts[key] = server.routing_counts.get(key, 0) + 1
                 self._generate(body)
-            elif path == "/forerun_fake/routing":
+            elif path == "/forerun_standin/routing":
                 with server.lock:
                     counts = dict(server.routing_counts)
                 self._send(200, {"url": server.url, "counts": counts})
@@ -109,7 +109,7 @@ class Handler(BaseHTTPRequestHandler):
     def _flush(self, timeout_s: float) -> None:
         """SGLang flushes only when no request runs or waits; `?timeout=` defers the flush until idle
         (flush_wrapper.py), else the answer is 400 with the scheduler's message."""
-        server = self.fake
+        server = self.standin
         deadline = time.monotonic() + max(0.0, timeout_s)
         while server.in_flight() > 0:
             if time.monotonic() >= deadline:
@@ -127,18 +127,18 @@ class Handler(BaseHTTPRequestHandler):
         if "capacity_of_str_len" not in body:
             raise HTTPError(422, "capacity_of_str_len: field required")
         sid = body.get("session_id") or uuid.uuid4().hex
-        if not self.fake.sessions.open(sid, int(body["capacity_of_str_len"])):
+        if not self.standin.sessions.open(sid, int(body["capacity_of_str_len"])):
             raise HTTPError(400, "Failed to open the session. Check if a session with the same id is still open.")
         self._send(200, sid)
 
     def _close_session(self, body: dict[str, Any]) -> None:
         sid = body.get("session_id")
-        if not self.fake.sessions.close(sid):
+        if not self.standin.sessions.close(sid):
             raise HTTPError(400, f"session id {sid} does not exist")
         self._send(200, b"", "text/plain")
 
     def _generate(self, body: Any) -> None:
-        server = self.fake
+        server = self.standin
         mode = server.take_failure()
         if mode in ("500", "429", "400", "503"):
             raise HTTPError(int(mode), f"injected failure {mode}")
@@ -168,4 +168,4 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_handler(server: Any) -> type[BaseHTTPRequestHandler]:
-    return type("FakeSGLangHandler", (Handler,), {"fake": server})
+    return type("StandInHandler", (Handler,), {"standin": server})

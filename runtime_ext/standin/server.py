@@ -1,11 +1,12 @@
-"""A fake SGLang 0.5.23 HTTP server for tests: the same JSON, a tiny deterministic numpy "model".
+"""The stand-in SGLang 0.5.23 HTTP server: the same JSON, a tiny deterministic numpy "model" (not SGLang).
 
-The real server cannot run on CPU machines, so `SGLangServerBackend` is tested against this stand-in.
+The real server cannot run on CPU machines, so `SGLangServerBackend` is tested against this stand-in and
+`forerun bench scaleout` runs it as its simulated GPU workers (`python -m forerun.runtime_ext.standin.server`).
 It speaks the request/response shapes of `srt/entrypoints/http_server.py` and
 `srt/managers/tokenizer_manager.py` for the fields forerun uses (the contract test checks them against
-SGLang's own models), with outputs a test can recompute exactly from `FakeByteModel` (`fake_model`):
+SGLang's own models), with outputs a test can recompute exactly from `ByteModel` (`byte_model`):
 
-    SGLang                                fake
+    SGLang                                stand-in
     output_token_logprobs                 [log q_τ(y_t), y_t, text] (log_softmax(z / τ), before top-k/top-p)
     input_token_logprobs                  SGLang shift: entry 0 is [None, x_s, text] for s = logprob_start_len,
                                           then [log p0(x_j | x_<j), x_j, text] for j > s; none at all for
@@ -13,7 +14,7 @@ SGLang's own models), with outputs a test can recompute exactly from `FakeByteMo
                                           length) or s = len(prompt); s > len(prompt) is refused (HTTP 400)
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1 ([] when none)
-    cached_tokens                         longest prefix of the prompt already in the fake's PrefixTrie
+    cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie
 
 The server's modes, as SGLang's:
     deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when a
@@ -21,7 +22,7 @@ The server's modes, as SGLang's:
                                           "pytorch"); False: every request draws fresh noise whatever its seed
                                           (backend "flashinfer")
     /flush_cache                          400 while a /generate runs; `?timeout=S` waits up to S s for idle
-    sessions (`fake_sessions`)            history of session_params.rid prepended, BOS of the new turn stripped;
+    sessions (`sessions`)                 history of session_params.rid prepended, BOS of the new turn stripped;
                                           a session abort (unknown rid, ...) is HTTP 400 with SGLang's message
                                           (its abort status 400 becomes a ValueError: tokenizer_manager.py
                                           L1917-1918); replace=True without rid on a non-empty session crashes
@@ -35,9 +36,9 @@ The server's modes, as SGLang's:
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
 POST /open_session, POST /close_session, GET /metrics (Prometheus text), POST /abort_request; a /generate
-with `"stream": true` answers with SGLang's server-sent events (`fake_stream`).
+with `"stream": true` answers with SGLang's server-sent events (`stream`).
 
-Failure injection (`FakeSGLangServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
+Failure injection (`StandInServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
 "disconnect" (the connection is closed without a response), "hang" (no answer until the client gives
 up or the server stops), "nan" (a NaN logprob, written as null as SGLang's orjson does).
@@ -57,26 +58,26 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .fake_http import HTTPError, make_handler
-from .fake_model import (
+from .byte_model import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,
-    FakeByteModel,
-    FakeGeneration,
-    FakeSampling,
+    ByteModel,
+    Generation,
     PrefixTrie,
-    fake_generate,
-    fake_tokenizer,
+    Sampling,
+    byte_tokenizer,
+    generate,
 )
-from .fake_sessions import FakeSessions, SchedulerCrash
+from .routes import HTTPError, make_handler
+from .sessions import SchedulerCrash, Sessions
 
-__all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "FakeByteModel", "FakeSGLangServer", "fake_tokenizer",
+__all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
 
 FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang", "nan")
 PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
-"""The environment switch of the real plugin (`runtime_ext/backends/sglang_plugin.py`); the fake's CLI reads it too."""
+"""The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
 
@@ -87,29 +88,29 @@ class _Failure:
     times: int
 
 
-class FakeSGLangServer:
+class StandInServer:
     """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23.
 
-    Use as a context manager: `with FakeSGLangServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
+    Use as a context manager: `with StandInServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
     """
 
-    def __init__(self, *, model: FakeByteModel | None = None, plugin: bool = False, deterministic: bool = True,
+    def __init__(self, *, model: ByteModel | None = None, plugin: bool = False, deterministic: bool = True,
                  sampling_backend: str | None = None, step_s: float = 0.0,
-                 model_path: str = "forerun-fake-byte-model", tokenizer_path: str | None = None,
+                 model_path: str = "forerun-standin-byte-model", tokenizer_path: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, serial: bool = False) -> None:
-        self.model = model or FakeByteModel()
+        self.model = model or ByteModel()
         self.serial = serial
         """Serve one /generate at a time (a worker at capacity: two chains on it take twice as long)."""
         self._serial_lock = threading.Lock()
         self.host = host
         self.port = port
-        self.tokenizer = fake_tokenizer()
+        self.tokenizer = byte_tokenizer()
         self.plugin = plugin
         self.deterministic = deterministic
         self.sampling_backend = sampling_backend or ("pytorch" if deterministic else "flashinfer")
         self.step_s = step_s
         self.stream_step_s = 0.002
-        """Pause between the chunks of a streamed /generate (`fake_stream`): children start mid-stream."""
+        """Pause between the chunks of a streamed /generate (`stream`): children start mid-stream."""
         self.aborted_rids: set[str] = set()
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
@@ -119,13 +120,13 @@ class FakeSGLangServer:
         self.crashed: str | None = None
         """Why the server is down (a request real SGLang crashes on); None while it serves."""
         self.cache = PrefixTrie()
-        self.sessions = FakeSessions(BOS_ID)
+        self.sessions = Sessions(BOS_ID)
         self.counters = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "generation_tokens_total": 0,
                          "num_requests_total": 0}
         self.flushes = 0
         self.routing_counts: dict[str, int] = {}
         """/generate requests per `X-SMG-Routing-Key` header ("" without one): which chains this worker served
-        behind a gateway (`GET /forerun_fake/routing`, a test-double route; SGLang has no such route)."""
+        behind a gateway (`GET /forerun_standin/routing`, a route of the stand-in only; SGLang has no such route)."""
         self._in_flight = 0
         self._failures: list[_Failure] = []
         self.lock = threading.Lock()
@@ -138,19 +139,19 @@ class FakeSGLangServer:
     @property
     def url(self) -> str:
         if self._httpd is None:
-            raise RuntimeError("FakeSGLangServer is not started")
+            raise RuntimeError("StandInServer is not started")
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "FakeSGLangServer":
+    def start(self) -> "StandInServer":
         if self.tokenizer_path is None:
-            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="forerun-fake-tokenizer-")
+            self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="forerun-standin-tokenizer-")
             self.tokenizer.save_pretrained(self._tokenizer_dir.name)
             self.tokenizer_path = self._tokenizer_dir.name
         self._httpd = ThreadingHTTPServer((self.host, self.port), make_handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name="fake-sglang", daemon=True)
+                                        name="standin-sglang", daemon=True)
         self._thread.start()
         return self
 
@@ -165,13 +166,13 @@ class FakeSGLangServer:
             self._tokenizer_dir.cleanup()
             self._tokenizer_dir = None
 
-    def __enter__(self) -> "FakeSGLangServer":
+    def __enter__(self) -> "StandInServer":
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    # -- test controls ----------------------------------------------------------------------
+    # -- controls (tests) ----------------------------------------------------------------------
     def fail(self, mode: str, times: int = 1) -> None:
         """Make the next `times` /generate requests fail with `mode` (one of FAIL_MODES)."""
         if mode not in FAIL_MODES:
@@ -206,7 +207,7 @@ class FakeSGLangServer:
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
             "served_model_name": self.model_path,
-            "version": "0.5.23-forerun-fake",
+            "version": "0.5.23-forerun-standin",
             "enable_metrics": True,
             "enable_session_radix_cache": True,
             "enable_deterministic_inference": self.deterministic,
@@ -314,7 +315,7 @@ class FakeSGLangServer:
                                  "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
         cached = self.cache.match(ids)
-        gen = fake_generate(self.model, ids, sampling, top_logprobs_num, text_of, temps or (), self.step_s)
+        gen = generate(self.model, ids, sampling, top_logprobs_num, text_of, temps or (), self.step_s)
         self.cache.insert(list(ids) + gen.ids)
         if isinstance(session, dict) and session.get("id") is not None:
             self.sessions.finish(session["id"], rid, gen.ids)
@@ -343,7 +344,7 @@ class FakeSGLangServer:
             return None
         return [float(t) for t in custom.get("forerun_logq_temperatures") or []]
 
-    def _sampling(self, sp: dict[str, Any]) -> FakeSampling:
+    def _sampling(self, sp: dict[str, Any]) -> Sampling:
         """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
         fields = dict(
             max_new_tokens=int(sp.get("max_new_tokens", 128)),
@@ -366,9 +367,9 @@ class FakeSGLangServer:
                 seed = int(self._seed_rng.integers(0, 2**62))
         if fields["max_new_tokens"] < 0 or fields["temperature"] < 0:
             raise HTTPError(400, "max_new_tokens and temperature must be >= 0")
-        return FakeSampling(seed=seed, **fields)
+        return Sampling(seed=seed, **fields)
 
-    def _logprob_meta(self, ids: list[int], gen: FakeGeneration, logprob_start_len: int, top_logprobs_num: int,
+    def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,
                       text_of: Any) -> dict[str, Any]:
         """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries.
         logprob_start_len -1 means none (the scheduler sets it to the prompt length; module docstring)."""
@@ -403,26 +404,26 @@ def unused_port() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m forerun.testing.fake_sglang_server --port P [--enable-deterministic-inference]` (the same
+    """`python -m forerun.runtime_ext.standin.server --port P [--enable-deterministic-inference]` (the same
     flag as sglang.launch_server; other sglang flags are accepted and ignored).  The plugin is on when
     FORERUN_SGLANG_PLUGIN=1, as for the real plugin.  `--step-ms` sleeps per decode step."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="fake SGLang server (tests / launcher checks / scale-out bench)")
+    parser = argparse.ArgumentParser(description="stand-in SGLang server (tests / launcher checks / scale-out bench)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--model-path", default="forerun-fake-byte-model")
+    parser.add_argument("--model-path", default="forerun-standin-byte-model")
     parser.add_argument("--enable-deterministic-inference", action="store_true")
-    parser.add_argument("--step-ms", type=float, default=float(os.environ.get("FORERUN_FAKE_STEP_MS", "0")))
-    parser.add_argument("--serial", action="store_true", default=os.environ.get("FORERUN_FAKE_SERIAL") == "1",
+    parser.add_argument("--step-ms", type=float, default=float(os.environ.get("FORERUN_STANDIN_STEP_MS", "0")))
+    parser.add_argument("--serial", action="store_true", default=os.environ.get("FORERUN_STANDIN_SERIAL") == "1",
                         help="serve one /generate at a time (a worker at capacity)")
     args, _unknown = parser.parse_known_args(argv)
-    srv = FakeSGLangServer(host=args.host, port=args.port, model_path=args.model_path,
-                           deterministic=args.enable_deterministic_inference,
-                           plugin=os.environ.get(PLUGIN_ENV) == "1", step_s=args.step_ms / 1000.0, serial=args.serial)
+    srv = StandInServer(host=args.host, port=args.port, model_path=args.model_path,
+                        deterministic=args.enable_deterministic_inference,
+                        plugin=os.environ.get(PLUGIN_ENV) == "1", step_s=args.step_ms / 1000.0, serial=args.serial)
     srv.start()
     mode = "deterministic" if srv.deterministic else "NOT deterministic (seeds ignored)"
-    print(f"fake SGLang server on {srv.url}: {mode}, plugin {'on' if srv.plugin else 'off'}", flush=True)
+    print(f"stand-in SGLang server on {srv.url}: {mode}, plugin {'on' if srv.plugin else 'off'}", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

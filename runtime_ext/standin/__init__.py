@@ -1,0 +1,17 @@
+"""The stand-in SGLang server: an SGLang 0.5.23 HTTP server that speaks the same JSON for the routes forerun
+uses, backed by a tiny deterministic numpy model over a byte vocabulary instead of SGLang's runtime (which
+cannot run on CPU machines).  It is a stand-in, not SGLang: every number it reports can be recomputed from
+`ByteModel`.
+
+Who runs it: `forerun bench scaleout` launches it as its simulated GPU workers
+(`python -m forerun.runtime_ext.standin.server`, through `runtime_ext.launch` and FORERUN_SERVER_MODULE), and
+the test suite runs it as the server the SGLang server client is tested against.
+
+    module       responsibility
+    server       StandInServer: lifecycle, /generate (SGLang's logprob shift, seed rule, sessions, plugin
+                 keys), failure injection, the `python -m` entry point
+    routes       the HTTP handler: routes, SGLang's status codes and error bodies, failure injection
+    byte_model   ByteModel (deterministic byte-vocabulary logits and sampling), its tokenizer, the prefix cache
+    sessions     sessions, following SGLang's session controller
+    stream       server-sent events (/generate with "stream": true)
+"""

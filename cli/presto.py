@@ -75,6 +75,10 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                    help="what N_pf counts: distinct generated requests (default) or scored nodes (the paper's count)")
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
+    p.add_argument("--stream-rows", type=positive_int, default=None,
+                   help="streaming traversals: rows running at once (default: N_pf). Round-based variants keep N_pf "
+                        "requests per call, so one run compares both at their own budgets; on 2 cores 10 rows beat "
+                        "20 at n = 64 and 128 (BENCHMARKS.md)")
     p.add_argument("--row-cost", type=row_cost_arg, default=None,
                    help="streaming traversals: λ, what one more row adds to a decode step relative to the step; a row "
                         "starts only for a node worth it, P·(1 + ĥ·D) >= λ (P: its reach, D: levels below it). "
@@ -165,6 +169,8 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
     """The PreSTO settings of one variant; npf None: each sampler's default budget (`PrefetchConfig.resolved`)."""
     traversal = traversal or args.traversal
     streaming = traversal.startswith("streaming")
+    if streaming and args.stream_rows:
+        npf = args.stream_rows  # streaming's N_pf: rows at once
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
                 call_overhead=None if streaming else args.call_overhead,
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))

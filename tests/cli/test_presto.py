@@ -268,6 +268,23 @@ def test_row_cost_reaches_the_streaming_variants(capsys):
     assert meta["row_cost"] == pytest.approx(_lambda_of(meta["cost_model"]["fit"]))
 
 
+def test_stream_rows_caps_only_the_streaming_variants(capsys):
+    """--stream-rows is streaming's own N_pf (rows at once), so one run compares round-based PreSTO at N_pf requests
+    per call with streaming at fewer rows: no window of the streaming chains ever holds more rows, the round-based
+    row keeps --npf, and the chains stay identical; without a streaming traversal the flag is refused."""
+    base = ["bench", "presto", "--model", "tiny", "--prompts", "2", "--n", "10", "--K", "8", "--npf", "8",
+            "--no-cost-model", "--json"]
+    assert main(base + ["--traversals", "bfs", "streaming", "--stream-rows", "2"]) == 0
+    rows = {r["traversal"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["bfs"]["npf"] == 8 and rows["streaming"]["npf"] == 2
+    assert rows["streaming"]["streaming"]["max_rows"] == 2
+    assert all(r["identical_chains"] == 2 for r in rows.values())
+    assert main(base + ["--traversals", "streaming"]) == 0  # without the flag: N_pf rows
+    assert json.loads(capsys.readouterr().out)["rows"][0]["streaming"]["max_rows"] > 2
+    assert main(base + ["--traversals", "bfs", "--stream-rows", "2"]) == 2
+    assert "--stream-rows applies only to the streaming traversals" in capsys.readouterr().err
+
+
 def _lambda_of(fit):
     """b/a of the step-time fit (0 where a loaded machine fits a ≤ 0 or b < 0)."""
     return max(fit["b_s"], 0.0) / fit["a_s"] if fit["a_s"] > 0 else 0.0

@@ -10,19 +10,11 @@ from typing import Any
 from ...programs.prompts import chat_prompt_ids
 from ..graders import grade
 from . import forced as forced_pass
+from .eos import cut_at_eos
 from .methods import EvalSettings, MethodRunner
 from .runs import WorkItem
 from ..graders.sandbox import isolation_report
 from ...runtime_ext.protocol import EngineError
-
-
-def cut_at_eos(ids: list[int], eos_token_ids: tuple[int, ...]) -> list[int]:
-    """The response up to and including its first EOS: what every method is graded on (a fixed-horizon MH chain
-    may run past it)."""
-    for i, t in enumerate(ids):
-        if t in eos_token_ids:
-            return list(ids[: i + 1])
-    return list(ids)
 
 
 class ItemRunner:

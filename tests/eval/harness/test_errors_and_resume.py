@@ -81,7 +81,7 @@ def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, capsys):
 
 
 def test_graded_text_stops_at_the_first_eos_and_the_header_records_the_horizon(tmp_path, capsys):
-    from forerun.eval.harness.items import cut_at_eos
+    from forerun.eval.harness.eos import cut_at_eos
 
     assert cut_at_eos([5, 7, 2, 9, 2], (2,)) == [5, 7, 2] and cut_at_eos([5, 7], (2,)) == [5, 7]
     run = tmp_path / "run.jsonl"

@@ -354,12 +354,9 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             self._finish(r, {"type": "abort", "message": "aborted before it started"})
         for batch in (self._normal, self._background):
             gone = [r for r in batch.rows if r.aborted]
-            if gone:
-                for r in gone:  # its KV into the tree, as a finished row's: a request that resumes it is a hit
-                    release_reservation(self.radix, r)
-                    if r.output_ids and len(r.input_ids) + len(r.output_ids) - 1 == r.kv_len:
-                        self._cache_finished(batch, r)
-                batch.leave(gone)
+            if gone:  # its KV into the tree, as a finished row's: a request that resumes it is a hit
+                self._leave(batch, [(r, bool(r.output_ids) and len(r.input_ids) + len(r.output_ids) - 1 == r.kv_len)
+                                    for r in gone])
                 for r in gone:
                     self._finish(r, {"type": "abort", "message": "aborted"})
 
@@ -470,16 +467,20 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
 
     def _retire(self, batch: RunningBatch, finished: Sequence[Finished]) -> None:
         """Cache the finished rows' KV, take them out of the batch, then finish or fail each."""
-        for r, _, err in finished:
-            release_reservation(self.radix, r)  # the row's KV moves into the tree (as far as it fits)
-            if err is None:
-                self._cache_finished(batch, r)
-        batch.leave([r for r, _, _ in finished])
+        self._leave(batch, [(r, err is None) for r, _, err in finished])
         for r, reason, err in finished:
             if err is not None:
                 self._fail(r, err)
             else:
                 self._finish(r, reason)
+
+    def _leave(self, batch: RunningBatch, rows: Sequence[tuple[Request, bool]]) -> None:
+        """Rows leave the batch: reservations released, KV into the tree where asked (as far as it fits)."""
+        for r, cache in rows:
+            release_reservation(self.radix, r)
+            if cache:
+                self._cache_finished(batch, r)
+        batch.leave([r for r, _ in rows])
 
     def _cache_finished(self, batch: RunningBatch, r: Request) -> None:
         """Insert prompt + output KV (all fed tokens) into the radix tree; move the request's lock there."""

@@ -150,7 +150,6 @@ class EngineStreams:
         suffix = suffix_from_meta(e.output.meta_info, req, self.temperatures, self.require_entropy)
         return RowUpdate(e.rid, tuple(int(t) for t in suffix.ids), suffix=suffix)
 
-
     def _partial(self, e: RowEvent, req: SuffixRequest | None) -> Suffix | None:
         """The tokens an aborted row generated, as a Suffix, when its output carries their quantities."""
         if req is None or e.output is None or not e.output_ids or len(e.output_ids) >= req.max_tokens:

@@ -242,7 +242,8 @@ class _BlockRun:
                 self.park(row, u.partial)
                 self.dirty = True
                 continue
-            ids = row.ids[: row.first] + tuple(u.ids)  # a resumed row's ids begin with the resumed part
+            # a resumed row's ids begin with its resumed part; the others are the engine's as they are
+            ids = u.ids if not row.first else row.ids[: row.first] + tuple(u.ids)
             window.row_steps += max(len(ids) - len(row.ids), 0)
             row.ids = ids
             if u.suffix is not None:

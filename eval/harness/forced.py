@@ -64,8 +64,9 @@ def forced_answer_for(category: str) -> ForcedAnswer | None:
 def forced_prefix(prompt_ids: Sequence[int], response_ids: Sequence[int], eos_token_ids: Sequence[int],
                   forcing_ids: Sequence[int]) -> list[int]:
     """The ids the forced pass continues: the prompt, the response before its first EOS, the forcing text."""
-    kept = cut_at_eos(response_ids, eos_token_ids)
-    if kept and kept[-1] in {int(t) for t in eos_token_ids}:
+    eos = {int(t) for t in eos_token_ids}
+    kept = cut_at_eos(response_ids, eos)
+    if kept and kept[-1] in eos:
         kept.pop()  # the EOS itself
     return [*(int(t) for t in prompt_ids), *kept, *(int(t) for t in forcing_ids)]
 

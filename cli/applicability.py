@@ -48,6 +48,8 @@ def prefetch_rules(args: argparse.Namespace, traversals: list[str], presto: bool
     """The PreSTO options: only for a PreSTO variant, and each only where its traversal or budget unit uses it."""
     pre = "applies only with --presto"
     request_unit = (args.budget_unit or "request") == "request"
+    streaming = presto and any(t.startswith("streaming") for t in traversals)
+    only_streaming = "applies only to the streaming traversals (--traversal streaming or streaming-predictive)"
     return [
         ("--traversal", args.traversal is not None, presto, pre),
         ("--budget-unit", args.budget_unit is not None, presto, pre),
@@ -56,11 +58,8 @@ def prefetch_rules(args: argparse.Namespace, traversals: list[str], presto: bool
          "applies only with --presto and --budget-unit request"),
         ("--call-overhead", args.call_overhead is not None, presto and "predictive" in traversals and request_unit,
          "applies only to the round-based predictive rule (--traversal predictive) with --budget-unit request"),
-        ("--stream-rows", getattr(args, "stream_rows", None) is not None,
-         presto and any(t.startswith("streaming") for t in traversals),
-         "applies only to the streaming traversals (--traversal streaming or streaming-predictive)"),
-        ("--row-cost", getattr(args, "row_cost", None) is not None, presto and any(t.startswith("streaming") for t in traversals),
-         "applies only to the streaming traversals (--traversal streaming or streaming-predictive)"),
+        ("--stream-rows", getattr(args, "stream_rows", None) is not None, streaming, only_streaming),
+        ("--row-cost", getattr(args, "row_cost", None) is not None, streaming, only_streaming),
         ("--classifier", args.classifier is not None, presto and any(t in PREDICTIVE_TRAVERSALS for t in traversals),
          "applies only with a predictive traversal (--traversal predictive or streaming-predictive)"),
     ]

@@ -12,6 +12,11 @@ With `share_prefix` (the native forward reads KV segments in place) a row joins 
 prefix: the buffer holds only what the row computes itself, and rows forked from one root read the root's
 KV from the same memory.  Without it (transformers' forward needs all keys in the buffer) the prefix is
 copied into the row (prefix_len = 0).
+
+A buffer's memory is recycled (`SpareKV`): the buffer a rebuild or the last leaving row releases is kept for the
+next one that fits in it.  A fresh buffer of tens of MB costs a page fault per 4 KiB page on first touch (on a
+2-core VM, 2026-12-03: 50 ms for a 6-row buffer, 110 ms for 20 rows, 7 % of a 64-token batch's time); a recycled
+one none.  With share_prefix nothing is zeroed: the native forward reads only each row's own columns.
 """
 
 from __future__ import annotations
@@ -20,8 +25,43 @@ from typing import Sequence
 
 import torch
 
-from .forward import TOKEN_AXIS, copy_segments, empty_kv_buffer
+from .forward import TOKEN_AXIS, copy_segments
 from .requests import Request
+
+
+class SpareKV:
+    """At most one released KV buffer's memory (flat), handed to the next buffer that fits in it."""
+
+    def __init__(self) -> None:
+        self.flat: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.flat is None else int(self.flat.nbytes)
+
+    def give(self, flat: torch.Tensor | None) -> None:
+        """Keep `flat` if it is larger than the memory kept now."""
+        if flat is not None and flat.numel() > (0 if self.flat is None else self.flat.numel()):
+            self.flat = flat
+
+    def take(self, template: torch.Tensor, rows: int, cap: int, *, zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(buffer [layers, 2, rows, kv_heads, cap, head_dim] shaped like template [layers, 2, H, 0, D], its flat
+        memory): the kept memory when it is large enough and of the dtype, else new memory; zeroed if `zero`."""
+        L, _, H, _, D = template.shape
+        shape = (L, 2, rows, H, cap, D)
+        numel = L * 2 * rows * H * cap * D
+        flat = self.flat
+        if flat is not None and flat.numel() >= numel and flat.dtype == template.dtype:
+            self.flat = None
+        else:
+            flat = torch.empty(numel, dtype=template.dtype)
+        buf = flat[:numel].view(shape)
+        if zero:
+            buf.zero_()
+        return buf, flat
+
+    def drop(self) -> None:
+        self.flat = None
 
 
 class RunningBatch:
@@ -33,12 +73,15 @@ class RunningBatch:
     join or a finish copies one row, not the whole batch.
     """
 
-    def __init__(self, template: torch.Tensor, max_rows: int, *, share_prefix: bool = False) -> None:
+    def __init__(self, template: torch.Tensor, max_rows: int, *, share_prefix: bool = False,
+                 spare: SpareKV | None = None) -> None:
         self.template = template
         self.max_rows = max_rows
         self.share_prefix = share_prefix
+        self.spare = spare if spare is not None else SpareKV()
         self.rows: list[Request] = []
         self.buf: torch.Tensor | None = None
+        self._flat: torch.Tensor | None = None  # buf's memory
         self.end = 0
         self.rebuilds = 0
 
@@ -56,13 +99,14 @@ class RunningBatch:
         rows = list(keep) + [r for r, _ in add]
         self.rebuilds += 1
         if not rows:
-            self.rows, self.buf, self.end = [], None, 0
+            self._drop_buffer()
+            self.rows = []
             return
         end = max(max(own(r) for r in keep) if keep else 0,
                   max((own_after_join(r, segs, self.share_prefix) for r, segs in add), default=0))
         cap = end + max(r.remaining for r in rows) + 1
         row_cap = min(max(len(rows), self.max_rows), len(rows) + max(4, len(rows) // 2))
-        buf = empty_kv_buffer(self.template, row_cap, cap)
+        buf, flat = self.spare.take(self.template, row_cap, cap, zero=not self.share_prefix)
         if keep:
             assert self.buf is not None
             index = {id(r): i for i, r in enumerate(self.rows)}
@@ -70,7 +114,8 @@ class RunningBatch:
                 j, n = index[id(r)], own(r)
                 if n:
                     buf[:, :, i, :, end - n : end] = self.buf[:, :, j, :, self.end - n : self.end]
-        self.rows, self.buf, self.end = list(keep), buf, end
+        self.spare.give(self._flat)
+        self.rows, self.buf, self._flat, self.end = list(keep), buf, flat, end
         for r, segs in add:
             self._write_row(len(self.rows), r, segs)
             self.rows.append(r)
@@ -119,11 +164,15 @@ class RunningBatch:
             else:
                 i += 1
         if not self.rows:
-            self.buf, self.end = None, 0
+            self._drop_buffer()
             return
         longest = max(own(r) for r in self.rows)
         if self.end - longest > max(64, self.end // 2):
             self.rebuild(self.rows, [])
+
+    def _drop_buffer(self) -> None:
+        self.spare.give(self._flat)
+        self.buf, self._flat, self.end = None, None, 0
 
     def ensure_step_room(self) -> None:
         assert self.buf is not None
@@ -159,6 +208,12 @@ class RunningBatch:
         assert self.buf is not None
         i = self.rows.index(r)
         return self.buf[:, :, i, :, self.end - own(r) : self.end]
+
+
+def batch_pair(template: torch.Tensor, max_rows: int, *, share_prefix: bool) -> tuple[RunningBatch, RunningBatch]:
+    """The engine's two batches (normal and background), recycling buffer memory through one SpareKV."""
+    spare = SpareKV()
+    return tuple(RunningBatch(template, max_rows, share_prefix=share_prefix, spare=spare) for _ in range(2))
 
 
 def own(r: Request) -> int:

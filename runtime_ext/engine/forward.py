@@ -3,6 +3,7 @@
     notion                                        code
     KV segment [layers, 2, kv_heads, tokens, D]   TOKEN_AXIS = 3 (the radix tree's token axis)
     KV buffer [layers, 2, rows, kv_heads, cap, D] empty_kv_buffer(template, rows, cap), copy_segments
+    KV (or logits) free of NaN / inf              all_finite(t)
     transformers cache over a buffer              buffer_cache(buf, length) -> Cache of BufferLayer
     one forward (true positions, pad mask)        forward_on_buffer(model, buf, length, ...)
     batch-invariant kernels (switch per thread)   install_engine_kernels(model); batch_invariant=True
@@ -86,6 +87,15 @@ def empty_kv_buffer(template: torch.Tensor, rows: int, cap: int) -> torch.Tensor
     """A zeroed [layers, 2, rows, kv_heads, cap, head_dim] buffer shaped like template [layers, 2, H, 0, D]."""
     L, _, H, _, D = template.shape
     return torch.zeros((L, 2, rows, H, cap, D), dtype=template.dtype)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of t is finite, read once with no temporary tensor: a NaN or an infinity makes the
+    sum NaN or infinite.  (torch.isfinite(t).all() allocates two tensors of t's size: on the engine's thread,
+    each costs a page fault per 4 KiB page, measured 3-14 ms per finished row of 64 tokens on a 2-core VM.)
+    Conservative: a sum that overflows although every element is finite reads as False, which only KV of
+    magnitude ~1e38 / t.numel() could cause."""
+    return bool(torch.isfinite(t.sum()))
 
 
 def copy_segments(buf: torch.Tensor, slot: int, start: int, segments: Sequence[torch.Tensor]) -> int:

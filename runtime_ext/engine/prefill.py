@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..protocol import EngineError
-from .forward import copy_segments, empty_kv_buffer
+from .forward import all_finite, copy_segments, empty_kv_buffer
 from .output import top_entries
 from .radix_cache import RadixCache
 from .requests import Request, RequestMode
@@ -106,7 +106,7 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
         new_kv = buf[:, :, 0, :, m:need]
     counters["prefill_tokens"] += need - m
     counters["prefill_calls"] += 1
-    if not bool(torch.isfinite(logits).all()) or not bool(torch.isfinite(new_kv).all()):
+    if not all_finite(logits) or not all_finite(new_kv):
         raise EngineError(f"request {r.rid}: the model produced NaN/inf logits or KV during prefill")
     node, covered = radix.insert(ids[:need], new_kv, offset=m)
     radix.lock(node)

@@ -40,9 +40,9 @@ from ..protocol import EngineError, GenerateOutput, SamplingParams
 from ..shutdown import close_at_exit
 from .admission import check_fits_budget, take_admissible
 from .admission import release as release_reservation
-from .batch import RunningBatch
+from .batch import RunningBatch, batch_pair
 from .config import EngineConfig
-from .forward import TOKEN_AXIS, forward_on_buffer, plan_forward
+from .forward import TOKEN_AXIS, all_finite, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
 from .grammar import EngineGrammars
@@ -81,8 +81,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         self._commands: deque[tuple[Callable[[], Any], Request]] = deque()
         self._by_rid: dict[str, Request] = {}
         share = self.plan.lean is not None  # the native forward reads cached prefixes in place
-        self._normal = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
-        self._background = RunningBatch(self._template, config.max_batch_size, share_prefix=share)
+        self._normal, self._background = batch_pair(self._template, config.max_batch_size, share_prefix=share)
         self._pins: dict[int, RadixNode] = {}
         self._yielding: dict[int, RadixNode] = {}
         """Pins taken at priority < 0, oldest first: dropped when a normal request needs their room."""
@@ -139,9 +138,10 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         return self._wait(req)
 
     def flush_cache(self) -> None:
-        """Drop every cached prefix that no running request or pin uses."""
+        """Drop every cached prefix that no running request or pin uses, and the kept memory of a batch buffer."""
         def run() -> None:
             self.radix.evict(self.radix.total_tokens)
+            self._normal.spare.drop()  # shared with the background batch
 
         self._command(run)
 
@@ -436,7 +436,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         """LOGITS: the raw logits at the last prompt position (float64 copy)."""
         assert kv.logits is not None
         last = kv.logits[-1]
-        if not bool(torch.isfinite(last).all()):
+        if not all_finite(last):
             raise EngineError(f"request {r.rid}: NaN/inf logits")
         self._release(r)
         r.result = last.to(torch.float64).numpy().copy()
@@ -487,7 +487,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         seq = r.input_ids + tuple(r.output_ids[:-1])
         assert len(seq) == r.kv_len
         kv = batch.row_kv(r)  # tokens [prefix_len, kv_len): the row's own KV
-        if not bool(torch.isfinite(kv[:, :, :, -len(r.output_ids):]).all()):
+        if not all_finite(kv[:, :, :, -len(r.output_ids):]):
             return
         try:
             node, _ = self.radix.insert(seq, kv, offset=r.prefix_len)

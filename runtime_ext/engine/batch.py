@@ -46,14 +46,14 @@ class SpareKV:
 
     def take(self, template: torch.Tensor, rows: int, cap: int, *, zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(buffer [layers, 2, rows, kv_heads, cap, head_dim] shaped like template [layers, 2, H, 0, D], its flat
-        memory): the kept memory when it is large enough and of the dtype, else new memory; zeroed if `zero`."""
+        memory): the kept memory when it is large enough and of the dtype, else new memory; zeroed if `zero`.
+        Nothing is kept after a take, so the engine holds at most one buffer's memory beyond its batches'."""
         L, _, H, _, D = template.shape
         shape = (L, 2, rows, H, cap, D)
         numel = L * 2 * rows * H * cap * D
-        flat = self.flat
-        if flat is not None and flat.numel() >= numel and flat.dtype == template.dtype:
-            self.flat = None
-        else:
+        flat, self.flat = self.flat, None
+        if flat is None or flat.numel() < numel or flat.dtype != template.dtype:
+            del flat  # kept memory that does not fit is freed before the new memory is allocated
             flat = torch.empty(numel, dtype=template.dtype)
         buf = flat[:numel].view(shape)
         if zero:

@@ -29,8 +29,9 @@ def test_spare_memory_is_reused_when_it_fits_and_only_then():
     other, other_flat = spare.take(TEMPLATE, rows=2, cap=7, zero=False)  # nothing kept now: new memory
     assert other_flat is not flat
     spare.give(flat)
-    big, big_flat = spare.take(TEMPLATE, rows=6, cap=7, zero=False)  # larger than the kept memory: new
-    assert big_flat is not flat and spare.flat is flat
+    big, big_flat = spare.take(TEMPLATE, rows=6, cap=7, zero=False)  # larger than the kept memory: new memory,
+    assert big_flat is not flat and spare.flat is None  # and the kept memory is let go (peak memory bounded)
+    spare.give(flat)
     spare.give(other_flat)  # smaller than what is kept: ignored
     assert spare.flat is flat
     spare.give(big_flat)  # larger: replaces it

@@ -21,11 +21,12 @@ one none.  With share_prefix nothing is zeroed: the native forward reads only ea
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
-from .forward import TOKEN_AXIS, copy_segments
+from .forward import TOKEN_AXIS, copy_segments, kv_buffer_shape
 from .requests import Request
 
 
@@ -48,9 +49,8 @@ class SpareKV:
         """(buffer [layers, 2, rows, kv_heads, cap, head_dim] shaped like template [layers, 2, H, 0, D], its flat
         memory): the kept memory when it is large enough and of the dtype, else new memory; zeroed if `zero`.
         Nothing is kept after a take, so the engine holds at most one buffer's memory beyond its batches'."""
-        L, _, H, _, D = template.shape
-        shape = (L, 2, rows, H, cap, D)
-        numel = L * 2 * rows * H * cap * D
+        shape = kv_buffer_shape(template, rows, cap)
+        numel = math.prod(shape)
         flat, self.flat = self.flat, None
         if flat is None or flat.numel() < numel or flat.dtype != template.dtype:
             del flat  # kept memory that does not fit is freed before the new memory is allocated

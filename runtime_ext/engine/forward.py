@@ -2,7 +2,7 @@
 
     notion                                        code
     KV segment [layers, 2, kv_heads, tokens, D]   TOKEN_AXIS = 3 (the radix tree's token axis)
-    KV buffer [layers, 2, rows, kv_heads, cap, D] empty_kv_buffer(template, rows, cap), copy_segments
+    KV buffer [layers, 2, rows, kv_heads, cap, D] kv_buffer_shape, empty_kv_buffer(template, rows, cap), copy_segments
     KV (or logits) free of NaN / inf              all_finite(t)
     transformers cache over a buffer              buffer_cache(buf, length) -> Cache of BufferLayer
     one forward (true positions, pad mask)        forward_on_buffer(model, buf, length, ...)
@@ -83,10 +83,15 @@ def buffer_cache(buf: torch.Tensor, length: int) -> Cache:
     return Cache(layers=[BufferLayer(buf[l, 0], buf[l, 1], length) for l in range(buf.shape[0])])
 
 
-def empty_kv_buffer(template: torch.Tensor, rows: int, cap: int) -> torch.Tensor:
-    """A zeroed [layers, 2, rows, kv_heads, cap, head_dim] buffer shaped like template [layers, 2, H, 0, D]."""
+def kv_buffer_shape(template: torch.Tensor, rows: int, cap: int) -> tuple[int, ...]:
+    """[layers, 2, rows, kv_heads, cap, head_dim] of a buffer shaped like template [layers, 2, H, 0, D]."""
     L, _, H, _, D = template.shape
-    return torch.zeros((L, 2, rows, H, cap, D), dtype=template.dtype)
+    return (L, 2, rows, H, cap, D)
+
+
+def empty_kv_buffer(template: torch.Tensor, rows: int, cap: int) -> torch.Tensor:
+    """A zeroed buffer of kv_buffer_shape(template, rows, cap) in the template's dtype."""
+    return torch.zeros(kv_buffer_shape(template, rows, cap), dtype=template.dtype)
 
 
 def all_finite(t: torch.Tensor) -> bool:

@@ -8,7 +8,8 @@
 //                         (t8[l] = a[l] + a[l+8], t4[l] = t8[l] + t8[l+4], t2[l] = t4[l] + t4[l+2], t2[0] + t2[1]).
 //   linear y = x W^T + b  per (row, output feature) ONE fused multiply-add chain over k = 0, 1, ..., K-1 in order,
 //                         y = fma(x[k], w[k], y) from y = +0, then + b; the weights are read ONCE per call for all
-//                         rows (a panel of output features stays in L2 while every row tile visits it).
+//                         rows (a block of K steps of a few panels stays in L1 while every row tile visits it;
+//                         a chain pauses at the block's end with its value stored in y and resumes from it).
 //   attention             per query over exactly its own keys [row_start, position]; scores by dot(), softmax
 //                         with exp_det() and a sequential double sum, output = sequential fma over the keys.
 //   exp_det(x)            one fixed polynomial (Cephes expf), the same operations in the vector and scalar code.
@@ -305,8 +306,11 @@ inline V16 exp_det(V16 x) {
   const V16 r2 = vmul(r, r);
   p = vfma(p, r2, r);
   p = vadd(p, vset1(1.0f));
-  // n is clamped so that the exponent bits stay valid in the lanes that are replaced below
-  V16 y = vmul(p, vpow2(vmax(vmin(n, vset1(127.0f)), vset1(-126.0f))));
+  // n is clamped so that the exponent bits stay valid in the lanes that are replaced below, and is 0 in the lanes
+  // that become 0: there p * 2^-126 would be a subnormal, and an instruction producing one costs a microcode assist
+  // on Intel cores (~100 cycles each; most of a vocabulary's lanes at tau = 1/4: `draw` of 20 rows took 1.7 ms
+  // instead of 0.3, measured 2026-12-04).  Either way those lanes are replaced: the same bits.
+  V16 y = vmul(p, vpow2(vmax(vmin(vselect(small, vzero(), n), vset1(127.0f)), vset1(-126.0f))));
   y = vselect(small, vzero(), y);
   y = vselect(big, vset1(std::numeric_limits<float>::infinity()), y);
   return vselect(nan, x, y);
@@ -315,27 +319,37 @@ inline V16 exp_det(V16 x) {
 // Fully unrolled small loops: the tiles' accumulator indices must be constants for GCC to keep them in registers.
 #define FR_UNROLL _Pragma("GCC unroll 16")
 
-// A tile of linear: R rows against NP consecutive panels (w = the first one's, K x 16 weights each), R x NP
+// A tile of linear: R rows against NP consecutive panels (panel q's weights at w + q * ps), K steps, R x NP
 // accumulators; lane j of acc[r][q] is the chain of row r and feature 16 q + j of the tile.  Per step k: NP weight
-// vectors, R broadcasts of x[r][k], R x NP fmas.  Only the first fn features are stored.
-// PREFETCH: step k also prefetches NP cache lines of a slice of weights that a later tile will read, starting at
-// `pf`, line group (k * rate) >> 16 (`rate` = line groups per step in 1/65536ths, so K steps cover the slice evenly),
+// vectors, R broadcasts of x[r][k], R x NP fmas.  Only the first fn features are stored.  With `cont` the chains
+// continue from the values in y (the previous K block's, stored as they were: the same bits as one long chain).
+// PREFETCH: step k also prefetches line (k * rate) >> 16 of each of the NP panels' slices of weights that a later
+// tile will read, starting at `pf` (`rate` = lines per step in 1/65536ths, so K steps cover the slice evenly),
 // into L2, not L1: the slices of a unit add up to more than L1 holds, and prefetched into L1 they evicted the lines
 // the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 41.9 ms of matrix products with T0, 29.2 with T1).
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
 template <int R, int NP, typename W, bool PREFETCH>
-__attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
-                                    const char* pf, int64_t rate) {
-  const int64_t ps = K * PANEL;  // panel q of the tile starts at w + q * ps
+__attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
+                                    int64_t ldy, int fn, const char* pf, int64_t rate) {
   V16 acc[R][NP];
-  FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vzero();
+  if (cont) {
+    FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) {
+      const int left = fn - q * PANEL;
+      acc[r][q] = left >= PANEL ? vload(y + r * ldy + q * PANEL)
+                  : left > 0    ? vload(y + r * ldy + q * PANEL, vfirst(left))
+                                : vzero();
+    }
+  } else {
+    FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vzero();
+  }
+  const int64_t psb = ps * static_cast<int64_t>(sizeof(W));
   // K >= 1.  A do-while, not a for: with a loop that may run zero times, GCC 12 stored every accumulator to the
   // stack on every step (2.5-3x slower; seen with objdump).
   int64_t k = 0;
   do {
     if constexpr (PREFETCH)
-      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf + (((k * rate) >> 16) * NP + q) * 64, _MM_HINT_T1);
+      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf + q * psb + ((k * rate) >> 16) * 64, _MM_HINT_T1);
     V16 b[NP];
     FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
     FR_UNROLL for (int r = 0; r < R; ++r) {
@@ -355,34 +369,45 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int
 // Tile shapes: every tile of a call has the same NP (= tile_panels(M)).  One row: 4 panels (8 independent chains on
 // AVX2, enough to hide the fma latency; the call is a pure stream of the weights).  Two rows: TWO_ROW_PANELS.  More:
 // row tiles of 3 to TILE_ROWS rows, as even as possible, with TILE_PANELS panels.  Registers: AVX2 (16 ymm, 2 per
-// V16) 6 x 1 -> 12 accumulators + 2 weights + 1 broadcast; AVX-512 (32 zmm) 6 x 2 -> 12 + 2 + 1.  A row's results
-// never depend on the shape: every lane is one chain.
-constexpr int TILE_ROWS = 6;
+// V16) 6 x 1 -> 12 accumulators + 2 weights + 1 broadcast; AVX-512 (32 zmm) 10 x 2 -> 20 + 2 + 1.  A row's results
+// never depend on the shape: every lane is one chain.  Measured 2026-12-04 on a 2-core AVX-512 Xeon (the model's
+// matrices, 20 rows, 2 threads): 6 x 2 tiles without K blocks 33.5 ms, with K blocks 25.3, 10 x 2 with K blocks 24.0
+// (8 or 12 rows: within noise); AVX2 tiles on the same machine 37.7 -> 36.9 ms.
+constexpr int TILE_ROWS = FR_AVX512 ? 10 : 6;
 constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
 constexpr int64_t PREFETCH_TILES = 4;
+constexpr int64_t KBLOCK_BYTES = 16 * 1024;  // a K block of a unit's panels: fits L1 with room for x and y
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
 constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
 // Prefetching tiles get pf != nullptr; the one- and two-row tiles stream their own panels and never prefetch.
 template <int R, typename W>
-inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
-                          const char* pf, int64_t rate) {
+inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
+                          int64_t ldy, int fn, const char* pf, int64_t rate) {
   if (pf != nullptr)
-    tile<R, TILE_PANELS, W, true>(x, ldx, w, K, y, ldy, fn, pf, rate);
+    tile<R, TILE_PANELS, W, true>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate);
   else
-    tile<R, TILE_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, pf, rate);
+    tile<R, TILE_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate);
 }
 
 template <typename W>
-inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t K, float* y, int64_t ldy, int fn,
-                     const char* pf, int64_t rate) {
+inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
+                     int64_t ldy, int fn, const char* pf, int64_t rate) {
   switch (rn) {
-    case 1: tile<1, MAX_TILE_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, nullptr, 0); return;
-    case 2: tile<2, TWO_ROW_PANELS, W, false>(x, ldx, w, K, y, ldy, fn, nullptr, 0); return;
-    case 3: run_tile_rows<3, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
-    case 4: run_tile_rows<4, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
-    case 5: run_tile_rows<5, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
-    default: run_tile_rows<6, W>(x, ldx, w, K, y, ldy, fn, pf, rate); return;
+    case 1: tile<1, MAX_TILE_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, nullptr, 0); return;
+    case 2: tile<2, TWO_ROW_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, nullptr, 0); return;
+    case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 5: run_tile_rows<5, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+#if FR_AVX512
+    case 6: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 7: run_tile_rows<7, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 8: run_tile_rows<8, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 9: run_tile_rows<9, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    default: run_tile_rows<10, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+#else
+    default: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+#endif
   }
 }
 
@@ -419,14 +444,12 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   [[maybe_unused]] const int64_t tiles = M <= 2 ? 1 : (M + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
 #if FR_VEC
-  // Calls of 3+ rows: the last `pft` row tiles of a unit (all of them up to 24 rows) prefetch the thread's next unit,
-  // each an equal slice of `ubytes` / pft, so its weights arrive from memory while this unit computes (the first tile
-  // of a unit otherwise waits on memory with the compute idle).  One- and two-row calls stream and leave it to the
-  // hardware prefetcher.
-  [[maybe_unused]] const int64_t ubytes = np * pstride * static_cast<int64_t>(sizeof(W));
+  // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, KBLOCK_BYTES) is read
+  // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.  The last pft tiles of a block prefetch the next block (the unit's, else the thread's
+  // next unit's first), each an equal slice of its lines per panel.
+  const int64_t kbw = KBLOCK_BYTES / (np * PANEL * static_cast<int64_t>(sizeof(W)));
+  const int64_t nb = tiles >= 2 ? std::max<int64_t>(1, (K + kbw - 1) / kbw) : 1;
   [[maybe_unused]] const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
-  [[maybe_unused]] const int64_t rate =
-      (int64_t(1) << 16) * (ubytes / pft) / (int64_t(64) * np * std::max<int64_t>(1, K));
 #endif
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
@@ -436,14 +459,25 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
 #if FR_VEC
       if constexpr (kVec<A, W>) {
         if (vec) {
-          const bool ahead = M > 2 && u + 1 < u1;
-          const char* next = reinterpret_cast<const char*>(w + np * pstride);
-          for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
-            const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
-            const int64_t slice = t - (tiles - pft);
-            const char* pf = ahead && slice >= 0 ? next + ((slice * ubytes / pft) & ~int64_t(63)) : nullptr;
-            run_tile<W>(static_cast<int>(rn), x + r0 * K, K, w, K, y + r0 * N + f0, N, fn, pf, rate);
-            r0 += rn;
+          for (int64_t j = 0; j < nb; ++j) {
+            const int64_t k0 = j * K / nb, k1 = (j + 1) * K / nb, kn = k1 - k0;
+            const W* nw = nullptr;
+            int64_t nkn = 0;
+            if (M > 2) {
+              if (j + 1 < nb) { nw = w + k1 * PANEL; nkn = (j + 2) * K / nb - k1; }
+              else if (u + 1 < u1) { nw = w + np * pstride; nkn = K / nb; }
+            }
+            const int64_t lines = nw ? (nkn * PANEL * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
+            const int64_t rate = (int64_t(1) << 16) * (lines / pft) / std::max<int64_t>(1, kn);
+            for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
+              const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
+              const int64_t slice = t - (tiles - pft);
+              const char* pf =
+                  nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr;
+              run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride, kn, j > 0,
+                          y + r0 * N + f0, N, fn, pf, rate);
+              r0 += rn;
+            }
           }
           if (bias != nullptr)
             for (int64_t r = 0; r < M; ++r)

@@ -325,8 +325,9 @@ inline V16 exp_det(V16 x) {
 // continue from the values in y (the previous K block's, stored as they were: the same bits as one long chain).
 // PREFETCH: step k also prefetches line (k * rate) >> 16 of each of the NP panels' slices of weights that a later
 // tile will read, starting at `pf` (`rate` = lines per step in 1/65536ths, so K steps cover the slice evenly),
-// into L2, not L1: the slices of a unit add up to more than L1 holds, and prefetched into L1 they evicted the lines
-// the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 41.9 ms of matrix products with T0, 29.2 with T1).
+// into L2, not L1: before K blocks, a unit's slices added up to more than L1 holds, and prefetched into L1 they
+// evicted the lines the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 41.9 ms of matrix products with
+// T0, 29.2 with T1); with K blocks, T0 and T1 were within noise (AVX-512 Xeon, 2026-12-04).
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
 template <int R, int NP, typename W, bool PREFETCH>
@@ -445,10 +446,12 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
 #if FR_VEC
   // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, KBLOCK_BYTES) is read
-  // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.  The last pft tiles of a block prefetch the next block (the unit's, else the thread's
-  // next unit's first), each an equal slice of its lines per panel.
+  // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.
+  // The last pft tiles of a block prefetch the next block (the unit's, else the thread's next unit's first), each
+  // an equal slice of its lines per panel.  Block j covers k in [kstart(j), kstart(j + 1)).
   const int64_t kbw = KBLOCK_BYTES / (np * PANEL * static_cast<int64_t>(sizeof(W)));
   const int64_t nb = tiles >= 2 ? std::max<int64_t>(1, (K + kbw - 1) / kbw) : 1;
+  const auto kstart = [K, nb](int64_t j) { return j * K / nb; };
   [[maybe_unused]] const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
 #endif
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
@@ -460,12 +463,12 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
       if constexpr (kVec<A, W>) {
         if (vec) {
           for (int64_t j = 0; j < nb; ++j) {
-            const int64_t k0 = j * K / nb, k1 = (j + 1) * K / nb, kn = k1 - k0;
-            const W* nw = nullptr;
+            const int64_t k0 = kstart(j), k1 = kstart(j + 1), kn = k1 - k0;
+            const W* nw = nullptr;  // the next block's first weights (panel 0), nkn steps long
             int64_t nkn = 0;
             if (M > 2) {
-              if (j + 1 < nb) { nw = w + k1 * PANEL; nkn = (j + 2) * K / nb - k1; }
-              else if (u + 1 < u1) { nw = w + np * pstride; nkn = K / nb; }
+              if (j + 1 < nb) { nw = w + k1 * PANEL; nkn = kstart(j + 2) - k1; }
+              else if (u + 1 < u1) { nw = w + np * pstride; nkn = kstart(1); }
             }
             const int64_t lines = nw ? (nkn * PANEL * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
             const int64_t rate = (int64_t(1) << 16) * (lines / pft) / std::max<int64_t>(1, kn);

@@ -18,7 +18,7 @@ from ..programs.prompts import chat_prompt_ids
 from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
-from .output import print_json
+from .output import print_json, progress_bar
 
 __all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "backend_urls",
            "check_pool_serves", "BACKEND_ONLY_OPTIONS"]
@@ -129,6 +129,13 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_engine_command)
 
+    from ..eval.engine_bench.gpu_rows import add_arguments as add_gpu_rows_arguments
+
+    r = bench_subparsers.add_parser("gpu-rows", help="a decode step's time against rows on a GPU (torch only): λ "
+                                                     "for --row-cost and --predict-row-cost")
+    add_gpu_rows_arguments(r)
+    r.set_defaults(handler=bench_gpu_rows_command)
+
 
 @reports_errors("generate")
 def generate_command(args: argparse.Namespace) -> int:
@@ -185,4 +192,23 @@ def bench_engine_command(args: argparse.Namespace) -> int:
         print_json(result, indent=2)
     else:
         print(format_engine_bench(result))
+    return 0
+
+
+@reports_errors("bench gpu-rows")
+def bench_gpu_rows_command(args: argparse.Namespace) -> int:
+    from ..eval.engine_bench.gpu_rows import config_from, format_gpu_rows, run_gpu_rows
+
+    config = config_from(args)  # bad settings: one line (cli/errors.py)
+    with progress_bar(total=len(config.shapes) * len(set(config.rows)), desc="bench gpu-rows", unit="size",
+                      leave=False, disable=args.json) as bar:
+        def advance(what: str) -> None:
+            bar.set_postfix_str(what)
+            bar.update(1)
+
+        result = run_gpu_rows(config, progress=advance)
+    if args.json:
+        print_json(result, indent=2)
+    else:
+        print(format_gpu_rows(result))
     return 0

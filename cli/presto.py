@@ -106,7 +106,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     s.add_argument("--index", type=nonnegative_int, default=None, help="prompt index in --dataset (default 0)")
     _common(s)
     s.set_defaults(handler=sample_command)
+    _register_bench_presto(bench_subparsers)
+    _register_bench_others(bench_subparsers)
 
+
+def _register_bench_presto(bench_subparsers: Any) -> None:
     b = bench_subparsers.add_parser("presto", help="each sampler vs its PreSTO variant: Table 7 metrics, one run")
     b.add_argument("--dataset", type=dataset_name, default="math500")
     b.add_argument("--prompts", type=positive_int, default=3, help="first P prompts of the dataset (default 3)")
@@ -122,6 +126,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
                    help="measure the decode-step time against the rows decoding (embedded engine) and predict each "
                         "row's call time from its decode steps and row-steps (default: on when a streaming variant "
                         "runs on the embedded engine)")
+    b.add_argument("--predict-row-cost", type=nonnegative_float, nargs="+", default=(), metavar="λ",
+                   help="also predict each variant's speedup where one more row costs λ of a decode step, "
+                        "(S_seq + λ·G_seq) / (S + λ·G) from its decode steps S and row-steps G (e.g. a GPU's λ from "
+                        "`forerun bench gpu-rows`; an H200 measured 0.004-0.016, BENCHMARKS.md). The prediction "
+                        "where rows are free (λ = 0) is always printed, on a server too")
     b.add_argument("--flush-cache", action="store_true",
                    help="with --backend: flush the server's prefix cache before each chain (waits for the server to "
                         "be idle; never by default: a shared server's cache belongs to its other users too). The "
@@ -129,6 +138,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     _common(b, concurrency=True)
     b.set_defaults(handler=bench_presto_command)
 
+
+def _register_bench_others(bench_subparsers: Any) -> None:
     r = bench_subparsers.add_parser("reference", help="sequential PowerMH vs Karan & Du's reference, per MH step, one run")
     r.add_argument("--reference", required=True, help="path to the reference's llm_experiments/power_samp_utils.py")
     r.add_argument("--prompts", type=positive_int, default=_REF.prompts, help=f"first MATH500 prompts ({_REF.prompts})")
@@ -357,8 +368,8 @@ def bench_presto_command(args: argparse.Namespace) -> int:
             "row_cost": row_cost if any(pf.streaming for pf in prefetch.values()) else None}
     if cost is not None:
         meta["cost_model"] = cost
-        for r in rows:
-            r["cost_model_prediction"] = cost_model_prediction(r, cost["fit"])
+    for r in rows:
+        r["cost_model_prediction"] = cost_model_prediction(r, cost["fit"] if cost else None, args.predict_row_cost)
     if args.json:
         print_json({"meta": meta, "rows": rows})
     else:
@@ -428,17 +439,20 @@ def _print_streaming(rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
                   f"{sm['rows_aborted_per_window']:.1f}, wasted tokens {100 * sm['wasted_token_share']:.0f}%, "
                   f"requests resumed after an abort {r.get('resumed_requests', 0)}")
     cost = meta.get("cost_model")
-    if not cost:
-        return
-    rel = ", ".join(f"{p['rows']}:{p['x_one_row']:.2f}x" for p in cost["relative"])
-    print(f"cost model: decode step t(r) = {1000 * cost['fit']['a_s']:.2f} ms + {1000 * cost['fit']['b_s']:.2f} ms·r "
-          f"(rows:time vs one row {rel})")
+    if cost:
+        rel = ", ".join(f"{p['rows']}:{p['x_one_row']:.2f}x" for p in cost["relative"])
+        print(f"cost model: decode step t(r) = {1000 * cost['fit']['a_s']:.2f} ms + {1000 * cost['fit']['b_s']:.2f} "
+              f"ms·r (rows:time vs one row {rel})")
+    else:
+        print("cost model: no step timer on this backend; predictions from decode steps S and row-steps G alone")
     for r in rows:
         pred = r["cost_model_prediction"]
+        fitted = (f"predicted speedup {pred['predicted_speedup']:.2f}x (measured {pred['measured_speedup']:.2f}x), "
+                  if "predicted_speedup" in pred else f"measured {pred['measured_speedup']:.2f}x, ")
+        at = "".join(f", at λ = {lam} {x:.2f}x" for lam, x in pred["speedup_at_row_cost"].items())
         print(f"  {r['sampler']} {r['traversal']}: decode steps {r['decode_steps'][0]:.0f}/{r['decode_steps'][1]:.0f}, "
-              f"row-steps {r['row_steps'][0]:.0f}/{r['row_steps'][1]:.0f}; predicted speedup "
-              f"{pred['predicted_speedup']:.2f}x (measured {pred['measured_speedup']:.2f}x), "
-              f"where rows are free {pred['speedup_rows_free']:.2f}x")
+              f"row-steps {r['row_steps'][0]:.0f}/{r['row_steps'][1]:.0f}; {fitted}"
+              f"where rows are free {pred['speedup_rows_free']:.2f}x{at}")
 
 
 @reports_errors("bench reference")

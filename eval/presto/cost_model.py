@@ -6,6 +6,11 @@ model-call time it predicts for a PreSTO variant.
     S_sequential ÷ S_variant    the speedup where extra rows are free (b → 0, a wide accelerator batch)
     λ = b / a                   what one more row costs relative to a step: streaming PreSTO's admission
                                 threshold (`PrefetchConfig.row_cost`)
+    (S_seq + λ·G_seq) ÷ (S_var + λ·G_var)   the speedup predicted at a given λ (`speedup_at_row_cost`; the
+                                ratio needs only λ, e.g. a GPU's from `forerun bench gpu-rows`)
+
+S and G are counted by the samplers (a call's decode steps are its longest request's tokens), so the
+predictions at λ = 0 and at a given λ need no step timer: they hold on a server backend too.
 """
 
 from __future__ import annotations
@@ -40,14 +45,26 @@ def step_cost_curve(engine: Any, prompt_ids: Sequence[int], rows: Sequence[int] 
             "relative": [{"rows": p["rows"], "x_one_row": p["step_s"] / one} for p in points]}
 
 
-def cost_model_prediction(row: dict[str, Any], fit: dict[str, float]) -> dict[str, Any]:
-    """Model-call time predicted as a·S + b·G from the row's decode steps S and row-steps G (means per chain), the
-    speedup it predicts, and the speedup where extra rows are free (b = 0: S_sequential / S_variant)."""
-    a, b = fit["a_s"], fit["b_s"]
+def speedup_at_row_cost(row: dict[str, Any], row_cost: float) -> float:
+    """(S_seq + λ·G_seq) ÷ (S_variant + λ·G_variant) from the row's decode steps S and row-steps G (means per
+    chain): the speedup predicted where one more row costs λ of a decode step (λ = 0: rows free)."""
     (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
-    t_seq, t_pre = a * s_seq + b * g_seq, a * s_pre + b * g_pre
-    return {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan,
-            "speedup_rows_free": s_seq / s_pre if s_pre else math.nan,
+    t_pre = s_pre + row_cost * g_pre
+    return (s_seq + row_cost * g_seq) / t_pre if t_pre else math.nan
+
+
+def cost_model_prediction(row: dict[str, Any], fit: dict[str, float] | None = None,
+                          row_costs: Sequence[float] = ()) -> dict[str, Any]:
+    """The speedup where extra rows are free (S_sequential / S_variant), at each λ of `row_costs`, and with a
+    measured `fit` the model-call time a·S + b·G and the speedup it predicts."""
+    out: dict[str, Any] = {}
+    if fit is not None:
+        a, b = fit["a_s"], fit["b_s"]
+        (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
+        t_seq, t_pre = a * s_seq + b * g_seq, a * s_pre + b * g_pre
+        out = {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan}
+    return {**out, "speedup_rows_free": speedup_at_row_cost(row, 0.0),
+            "speedup_at_row_cost": {f"{lam:g}": speedup_at_row_cost(row, lam) for lam in row_costs},
             "measured_speedup": row["speedup_eq20"]}
 
 

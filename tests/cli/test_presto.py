@@ -154,6 +154,28 @@ def test_bench_presto_on_a_server_backend(capsys):
     (row,) = out["rows"]
     assert row["identical_chains"] == 1 and row["transitions_per_call"][0] == 1.0
     assert flushed["rows"][0]["unflushed_chains"] == 0 and flushed["rows"][0]["identical_chains"] == 1
+    pred = row["cost_model_prediction"]  # no step timer on a server, yet the rows-free prediction is there
+    assert "cost_model" not in out["meta"] and "predicted_speedup" not in pred
+    (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
+    assert s_pre > 0 and pred["speedup_rows_free"] == pytest.approx(s_seq / s_pre)
+
+
+def test_predict_row_cost_prints_each_variants_speedup_at_that_lambda(capsys):
+    argv = ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "4", "--npf", "6",
+            "--traversals", "bfs", "streaming", "--no-cost-model", "--predict-row-cost", "0.01", "2"]
+    assert main(argv + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    for r in rows:
+        (s_seq, s_pre), (g_seq, g_pre) = r["decode_steps"], r["row_steps"]
+        at = r["cost_model_prediction"]["speedup_at_row_cost"]
+        assert at["0.01"] == pytest.approx((s_seq + 0.01 * g_seq) / (s_pre + 0.01 * g_pre))
+        assert at["2"] == pytest.approx((s_seq + 2 * g_seq) / (s_pre + 2 * g_pre))
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "no step timer" in text and text.count("at λ = 0.01 ") == 2 and "where rows are free" in text
+    with pytest.raises(SystemExit) as refused:  # a negative λ: a usage error
+        main(argv[:-2] + ["-1"])
+    assert refused.value.code == 2
 
 
 def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):

@@ -4,8 +4,8 @@ ceilings, both measured in the same run.
 A decode step must read every weight matrix once (the native kernels read each once for all rows) and every
 row's KV, and must do every row's multiply-adds; on a CPU the slower of the two is the floor of a step's time:
 
-    bytes per step      = weight bytes + Σ_rows context_row × KV bytes per token
-    FMAs per step       = rows × (weight elements + layers × 2 × heads × head_dim × context)
+    bytes per step      = weight bytes + (shared + rows × own) × KV bytes per token
+    FMAs per step       = rows × (weight elements + layers × 2 × heads × head_dim × (shared + own))
     floor (s / step)    = max(bytes / bandwidth, FMAs / FMA rate)
     fraction of floor   = floor ÷ measured seconds per step   (1 = at the hardware limit)
 
@@ -19,7 +19,10 @@ read before and after all the runs; the higher reading is the ceiling (a reading
 a quiet VM: another process or the hypervisor had a core during that probe; both readings are reported).  The
 rows decode `decode_tokens` tokens each at τ = 1/4 (PowerMH's proposal temperature) from the same cached prompt
 with distinct seeds, so every step carries exactly `rows` rows.  Each fraction is the median over repetitions
-of the per-repetition fraction.
+of the per-repetition fraction.  `shared` is the prompt's tokens: every row attends to them, but they are one
+cached KV segment read in place by all rows (`segment_table`), so memory supplies them once per step; `own` is
+a row's mean generated tokens, decode_tokens / 2.  (Until 2026-12-04 the bytes counted the prompt once per
+row, which raised the floor at 20 rows by ~10 % and flattered the fraction.)
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
     fma_readings = [probes.fma_rate()]
     w, kv, elems = weight_bytes(engine), kv_bytes_per_token(engine), weight_elements(engine)
     attn_per_token = engine.num_layers * 2 * int(engine.model.config.num_attention_heads) * engine.head_dim
-    context = len(prompt) + config.decode_tokens / 2
+    shared, own = len(prompt), config.decode_tokens / 2
     samples: dict[int, list[tuple[float, float]]] = {r: [] for r in config.rows}
     reruns, unstable = 0, 0
     for rows in config.rows:
@@ -208,8 +211,8 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
     bandwidths = probes.history
     table = []
     for rows in config.rows:
-        step_bytes = w + rows * context * kv
-        step_fmas = rows * (elems + attn_per_token * context)
+        step_bytes = w + (shared + rows * own) * kv
+        step_fmas = rows * (elems + attn_per_token * (shared + own))
         fractions, bounds = [], []
         for bw, step in samples[rows]:
             floor = max(step_bytes / (bw * 1e9), step_fmas / fma_rate if fma_rate else 0.0)
@@ -234,7 +237,7 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
                                           if k != "best"}},
             "fma_per_s": fma_rate, "fma_per_s_readings": fma_readings, "weight_bytes": w, "weight_elements": elems,
             "kv_bytes_per_token": kv,
-            "mean_context_tokens": context, "rows": table, "kernels": engine.plan.path,
+            "mean_context_tokens": shared + own, "shared_context_tokens": shared, "rows": table, "kernels": engine.plan.path,
             "vector_isa": kernel_isa(engine),
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
             "reruns_for_stable_bandwidth": reruns, "unstable_samples": unstable,
@@ -261,7 +264,7 @@ def format_roofline(r: dict[str, Any]) -> str:
              f"    probes before and after each run: {r['reruns_for_stable_bandwidth']} run(s) repeated because "
              f"they differed by more than the tolerance, {r['unstable_samples']} kept unstable",
              f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
-             f"context token; kernels {r['kernels']}, vector code {r['vector_isa']} "
+             f"context token ({r['shared_context_tokens']} shared prompt tokens read once per step); kernels {r['kernels']}, vector code {r['vector_isa']} "
              f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
              f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]
     for row in r["rows"]:

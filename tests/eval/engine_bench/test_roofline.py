@@ -87,6 +87,9 @@ def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs
     r = bench_roofline.run_roofline(engine, [1, 2, 3], RooflineConfig(rows=(1, 20), repeats=1, decode_tokens=2))
     assert r["fma_per_s"] == 110e9 and r["fma_per_s_readings"] == [50e9, 110e9]
     twenty = next(row for row in r["rows"] if row["rows"] == 20)
+    # the 3-token prompt is one shared segment read once per step; each row's own KV is decode_tokens / 2 = 1 token
+    assert twenty["bytes_per_step"] == 500_000_000 + (3 + 20 * 1) * 1000
+    assert twenty["fmas_per_step"] == 20 * (125_000_000 + 2 * 2 * 2 * 4 * (3 + 1))
     assert twenty["limit"] == "compute"  # 20 x 125e6 FMAs / 110e9 = 23 ms > 500 MB / 30 GB/s = 17 ms
     assert "110 GFMA/s (the higher of the readings before and after the runs: 50, 110)" in \
         bench_roofline.format_roofline(r)

@@ -1,5 +1,5 @@
-"""Run forerun's plugin inside SGLang 0.5.23's real `Sampler.forward` on CPU tensors (a subprocess of
-test_sglang_plugin.py; prints one JSON object).
+"""Run forerun's plugin inside SGLang 0.5.23's real `Sampler.forward` on CPU tensors, or on a GPU's (a
+subprocess of test_sglang_plugin.py; argv: runtime folder, spec JSON, device (default cpu); prints one JSON object).
 
 Importing `sglang.srt.layers.sampler` on a CPU machine needs, besides the frontend install, these packages
 (`FORERUN_SGLANG_CPU_RUNTIME=1 scripts/setup` puts them, --no-deps, in .forerun-cache/sglang-cpu-runtime,
@@ -31,6 +31,13 @@ import transformers  # noqa: E402,F401
 
 
 def _import_sampler():
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:  # e.g. a GPU machine: the real modules import (a stub
+        # there breaks transformers' find_spec probe of torchvision)
+        import sglang.srt.layers.sampler as sampler_module
+
+        return sampler_module
     internvl = types.ModuleType("sglang.srt.multimodal.internvl_utils")
     internvl.IMAGENET_MEAN, internvl.IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     tv, tvt, tvf = (types.ModuleType(n) for n in ("torchvision", "torchvision.transforms",
@@ -61,23 +68,26 @@ def main() -> None:
                             enable_deterministic=False, use_log_softmax_logprob=False, use_ascend_backend=False,
                             sampling_mask_max_tokens=0, output_logprob_processor=None)
     spec = json.loads(sys.argv[2])
-    logits = torch.tensor(spec["logits"], dtype=torch.float32)
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    logits = torch.tensor(spec["logits"], dtype=torch.float32, device=device)
     n = logits.shape[0]
-    temps = torch.tensor(spec["temperatures"], dtype=torch.float32).view(-1, 1)
+    temps = torch.tensor(spec["temperatures"], dtype=torch.float32, device=device).view(-1, 1)
     info = SamplingBatchInfo(
-        temperatures=temps, top_ps=torch.ones(n), top_ks=torch.full((n,), 1 << 30, dtype=torch.int32),
-        min_ps=torch.zeros(n), is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=False,
-        need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=logits.shape[1],
-        sampling_seed=None, device="cpu")  # the seeded path's murmur hash needs sgl_kernel (CUDA): multinomial
+        temperatures=temps, top_ps=torch.ones(n, device=device),
+        top_ks=torch.full((n,), 1 << 30, dtype=torch.int32, device=device), min_ps=torch.zeros(n, device=device),
+        is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=False, need_top_k_sampling=False,
+        need_min_p_sampling=False, vocab_size=logits.shape[1],
+        sampling_seed=None, device=device)  # the seeded path's murmur hash needs sgl_kernel (CUDA): multinomial
     reqs = [types.SimpleNamespace(sampling_params=types.SimpleNamespace(custom_params=p)) for p in spec["custom"]]
     info.adjusted_from_schedule_batch(types.SimpleNamespace(reqs=reqs), logits.shape[1])  # the plugin's AFTER hook
     out = LogitsProcessorOutput(next_token_logits=logits.clone())
-    ids = sampler.forward(out, info, False, [0] * n, [None] * n, torch.tensor(spec["positions"]))
+    ids = sampler.forward(out, info, False, [0] * n, [None] * n, torch.tensor(spec["positions"], device=device))
     collected = _collected(reqs, out)
     batch_ops = _batch_ops(SamplingBatchInfo, info, logits.shape[1])
     print(json.dumps({"token_ids": ids.tolist(), "customized_info": out.customized_info, **batch_ops,
                       "collected": collected,
                       "scaled_in_place": not torch.equal(out.next_token_logits, logits),
+                      "token_device": str(ids.device),
                       "hooked": getattr(sampler_module.Sampler.forward, "__wrapped__", None) is not None,
                       "server_info_announces": "forerun_plugin" in _server_info()}))
 
@@ -97,12 +107,13 @@ def _batch_ops(cls, info, vocab: int) -> dict:
     penalties = types.SimpleNamespace(is_required=False, filter=lambda *_: None, merge=lambda *_: None)
     info.penalizer_orchestrator = penalties
     copied = info.copy_for_forward().custom_params
-    info.filter_batch([0, 2], torch.tensor([0, 2]))
+    info.filter_batch([0, 2], torch.tensor([0, 2], device=info.device))
     filtered = list(info.custom_params)
-    other = cls(temperatures=torch.ones(1, 1), top_ps=torch.ones(1), top_ks=torch.ones(1, dtype=torch.int32),
-                min_ps=torch.zeros(1), is_all_greedy=True, is_any_greedy=True, need_top_p_sampling=False,
-                need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=vocab,
-                penalizer_orchestrator=penalties, device="cpu")
+    d = info.device
+    other = cls(temperatures=torch.ones(1, 1, device=d), top_ps=torch.ones(1, device=d),
+                top_ks=torch.ones(1, dtype=torch.int32, device=d), min_ps=torch.zeros(1, device=d), is_all_greedy=True,
+                is_any_greedy=True, need_top_p_sampling=False, need_top_k_sampling=False, need_min_p_sampling=False,
+                vocab_size=vocab, penalizer_orchestrator=penalties, device=d)
     info.merge_batch(other)
     return {"custom_params_after_copy": copied, "custom_params_after_filter": filtered,
             "custom_params_after_merge": info.custom_params}

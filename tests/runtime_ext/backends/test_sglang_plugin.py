@@ -2,7 +2,9 @@
 computation and one device-to-host copy per step), its batch-row bookkeeping, another client's meta_info left
 exactly as it was (SGLang's own collection, output-streamer and meta_info code, read from the installed source),
 SGLang's real Sampler on CPU tensors (when the CPU runtime packages are there), and the client reading its fields
-so that EntropyCut and MultiTryMH run on a server (the stand-in, started with the plugin)."""
+so that EntropyCut and MultiTryMH run on a server (the stand-in, started with the plugin).  Where torch sees a CUDA
+device the hook and the real Sampler also run on CUDA tensors (the real Sampler then needs SGLang's full runtime,
+sgl_kernel included: on a CUDA machine sglang.srt imports it)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ from forerun.runtime_ext.standin.server import BOS_ID, StandInServer
 from forerun.testing.test_modules import sibling
 
 REPO = Path(__file__).resolve().parents[3]
-CPU_RUNTIME = REPO / ".forerun-cache" / "sglang-cpu-runtime"
+CPU_RUNTIME = Path(os.environ.get("FORERUN_SGLANG_RUNTIME_DIR") or REPO / ".forerun-cache" / "sglang-cpu-runtime")
+"""The packages SGLang's sampler module needs beyond the frontend (FORERUN_SGLANG_CPU_RUNTIME=1 scripts/setup);
+FORERUN_SGLANG_RUNTIME_DIR names another folder (a GPU machine's, where they were carried as wheels)."""
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="no CUDA device here"))]
 ASK = {"forerun_plugin": True, "forerun_logq_temperatures": [1.0, 0.25]}
 
 
@@ -54,21 +60,23 @@ def _sglang_like_original(sampler, logits_output, sampling_info, *rest):
     return torch.argmax(z, dim=-1)
 
 
-def _run_hook(raw: np.ndarray, custom: list, temperatures: list[float], logits: torch.Tensor | None = None):
+def _run_hook(raw: np.ndarray, custom: list, temperatures: list[float], logits: torch.Tensor | None = None,
+              device: str = "cpu"):
     info = SimpleNamespace(custom_params=plugin.asking_rows(custom),
-                           temperatures=torch.tensor(temperatures).view(-1, 1))
-    out = SimpleNamespace(next_token_logits=torch.tensor(raw) if logits is None else logits,
+                           temperatures=torch.tensor(temperatures, device=device).view(-1, 1))
+    out = SimpleNamespace(next_token_logits=torch.tensor(raw, device=device) if logits is None else logits,
                           customized_info={"kept": list(range(len(custom)))})
     ids = plugin.sampler_forward_hook(_sglang_like_original, None, out, info, False, [], [], None)
     return [int(i) for i in torch.Tensor.tolist(ids.as_subclass(torch.Tensor))], out.customized_info
 
 
-def test_hook_reports_fields_of_the_raw_logits_for_asking_rows():
+@pytest.mark.parametrize("device", DEVICES)
+def test_hook_reports_fields_of_the_raw_logits_for_asking_rows(device):
     rng = np.random.default_rng(0)
     raw = rng.normal(size=(5, 11)).astype(np.float32)
     custom = [ASK, None, {"forerun_plugin": True}, {"other": 1}, {"forerun_plugin": True,
                                                                  "forerun_logq_temperatures": [0.5]}]
-    ids, ci = _run_hook(raw, custom, [0.5, 1.0, 2.0, 0.7, 1.3])
+    ids, ci = _run_hook(raw, custom, [0.5, 1.0, 2.0, 0.7, 1.3], device=device)
     assert ci["kept"] == [0, 1, 2, 3, 4]  # another producer's key survives
     for row, temps in ((0, [1.0, 0.25]), (2, []), (4, [0.5])):
         lp0, h, lq = _expected(raw[row], ids[row], temps)
@@ -76,7 +84,7 @@ def test_hook_reports_fields_of_the_raw_logits_for_asking_rows():
         assert ci[plugin.ENTROPY_KEY][row] == pytest.approx(h, abs=1e-5)
         assert ci[plugin.LOGQ_BY_TEMPERATURE_KEY][row] == pytest.approx(lq, abs=1e-5)  # as many as it asked for
     every = [ASK, {"forerun_plugin": True, "forerun_logq_temperatures": [2.0, 0.5]}]
-    ids, ci = _run_hook(raw[:2], every, [0.5, 1.0])
+    ids, ci = _run_hook(raw[:2], every, [0.5, 1.0], device=device)
     for row, temps in ((0, [1.0, 0.25]), (1, [2.0, 0.5])):
         lp0, h, lq = _expected(raw[row], ids[row], temps)
         assert [ci[plugin.LOGP0_KEY][row], ci[plugin.ENTROPY_KEY][row]] == pytest.approx([lp0, h], abs=1e-5)
@@ -242,17 +250,19 @@ def test_register_does_nothing_without_the_switch(monkeypatch):
 
 @pytest.mark.skipif(not CPU_RUNTIME.is_dir(), reason="SGLang's CPU runtime packages are not installed: "
                     "FORERUN_SGLANG_CPU_RUNTIME=1 scripts/setup")
-def test_the_plugin_inside_sglangs_real_sampler_on_cpu():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_plugin_inside_sglangs_real_sampler(device):
     rng = np.random.default_rng(1)
     raw = rng.normal(size=(3, 9)).round(3)
     spec = {"logits": raw.tolist(), "temperatures": [0.5, 1.0, 2.0], "positions": [5, 6, 7],
             "custom": [ASK, None, {"forerun_plugin": True}]}
     env = {k: v for k, v in os.environ.items() if k != plugin.PLUGIN_ENV}
     res = subprocess.run([sys.executable, str(Path(__file__).with_name("sglang_cpu_sampler.py")), str(CPU_RUNTIME),
-                          json.dumps(spec)], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+                          json.dumps(spec), device], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["hooked"] and got["scaled_in_place"] and got["server_info_announces"]
+    assert got["token_device"].split(":")[0] == device
     keys = sorted(plugin.PLUGIN_KEYS)
     assert got["collected"] == {"0": keys, "1": None, "2": keys}  # SGLang's real collection, hooked
     ci = got["customized_info"]

@@ -18,8 +18,8 @@ with a minimal Llama-family decode step of a model's shapes, run the way a servi
 
 The step is unfused (separate RoPE, norm and softmax kernels; SDPA attention), so its fixed cost a is larger
 than a tuned server's and λ = b / a comes out smaller: read it as a lower bound.  The weights are random (the
-step's time does not depend on their values), bf16 by default.  This file imports only torch and the standard
-library (torch where it is used, so that registering the command keeps `forerun --help` light), so it also
+step's time does not depend on their values), bf16 by default.  This file imports only torch, numpy and the
+standard library (both where they are used, so that registering the command keeps `forerun --help` light), so it also
 runs where forerun is not installed (a lent GPU machine without network):
 
     python3 eval/engine_bench/gpu_rows.py --shapes smollm2-135m qwen3-4b --json
@@ -230,16 +230,17 @@ def step_times(shape: Shape, rows: int, context: int, device: torch.device, dtyp
 
 
 def fit_line(points: list[dict[str, float]], up_to: int) -> dict[str, float]:
-    """Least squares t(r) = a + b·r (seconds) over the points with rows <= up_to, and λ = b / a (b < 0 counts as
-    0).  With one such point b = 0."""
+    """Least squares t(r) = a + b·r (seconds; numpy's polyfit) over the points with rows <= up_to, and λ = b / a
+    (b < 0 counts as 0).  With one such point b = 0."""
+    import numpy as np
+
     used = [p for p in points if p["rows"] <= up_to] or points[:1]
-    n = len(used)
-    mx = sum(p["rows"] for p in used) / n
-    my = sum(p["step_ms"] for p in used) / n
-    sxx = sum((p["rows"] - mx) ** 2 for p in used)
-    b = sum((p["rows"] - mx) * (p["step_ms"] - my) for p in used) / sxx if sxx else 0.0
-    a = my - b * mx
-    return {"a_s": a / 1e3, "b_s": b / 1e3, "row_cost": max(b, 0.0) / a if a > 0 else math.nan,
+    ms = np.array([p["step_ms"] for p in used], dtype=float)
+    if len(used) > 1:
+        b, a = np.polyfit(np.array([p["rows"] for p in used], dtype=float), ms, 1)
+    else:
+        b, a = 0.0, float(ms[0])
+    return {"a_s": float(a) / 1e3, "b_s": float(b) / 1e3, "row_cost": max(float(b), 0.0) / a if a > 0 else math.nan,
             "rows_up_to": max(p["rows"] for p in used)}
 
 

@@ -128,8 +128,8 @@ def _register_bench_presto(bench_subparsers: Any) -> None:
                         "runs on the embedded engine)")
     b.add_argument("--predict-row-cost", type=nonnegative_float, nargs="+", default=(), metavar="λ",
                    help="also predict each variant's speedup where one more row costs λ of a decode step, "
-                        "(S_seq + λ·G_seq) / (S + λ·G) from its decode steps S and row-steps G (e.g. a GPU's λ from "
-                        "`forerun bench gpu-rows`; an H200 measured 0.004-0.016, BENCHMARKS.md). The prediction "
+                        "(S_seq + λ·G_seq) / (S + λ·G) from its decode steps S and row-steps G (e.g. a GPU's λ "
+                        "from `forerun bench gpu-rows`; an H200 measured 0.005-0.017, BENCHMARKS.md). The prediction "
                         "where rows are free (λ = 0) is always printed, on a server too")
     b.add_argument("--flush-cache", action="store_true",
                    help="with --backend: flush the server's prefix cache before each chain (waits for the server to "

@@ -236,8 +236,8 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
                                "probes": {k: statistics.median(b[k] for b in bandwidths) for k in bandwidths[0]
                                           if k != "best"}},
             "fma_per_s": fma_rate, "fma_per_s_readings": fma_readings, "weight_bytes": w, "weight_elements": elems,
-            "kv_bytes_per_token": kv,
-            "mean_context_tokens": shared + own, "shared_context_tokens": shared, "rows": table, "kernels": engine.plan.path,
+            "kv_bytes_per_token": kv, "mean_context_tokens": shared + own, "shared_context_tokens": shared,
+            "rows": table, "kernels": engine.plan.path,
             "vector_isa": kernel_isa(engine),
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
             "reruns_for_stable_bandwidth": reruns, "unstable_samples": unstable,
@@ -264,7 +264,8 @@ def format_roofline(r: dict[str, Any]) -> str:
              f"    probes before and after each run: {r['reruns_for_stable_bandwidth']} run(s) repeated because "
              f"they differed by more than the tolerance, {r['unstable_samples']} kept unstable",
              f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
-             f"context token ({r['shared_context_tokens']} shared prompt tokens read once per step); kernels {r['kernels']}, vector code {r['vector_isa']} "
+             f"context token ({r['shared_context_tokens']} shared prompt tokens read once per step); kernels "
+             f"{r['kernels']}, vector code {r['vector_isa']} "
              f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
              f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]
     for row in r["rows"]:

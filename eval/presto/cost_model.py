@@ -61,8 +61,8 @@ def cost_model_prediction(row: dict[str, Any], fit: dict[str, float] | None = No
     if fit is not None:
         a, b = fit["a_s"], fit["b_s"]
         (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
-        t_seq, t_pre = a * s_seq + b * g_seq, a * s_pre + b * g_pre
-        out = {"predicted_time_s": [t_seq, t_pre], "predicted_speedup": t_seq / t_pre if t_pre else math.nan}
+        out = {"predicted_time_s": [a * s_seq + b * g_seq, a * s_pre + b * g_pre],
+               "predicted_speedup": speedup_at_row_cost(row, b / a) if a > 0 else math.nan}  # a·(S + λ·G), λ = b / a
     return {**out, "speedup_rows_free": speedup_at_row_cost(row, 0.0),
             "speedup_at_row_cost": {f"{lam:g}": speedup_at_row_cost(row, lam) for lam in row_costs},
             "measured_speedup": row["speedup_eq20"]}

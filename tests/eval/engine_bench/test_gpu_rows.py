@@ -91,7 +91,8 @@ def test_bad_settings_are_refused(bad):
 
 def test_the_file_runs_as_a_script_and_reports_a_missing_gpu_in_one_line():
     ok = subprocess.run([sys.executable, str(SCRIPT), "--rows", "1", "--context", "4", "--repeats", "1",
-                         "--device", "cpu", "--dtype", "float32", "--json"], capture_output=True, text=True, timeout=300)
+                         "--device", "cpu", "--dtype", "float32", "--json"], capture_output=True, text=True,
+                        timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["shapes"][0]["shape"] == "smollm2-135m"
     if torch.cuda.is_available():

@@ -381,7 +381,7 @@ constexpr int64_t KBLOCK_BYTES = 16 * 1024;  // a K block of a unit's panels: fi
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
 constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
-// Prefetching tiles get pf != nullptr; the one- and two-row tiles stream their own panels and never prefetch.
+// Prefetching tiles get pf != nullptr.  Row tiles of 3 rows or more (the one- and two-row calls: run_narrow_tile).
 template <int R, typename W>
 inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                           int64_t ldy, int fn, const char* pf, int64_t rate) {
@@ -395,8 +395,6 @@ template <typename W>
 inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                      int64_t ldy, int fn, const char* pf, int64_t rate) {
   switch (rn) {
-    case 1: tile<1, MAX_TILE_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, nullptr, 0); return;
-    case 2: tile<2, TWO_ROW_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, nullptr, 0); return;
     case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
     case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
     case 5: run_tile_rows<5, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
@@ -409,6 +407,18 @@ inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps
 #else
     default: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
 #endif
+  }
+}
+
+// One or two rows, pn (1 to 4) panels side by side: the tiles of the calls that stream their weights once.
+template <int R, typename W>
+inline void run_narrow_tile(int pn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, float* y,
+                            int64_t ldy, int fn) {
+  switch (pn) {
+    case 1: tile<R, 1, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
+    case 2: tile<R, 2, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
+    case 3: tile<R, 3, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
+    default: tile<R, 4, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
   }
 }
 
@@ -433,17 +443,45 @@ struct Packed {
   int64_t N = 0, K = 0;
 };
 
-// y [M, N] = x W^T (+ b).  Work units are runs of np consecutive panels (one tile's), split between the threads in
-// contiguous runs; every row tile visits a unit while it sits in L2, so the weights are read from memory once for
-// all rows.  (pack() pads the panels to a multiple of MAX_TILE_PANELS: a unit never reads past the data.)
+// y [M, N] = x W^T (+ b).  One or two rows: the panels split evenly between the threads.  More: work units are runs
+// of np consecutive panels (one tile's), split between the threads in contiguous runs; every row tile visits a unit
+// while it sits in L2, so the weights are read from memory once for all rows.  (pack() pads the panels to a
+// multiple of MAX_TILE_PANELS: a unit never reads past the data.)
 template <typename A, typename W>
 void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y) {
   if (M == 0) return;
   const int64_t pstride = K * PANEL;
   const bool vec = kVec<A, W> && !g_portable;
   const int64_t np = vec ? tile_panels(M) : 1, width = np * PANEL, units = (N + width - 1) / width;
-  [[maybe_unused]] const int64_t tiles = M <= 2 ? 1 : (M + TILE_ROWS - 1) / TILE_ROWS;
+  [[maybe_unused]] const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
+#if FR_VEC
+  if constexpr (kVec<A, W>) {
+    if (vec && M <= 2) {
+      // A pure stream of the weights: the threads split the panels, not units of np panels, so that neither
+      // reads more than one panel past half (units of 4 split 36 panels 20 / 16: the 576-wide outputs of
+      // SmolLM2's o and down projections ran 11 % faster split 18 / 18, measured 2026-12-04).  A thread's run
+      // ends with a narrower tile where np does not divide it; every lane is still one chain (the same bits).
+      const int64_t panels = (N + PANEL - 1) / PANEL;
+      const int64_t pgrain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, PANEL * M * K));
+      at::parallel_for(0, panels, pgrain, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; p += np) {
+          const int pn = static_cast<int>(std::min<int64_t>(np, p1 - p));
+          const int64_t f0 = p * PANEL;
+          const int fn = static_cast<int>(std::min<int64_t>(pn * PANEL, N - f0));
+          if (M == 1)
+            run_narrow_tile<1, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
+          else
+            run_narrow_tile<2, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
+          if (bias != nullptr)
+            for (int64_t r = 0; r < M; ++r)
+              for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+        }
+      });
+      return;
+    }
+  }
+#endif
 #if FR_VEC
   // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, KBLOCK_BYTES) is read
   // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.
@@ -466,10 +504,8 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
             const int64_t k0 = kstart(j), k1 = kstart(j + 1), kn = k1 - k0;
             const W* nw = nullptr;  // the next block's first weights (panel 0), nkn steps long
             int64_t nkn = 0;
-            if (M > 2) {
-              if (j + 1 < nb) { nw = w + k1 * PANEL; nkn = kstart(j + 2) - k1; }
-              else if (u + 1 < u1) { nw = w + np * pstride; nkn = kstart(1); }
-            }
+            if (j + 1 < nb) { nw = w + k1 * PANEL; nkn = kstart(j + 2) - k1; }
+            else if (u + 1 < u1) { nw = w + np * pstride; nkn = kstart(1); }
             const int64_t lines = nw ? (nkn * PANEL * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
             const int64_t rate = (int64_t(1) << 16) * (lines / pft) / std::max<int64_t>(1, kn);
             for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
@@ -1081,13 +1117,16 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   }
 }
 
-// rows [R] (int64): which logits rows; m [B] from vocab_stats; taus, us [R] (double).
+// rows [R] (int64): which logits rows; m [B] from vocab_stats; taus, us [R] (double).  Returns the tokens [R], log T_tau
+// [R] and the drawn tokens' logits [R] as doubles (exact; NaN where no token was drawn), so the caller need not
+// index the logits again (an indexing in Python cost ~0.2 ms per step, its code cold after the weights' stream).
 std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& mx, const torch::Tensor& rows,
                                 const torch::Tensor& taus, const torch::Tensor& us) {
   TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "draw: logits [B, V] contiguous");
   const int64_t R = rows.numel(), V = logits.size(1);
   auto tok = torch::empty({R}, rows.options());
   auto log_t = torch::empty({R}, taus.options());
+  auto drawn = torch::empty({R}, taus.options());
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "draw", [&] {
     const scalar_t* l = logits.data_ptr<scalar_t>();
     at::parallel_for(0, R, std::max<int64_t>(1, MIN_TASK_WORK / (8 * V)), [&](int64_t i0, int64_t i1) {
@@ -1096,10 +1135,12 @@ std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor
         const int64_t r = rows.data_ptr<int64_t>()[i];
         draw_row<scalar_t>(l + r * V, V, mx.data_ptr<scalar_t>()[r], scalar_t(taus.data_ptr<double>()[i]),
                            us.data_ptr<double>()[i], tok.data_ptr<int64_t>()[i], log_t.data_ptr<double>()[i], cum);
+        const int64_t t = tok.data_ptr<int64_t>()[i];
+        drawn.data_ptr<double>()[i] = t >= 0 ? double(l[r * V + t]) : std::numeric_limits<double>::quiet_NaN();
       }
     });
   });
-  return {tok, log_t};
+  return {tok, log_t, drawn};
 }
 
 // ------------------------------------------------------------------------------------------ misc

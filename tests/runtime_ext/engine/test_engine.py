@@ -168,6 +168,23 @@ def test_sampling_helpers():
         sampling_log_probs(logits, 0.0)
 
 
+def test_sampling_uniform_is_numpys_seed_sequence_of_seed_words_and_position():
+    """u(seed, p) = the first two words of numpy's SeedSequence([seed lo, seed hi, p]) (the stream every run since
+    the engine's first has drawn from): numpy itself is the oracle, over seeds and positions of every width,
+    including positions past 2^32 (two entropy words) and seeds past 2^64 (reduced mod 2^64)."""
+    rng = np.random.default_rng(7)
+    cases = [(0, 0), (1, 0), (0, 1), (2**64 - 1, 2**32 - 1), (2**32, 2**32), (5, 2**70 + 3), (-1, 7), (2**64 + 9, 3)]
+    def word() -> int:  # any width from 1 to 62 bits
+        return int(rng.integers(0, 2**62)) >> int(rng.integers(0, 62))
+
+    cases += [(word(), word()) for _ in range(3000)]
+    for seed, position in cases:
+        s = seed % 2**64
+        w = np.random.SeedSequence([s % 2**32, s >> 32, position]).generate_state(2, np.uint32)
+        bits = ((int(w[0]) << 21) ^ (int(w[1]) >> 11)) % 2**53
+        assert sampling_uniform(seed, position) == bits / 2**53, (seed, position)
+
+
 def test_empirical_distribution_follows_q(engine):
     """Inverse-CDF with the keyed uniform draws from q_τ: frequencies over many seeds match q."""
     ids = prompt(engine, "x")

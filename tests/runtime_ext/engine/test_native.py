@@ -94,6 +94,29 @@ def test_linear_is_one_fma_chain_per_output_in_input_order(wdtype, k):
         assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
 
 
+@pytest.mark.parametrize("n_out", [34 * 16 - 5, 35 * 16, 38 * 16 - 1])
+def test_one_and_two_rows_split_between_threads_at_any_panel_are_the_definition(n_out):
+    """One or two rows split the output panels evenly between the threads (not units of 4 panels), so a thread's
+    run can end in a tile of 1, 2 or 3 panels: 34, 35 and 38 panels over 2 threads give runs of 17 / 17, 18 / 17
+    and 19 / 19.  K = 576 makes each thread's share big enough to run in parallel.  Oracle: fma32 chains."""
+    g = torch.Generator().manual_seed(n_out)
+    k = 576
+    x = torch.randn(2, k, generator=g)
+    w = torch.randn(n_out, k, generator=g)
+    want = np.zeros((2, n_out), dtype=np.float32)
+    for j in range(k):
+        want = fma32(x.numpy()[:, j : j + 1], w.numpy()[None, :, j], want)
+    packed = K.pack([w])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (1, 2):
+            fast, slow = both_paths(lambda: K.linear(x[:rows].contiguous(), packed, None))
+            assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
+    finally:
+        torch.set_num_threads(threads)
+
+
 NONE = torch.empty(0, dtype=torch.long)
 
 
@@ -161,7 +184,10 @@ def test_norm_silu_and_vocabulary_math_vector_path_is_the_portable_definition():
     fast, slow = both_paths(lambda: K.vocab_stats(logits))
     assert_same(fast, slow)
     rows, taus, us = torch.arange(4), torch.tensor([1.0, 0.5, 0.25, 2.0], dtype=torch.float64), torch.rand(4, dtype=torch.float64)
-    assert_same(*both_paths(lambda: K.draw(logits, fast[0], rows, taus, us)))
+    drawn = both_paths(lambda: K.draw(logits, fast[0], rows, taus, us))
+    assert_same(*drawn)
+    tokens, _, drawn_logits = drawn[0]
+    assert torch.equal(drawn_logits, logits[rows, tokens].double())  # the drawn tokens' logits
     lse = torch.logsumexp(logits.double(), -1)
     assert (fast[0].double() + fast[1] - lse).abs().max() < 1e-6
     bad = logits.clone()

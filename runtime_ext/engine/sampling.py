@@ -36,8 +36,6 @@ import torch
 from ..protocol import SamplingParams
 
 _MASK64 = (1 << 64) - 1
-
-
 _M32 = 0xFFFFFFFF
 _POOL_PAIRS = [(src, dst) for src in range(4) for dst in range(4) if src != dst]
 
@@ -46,8 +44,8 @@ def _seed_sequence_words(entropy: Sequence[int]) -> tuple[int, int]:
     """The first two uint32 words of numpy's `SeedSequence(entropy).generate_state(2, np.uint32)` (pool of 4
     words, no spawn key): O'Neill's seed_seq hash as numpy defines it, in Python integers (all mod 2^32):
     hashmix(v) = (v ^ h) * h' with h' = h * MULT_A, then v ^= v >> 16; mix(x, y) = L x - R y, then ^= >> 16.
-    The same words as numpy's (tested against it), at a third of the cost: once per row and step, numpy's path
-    took 0.35 ms of a one-row decode step (its code cold after the step streamed the weights; 2026-12-04)."""
+    The same words as numpy's (tested against it), 8 µs against numpy's 20 warm: once per row and step, numpy's
+    path took 0.35 ms of a one-row decode step (its code cold after the step streamed the weights; 2026-12-04)."""
     words: list[int] = []
     for n in entropy:
         if n < 0:
@@ -210,8 +208,8 @@ def log_totals(stats: VocabStats, rows: Sequence[int], temperatures: Sequence[fl
         return []
     if stats.kernels is not None:
         _, log_t, _ = stats.kernels.draw(stats.logits, stats.max, torch.tensor(list(rows), dtype=torch.long),
-                                      torch.tensor(list(temperatures), dtype=torch.float64),
-                                      torch.zeros(len(rows), dtype=torch.float64))
+                                         torch.tensor(list(temperatures), dtype=torch.float64),
+                                         torch.zeros(len(rows), dtype=torch.float64))
         return log_t.tolist()
     return [float(torch.logsumexp((stats.logits[r] - stats.max[r]) / t, dim=-1)) for r, t in zip(rows, temperatures)]
 

@@ -443,6 +443,14 @@ struct Packed {
   int64_t N = 0, K = 0;
 };
 
+// y[r][f0 + f] += bias[f0 + f] for the M rows and the fn features from f0 (nothing without a bias).
+template <typename A>
+inline void add_bias(const A* bias, int64_t M, int64_t N, int64_t f0, int fn, A* y) {
+  if (bias != nullptr)
+    for (int64_t r = 0; r < M; ++r)
+      for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+}
+
 // y [M, N] = x W^T (+ b).  One or two rows: the panels split evenly between the threads.  More: work units are runs
 // of np consecutive panels (one tile's), split between the threads in contiguous runs; every row tile visits a unit
 // while it sits in L2, so the weights are read from memory once for all rows.  (pack() pads the panels to a
@@ -473,16 +481,12 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
             run_narrow_tile<1, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
           else
             run_narrow_tile<2, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
-          if (bias != nullptr)
-            for (int64_t r = 0; r < M; ++r)
-              for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+          add_bias(bias, M, N, f0, fn, y);
         }
       });
       return;
     }
   }
-#endif
-#if FR_VEC
   // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, KBLOCK_BYTES) is read
   // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.
   // The last pft tiles of a block prefetch the next block (the unit's, else the thread's next unit's first), each
@@ -518,9 +522,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
               r0 += rn;
             }
           }
-          if (bias != nullptr)
-            for (int64_t r = 0; r < M; ++r)
-              for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
+          add_bias(bias, M, N, f0, fn, y);
           continue;
         }
       }

@@ -60,6 +60,7 @@ def prefetch_rules(args: argparse.Namespace, traversals: list[str], presto: bool
          "applies only to the round-based predictive rule (--traversal predictive) with --budget-unit request"),
         ("--stream-rows", getattr(args, "stream_rows", None) is not None, streaming, only_streaming),
         ("--row-cost", getattr(args, "row_cost", None) is not None, streaming, only_streaming),
+        ("--early-reject/--no-early-reject", getattr(args, "early_reject", None) is not None, streaming, only_streaming),
         ("--classifier", args.classifier is not None, presto and any(t in PREDICTIVE_TRAVERSALS for t in traversals),
          "applies only with a predictive traversal (--traversal predictive or streaming-predictive)"),
     ]

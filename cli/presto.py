@@ -84,6 +84,10 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                         "starts only for a node worth it, P·(1 + ĥ·D) >= λ (P: its reach, D: levels below it). "
                         "A number, or 'measured': b/a of the step time a + b·rows on the embedded engine (default 0: "
                         "rows free, up to N_pf; measured on 2 cores it beat the measured λ, BENCHMARKS.md)")
+    p.add_argument("--early-reject", action=argparse.BooleanOptionalAction, default=None,
+                   help="streaming traversals, PowerMH: reject a proposal while it decodes once its tokens so far "
+                        "decide the rejection (exact: each token can only lower log r at τ = 1/α; default on; "
+                        "--no-early-reject waits for every whole proposal, as the sequential sampler does)")
     p.add_argument("--call-overhead", type=positive_float, default=None,
                    help="request unit, predictive rule: κ0, a call's fixed cost in requests; maximise "
                         "predicted transitions / (κ0 + requests) instead of predicted transitions")
@@ -184,6 +188,7 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
         npf = args.stream_rows  # streaming's N_pf: rows at once
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
                 call_overhead=None if streaming else args.call_overhead,
+                early_reject=streaming and getattr(args, "early_reject", None) is not False,
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
@@ -365,7 +370,9 @@ def bench_presto_command(args: argparse.Namespace) -> int:
             "dataset": args.dataset, "prompts": len(prompts), "settings": st, "traversal": args.traversal,
             "budget_unit": args.budget_unit, "reuse": args.reuse, "call_overhead": args.call_overhead,
             "traversals": list(prefetch), "classifier": _classifier_label(args),
-            "row_cost": row_cost if any(pf.streaming for pf in prefetch.values()) else None}
+            "row_cost": row_cost if any(pf.streaming for pf in prefetch.values()) else None,
+            "early_reject": any(pf.early_reject for pf in prefetch.values()) if any(
+                pf.streaming for pf in prefetch.values()) else None}
     if cost is not None:
         meta["cost_model"] = cost
     for r in rows:

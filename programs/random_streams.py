@@ -18,6 +18,7 @@ inputs are recomputed from j.
     MTM selection uniform                  DecisionStream.select_uniform(j)
     MTM slot temperature index             DecisionStream.slot_choice(j, slot, n)
     block extension x_{L+1:T} ~ q_τ        DecisionStream.extend_seed()
+    the same draws, each computed once     MemoStream(stream) (streaming PreSTO asks for one j many times)
 
 The engine keys its per-token noise by (sampling_seed, absolute position), so a suffix depends only on its
 prefix ids and its seed - never on what else is in the batch.
@@ -29,7 +30,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -144,3 +145,23 @@ def uniform_cut(u: float, horizon: int) -> int:
     if not (0.0 <= u < 1.0):
         raise ValueError(f"u must be in [0, 1), got {u}")
     return min(int(u * horizon), horizon - 1)
+
+
+class MemoStream:
+    """A `DecisionStream` whose draws are computed once (the tree asks for the same j many times)."""
+
+    def __init__(self, stream: DecisionStream) -> None:
+        self._stream = stream
+        self._memo: dict[Any, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._stream, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            key = (name, args, tuple(sorted(kwargs.items())))
+            if key not in self._memo:
+                self._memo[key] = fn(*args, **kwargs)
+            return self._memo[key]
+        return call

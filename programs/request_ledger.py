@@ -8,7 +8,9 @@ keeps a complete row).  The ledger counts both, per chain, with one definition f
 
     generated tokens      Σ tokens of every generation (a request generated twice counts twice; a streamed row
                           aborted part-way counts the tokens it decoded)
-    used tokens           Σ over the distinct requests some realized decision read of their length T − c
+    used tokens           Σ over the distinct requests some realized decision read of the tokens decoded of them:
+                          their length T − c, fewer for a streamed proposal rejected early (the walk read its
+                          tokens up to the rejection and the rest were never decoded)
     wasted tokens         generated − used;  wasted_token_fraction = wasted ÷ generated (0 when none generated)
     repeated requests     generations of a request (same prefix ids, length, τ, seed) that decode a position of it
                           an earlier generation in the chain already decoded
@@ -58,8 +60,8 @@ class RequestLedger:
 
     @property
     def used_tokens(self) -> int:
-        """Σ T − c over the distinct used requests that the chain generated."""
-        return sum(r.max_tokens for r in self._used if r in self._decoded)
+        """Σ over the distinct used requests of the tokens the chain decoded of them (T − c, unless rejected early)."""
+        return sum(min(r.max_tokens, self._decoded[r]) for r in self._used if r in self._decoded)
 
     @property
     def wasted_tokens(self) -> int:

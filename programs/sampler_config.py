@@ -146,6 +146,12 @@ class PrefetchConfig:
     feasible (about P·ĥ per level, D levels below), so a row starts only for a node with P·(1 + ĥ·D) ≥ λ
     (`stream_tree.walk_tree`).  0 (default): rows are free (a GPU batch): up to N_pf rows run."""
 
+    early_reject: bool = True
+    """Streaming only: reject a PowerMH proposal (τ = 1/α) while it is still decoding once the bound of its log MH
+    ratio over the tokens so far decides the rejection (`acceptance.log_mh_ratio_bound`): the same decision the
+    complete proposal gives, sooner and with fewer tokens.  False: every decision waits for its whole proposal,
+    as the round-based and sequential samplers do."""
+
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
             raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")

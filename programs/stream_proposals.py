@@ -16,6 +16,7 @@ children that became feasible, aborted what became unreachable), so a child join
     start a request (its prefix may extend a row)  ProposalStreams.start(rid, request, share_from)
     tokens of a row so far / complete suffix       RowUpdate.ids / RowUpdate.suffix
     what an aborted row generated (to resume)      RowUpdate.partial
+    log q_τ, log p0 of a running row's tokens      RowUpdate.logq, RowUpdate.logp0 (early rejection)
     one decode step's events                       one batch of EngineStreams.updates() (StreamBatch.steps)
 """
 
@@ -42,6 +43,10 @@ class RowUpdate:
     partial: Suffix | None = None
     """An aborted row's tokens with their per-token quantities, when the engine reported them (the embedded
     engine does; a server's abort does not): the request can resume after them instead of starting over."""
+    logq: tuple[float, ...] | None = None
+    logp0: tuple[float, ...] | None = None
+    """log q_τ and log p0 of the tokens so far while the row runs, when the engine reports them (the embedded
+    engine does, a server stream does not): what an early rejection bounds the MH ratio with."""
 
 
 @dataclass
@@ -143,7 +148,7 @@ class EngineStreams:
             req = self._requests.pop(e.rid, None)
             return RowUpdate(e.rid, e.output_ids, aborted=True, partial=self._partial(e, req))
         if not e.finished or e.output is None:
-            return RowUpdate(e.rid, e.output_ids)
+            return RowUpdate(e.rid, e.output_ids, logq=e.output_logq, logp0=e.output_logp0)
         req = self._requests.pop(e.rid, None)
         if req is None:
             return RowUpdate(e.rid, e.output_ids, aborted=True)

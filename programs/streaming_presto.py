@@ -8,7 +8,11 @@ walk decides transition k the moment the proposal of the realized state is compl
 the engine (`stream_proposals.ProposalStreams.updates`) the sampler:
 
 1. walks as far as the completed proposals allow - with the kernel's own `cut`, `requests`, `decide` and
-   the decision stream's uniform at the realized state, i.e. exactly the sequential sampler's decisions;
+   the decision stream's uniform at the realized state, i.e. exactly the sequential sampler's decisions; a
+   PowerMH proposal (τ = 1/α) can be rejected before it is complete: each of its tokens can only lower log r,
+   so once the bound over its tokens so far (`kernel.log_ratio_bound`) is at most log u the complete proposal
+   would be rejected too, and the walk rejects it there and stops its row (`PrefetchConfig.early_reject`; the
+   engine must report a running row's log q_τ and log p0, as the embedded engine does);
 2. enumerates the tree below the realized state best first by the probability P that the walk reaches a
    node (ĥ: the predictive rule's classifier, else the chain's acceptance rate so far) and starts the
    requests of the feasible nodes in that order while fewer than N_pf rows run, but only for nodes worth
@@ -43,6 +47,7 @@ events are not decode steps, only restarts open windows.)
     ĥ of the ranking                           PrefetchConfig.traversal ("predictive": the classifier's;
                                                else the chain's acceptance rate, Laplace-smoothed)
     MHTransition at the realized state         _BlockRun.advance
+    rejection decided while y still decodes    _BlockRun.reject_early
     prefetch: abort unreachable, start rows    _BlockRun.plan
     window (a "call")                          Window -> CallRecord
 """
@@ -51,7 +56,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -61,12 +66,13 @@ from .acceptance import accept_decision
 from .cut_statistics import root_cut_features
 from .prefetch_tree import accept_child
 from .suffixes import ProposalModel, Suffix, SuffixRequest
-from .random_streams import DecisionStream
+from .random_streams import DecisionStream, MemoStream
 from .records import CallRecord
 from .samplers import BlockwiseSampler, ChainResult
 from .sampler_config import PrefetchConfig, SamplerConfig
 from .stream_proposals import ProposalStreams
 from .stream_tree import StateRef, TreeNode, walk_tree
+from .transitions import ChainState
 from .traversal import CandidateNode
 
 
@@ -80,6 +86,9 @@ class Row:
     transition: int
     """j: the transition whose proposal this request is (its seed is transition j's)."""
     ids: tuple[int, ...] = ()
+    logq: tuple[float, ...] = ()
+    logp0: tuple[float, ...] = ()
+    """log q_τ and log p0 of `ids` while the row runs, when the engine reports them (else empty)."""
     suffix: Suffix | None = None
     aborted: bool = False
     used: bool = False
@@ -113,33 +122,14 @@ class Window:
 
     start: float
     end: float = 0.0
-    decisions: list[tuple[int, int, float, bool, Any]] = field(default_factory=list)
-    """(transition j, cut, log A, accepted, state) of each realized decision."""
+    decisions: list[tuple[int, int, float, bool, Any, int | None]] = field(default_factory=list)
+    """(transition j, cut, log A, accepted, state, None) of each realized decision; an early rejection has the
+    bound of log A and the proposal tokens it read (`_BlockRun.reject_early`)."""
     rows_started: int = 0
     rows_aborted: int = 0
     steps: int = 0
     row_steps: int = 0
     max_rows: int = 0
-
-
-class MemoStream:
-    """A `DecisionStream` whose draws are computed once (the tree asks for the same j many times)."""
-
-    def __init__(self, stream: DecisionStream) -> None:
-        self._stream = stream
-        self._memo: dict[Any, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._stream, name)
-        if not callable(fn):
-            return fn
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            key = (name, args, tuple(sorted(kwargs.items())))
-            if key not in self._memo:
-                self._memo[key] = fn(*args, **kwargs)
-            return self._memo[key]
-        return call
 
 
 class StreamingPrestoSampler(BlockwiseSampler):
@@ -246,6 +236,10 @@ class _BlockRun:
             ids = u.ids if not row.first else row.ids[: row.first] + tuple(u.ids)
             window.row_steps += max(len(ids) - len(row.ids), 0)
             row.ids = ids
+            if u.logq is not None and u.logp0 is not None and len(u.logq) == len(u.ids) == len(u.logp0):
+                head = row.resumed
+                row.logq = tuple(u.logq) if head is None else tuple(head.logq.tolist()) + tuple(u.logq)
+                row.logp0 = tuple(u.logp0) if head is None else tuple(head.logp0.tolist()) + tuple(u.logp0)
             if u.suffix is not None:
                 row.suffix = u.suffix if row.resumed is None else row.resumed.then(u.suffix)
                 self.dirty = True
@@ -265,25 +259,50 @@ class _BlockRun:
         cut = self.kernel.cut(state, j, self.stream)
         self.needs = self.requests_at(state.tokens, cut, j)
         rows = [self.rows.get(r) for r in self.needs]
-        if not self.windows or any(row is None or row.suffix is None for row in rows):
+        if not self.windows or any(row is None for row in rows):
             return False
+        if any(row is None or row.suffix is None for row in rows):
+            return self.reject_early(state, cut, rows, j)
         suffixes = [row.suffix for row in rows if row is not None and row.suffix is not None]
         decision = self.kernel.decide(state, cut, suffixes, j, self.stream)
         accepted = accept_decision(self.stream.accept_log_uniform(j), decision.log_accept)
+        self.decided(rows, (j, cut, decision.log_accept, accepted, state, None), decision.proposal if accepted else None)
+        return True
+
+    def reject_early(self, state: ChainState, cut: int, rows: list[Row | None], j: int) -> bool:
+        """Decide transition j as a rejection while its proposal is still decoding, when the bound of log r over
+        the tokens so far (`kernel.log_ratio_bound`) already gives log u ≥ log A: the decision the complete
+        proposal would give (`acceptance.log_mh_ratio_bound`); the row stops there."""
+        bound_of = getattr(self.kernel, "log_ratio_bound", None)
+        if not self.pf.early_reject or bound_of is None or len(rows) != 1:
+            return False
+        (row,) = rows
+        if row is None or not row.logq or len(row.logq) != len(row.ids):
+            return False
+        bound = bound_of(state, cut, row.logq, row.logp0)
+        if bound is None or accept_decision(self.stream.accept_log_uniform(j), min(0.0, bound)):
+            return False
+        self.abort(row)  # read up to here; no node asks for transition j's request again
+        self.decided(rows, (j, cut, min(0.0, bound), False, state, len(row.ids)), None)
+        return True
+
+    def decided(self, rows: list[Row | None], decision: tuple[int, int, float, bool, Any, int | None],
+                proposal: ChainState | None) -> None:
+        """Book transition k's decision (j, cut, log A or its bound, accepted, state, the tokens read when decided
+        early), move to the accepted `proposal`, prune the rows."""
         for row in rows:
             while row is not None:  # and the aborted rows it resumed
                 row.used = True
                 row = row.previous
-        self.windows[-1].decisions.append((j, cut, decision.log_accept, accepted, state))
-        self.result.history.append(accepted)
-        if accepted:
-            self.result.state = decision.proposal
-            self.root = StateRef.root(decision.proposal)
+        self.windows[-1].decisions.append(decision)
+        self.result.history.append(decision[3])
+        if proposal is not None:
+            self.result.state = proposal
+            self.root = StateRef.root(proposal)
         self.hhat_memo = {}
-        self.prune(accepted)
+        self.prune(decision[3])
         self.k += 1
         self.sampler._advanced(1)
-        return True
 
     # ------------------------------------------------------------------------------------------ prefetch
     def prune(self, accepted: bool) -> None:
@@ -421,8 +440,8 @@ class _BlockRun:
 
     def park(self, row: Row | None, partial: Suffix | None) -> None:
         """Keep what an aborted row decoded (the engine's report of it) for a later start of its request."""
-        if row is None or partial is None or len(partial.ids) == 0 or row.request in self.rows:
-            return
+        if row is None or row.used or partial is None or len(partial.ids) == 0 or row.request in self.rows:
+            return  # (a row the walk read, e.g. an early rejection's, is never asked for again)
         whole = partial if row.resumed is None else row.resumed.then(partial)
         if 0 < len(whole.ids) < row.request.max_tokens:
             self.parked[row.request] = (whole, row)
@@ -434,6 +453,17 @@ class _BlockRun:
         self.by_rid.pop(row.rid, None)
 
     # ------------------------------------------------------------------------------------------ windows
+    def node_record(self, call_index: int, j: int, cut: int, log_a: float, accepted: bool, state: ChainState,
+                    read: int | None) -> Any:
+        """The record of a realized decision; an early rejection's log A is the bound it was decided by (A is at
+        most that): `extra` says so and how many proposal tokens it read."""
+        rec = self.sampler._node_record(self.result, self.block, call_index, accept_child(0), self.T, cut, j, log_a,
+                                        True, accepted, state)
+        if read is None:
+            return rec
+        return replace(rec, extra={**rec.extra, "log_accept_is_bound": True, "early_rejection_read": read,
+                                   "proposal_tokens": self.T - cut})
+
     def open_window(self) -> None:
         now = self.sampler.clock()
         if self.windows:
@@ -453,8 +483,7 @@ class _BlockRun:
             tokens = sum(r.decoded for r in rows)
             wasted = sum(r.decoded for r in rows if not r.used)
             call_index = len(res.calls)
-            nodes = tuple(s._node_record(res, self.block, call_index, accept_child(0), self.T, cut, j, log_a, True,
-                                         accepted, state) for j, cut, log_a, accepted, state in w.decisions)
+            nodes = tuple(self.node_record(call_index, *decision) for decision in w.decisions)
             res.calls.append(CallRecord(
                 prompt_id=res.prompt_id, sampler=s.name, call_index=call_index, kind="mh", block=self.block,
                 wall_time=w.end - w.start, nodes_scored=len(nodes), distinct_requests=len(rows),

@@ -11,6 +11,7 @@ samplers (`samplers`) drive the same kernels, which is what keeps their chains i
     (x_{0:c}, y_{c:T})                      ChainState.splice(cut, suffix)
     c ~ Unif{0..T−1} / ρ_x(c) (EntropyCut)  kernel.cut(state, j, stream); its law kernel.cut_law(state)
     log A(y, x)                             Decision.log_accept
+    log r ≤ bound, proposal still decoding  kernel.log_ratio_bound(state, cut, head log q, head log p0)
     M candidates + M − 1 references         MultiTryKernel.requests (2M − 1 requests, one prefix x_{0:c})
 """
 
@@ -27,6 +28,7 @@ from .acceptance import (
     entropy_cut_log_ratio,
     log_acceptance,
     log_mh_ratio,
+    log_mh_ratio_bound,
     mtm_log_ratio,
     mtm_log_weight,
     mtm_select,
@@ -134,6 +136,21 @@ class PowerMHKernel(UniformCut):
     def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
         return log_mh_ratio(state.logq, state.logp0, proposal.logq, proposal.logp0, cut, self.alpha)
 
+    @property
+    def rejects_early(self) -> bool:
+        """Whether a rejection can be decided before the proposal is complete: τ = 1/α, α ≥ 1, where each proposal
+        token can only lower log r (`acceptance.log_mh_ratio_bound`)."""
+        return self.alpha >= 1.0 and abs(self.alpha * self.tau - 1.0) <= 1e-12
+
+    def log_ratio_bound(self, state: ChainState, cut: int, head_logq: Sequence[float],
+                        head_logp0: Sequence[float]) -> float | None:
+        """An upper bound of log r given the proposal's first tokens (their log q_τ and log p0), or None when this
+        kernel has none (`rejects_early`)."""
+        if not self.rejects_early:
+            return None
+        return log_mh_ratio_bound(state.logq, state.logp0, head_logq, head_logp0, cut, self.alpha,
+                                  state.length - cut - len(head_logq))
+
     def decide(self, state, cut, suffixes, j, stream):
         (suffix,) = suffixes
         proposal = state.splice(cut, suffix)
@@ -165,6 +182,10 @@ class EntropyCutKernel(PowerMHKernel):
     def cuts(self, state: ChainState, transitions: Sequence[int], stream: DecisionStream) -> list[int]:
         law = self.cut_law(state)
         return [cut_by_gumbel_max(law, stream.cut_gumbels(j, state.length)) for j in transitions]
+
+    @property
+    def rejects_early(self) -> bool:
+        return False  # (the cut-law correction is not bounded here)
 
     def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
         return entropy_cut_log_ratio(state.logq, state.logp0, state.entropy, proposal.logq, proposal.logp0,

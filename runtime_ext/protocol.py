@@ -204,6 +204,8 @@ class RowEvent:
     error: BaseException | None = None
     output_logq: tuple[float, ...] | None = None
     output_top_logprobs: tuple[Any, ...] | None = None
+    output_logp0: tuple[float, ...] | None = None
+    """log p0 of each token so far (as `output_token_logp0`), with `output_logq` (the embedded engine)."""
 
     @property
     def aborted(self) -> bool:

@@ -6,7 +6,8 @@ continuous batching: a row started between two steps decodes from the next one. 
 the engine would rely on - a `share_from` row is running and its tokens so far extend the prefix the
 child claims - and counts steps, rows and the most rows running at once.  An aborted row is reported at the next
 `updates()` with the tokens it decoded and their quantities (`RowUpdate.partial`), as the embedded engine
-reports an abort (`report_partial=False`: as a server does, without them).
+reports an abort (`report_partial=False`: as a server does, without them); a running row's update carries the
+log q_τ and log p0 of its tokens so far, as the embedded engine's does (`report_progress=False`: tokens only).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class SteppedStreams:
     lockstep: bool = True
     """Each `updates()` is one decode step (the sampler caps a window at T of them)."""
     report_partial: bool = True
+    report_progress: bool = True
+    """Report a running row's log q_τ and log p0 so far (`RowUpdate.logq/.logp0`) as the embedded engine does
+    (False: as a server stream, tokens only)."""
     resumed: list[SuffixRequest] = field(default_factory=list)
     """Requests started whose prefix extends an aborted row's prefix by the tokens it decoded."""
     _gone: list[RowUpdate] = field(default_factory=list)
@@ -81,6 +85,10 @@ class SteppedStreams:
             if row.shown >= len(row.suffix.ids):
                 del self.rows[rid]
                 out.updates.append(RowUpdate(rid, ids, suffix=row.suffix))
+            elif self.report_progress:
+                head = row.suffix.head(row.shown)
+                out.updates.append(RowUpdate(rid, ids, logq=tuple(map(float, head.logq)),
+                                             logp0=tuple(map(float, head.logp0))))
             else:
                 out.updates.append(RowUpdate(rid, ids))
         return out

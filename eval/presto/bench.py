@@ -102,6 +102,7 @@ def streaming_metrics(runs: Sequence[ChainResult]) -> dict[str, Any]:
     windows = [c for r in runs for c in r.mh_calls]
     mean = lambda name: float(np.mean([getattr(c, name) for c in windows]))  # noqa: E731
     steps = sum(c.decode_steps for c in windows)
+    early = [n.extra for c in windows for n in c.nodes if n.extra.get("log_accept_is_bound")]
     return {
         "windows": len(windows),
         "transitions_per_window": mean("transitions"),
@@ -112,6 +113,9 @@ def streaming_metrics(runs: Sequence[ChainResult]) -> dict[str, Any]:
         "wasted_tokens_per_window": mean("wasted_tokens"),
         "wasted_token_share": (sum(c.wasted_tokens for c in windows) / max(sum(c.generated_tokens for c in windows), 1)),
         "max_rows": max((c.max_rows for c in windows), default=0),
+        # rejections decided before the proposal was complete (`streaming_presto`, `PrefetchConfig.early_reject`)
+        "early_rejections": len(early),
+        "early_rejection_tokens_skipped": sum(e["proposal_tokens"] - e["early_rejection_read"] for e in early),
         "per_prompt": [[{"transitions": c.transitions, "decode_steps": c.decode_steps, "row_steps": c.row_steps,
                          "max_rows": c.max_rows, "rows_started": c.rows_started, "rows_aborted": c.rows_aborted,
                          "wasted_tokens": c.wasted_tokens, "wall_s": c.wall_time} for c in r.mh_calls] for r in runs],

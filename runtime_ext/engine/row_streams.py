@@ -38,6 +38,7 @@ def row_event(r: Request) -> RowEvent:
     return RowEvent(rid=r.rid, output_ids=tuple(r.output_ids), finished=done,
                     output=r.result if done and r.error is None else None, error=r.error if done else None,
                     output_logq=tuple(r.logq) if r.params.return_logprob else None,
+                    output_logp0=tuple(r.logp0) if r.params.return_logprob else None,
                     output_top_logprobs=tuple(r.top) if r.params.top_logprobs_num > 0 else None)
 
 

@@ -310,3 +310,22 @@ def test_stream_rows_caps_only_the_streaming_variants(capsys):
 def _lambda_of(fit):
     """b/a of the step-time fit (0 where a loaded machine fits a ≤ 0 or b < 0)."""
     return max(fit["b_s"], 0.0) / fit["a_s"] if fit["a_s"] > 0 else 0.0
+
+
+def test_early_reject_is_on_for_streaming_and_can_be_switched_off(capsys):
+    """Streaming rows report their early rejections (exact: identical chains either way); --no-early-reject decides
+    every transition on its whole proposal (none, nothing skipped); the flag is refused without a streaming traversal."""
+    base = ["bench", "presto", "--model", "tiny", "--prompts", "2", "--n", "16", "--K", "12", "--npf", "4",
+            "--traversals", "streaming", "--no-cost-model", "--json"]
+    runs = {}
+    for flag in ([], ["--no-early-reject"]):
+        assert main(base + flag) == 0
+        out = json.loads(capsys.readouterr().out)
+        (row,) = out["rows"]
+        assert row["identical_chains"] == 2 and out["meta"]["early_reject"] is (not flag)
+        runs[bool(flag)] = row["streaming"]
+    assert runs[False]["early_rejections"] > 0 and runs[False]["early_rejection_tokens_skipped"] > 0
+    assert runs[True]["early_rejections"] == 0 and runs[True]["early_rejection_tokens_skipped"] == 0
+    assert main(["bench", "presto", "--model", "tiny", "--prompts", "1", "--traversals", "bfs",
+                 "--no-early-reject"]) == 2
+    assert "--early-reject/--no-early-reject applies only to the streaming traversals" in capsys.readouterr().err

@@ -63,6 +63,9 @@ def test_progress_events_and_the_output_match_generate(engine):
     alone = engine.generate(ids, params(6, 11))
     assert final.output.output_ids == alone.output_ids
     assert list(final.output.output_logp0) == list(alone.output_logp0)
+    for e in progress:  # a running row's log q_τ and log p0 so far: the output's own floats (early rejection)
+        n = len(e.output_ids)
+        assert e.output_logq == alone.output_logq[:n] and e.output_logp0 == alone.output_logp0[:n]
     with pytest.raises(EngineError, match="must generate"):
         engine.submit_stream(ids, params(0, 1), rid="row-z", listener=listen)
 

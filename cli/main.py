@@ -18,12 +18,12 @@ import argparse
 import sys
 from typing import Any, NoReturn, Sequence
 
-from . import classifier, engine, evaluate, preposition, presto
+from . import bench_external, classifier, engine, evaluate, preposition, presto
 from .args import check_model_path
 from .errors import run_guarded
 from .output import quiet_bars
 
-COMMAND_MODULES = (engine, classifier, preposition, presto, evaluate)
+COMMAND_MODULES = (engine, classifier, preposition, presto, bench_external, evaluate)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -32,7 +32,7 @@ from .inputs import dataset_paths, naming_undecodable
 from .output import output_file, print_json, progress_bar
 from .row_cost import bench_cost_curve, row_cost_arg, row_cost_for, with_row_cost
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
-from ..programs.sampler_config import (CPU_SAMPLER, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig,
+from ..programs.sampler_config import (CPU_SAMPLER, CPU_STREAM_ROWS, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig,
                                         SamplerConfig, default_budget, predictive_rule, prefetch_shortfall)
 
 __all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text"]
@@ -69,9 +69,10 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--max-nodes", type=positive_int, default=None,
                    help=f"request unit: most nodes scored per round (default {DEFAULT_MAX_NODES})")
     p.add_argument("--stream-rows", type=positive_int, default=None,
-                   help="streaming traversals: rows running at once (default: N_pf). Round-based variants keep N_pf "
-                        "requests per call, so one run compares both at their own budgets; on 2 cores 10 rows beat "
-                        "20 at n = 64 and 128 (BENCHMARKS.md)")
+                   help=f"streaming traversals: rows running at once (default: N_pf with --backend; on the embedded "
+                        f"engine (CPU) at most {CPU_STREAM_ROWS}, where more rows waste more tokens, BENCHMARKS.md). "
+                        "Round-based variants keep N_pf requests per call, so one run compares both at their own "
+                        "budgets")
     p.add_argument("--row-cost", type=row_cost_arg, default=None,
                    help="streaming traversals: λ, what one more row adds to a decode step relative to the step; a row "
                         "starts only for a node worth it, P·(1 + ĥ·D) >= λ (P: its reach, D: levels below it). "
@@ -148,8 +149,8 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
     """The PreSTO settings of one variant; npf None: each sampler's default budget (`PrefetchConfig.resolved`)."""
     traversal = traversal or args.traversal
     streaming = traversal.startswith("streaming")
-    if streaming and args.stream_rows:
-        npf = args.stream_rows  # streaming's N_pf: rows at once
+    if streaming:  # streaming's N_pf: rows at once
+        npf = args.stream_rows or default_stream_rows(args, npf)
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
                 call_overhead=None if streaming else args.call_overhead,
                 early_reject=streaming and getattr(args, "early_reject", None) is not False,
@@ -157,6 +158,15 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
     if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
     return PrefetchConfig(**cost, **predictive_rule(_classifier(args)))
+
+
+def default_stream_rows(args: argparse.Namespace, npf: int | None) -> int | None:
+    """Rows at once without --stream-rows: N_pf, on the embedded engine (CPU) at most `CPU_STREAM_ROWS` - except for
+    MultiTryMH, whose one transition alone is 2M − 1 = 7 requests (its own default budget)."""
+    kinds = getattr(args, "samplers", None) or [getattr(args, "sampler", "power-mh")]
+    if getattr(args, "backend", None) or "multitry-mh" in kinds:
+        return npf
+    return min(npf or NPF_DEFAULT, CPU_STREAM_ROWS)
 
 
 def _classifier(args: argparse.Namespace) -> Any:

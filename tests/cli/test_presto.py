@@ -8,9 +8,10 @@ import pytest
 
 from forerun.eval.presto.bench import PairResult, format_table
 from forerun.cli.main import build_parser, main
+from forerun.cli.presto import default_stream_rows
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.records import read_node_records
-from forerun.programs.sampler_config import SamplerConfig, PrefetchConfig
+from forerun.programs.sampler_config import CPU_STREAM_ROWS, SamplerConfig, PrefetchConfig
 from forerun.programs.sampler_factory import make_sampler
 
 
@@ -301,10 +302,22 @@ def test_stream_rows_caps_only_the_streaming_variants(capsys):
     assert rows["bfs"]["npf"] == 8 and rows["streaming"]["npf"] == 2
     assert rows["streaming"]["streaming"]["max_rows"] == 2
     assert all(r["identical_chains"] == 2 for r in rows.values())
-    assert main(base + ["--traversals", "streaming"]) == 0  # without the flag: N_pf rows
-    assert json.loads(capsys.readouterr().out)["rows"][0]["streaming"]["max_rows"] > 2
+    assert main(base + ["--traversals", "streaming"]) == 0  # without the flag on the embedded engine: min(N_pf, 6)
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["npf"] == min(8, CPU_STREAM_ROWS) and 2 < row["streaming"]["max_rows"] <= CPU_STREAM_ROWS
     assert main(base + ["--traversals", "bfs", "--stream-rows", "2"]) == 2
     assert "--stream-rows applies only to the streaming traversals" in capsys.readouterr().err
+
+
+def test_default_stream_rows_caps_the_embedded_engine_only():
+    """On the embedded engine (CPU) streaming runs at most CPU_STREAM_ROWS rows by default; on a server (rows nearly
+    free) and for MultiTryMH (2M − 1 = 7 requests per transition) it keeps N_pf."""
+    parse = build_parser().parse_args
+    assert default_stream_rows(parse(["bench", "presto"]), None) == CPU_STREAM_ROWS
+    assert default_stream_rows(parse(["bench", "presto"]), 4) == 4
+    assert default_stream_rows(parse(["bench", "presto", "--backend", "http://h:1"]), 20) == 20
+    assert default_stream_rows(parse(["bench", "presto", "--samplers", "power-mh", "multitry-mh"]), None) is None
+    assert default_stream_rows(parse(["sample", "--prompt", "x", "--sampler", "multitry-mh"]), 21) == 21
 
 
 def _lambda_of(fit):

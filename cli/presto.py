@@ -32,8 +32,9 @@ from .inputs import dataset_paths, naming_undecodable
 from .output import output_file, print_json, progress_bar
 from .row_cost import bench_cost_curve, row_cost_arg, row_cost_for, with_row_cost
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
-from ..programs.sampler_config import (CPU_SAMPLER, CPU_STREAM_ROWS, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER, PrefetchConfig,
-                                        SamplerConfig, default_budget, predictive_rule, prefetch_shortfall)
+from ..programs.sampler_config import (CPU_SAMPLER, CPU_STREAM_ROWS, DEFAULT_BUDGET, SAMPLER_KINDS, TABLE6_SAMPLER,
+                                        PrefetchConfig, SamplerConfig, default_budget, predictive_rule,
+                                        prefetch_shortfall)
 
 __all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text"]
 

@@ -222,8 +222,9 @@ CPU_SAMPLER = SamplerConfig(response_length=32, block_size=32, steps_per_block=1
 CPU_STREAM_ROWS = 6
 """Streaming PreSTO's rows at once on the embedded engine (CPU) without --stream-rows: each more row there costs
 a measurable share of a decode step, so more rows make more tokens the walk never uses.  Measured on 2 cores
-(MATH500, 5 prompts, early rejection on; BENCHMARKS.md): 4 / 6 / 8 rows gave 3.22x / 3.91x / 4.30x at n = 64 with
-18 / 23 / 31 % of the generated tokens wasted, 2.95x / 3.46x / 3.50x at n = 128 with 20 / 30 / 40 %: 6 keeps the
-waste at or under 30 %.  On a server (a GPU batch, rows nearly free) streaming runs N_pf rows."""
+(MATH500, 5 prompts, early rejection on, one run per row count; BENCHMARKS.md): 4 / 6 / 8 rows gave 3.22x /
+4.01x / 4.30x at n = 64 with 18 / 23 / 31 % of the generated tokens wasted, 2.95x / 3.57x / 3.50x at n = 128 with
+20 / 30 / 40 %: 6 keeps the waste at or under 30 %.  On a server (a GPU batch, rows nearly free) streaming
+runs N_pf rows."""
 TABLE6_SAMPLER = replace(SamplerConfig(), response_length=1024, block_size=1024, steps_per_block=100)
 """PreSTO Table 6 (a): n = 1024, a single block B = n, α = 4, K = 100, seed 10086 (N_pf: `DEFAULT_BUDGET`)."""

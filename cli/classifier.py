@@ -9,6 +9,7 @@ Records are the JSONL scored-node lines the PreSTO samplers write (programs/reco
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..classifiers.certainty import CertaintyClassifier, CertaintyConfig
@@ -111,10 +112,22 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
         records = [r for r in records if r.sampler == args.sampler]
         if not records:
             raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
+    _warn_bounds(records)
     if not args.drop_unreachable:
         return records, 0
     kept = drop_unreachable(records)
     return kept, len(records) - len(kept)
+
+
+def _warn_bounds(records: list[NodeRecord]) -> None:
+    """One stderr line when records carry an upper bound of log A instead of its value: streaming PreSTO's early
+    rejections (extra.log_accept_is_bound), whose proposals were never decoded to the end."""
+    bounds = sum(bool(r.extra.get("log_accept_is_bound")) for r in records)
+    if bounds:
+        print(f"forerun classifier: warning: {bounds} of {len(records)} records are early rejections whose log A is "
+              "an upper bound (extra.log_accept_is_bound): their accept_prob reads high and their certainty class "
+              "may read uncertain where the exact one is a certain rejection; train on records with --no-early-reject "
+              "or round-based PreSTO for exact labels", file=sys.stderr)
 
 
 @reports_errors("classifier train")

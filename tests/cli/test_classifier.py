@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -51,6 +52,22 @@ def test_train_writes_model(tmp_path, record_files, capsys):
     model = CertaintyClassifier.load(out)
     assert model.training_size == n
     assert 0 < model.branch_prob_accept(0.5) < 1
+
+
+def test_train_warns_about_early_rejection_bounds(tmp_path, capsys):
+    """Records whose log A is only an upper bound (streaming early rejections) are named on stderr; exact ones
+    are not."""
+    recs = synthetic_node_records(n_prompts=4, calls_per_prompt=3, nodes_per_call=6, seed=5)
+    exact, bounded = tmp_path / "exact.jsonl", tmp_path / "bounded.jsonl"
+    write_node_records(exact, recs)
+    write_node_records(bounded, [replace(r, extra={**r.extra, "log_accept_is_bound": True}) if i % 3 == 0 else r
+                                 for i, r in enumerate(recs)])
+    assert run(["classifier", "train", "--records", str(exact), "--out", str(tmp_path / "a.json"), "--json"]) == 0
+    assert "upper bound" not in capsys.readouterr().err
+    assert run(["classifier", "train", "--records", str(bounded), "--out", str(tmp_path / "b.json"), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert f"{len(range(0, len(recs), 3))} of {len(recs)} records are early rejections" in captured.err
+    json.loads(captured.out)  # stdout stays strict JSON
 
 
 def test_train_json_and_feature_set(tmp_path, record_files, capsys):

@@ -146,12 +146,12 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                 seed=base.seed if args.seed is None else args.seed)
 
 
-def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None = None):
+def _prefetch(args: argparse.Namespace, npf: int | None, configs: list[Any], traversal: str | None = None):
     """The PreSTO settings of one variant; npf None: each sampler's default budget (`PrefetchConfig.resolved`)."""
     traversal = traversal or args.traversal
     streaming = traversal.startswith("streaming")
     if streaming:  # streaming's N_pf: rows at once
-        npf = args.stream_rows or default_stream_rows(args, npf)
+        npf = args.stream_rows or default_stream_rows(args, npf, configs)
     cost = dict(budget=npf, budget_unit=args.budget_unit, reuse_suffixes=args.reuse, streaming=streaming,
                 call_overhead=None if streaming else args.call_overhead,
                 early_reject=streaming and getattr(args, "early_reject", None) is not False,
@@ -161,13 +161,15 @@ def _prefetch(args: argparse.Namespace, npf: int | None, traversal: str | None =
     return PrefetchConfig(**cost, **predictive_rule(_classifier(args)))
 
 
-def default_stream_rows(args: argparse.Namespace, npf: int | None) -> int | None:
-    """Rows at once without --stream-rows: N_pf, on the embedded engine (CPU) at most `CPU_STREAM_ROWS` - except for
-    MultiTryMH, whose one transition alone is 2M − 1 = 7 requests (its own default budget)."""
-    kinds = getattr(args, "samplers", None) or [getattr(args, "sampler", "power-mh")]
-    if getattr(args, "backend", None) or "multitry-mh" in kinds:
+def default_stream_rows(args: argparse.Namespace, npf: int | None, configs: list[Any]) -> int | None:
+    """Rows at once without --stream-rows: N_pf, on the embedded engine (CPU) at most `CPU_STREAM_ROWS` - unless
+    that cap would leave a sampler nothing to prefetch (`prefetch_shortfall`; MultiTryMH: 2M − 1 = 7 requests
+    per transition keeps its own default budget)."""
+    cap = min(npf or NPF_DEFAULT, CPU_STREAM_ROWS)
+    capped = PrefetchConfig(budget=cap, streaming=True)
+    if getattr(args, "backend", None) or any(prefetch_shortfall(cfg, capped) for cfg in configs):
         return npf
-    return min(npf or NPF_DEFAULT, CPU_STREAM_ROWS)
+    return cap
 
 
 def _classifier(args: argparse.Namespace) -> Any:
@@ -249,8 +251,9 @@ def _checked_inputs(args: argparse.Namespace, kinds: list[str], rules: Any) -> t
     output_file(args.records, "--records")
     st = _settings(args)
     labels = getattr(args, "traversals", None) or [args.traversal]
-    prefetch = {label: _prefetch(args, args.npf, label) for label in dict.fromkeys(labels)}
-    return st, _configs(args, kinds, st), prefetch
+    configs = _configs(args, kinds, st)
+    prefetch = {label: _prefetch(args, args.npf, configs, label) for label in dict.fromkeys(labels)}
+    return st, configs, prefetch
 
 
 def _warn_shortfall(command: str, configs: list[Any], prefetch: dict[str, Any]) -> None:

@@ -78,7 +78,7 @@ def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, lo
 def _chains(urls: Sequence[str], slots: int, cfg: ScaleoutConfig) -> tuple[dict[tuple, tuple], float, int]:
     """Run the chains; {(sampler, prompt, presto): (tokens, history)}, wall seconds, chains."""
     from ...runtime_ext.pool import open_pool  # torch and the SGLang frontend: only when chains run, not for
-    from .bench import run_pairs  # `forerun`'s argument parsing (cli.presto reads ScaleoutConfig's defaults)
+    from .bench import run_pairs  # `forerun`'s argument parsing (cli.bench_external reads ScaleoutConfig's defaults)
 
     with open_pool(backend_urls=list(urls), slots=slots) as pool:
         tok = pool.first.tokenizer

@@ -313,11 +313,13 @@ def test_default_stream_rows_caps_the_embedded_engine_only():
     """On the embedded engine (CPU) streaming runs at most CPU_STREAM_ROWS rows by default; on a server (rows nearly
     free) and for MultiTryMH (2M − 1 = 7 requests per transition) it keeps N_pf."""
     parse = build_parser().parse_args
-    assert default_stream_rows(parse(["bench", "presto"]), None) == CPU_STREAM_ROWS
-    assert default_stream_rows(parse(["bench", "presto"]), 4) == 4
-    assert default_stream_rows(parse(["bench", "presto", "--backend", "http://h:1"]), 20) == 20
-    assert default_stream_rows(parse(["bench", "presto", "--samplers", "power-mh", "multitry-mh"]), None) is None
-    assert default_stream_rows(parse(["sample", "--prompt", "x", "--sampler", "multitry-mh"]), 21) == 21
+    power, multitry = SamplerConfig(kind="power-mh"), SamplerConfig(kind="multitry-mh")
+    assert default_stream_rows(parse(["bench", "presto"]), None, [power]) == CPU_STREAM_ROWS
+    assert default_stream_rows(parse(["bench", "presto"]), 4, [power]) == 4
+    assert default_stream_rows(parse(["bench", "presto", "--backend", "http://h:1"]), 20, [power]) == 20
+    assert default_stream_rows(parse(["bench", "presto", "--samplers", "power-mh", "multitry-mh"]), None,
+                               [power, multitry]) is None
+    assert default_stream_rows(parse(["sample", "--prompt", "x", "--sampler", "multitry-mh"]), 21, [multitry]) == 21
 
 
 def _lambda_of(fit):

@@ -15,6 +15,8 @@ generated.  At prediction time the same features are read from a `programs.trave
     Feature 3 (likelihood of the root state) "logq_at_cut", "logq_jump_in", "logq_jump_out", "logq_suffix_mean"
     Feature 4 (entropy of the root state)    "entropy_at_cut", ..., "entropy_suffix_mean"  (programs.cut_statistics;
                                              written into every record, handed to the planner per depth)
+    forerun's ratio statistics (not E.7)     "logz_suffix_sum", "logz_suffix_expected" (programs.cut_statistics;
+                                             in every record, handed to the planner per depth; by name)
     any other numeric field of a record      by its name
     E.7 dataset (walk-reachable nodes)       drop_unreachable
 """

@@ -12,6 +12,14 @@ write them into every node record and hand them to the planner per depth (`plan_
     Feature 4: the same four of the entropy H_t of p0        entropy_at_cut, entropy_jump_in,
       (EntropyCut's quantity)                                entropy_jump_out, entropy_suffix_mean
 
+forerun adds one statistic the MH ratio itself names (not in the paper's study).  With the proposal q_τ = p0^α / Z_t
+token by token (τ = 1/α), log r = Σ_{t≥c} log Z_t(y) − Σ_{t≥c} log Z_t(x) (`acceptance.log_mh_ratio`), and the
+current state's half is known before the call:
+
+    log Z_t = α log p0 − log q_τ (≤ 0) of the root state:
+      its sum over the suffix, t = c..T−1                  logz_suffix_sum
+      (T − c) × its mean over the whole state              logz_suffix_expected  (what a proposal's sum is like)
+
 Edges: the change into position 0 is the jump from 0 (a_0 − 0, the convention of EntropyCut's ΔH_0 = H_0,
 `acceptance.entropy_jumps`); the change out of the last position is 0 (there is no next token).  Entropy
 statistics are left out when the backend reports no entropy (NaN).
@@ -31,6 +39,9 @@ LIKELIHOOD_FEATURES: tuple[str, ...] = ("logq_at_cut", "logq_jump_in", "logq_jum
 ENTROPY_FEATURES: tuple[str, ...] = ("entropy_at_cut", "entropy_jump_in", "entropy_jump_out", "entropy_suffix_mean")
 """Feature 4 (record field names)."""
 
+RATIO_FEATURES: tuple[str, ...] = ("logz_suffix_sum", "logz_suffix_expected")
+"""The current state's half of log r and what a proposal's half is like (record field names; forerun's)."""
+
 
 def cut_statistics(values: np.ndarray, cut: int) -> tuple[float, float, float, float]:
     """(a_c, a_c − a_{c−1}, a_{c+1} − a_c, mean a_{c:T}) of a per-position array a at cut c (edges above)."""
@@ -42,9 +53,16 @@ def cut_statistics(values: np.ndarray, cut: int) -> tuple[float, float, float, f
     return float(a[cut]), float(into), float(out), float(np.mean(a[cut:]))
 
 
-def root_cut_features(root: ChainState, cut: int) -> dict[str, float]:
-    """Features 3 (and 4 when the entropy is known) of the root state at `cut`, by record field name."""
+def root_cut_features(root: ChainState, cut: int, alpha: float | None = None) -> dict[str, float]:
+    """Features 3 (and 4 when the entropy is known) of the root state at `cut`, by record field name; with the
+    power exponent `alpha`, also the log-ratio statistics (`RATIO_FEATURES`)."""
     out = dict(zip(LIKELIHOOD_FEATURES, cut_statistics(root.logq, cut)))
     if root.length and all(math.isfinite(h) for h in root.entropy):
         out.update(zip(ENTROPY_FEATURES, cut_statistics(root.entropy, cut)))
+    if alpha is not None:
+        log_z = alpha * np.asarray(root.logp0, dtype=np.float64) - np.asarray(root.logq, dtype=np.float64)
+        if not 0 <= cut < len(log_z):
+            raise ValueError(f"cut must be in [0, {len(log_z)}), got {cut}")
+        out["logz_suffix_sum"] = float(np.sum(log_z[cut:]))
+        out["logz_suffix_expected"] = float((len(log_z) - cut) * np.mean(log_z))
     return out

@@ -228,7 +228,7 @@ class BlockwiseSampler:
                           parent_cut=parent_cut, cut_fraction=cut / result.state.length,
                           accepts_on_path=accepts_on_path(parent_of(node)), accept_prob=a, log_accept=log_a,
                           certainty_class=epsilon_class(a, self.config.epsilon), realized=realized,
-                          accepted=accepted, extra=root_cut_features(root, cut))
+                          accepted=accepted, extra=root_cut_features(root, cut, self.config.alpha))
 
     def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
             progress: Callable[[int], None] | None = None,
@@ -345,7 +345,7 @@ class PrestoSampler(BlockwiseSampler):
                 costs.append(cost)
                 spent += cost
             cuts = cuts[: len(costs)]
-        stats = [root_cut_features(root, c) for c in cuts]
+        stats = [root_cut_features(root, c, self.config.alpha) for c in cuts]
         features = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
         return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
                              tree_position=pf.tree_position, budget_unit=pf.budget_unit, depth_costs=costs,

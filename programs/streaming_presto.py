@@ -405,7 +405,8 @@ class _BlockRun:
         key = (node.transition, cut, node.known_cut, node.accepts) if self.pf.tree_position else (node.transition, cut, 0, 0)
         if key not in self.hhat_memo:
             where = dict(parent_cut=node.known_cut, accepts_on_path=node.accepts) if self.pf.tree_position else {}
-            cand = CandidateNode(node.depth, cut, self.T, features=root_cut_features(self.root.state, cut), **where)
+            stats = root_cut_features(self.root.state, cut, self.sampler.config.alpha)
+            cand = CandidateNode(node.depth, cut, self.T, features=stats, **where)
             self.hhat_memo[key] = float(self.pf.branch_prob(cand))
         return self.hhat_memo[key]
 

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from forerun.testing.logit_table_model import LogitTableModel
-from forerun.programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, root_cut_features
+from forerun.programs.acceptance import log_mh_ratio
+from forerun.programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, RATIO_FEATURES, root_cut_features
 from forerun.programs.records import RecordWriter, read_node_records
 from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.programs.sampler_factory import make_sampler
@@ -46,7 +49,7 @@ def test_writer_stamps_the_model_and_the_reader_keeps_extra_fields(tmp_path):
     assert len(lines) == n and all(line["model"] == "SmolLM2-135M-Instruct" for line in lines)
     assert all(line["sampler"] == "presto-power-mh" for line in lines)
     back = read_node_records(path)
-    features = set(LIKELIHOOD_FEATURES + ENTROPY_FEATURES)
+    features = set(LIKELIHOOD_FEATURES + ENTROPY_FEATURES + RATIO_FEATURES)
     assert all(r.model == "SmolLM2-135M-Instruct" and r.sampler == "presto-power-mh" and set(r.extra) == features
                for r in back)
     with path.open("a") as fh:
@@ -74,3 +77,23 @@ def test_records_carry_features_3_and_4_of_the_root_state_at_the_cut():
     assert stats["entropy_suffix_mean"] == pytest.approx(x.entropy[2:].mean())
     assert root_cut_features(x, 0)["entropy_jump_in"] == x.entropy[0]  # the jump from 0, as ΔH_0 = H_0
     assert root_cut_features(x, 6)["logq_jump_out"] == 0.0
+
+
+def test_ratio_features_are_the_current_states_half_of_log_r():
+    """logz_suffix_sum is Σ_{t≥c} (α log p0 − log q_τ) of the root state, so log r of any proposal y at cut c is
+    y's own sum minus it (the oracle is `acceptance.log_mh_ratio` on the arrays); logz_suffix_expected is
+    (T − c) × the state's mean per-token value.  Without α neither is computed."""
+    model = LogitTableModel(5, seed=4)
+    cfg = SamplerConfig(response_length=8, block_size=8, steps_per_block=6, seed=3)
+    x = make_sampler(model, cfg).run([1, 2], prompt_id="x").state
+    y = make_sampler(model, replace(cfg, seed=9)).run([1, 2], prompt_id="y").state
+    alpha = cfg.alpha
+    for cut in (0, 3, 7):
+        fx, fy = root_cut_features(x, cut, alpha), root_cut_features(y, cut, alpha)
+        manual = sum(alpha * x.logp0[t] - x.logq[t] for t in range(cut, 8))
+        assert fx["logz_suffix_sum"] == pytest.approx(manual) and fx["logz_suffix_sum"] <= 1e-9
+        assert fx["logz_suffix_expected"] == pytest.approx((8 - cut) * np.mean(alpha * x.logp0 - x.logq))
+        y_spliced = np.concatenate([x.logq[:cut], y.logq[cut:]]), np.concatenate([x.logp0[:cut], y.logp0[cut:]])
+        log_r = log_mh_ratio(x.logq, x.logp0, y_spliced[0], y_spliced[1], cut, alpha)
+        assert log_r == pytest.approx(fy["logz_suffix_sum"] - fx["logz_suffix_sum"])
+    assert not set(RATIO_FEATURES) & set(root_cut_features(x, 2))

@@ -71,6 +71,7 @@ def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
 
 def _settings_arguments(e: argparse.ArgumentParser) -> None:
     from ..eval.harness.settings import CPU_BUDGET_SCALE, CPU_NPF, EvalSettings, default_budget
+    from ..programs.sampler_config import CPU_STREAM_ROWS
     from ..programs.selection_rules import FINAL_RULES, SELECT_RULES
 
     d = EvalSettings()
@@ -86,8 +87,8 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--block", type=positive_int, default=None, help="MH block size B (default n: one block)")
     e.add_argument("--K", type=positive_int, default=d.K, help=f"MH transitions per block ({d.K})")
     e.add_argument("--npf", type=positive_int, default=d.npf,
-                   help=f"PreSTO prefetch budget N_pf (default {CPU_NPF}; MultiTryMH, where {CPU_NPF} prefetches "
-                        "nothing: its own default, 21)")
+                   help=f"PreSTO prefetch budget N_pf (default {CPU_NPF}; streaming methods: rows at once, default "
+                        f"{CPU_STREAM_ROWS}; MultiTryMH, where these prefetch nothing: its own default, 21)")
     e.add_argument("--alpha", type=positive_float, default=d.alpha, help=f"power exponent α, τ = 1/α ({d.alpha:g})")
     e.add_argument("--beta", type=positive_float, default=d.beta, help=f"EntropyCut β ({d.beta:g})")
     e.add_argument("--best-of", type=positive_int, default=d.best_of, help=f"N of best-of-n ({d.best_of})")

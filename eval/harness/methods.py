@@ -90,7 +90,7 @@ class MethodRunner:
                             stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
         if method.traversal == "predictive" and self.classifier is None:  # the shipped one (classifiers.shipped)
             self.classifier = load_shipped().classifier
-        prefetch = prefetch_config(method, s.npf_for(method.sampler), self.classifier)
+        prefetch = prefetch_config(method, s.npf_for(method.sampler, method.streaming), self.classifier)
         model = proposal_model_for(self.backend, method.sampler, cfg.mtm_temperatures)
         return make_sampler(model, cfg, presto=method.presto, prefetch=prefetch)
 

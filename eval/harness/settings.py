@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ...programs.random_streams import PAPER_SEED
-from ...programs.sampler_config import SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
+from ...programs.sampler_config import CPU_STREAM_ROWS, SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
 from ...programs.selection_rules import FINAL_RULES, SELECT_RULES, rule_line
 
 _SAMPLER = SamplerConfig()
@@ -187,18 +187,20 @@ class EvalSettings:
             out["mtm_temperatures"] = list(_SAMPLER.mtm_temperatures)
             out["mtm_candidates"] = _SAMPLER.mtm_candidates
         if m.presto:
-            out.update(npf=self.npf_for(m.sampler), traversal=m.traversal, streaming=m.streaming)
+            out.update(npf=self.npf_for(m.sampler, m.streaming), traversal=m.traversal, streaming=m.streaming)
         return out
 
-    def npf_for(self, sampler: str) -> int:
-        """N_pf of the PreSTO variant of `sampler`: --npf, else CPU_NPF, or the sampler's own default budget
-        where CPU_NPF cannot prefetch anything (MultiTryMH: one transition is 2M - 1 = 7 requests, so 8 would
-        realize one transition per call; its default is 21)."""
+    def npf_for(self, sampler: str, streaming: bool = False) -> int:
+        """N_pf of the PreSTO variant of `sampler`: --npf, else CPU_NPF (streaming: CPU_STREAM_ROWS rows at once,
+        as `bench presto` runs streaming on the embedded engine), or the sampler's own default budget where that
+        cannot prefetch anything (MultiTryMH: one transition is 2M - 1 = 7 requests, so 8 would realize one
+        transition per call; its default is 21)."""
         if self.npf is not None:
             return self.npf
         cfg = replace(_SAMPLER, kind=sampler, steps_per_block=self.K)
-        if prefetch_shortfall(cfg, PrefetchConfig(budget=CPU_NPF)) is None:
-            return CPU_NPF
+        budget = CPU_STREAM_ROWS if streaming else CPU_NPF
+        if prefetch_shortfall(cfg, PrefetchConfig(budget=budget, streaming=streaming)) is None:
+            return budget
         return PrefetchConfig().resolved(cfg).budget  # the sampler's own default
 
     def selection_rules(self, methods: list[str]) -> dict[str, str]:

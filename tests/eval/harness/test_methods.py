@@ -66,6 +66,26 @@ def test_per_dataset_budgets_are_the_papers_scaled_and_overridable():
         EvalSettings(block=16, budgets=(("math500", 32),)).for_dataset("aime")
 
 
+def test_streaming_methods_default_to_the_cpu_row_count():
+    """Without --npf a streaming method runs CPU_STREAM_ROWS rows at once (as bench presto on the embedded engine),
+    the round-based ones CPU_NPF; MultiTryMH, for which neither prefetches, its own default; --npf wins."""
+    from forerun.eval.harness.methods import MethodRunner
+    from forerun.eval.harness.settings import CPU_NPF
+    from forerun.programs.sampler_config import CPU_STREAM_ROWS, PrefetchConfig, SamplerConfig
+
+    s = EvalSettings().for_dataset("math500")
+    assert (CPU_STREAM_ROWS, CPU_NPF) == (6, 8)
+    assert s.for_method("presto-power-mh-streaming")["npf"] == 6
+    assert s.for_method("presto-entropy-cut-streaming")["npf"] == 6
+    assert s.for_method("presto-power-mh")["npf"] == 8 and s.for_method("presto-power-mh-predictive")["npf"] == 8
+    own = PrefetchConfig().resolved(SamplerConfig(kind="multitry-mh", steps_per_block=s.K)).budget
+    assert s.for_method("presto-multitry-mh-streaming")["npf"] == s.for_method("presto-multitry-mh")["npf"] == own
+    assert EvalSettings(npf=12).for_dataset("math500").for_method("presto-power-mh-streaming")["npf"] == 12
+    runner = MethodRunner(object(), s)  # the sampler the runner builds gets what the record says
+    assert runner._mh(Method.parse("presto-power-mh-streaming"), 0).prefetch.budget == 6
+    assert runner._mh(Method.parse("presto-power-mh"), 0).prefetch.budget == 8
+
+
 @pytest.fixture(scope="module")
 def tiny_runner():
     from forerun.classifiers.certainty import CertaintyClassifier

@@ -189,6 +189,17 @@ def kernel_isa(engine: Any) -> str:
     return native.isa() if k.vectorized() else "portable"
 
 
+def row_tile_schedule(engine: Any) -> dict[str, int] | None:
+    """How the native matrix products walk the weights for 2+ row tiles (chosen per CPU for speed; the bits never
+    depend on it): K blocks of `kblock_bytes` (0: the whole K) and `prefetch_tiles` tiles that prefetch the next
+    block.  None on the transformers path."""
+    k = engine.plan.kernels
+    if engine.plan.path != "native" or k is None:
+        return None
+    kblock_bytes, prefetch_tiles = k.row_tile_schedule()
+    return {"kblock_bytes": int(kblock_bytes), "prefetch_tiles": int(prefetch_tiles)}
+
+
 def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = RooflineConfig()) -> dict[str, Any]:
     """Tokens/s, bytes and FMAs per step, and the fraction of the floor for each batch size (see module doc)."""
     probes = Probes(config.bandwidth_mib)
@@ -238,7 +249,7 @@ def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = Ro
             "fma_per_s": fma_rate, "fma_per_s_readings": fma_readings, "weight_bytes": w, "weight_elements": elems,
             "kv_bytes_per_token": kv, "mean_context_tokens": shared + own, "shared_context_tokens": shared,
             "rows": table, "kernels": engine.plan.path,
-            "vector_isa": kernel_isa(engine),
+            "vector_isa": kernel_isa(engine), "row_tile_schedule": row_tile_schedule(engine),
             "batch_invariant": engine.batch_invariant, f"step_{hi}_rows_over_{lo}_row": ratio,
             "reruns_for_stable_bandwidth": reruns, "unstable_samples": unstable,
             f"floor_{hi}_rows_over_{lo}_row": floor_ratio}
@@ -251,6 +262,14 @@ def roofline_goals(speedup_vs_generate: float, r: dict[str, Any]) -> dict[str, b
     key = next(k for k in r if k.startswith("step_") and k.endswith("_row"))
     return {"decode_speedup>=2.0": speedup_vs_generate >= 2.0, "single_row_fraction_of_bound>=0.7":
             one["fraction_of_bound"] >= 0.7, f"{key}<=2.5": r[key] <= 2.5}
+
+
+def _schedule_text(r: dict[str, Any]) -> str:
+    sched = r.get("row_tile_schedule")
+    if sched is None:
+        return ""
+    blocks = f"K blocks of {sched['kblock_bytes'] // 1024} KiB" if sched["kblock_bytes"] else "no K blocks"
+    return f"; row tiles: {blocks}, {sched['prefetch_tiles']} prefetching"
 
 
 def format_roofline(r: dict[str, Any]) -> str:
@@ -266,7 +285,7 @@ def format_roofline(r: dict[str, Any]) -> str:
              f"    weights {r['weight_bytes'] / 1e6:.0f} MB per step, KV {r['kv_bytes_per_token'] / 1024:.0f} KiB per "
              f"context token ({r['shared_context_tokens']} shared prompt tokens read once per step); kernels "
              f"{r['kernels']}, vector code {r['vector_isa']} "
-             f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'})",
+             f"({'batch-invariant' if r['batch_invariant'] else 'NOT batch-invariant'}){_schedule_text(r)}",
              f"    {'rows':>4} {'ms/step':>8} {'tokens/s':>9} {'MB/token':>9} {'limit':>8} {'bound tok/s':>11} {'of bound':>8}"]
     for row in r["rows"]:
         lines.append(f"    {row['rows']:>4} {row['step_s'] * 1e3:>8.1f} {row['tokens_per_s']:>9.1f} "

@@ -54,6 +54,38 @@ namespace {
 constexpr int LANES = 16;
 bool g_portable = false;  // tests: force the portable code path
 
+// How the calls of 2+ row tiles walk a unit's weights (linear_kernel): K blocks of kblock_bytes (0: one block, the
+// whole K) and the last prefetch_tiles row tiles of a block prefetch the next block into L2.  Only the speed
+// depends on it, never a bit of the results (a test runs every schedule).  Measured, 20 rows, float32, the model's
+// matrices, 2 threads:
+//   Intel AVX-512 Xeon (48 KB L1), 2026-12-04: 16 KB blocks, 4 prefetching tiles: 24.0 ms; no blocks: 33.5 (6-row tiles).
+//   AMD Zen 4 (32 KB L1, 1 MB L2), 2026-12-05, the AVX-512 build: 16 KB blocks, 4 prefetching tiles 30.0 ms; 1
+//   prefetching tile 28.3; 64 KB blocks, 1 tile 27.3; no blocks, 1 tile 26.9 (a unit's 2 panels, 72 KB at K = 576,
+//   re-read from L2 by the second row tile while the last tile fetches the next unit, each line once); the whole
+//   20-row decode step 38.3 -> 34.3 ms.  The AVX2 build on the same machine (6 x 1 tiles, 4 of them at 20 rows) lost
+//   with no blocks: 33.3 -> 38.0 ms.
+// So the AVX-512 build on AMD CPUs gets {0, 1}, every other build and CPU {16 KB, 4}; set_row_tile_schedule()
+// overrides it (benchmarks, tests).
+struct RowTileSchedule {
+  int64_t kblock_bytes;
+  int64_t prefetch_tiles;
+};
+bool amd_cpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  char vendor[13];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  vendor[12] = 0;
+  return std::strcmp(vendor, "AuthenticAMD") == 0;
+#else
+  return false;
+#endif
+}
+RowTileSchedule g_schedule = FR_AVX512 && amd_cpu() ? RowTileSchedule{0, 1} : RowTileSchedule{16 * 1024, 4};
+
 // ------------------------------------------------------------------------------------------ scalars
 inline float widen(float w) { return w; }
 inline double widen(double w) { return w; }
@@ -376,8 +408,6 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int
 // (8 or 12 rows: within noise); AVX2 tiles on the same machine 37.7 -> 36.9 ms.
 constexpr int TILE_ROWS = FR_AVX512 ? 10 : 6;
 constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
-constexpr int64_t PREFETCH_TILES = 4;
-constexpr int64_t KBLOCK_BYTES = 16 * 1024;  // a K block of a unit's panels: fits L1 with room for x and y
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
 constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
@@ -487,14 +517,15 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
       return;
     }
   }
-  // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, KBLOCK_BYTES) is read
+  // K blocks (calls of 2+ row tiles): a block of the unit's panels (np x kbw x 16 weights, the schedule's kblock_bytes) is read
   // from memory by the first row tile and from L1 by the others; each chain continues across blocks through y.
   // The last pft tiles of a block prefetch the next block (the unit's, else the thread's next unit's first), each
   // an equal slice of its lines per panel.  Block j covers k in [kstart(j), kstart(j + 1)).
-  const int64_t kbw = KBLOCK_BYTES / (np * PANEL * static_cast<int64_t>(sizeof(W)));
-  const int64_t nb = tiles >= 2 ? std::max<int64_t>(1, (K + kbw - 1) / kbw) : 1;
+  const RowTileSchedule sched = g_schedule;
+  const int64_t kbw = std::max<int64_t>(1, sched.kblock_bytes / (np * PANEL * static_cast<int64_t>(sizeof(W))));
+  const int64_t nb = tiles >= 2 && sched.kblock_bytes > 0 ? std::max<int64_t>(1, (K + kbw - 1) / kbw) : 1;
   const auto kstart = [K, nb](int64_t j) { return j * K / nb; };
-  [[maybe_unused]] const int64_t pft = std::min<int64_t>(PREFETCH_TILES, tiles);
+  [[maybe_unused]] const int64_t pft = std::min<int64_t>(std::max<int64_t>(1, sched.prefetch_tiles), tiles);
 #endif
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; ++u) {
@@ -1282,6 +1313,11 @@ LayerStack layer_stack(std::vector<Packed> qkv, std::vector<c10::optional<torch:
 }
 
 void set_portable(bool on) { g_portable = on; }
+std::pair<int64_t, int64_t> row_tile_schedule() { return {g_schedule.kblock_bytes, g_schedule.prefetch_tiles}; }
+void set_row_tile_schedule(int64_t kblock_bytes, int64_t prefetch_tiles) {
+  TORCH_CHECK(kblock_bytes >= 0 && prefetch_tiles >= 1, "row tile schedule: kblock_bytes >= 0, prefetch_tiles >= 1");
+  g_schedule = {kblock_bytes, prefetch_tiles};
+}
 bool vectorized() { return FR_VEC && !g_portable; }
 
 }  // namespace
@@ -1307,5 +1343,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_peak", &fma_peak, "iters x 12 x 16 float32 multiply-adds per thread, registers only (compute probe)");
   m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
+  m.def("row_tile_schedule", &row_tile_schedule, "(K block bytes, 0 = none; prefetching row tiles) of linear");
+  m.def("set_row_tile_schedule", &set_row_tile_schedule, "override the row tile schedule (speed only, same bits)");
   m.def("vectorized", &vectorized, "whether the vector (AVX-512 or AVX2) path is in use");
 }

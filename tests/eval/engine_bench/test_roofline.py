@@ -93,3 +93,22 @@ def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs
     assert twenty["limit"] == "compute"  # 20 x 125e6 FMAs / 110e9 = 23 ms > 500 MB / 30 GB/s = 17 ms
     assert "110 GFMA/s (the higher of the readings before and after the runs: 50, 110)" in \
         bench_roofline.format_roofline(r)
+
+
+def test_the_reported_row_tile_schedule_is_the_one_the_kernels_run():
+    from types import SimpleNamespace
+
+    import torch
+
+    from forerun.eval.engine_bench import roofline as bench_roofline
+
+    def engine(schedule, path="native"):
+        k = SimpleNamespace(row_tile_schedule=lambda: schedule)
+        return SimpleNamespace(plan=SimpleNamespace(path=path, kv_dtype=torch.float32, kernels=k))
+
+    assert bench_roofline.row_tile_schedule(engine((0, 1))) == {"kblock_bytes": 0, "prefetch_tiles": 1}
+    assert bench_roofline.row_tile_schedule(engine((16384, 4))) == {"kblock_bytes": 16384, "prefetch_tiles": 4}
+    assert bench_roofline.row_tile_schedule(engine((0, 1), path="sdpa")) is None
+    assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 16384, "prefetch_tiles": 4}}) == \
+        "; row tiles: K blocks of 16 KiB, 4 prefetching"
+    assert bench_roofline._schedule_text({"row_tile_schedule": None}) == ""

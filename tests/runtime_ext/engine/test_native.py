@@ -117,6 +117,38 @@ def test_one_and_two_rows_split_between_threads_at_any_panel_are_the_definition(
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("schedule", [(0, 1), (16 * 1024, 4), (1024, 2), (64, 3)])
+def test_every_row_tile_schedule_gives_the_definition(schedule):
+    """The row tile schedule (K blocks of some bytes, 0 = none; how many row tiles prefetch) is chosen per CPU for
+    speed; it must never change a bit.  (64, 3): blocks of one or two K steps, so every chain pauses and resumes
+    through y hundreds of times.  11, 20 and 33 rows: 2, 2 and 4 row tiles on AVX-512 (10-row tiles), 2, 4 and 6 on
+    AVX2.  Oracle: fma32 chains."""
+    g = torch.Generator().manual_seed(7)
+    k = 300
+    x = torch.randn(33, k, generator=g) * torch.logspace(-2, 2, k)
+    w = torch.randn(70, k, generator=g)
+    want = np.zeros((33, 70), dtype=np.float32)
+    for j in range(k):
+        want = fma32(x.numpy()[:, j : j + 1], w.numpy()[None, :, j], want)
+    packed = K.pack([w])
+    default = K.row_tile_schedule()
+    K.set_row_tile_schedule(*schedule)
+    try:
+        for rows in (11, 20, 33):
+            got = K.linear(x[:rows].contiguous(), packed, None)
+            assert np.array_equal(got.numpy(), want[:rows]), (schedule, rows)
+    finally:
+        K.set_row_tile_schedule(*default)
+    assert K.row_tile_schedule() == default
+
+
+def test_row_tile_schedule_rejects_nonsense():
+    with pytest.raises(RuntimeError, match="row tile schedule"):
+        K.set_row_tile_schedule(-1, 1)
+    with pytest.raises(RuntimeError, match="row tile schedule"):
+        K.set_row_tile_schedule(0, 0)
+
+
 NONE = torch.empty(0, dtype=torch.long)
 
 

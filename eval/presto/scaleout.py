@@ -77,8 +77,11 @@ def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, lo
 
 def _chains(urls: Sequence[str], slots: int, cfg: ScaleoutConfig) -> tuple[dict[tuple, tuple], float, int]:
     """Run the chains; {(sampler, prompt, presto): (tokens, history)}, wall seconds, chains."""
-    from ...runtime_ext.pool import open_pool  # torch and the SGLang frontend: only when chains run, not for
-    from .bench import run_pairs  # `forerun`'s argument parsing (cli.bench_external reads ScaleoutConfig's defaults)
+    # Here, not at module level (no import circle): these load torch and the SGLang frontend, and `forerun`'s
+    # argument parsing imports this module for ScaleoutConfig's defaults (cli.bench_external) before any chain runs
+    # (tests/cli/test_args.py: the entry point must not import torch).
+    from ...runtime_ext.pool import open_pool
+    from .bench import run_pairs
 
     with open_pool(backend_urls=list(urls), slots=slots) as pool:
         tok = pool.first.tokenizer

@@ -1,7 +1,11 @@
 """The roofline's sampling rule: a run counts only between two bandwidth probes that agree."""
 
-import pytest
+from types import SimpleNamespace
 
+import pytest
+import torch
+
+from forerun.eval.engine_bench import roofline as bench_roofline
 from forerun.eval.engine_bench.roofline import RooflineConfig, _timed_between_probes
 
 
@@ -13,6 +17,11 @@ class ScriptedProbes:
 
     def bandwidth(self):
         return {"best": self.values.pop(0)}
+
+
+def fake_engine(path, kv_dtype, kernels):
+    """An engine as far as the roofline's kernel questions see it: its forward path, KV dtype and kernels."""
+    return SimpleNamespace(plan=SimpleNamespace(path=path, kv_dtype=kv_dtype, kernels=kernels))
 
 
 def test_a_run_between_disagreeing_probes_is_repeated():
@@ -41,28 +50,15 @@ def test_config_is_validated(bad):
 
 
 def test_the_reported_vector_isa_is_the_code_that_runs(monkeypatch):
-    from types import SimpleNamespace
-
-    import torch
-
-    from forerun.eval.engine_bench import roofline as bench_roofline
-
     monkeypatch.setattr(bench_roofline.native, "isa", lambda: "avx2")
     vec = SimpleNamespace(vectorized=lambda: True)
-    engine = lambda path, dtype, k=vec: SimpleNamespace(plan=SimpleNamespace(path=path, kv_dtype=dtype, kernels=k))
-    assert bench_roofline.kernel_isa(engine("native", torch.float32)) == "avx2"
-    assert bench_roofline.kernel_isa(engine("native", torch.float64)) == "portable"  # vector code is float32 only
-    assert bench_roofline.kernel_isa(engine("native", torch.float32, SimpleNamespace(vectorized=lambda: False))) == "portable"
-    assert bench_roofline.kernel_isa(engine("sdpa", torch.float32, None)) == "none"
+    assert bench_roofline.kernel_isa(fake_engine("native", torch.float32, vec)) == "avx2"
+    assert bench_roofline.kernel_isa(fake_engine("native", torch.float64, vec)) == "portable"  # float32-only vector code
+    assert bench_roofline.kernel_isa(fake_engine("native", torch.float32, SimpleNamespace(vectorized=lambda: False))) == "portable"
+    assert bench_roofline.kernel_isa(fake_engine("sdpa", torch.float32, None)) == "none"
 
 
 def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs(monkeypatch):
-    from types import SimpleNamespace
-
-    import torch
-
-    from forerun.eval.engine_bench import roofline as bench_roofline
-
     readings = [50e9, 110e9]  # the first probe disturbed: half the machine's rate
 
     class FakeProbes:
@@ -96,19 +92,12 @@ def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs
 
 
 def test_the_reported_row_tile_schedule_is_the_one_the_kernels_run():
-    from types import SimpleNamespace
-
-    import torch
-
-    from forerun.eval.engine_bench import roofline as bench_roofline
-
-    def engine(schedule, path="native"):
-        k = SimpleNamespace(row_tile_schedule=lambda: schedule)
-        return SimpleNamespace(plan=SimpleNamespace(path=path, kv_dtype=torch.float32, kernels=k))
-
-    assert bench_roofline.row_tile_schedule(engine((0, 1))) == {"kblock_bytes": 0, "prefetch_tiles": 1}
-    assert bench_roofline.row_tile_schedule(engine((16384, 4))) == {"kblock_bytes": 16384, "prefetch_tiles": 4}
-    assert bench_roofline.row_tile_schedule(engine((0, 1), path="sdpa")) is None
+    schedule = lambda kb, pt: SimpleNamespace(row_tile_schedule=lambda: (kb, pt))
+    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(0, 1))) == \
+        {"kblock_bytes": 0, "prefetch_tiles": 1}
+    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(16384, 4))) == \
+        {"kblock_bytes": 16384, "prefetch_tiles": 4}
+    assert bench_roofline.row_tile_schedule(fake_engine("sdpa", torch.float32, schedule(0, 1))) is None
     assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 16384, "prefetch_tiles": 4}}) == \
         "; row tiles: K blocks of 16 KiB, 4 prefetching"
     assert bench_roofline._schedule_text({"row_tile_schedule": None}) == ""

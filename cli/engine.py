@@ -3,6 +3,7 @@
     forerun generate --prompt TEXT [--model default|tiny|PATH | --backend URL [--tokenizer PATH]
                      [--request-timeout SECONDS]] [--max-tokens N] [--temperature T] [--seed S] [--raw] [--json]
     forerun bench engine [--model default] [--json]
+    forerun bench work-split [--rows 1 6 20] [--repeats 21] [--tokens 8] [--neighbour-duty 0 0.3] [--json]
 
 `--backend http://host:port` (also on `forerun sample` / `forerun bench presto` / `forerun eval`) runs on a
 launched SGLang server (`scripts/launch_runtime`) through `SGLangServerBackend` instead of the embedded engine;
@@ -20,8 +21,8 @@ from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
 from .output import print_json, progress_bar
 
-__all__ = ["register", "generate_command", "bench_engine_command", "add_backend_arguments", "backend_urls",
-           "check_pool_serves", "BACKEND_ONLY_OPTIONS"]
+__all__ = ["register", "generate_command", "bench_engine_command", "bench_work_split_command",
+           "add_backend_arguments", "backend_urls", "check_pool_serves", "BACKEND_ONLY_OPTIONS"]
 
 BACKEND_ONLY_OPTIONS = ("tokenizer", "allow_nondeterministic", "request_timeout")
 """Options that apply only with --backend (`args` attribute names); without it they are an error."""
@@ -129,6 +130,17 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_engine_command)
 
+    w = bench_subparsers.add_parser("work-split", help="embedded engine: the kernels' static split of a matrix "
+                                                        "product between threads against work stealing, paired")
+    add_model_arguments(w)
+    w.add_argument("--rows", type=positive_int, nargs="+", default=[1, 6, 20], help="decode rows per step (1 6 20)")
+    w.add_argument("--repeats", type=positive_int, default=21, help="pairs (static, stealing) per size (21)")
+    w.add_argument("--tokens", type=positive_int, default=8, help="tokens per row and timing (8)")
+    w.add_argument("--neighbour-duty", type=nonnegative_float, nargs="+", default=[0.0, 0.3],
+                   help="busy fraction of a neighbour process on the last CPU, in [0, 1); 0: none (0 0.3)")
+    w.add_argument("--json", action="store_true", help="print a JSON object on stdout")
+    w.set_defaults(handler=bench_work_split_command)
+
     from ..eval.engine_bench.gpu_rows import add_arguments as add_gpu_rows_arguments
 
     r = bench_subparsers.add_parser("gpu-rows", help="a decode step's time against rows on a GPU (torch only): λ "
@@ -192,6 +204,22 @@ def bench_engine_command(args: argparse.Namespace) -> int:
         print_json(result, indent=2)
     else:
         print(format_engine_bench(result))
+    return 0
+
+
+@reports_errors("bench work-split")
+def bench_work_split_command(args: argparse.Namespace) -> int:
+    from ..eval.engine_bench.work_split import WorkSplitConfig, format_work_split, run_work_split
+
+    config = WorkSplitConfig(model=args.model, dtype=args.dtype, rows=tuple(args.rows), repeats=args.repeats,
+                             tokens=args.tokens, neighbour_duties=tuple(args.neighbour_duty))  # bad: one line
+    with progress_bar(total=len(config.neighbour_duties) * len(config.rows) * config.repeats,
+                      desc="bench work-split", unit="pair", leave=False, disable=args.json) as bar:
+        result = run_work_split(config, progress=lambda: bar.update(1))
+    if args.json:
+        print_json(result, indent=2)
+    else:
+        print(format_work_split(result))
     return 0
 
 

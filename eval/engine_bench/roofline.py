@@ -178,7 +178,7 @@ def _timed_between_probes(probes: Probes, run: Any, config: RooflineConfig) -> t
     raise AssertionError("unreachable")
 
 
-def _native_kernels(engine: Any) -> Any:
+def native_kernels(engine: Any) -> Any:
     """The native kernels the engine's forward runs, None on the transformers path."""
     return engine.plan.kernels if engine.plan.path == "native" else None
 
@@ -186,7 +186,7 @@ def _native_kernels(engine: Any) -> Any:
 def kernel_isa(engine: Any) -> str:
     """The instruction set the native kernels run with here ("avx512", "avx2"), "portable" for their scalar code,
     "none" on the transformers path: a step's speed depends on it."""
-    k = _native_kernels(engine)
+    k = native_kernels(engine)
     if k is None:
         return "none"
     if engine.plan.kv_dtype == torch.float64:  # the vector code is float32 only
@@ -198,7 +198,7 @@ def row_tile_schedule(engine: Any) -> dict[str, int] | None:
     """How the native matrix products walk the weights for 2+ row tiles (chosen per CPU for speed; the bits never
     depend on it): K blocks of `kblock_bytes` (0: the whole K) and `prefetch_tiles` tiles that prefetch the next
     block.  None on the transformers path."""
-    k = _native_kernels(engine)
+    k = native_kernels(engine)
     if k is None:
         return None
     kblock_bytes, prefetch_tiles = k.row_tile_schedule()

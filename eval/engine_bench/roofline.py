@@ -83,15 +83,6 @@ def _numpy_two_threads(a: np.ndarray) -> None:
         t.join()
 
 
-def _with_threads(n: int, fn: Any) -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
-
-
 class Probes:
     """The bandwidth and compute probes, with their buffers allocated once.  Their torch and native work runs on
     transient threads (native.on_transient_thread): on the calling thread its OpenMP pool would slow the engine."""
@@ -118,7 +109,7 @@ class Probes:
         if self.huge is not None:
             b = self.huge
             for n in sorted({1, self.threads}):
-                out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / _with_threads(
+                out[f"stream_read_{n}_thread{'s' if n > 1 else ''}"] = b.numel() * 4 / native.with_threads(
                     n, lambda: _best_seconds(lambda: self.k.stream_read(b), repeats)) / 1e9
         out["best"] = max(out.values())
         return out

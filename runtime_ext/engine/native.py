@@ -377,6 +377,16 @@ def on_transient_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return one.submit(fn, *args, **kwargs).result()
 
 
+def with_threads(n: int, fn: Callable[[], T]) -> T:
+    """fn() with torch's (and so the kernels') thread count set to n, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
 def unavailable_reason() -> str | None:
     """Why `kernels()` returned None (None when it loaded or was not tried yet)."""
     return _STATE.get("reason")

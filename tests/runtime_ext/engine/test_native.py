@@ -149,21 +149,12 @@ def test_row_tile_schedule_rejects_nonsense():
         K.set_row_tile_schedule(0, 0)
 
 
-def with_threads(n, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("quantum", [1, 4])
 def test_work_stealing_runs_every_item_once_and_helps_a_slow_thread(quantum):
     """40 items over 2 threads, 1 ms per item on thread 0 and 5 ms on thread 1: thread 0 is done with items 0-19
     first and takes the back of thread 1's range, so thread 1's items are a prefix of 20-39 (a whole number of
     claims of `quantum`) and thread 0's a non-empty suffix.  stealing_trace itself fails an item run twice or never."""
-    who = with_threads(2, lambda: K.stealing_trace(40, quantum, [1000, 5000]))
+    who = native.with_threads(2, lambda: K.stealing_trace(40, quantum, [1000, 5000]))
     assert who[:20] == [0] * 20
     ones = who[20:].count(1)
     assert who[20:] == [1] * ones + [0] * (20 - ones) and 0 < ones < 20 and ones % quantum == 0
@@ -173,7 +164,7 @@ def test_without_work_stealing_the_split_is_static():
     assert K.work_stealing()  # the default
     K.set_work_stealing(False)
     try:
-        who = with_threads(2, lambda: K.stealing_trace(40, 1, [0, 500]))
+        who = native.with_threads(2, lambda: K.stealing_trace(40, 1, [0, 500]))
     finally:
         K.set_work_stealing(True)
     assert who == [0] * 20 + [1] * 20
@@ -194,7 +185,7 @@ def test_linear_is_the_definition_with_either_split():
         for on in (True, False):
             K.set_work_stealing(on)
             for rows in (1, 2, 6, 20):
-                got = with_threads(2, lambda: K.linear(x[:rows].contiguous(), packed, None))
+                got = native.with_threads(2, lambda: K.linear(x[:rows].contiguous(), packed, None))
                 assert np.array_equal(got.numpy(), want[:rows]), (on, rows)
     finally:
         K.set_work_stealing(True)

@@ -2,6 +2,7 @@
 
     forerun classifier train --records FILE... --out PATH [--features cut_fraction,...] [--json]
     forerun classifier cv    --records FILE... [--folds 5] [--features ...] [--no-group] [--json]
+    forerun classifier ceiling --records FILE... [--npf 20] [--classifier PATH] [--sampler presto-power-mh] [--json]
 
 Records are the JSONL scored-node lines the PreSTO samplers write (programs/records.py).
 """
@@ -17,12 +18,12 @@ from ..classifiers.cross_validation import cross_validate_certainty, format_cv_t
 from ..classifiers.features import FEATURE_SETS, drop_unreachable
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import nonnegative_int
+from .args import nonnegative_int, positive_int
 from .errors import reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
-__all__ = ["register", "train_command", "cv_command"]
+__all__ = ["register", "train_command", "cv_command", "ceiling_command"]
 
 
 def _features(text: str) -> tuple[str, ...]:
@@ -92,6 +93,18 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
         help="split nodes with StratifiedKFold instead of holding out whole prompts",
     )
     cv.set_defaults(handler=cv_command)
+
+    top = sub.add_parser("ceiling", help="on BFS records, the expected transitions per call of BFS, the predictive "
+                                         "rule and an oracle that knows every A: the most any classifier could gain")
+    top.add_argument("--records", nargs="+", required=True, metavar="FILE",
+                     help="JSONL scored-node records of round-based BFS (`bench presto --traversals bfs --records`)")
+    top.add_argument("--npf", type=positive_int, default=20, help="the budget N_pf in scored nodes (default 20)")
+    top.add_argument("--classifier", default=None,
+                     help="certainty classifier JSON for the predictive rule (default: the shipped one)")
+    top.add_argument("--sampler", default="presto-power-mh",
+                     help="records of this sampler only (default presto-power-mh)")
+    top.add_argument("--json", action="store_true", help="print JSON on stdout")
+    top.set_defaults(handler=ceiling_command)
 
 
 def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> CertaintyConfig:
@@ -181,4 +194,27 @@ def cv_command(args: argparse.Namespace) -> int:
         if args.drop_unreachable:
             print(f"dropped {dropped} unreachable records")
         print(format_cv_table(report))
+    return 0
+
+
+@reports_errors("classifier ceiling")
+def ceiling_command(args: argparse.Namespace) -> int:
+    from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
+    from .presto import classifier_from_args, warn_shipped
+
+    with naming_undecodable(args.records, "--records"):
+        records = read_node_records(args.records)
+    found = sorted({str(r.sampler) for r in records})
+    records = [r for r in records if r.sampler == args.sampler]
+    if not records:
+        raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found) or 'none'})")
+    _warn_bounds(records)
+    model = classifier_from_args(args)
+    warn_shipped("classifier ceiling", args, records[0].model, [args.sampler.removeprefix("presto-")])
+    result = ceiling(recorded_rounds(records), args.npf, model.branch_prob_of, tree_position=model.uses_tree_position)
+    result["classifier"] = args.classifier or "shipped"
+    if args.json:
+        print_json(result, indent=2)
+    else:
+        print(format_ceiling(result))
     return 0

@@ -36,7 +36,8 @@ from ..programs.sampler_config import (CPU_SAMPLER, CPU_STREAM_ROWS, DEFAULT_BUD
                                         PrefetchConfig, SamplerConfig, default_budget, predictive_rule,
                                         prefetch_shortfall)
 
-__all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text"]
+__all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text", "classifier_from_args",
+           "warn_shipped"]
 
 TRAVERSAL_CHOICES = ("bfs", "predictive", "streaming", "streaming-predictive")
 """PreSTO variants: round-based (BFS / predictive rule) and streaming (issue 12) in BFS or ĥ order."""
@@ -158,7 +159,7 @@ def _prefetch(args: argparse.Namespace, npf: int | None, configs: list[Any], tra
                 **({"max_nodes": args.max_nodes} if args.max_nodes else {}))
     if traversal in ("bfs", "streaming"):
         return PrefetchConfig(**cost)
-    return PrefetchConfig(**cost, **predictive_rule(_classifier(args)))
+    return PrefetchConfig(**cost, **predictive_rule(classifier_from_args(args)))
 
 
 def default_stream_rows(args: argparse.Namespace, npf: int | None, configs: list[Any]) -> int | None:
@@ -172,7 +173,7 @@ def default_stream_rows(args: argparse.Namespace, npf: int | None, configs: list
     return cap
 
 
-def _classifier(args: argparse.Namespace) -> Any:
+def classifier_from_args(args: argparse.Namespace) -> Any:
     """--classifier FILE, or without it the shipped classifier (`classifiers.shipped`, kept in args.shipped)."""
     if not args.classifier:
         from ..classifiers.shipped import load_shipped
@@ -185,7 +186,7 @@ def _classifier(args: argparse.Namespace) -> Any:
         return CertaintyClassifier.load(args.classifier)
 
 
-def _warn_shipped(command: str, args: argparse.Namespace, model: str | None, samplers: Any) -> None:
+def warn_shipped(command: str, args: argparse.Namespace, model: str | None, samplers: Any) -> None:
     """One stderr line when the shipped classifier runs on a model or sampler it was not trained on."""
     shipped = getattr(args, "shipped", None)
     if shipped is not None:
@@ -280,7 +281,7 @@ def sample_command(args: argparse.Namespace) -> int:
     with open_pool_from(args) as pool, pool.lease() as runtime:  # one chain: one runtime
         check_pool_serves(pool, seeded=True, samplers=[args.sampler])
         notes = warn_nondeterministic(pool)
-        _warn_shipped("sample", args, runtime.name, [args.sampler])
+        warn_shipped("sample", args, runtime.name, [args.sampler])
         if prompt is not None:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
@@ -330,7 +331,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
     with open_pool_from(args) as pool:
         check_pool_serves(pool, seeded=True, samplers=args.samplers)
         notes = warn_nondeterministic(pool)
-        _warn_shipped("bench presto", args, pool.first.name, args.samplers)
+        warn_shipped("bench presto", args, pool.first.name, args.samplers)
         cost = bench_cost_curve(args, pool, prompts, prefetch, st)  # first: streaming's λ comes from it
         row_cost = row_cost_for(args, pool.first, fit=cost["fit"] if cost else None)
         prefetch = {label: with_row_cost(args, pf, row_cost) for label, pf in prefetch.items()}

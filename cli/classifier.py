@@ -202,6 +202,9 @@ def ceiling_command(args: argparse.Namespace) -> int:
     from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
     from .presto import classifier_from_args, warn_shipped
 
+    if not args.sampler.startswith("presto-"):
+        raise ValueError(f"--sampler {args.sampler!r}: the ceiling needs the prefetched subtrees of round-based PreSTO "
+                         "(a sampler named presto-...)")
     with naming_undecodable(args.records, "--records"):
         records = read_node_records(args.records)
     found = sorted({str(r.sampler) for r in records})

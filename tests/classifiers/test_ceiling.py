@@ -110,3 +110,5 @@ def test_the_command_prints_strict_json(tmp_path, capsys):
     assert out["rules"]["oracle"]["expected_transitions"] == pytest.approx(brute_force_best(3))
     assert main(["classifier", "ceiling", "--records", str(path), "--sampler", "presto-multitry-mh"]) == 2
     assert "no records with sampler 'presto-multitry-mh'" in capsys.readouterr().err
+    assert main(["classifier", "ceiling", "--records", str(path), "--sampler", "power-mh"]) == 2
+    assert "round-based PreSTO" in capsys.readouterr().err

@@ -107,14 +107,9 @@ def test_one_and_two_rows_split_between_threads_at_any_panel_are_the_definition(
     for j in range(k):
         want = fma32(x.numpy()[:, j : j + 1], w.numpy()[None, :, j], want)
     packed = K.pack([w])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for rows in (1, 2):
-            fast, slow = both_paths(lambda: K.linear(x[:rows].contiguous(), packed, None))
-            assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
-    finally:
-        torch.set_num_threads(threads)
+    for rows in (1, 2):
+        fast, slow = native.with_threads(2, lambda: both_paths(lambda: K.linear(x[:rows].contiguous(), packed, None)))
+        assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
 
 
 @pytest.mark.parametrize("schedule", [(0, 1), (16 * 1024, 4), (1024, 2), (64, 3)])

@@ -61,7 +61,9 @@ def recorded_rounds(records: Iterable[NodeRecord]) -> list[RecordedRound]:
                 raise ValueError(f"round {key}: depth {r.depth} has cuts {cuts[r.depth]} and {r.cut}")
         if sorted(cuts) != list(range(len(cuts))):
             raise ValueError(f"round {key}: depths {sorted(cuts)} are not 0, 1, ...")
-        first = {r.depth: r for r in sorted(recs, key=lambda r: r.node_id)}
+        first: dict[int, NodeRecord] = {}  # per depth, its first node's record (the features are the root state's)
+        for r in sorted(recs, key=lambda r: r.node_id):
+            first.setdefault(r.depth, r)
         names = set.intersection(*({k for k, v in first[d].extra.items() if isinstance(v, (int, float))
                                     and not isinstance(v, bool)} for d in range(len(cuts))))
         rounds.append(RecordedRound(key, {(r.node_id - 1) // 2: float(r.accept_prob) for r in recs},

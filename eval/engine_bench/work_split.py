@@ -32,15 +32,16 @@ from .bench import BENCH_PROMPT
 from .roofline import native_kernels, time_rows
 
 _NEIGHBOUR = """
-import sys, time
-duty, period = float(sys.argv[1]), 0.01
-while True:
+import os, sys, time
+duty, period, parent = float(sys.argv[1]), 0.01, int(sys.argv[2])
+while os.getppid() == parent:
     t = time.perf_counter()
     while time.perf_counter() - t < duty * period:
         pass
     time.sleep((1 - duty) * period)
 """
-"""The neighbour process: busy `duty` of every 10 ms period, asleep the rest."""
+"""The neighbour process: busy `duty` of every 10 ms period, asleep the rest; it ends when its parent does (even a
+parent killed without its `finally`)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def neighbour(duty: float) -> Iterator[str]:
     if duty <= 0.0 or len(cpus) < 2:
         yield "none" if duty <= 0.0 else "none (fewer than 2 CPUs)"
         return
-    proc = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, repr(duty)], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, repr(duty), str(os.getpid())], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         os.sched_setaffinity(proc.pid, {cpus[-1]})

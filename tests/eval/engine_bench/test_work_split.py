@@ -1,6 +1,10 @@
 """`forerun bench work-split`: pairs alternate their order, the summary is the paired comparison, the kernels'
 setting is restored, and the neighbour process ends with the block."""
 
+import os
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -48,7 +52,8 @@ def test_each_pair_times_both_splits_in_alternating_order_and_the_default_comes_
         def __exit__(self, *exc):
             closed.append(True)
 
-    runtime = Runtime(engine=SimpleNamespace(), loaded=SimpleNamespace(name="fake", dtype="torch.float32", tokenizer=None))
+    runtime = Runtime(engine=SimpleNamespace(),
+                      loaded=SimpleNamespace(name="fake", dtype="torch.float32", tokenizer=None))
 
     def timed(engine, prompt, rows, tokens, rep):
         if rep > 0:
@@ -94,10 +99,25 @@ def test_the_neighbour_runs_only_inside_the_block_even_when_it_fails(monkeypatch
     with pytest.raises(RuntimeError):
         with neighbour(0.3) as what:
             proc = FakeProcess.started[-1]
-            assert not proc.killed and proc.argv[-1] == "0.3" and pinned == [(12345, {1})]
+            assert not proc.killed and proc.argv[-2:] == ["0.3", str(os.getpid())] and pinned == [(12345, {1})]
             assert what == "busy 30 % of the time on CPU 1"
             raise RuntimeError("the measurement failed")
     assert proc.killed and proc.waited
     monkeypatch.setattr(work_split.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     with neighbour(0.3) as what:
         assert what == "none (fewer than 2 CPUs)" and len(FakeProcess.started) == 1
+
+
+def test_the_neighbour_program_ends_when_its_parent_is_gone():
+    """The neighbour's loop runs while its parent lives: given a parent pid that is not its parent, it exits at once."""
+    proc = subprocess.run([sys.executable, "-c", work_split._NEIGHBOUR, "0.5", "1"], timeout=30)
+    assert proc.returncode == 0
+    start = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c", work_split._NEIGHBOUR, "0.1", str(os.getpid())])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=0.5)  # its parent (this process) lives: it keeps running
+    finally:
+        child.kill()
+        child.wait()
+    assert time.monotonic() - start < 30

@@ -13,9 +13,11 @@ import argparse
 import sys
 from typing import Any
 
+from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
 from ..classifiers.certainty import CertaintyClassifier, CertaintyConfig
 from ..classifiers.cross_validation import cross_validate_certainty, format_cv_table
 from ..classifiers.features import FEATURE_SETS, drop_unreachable
+from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
 from .args import nonnegative_int, positive_int
@@ -23,7 +25,8 @@ from .errors import reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
-__all__ = ["register", "train_command", "cv_command", "ceiling_command"]
+__all__ = ["register", "train_command", "cv_command", "ceiling_command", "classifier_file", "classifier_from_args",
+           "warn_shipped"]
 
 
 def _features(text: str) -> tuple[str, ...]:
@@ -33,6 +36,29 @@ def _features(text: str) -> tuple[str, ...]:
     if not names:
         raise argparse.ArgumentTypeError("--features needs at least one feature name")
     return names
+
+
+def classifier_file(path: str) -> CertaintyClassifier:
+    """A --classifier JSON file (a bad or unreadable file: one line naming it)."""
+    with naming_undecodable([path], "--classifier"):
+        return CertaintyClassifier.load(path)
+
+
+def classifier_from_args(args: argparse.Namespace) -> CertaintyClassifier:
+    """--classifier FILE, or without it the shipped classifier (`classifiers.shipped`, kept in args.shipped)."""
+    if not args.classifier:
+        args.shipped = getattr(args, "shipped", None) or shipped.load_shipped()
+        return args.shipped.classifier
+    return classifier_file(args.classifier)
+
+
+def warn_shipped(command: str, args: argparse.Namespace, model: str | None, samplers: Any) -> None:
+    """One stderr line when the shipped classifier runs on a model or sampler it was not trained on."""
+    loaded = getattr(args, "shipped", None)
+    if loaded is not None:
+        note = shipped.mismatch_note(loaded, model, samplers)
+        if note:
+            print(f"forerun {command}: warning: {note}", file=sys.stderr)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -199,9 +225,6 @@ def cv_command(args: argparse.Namespace) -> int:
 
 @reports_errors("classifier ceiling")
 def ceiling_command(args: argparse.Namespace) -> int:
-    from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
-    from .presto import classifier_from_args, warn_shipped
-
     if not args.sampler.startswith("presto-"):
         raise ValueError(f"--sampler {args.sampler!r}: the ceiling needs the prefetched subtrees of round-based PreSTO "
                          "(a sampler named presto-...)")

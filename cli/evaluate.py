@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
+from .classifier import classifier_file
 from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .errors import report
@@ -243,10 +244,7 @@ def _classifier(args: argparse.Namespace, methods: list[str]):
         from ..classifiers.shipped import load_shipped
 
         return load_shipped() if any(m.endswith("-predictive") for m in methods) else None
-    from ..classifiers.certainty import CertaintyClassifier
-
-    with naming_undecodable([args.classifier], "--classifier"):
-        return CertaintyClassifier.load(args.classifier)
+    return classifier_file(args.classifier)
 
 
 def _shipped_checked(classifier: Any, model: str, methods: list[str]) -> Any:

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
+from .classifier import classifier_from_args, warn_shipped
 from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .inputs import dataset_paths, naming_undecodable
@@ -36,8 +37,7 @@ from ..programs.sampler_config import (CPU_SAMPLER, CPU_STREAM_ROWS, DEFAULT_BUD
                                         PrefetchConfig, SamplerConfig, default_budget, predictive_rule,
                                         prefetch_shortfall)
 
-__all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text", "classifier_from_args",
-           "warn_shipped"]
+__all__ = ["register", "sample_command", "bench_presto_command", "prompt_id_for_text"]
 
 TRAVERSAL_CHOICES = ("bfs", "predictive", "streaming", "streaming-predictive")
 """PreSTO variants: round-based (BFS / predictive rule) and streaming (issue 12) in BFS or ĥ order."""
@@ -171,30 +171,6 @@ def default_stream_rows(args: argparse.Namespace, npf: int | None, configs: list
     if getattr(args, "backend", None) or any(prefetch_shortfall(cfg, capped) for cfg in configs):
         return npf
     return cap
-
-
-def classifier_from_args(args: argparse.Namespace) -> Any:
-    """--classifier FILE, or without it the shipped classifier (`classifiers.shipped`, kept in args.shipped)."""
-    if not args.classifier:
-        from ..classifiers.shipped import load_shipped
-
-        args.shipped = getattr(args, "shipped", None) or load_shipped()
-        return args.shipped.classifier
-    from ..classifiers.certainty import CertaintyClassifier
-
-    with naming_undecodable([args.classifier], "--classifier"):
-        return CertaintyClassifier.load(args.classifier)
-
-
-def warn_shipped(command: str, args: argparse.Namespace, model: str | None, samplers: Any) -> None:
-    """One stderr line when the shipped classifier runs on a model or sampler it was not trained on."""
-    shipped = getattr(args, "shipped", None)
-    if shipped is not None:
-        from ..classifiers.shipped import mismatch_note
-
-        note = mismatch_note(shipped, model, samplers)
-        if note:
-            print(f"forerun {command}: warning: {note}", file=sys.stderr)
 
 
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):

@@ -82,10 +82,11 @@ def reach_probabilities(accept: Mapping[int, float]) -> dict[int, float]:
     return reach
 
 
-def expected_transitions(selection: Iterable[int], accept: Mapping[int, float]) -> tuple[float, int]:
+def expected_transitions(selection: Iterable[int], accept: Mapping[int, float],
+                         reach: Mapping[int, float] | None = None) -> tuple[float, int]:
     """(F of the expanded nodes `selection` under the recorded A, how many of them the records do not hold: they
-    count 0)."""
-    reach = reach_probabilities(accept)
+    count 0).  `reach`: reach_probabilities(accept), when the caller has it already."""
+    reach = reach_probabilities(accept) if reach is None else reach
     chosen = list(selection)
     return sum(reach.get(v, 0.0) for v in chosen if v in accept), sum(v not in accept for v in chosen)
 
@@ -105,16 +106,16 @@ def ceiling(rounds: Sequence[RecordedRound], budget: int,
     unknown = {rule: 0 for rule in rules}
     for rnd in rounds:
         cap = len(rnd.request_cuts)
+        reach = reach_probabilities(rnd.accept)  # once per round, for every rule
         for rule in rules:
             if rule == "oracle":
-                reach = reach_probabilities(rnd.accept)
                 chosen = sorted(rnd.accept, key=lambda v: -reach.get(v, 0.0))[:budget]
             else:
                 plan = plan_prefetch(rnd.request_cuts, rnd.horizon, budget, cap, traversal=rule,
                                      branch_prob=branch_prob, tree_position=tree_position, budget_unit="node",
                                      depth_features=rnd.depth_features)
                 chosen = [(q.node - 1) // 2 for q in plan.requests]
-            value, missing = expected_transitions(chosen, rnd.accept)
+            value, missing = expected_transitions(chosen, rnd.accept, reach)
             total[rule] += value
             unknown[rule] += missing
     n = len(rounds)

@@ -27,10 +27,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <chrono>
 #include <limits>
 #include <memory>
 #include <thread>

@@ -211,6 +211,48 @@ def test_attention_vector_path_is_the_portable_definition(dtype):
     assert torch.equal(alone, fast[0][T : 2 * T])
 
 
+def softmax_attention(q, keys, values, scale):
+    """The oracle: softmax(q k^T * scale) v in float64, one query head [D] over keys/values [n, D]."""
+    w = torch.softmax((keys.double() @ q.double()) * scale, dim=0)
+    return w @ values.double()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_count(threads):
+    """Rows decoding after a cached prompt (read in place from a prefix segment, few buffer columns of their own),
+    alone and in a batch, on 1 to 3 threads: every query head's output is its softmax attention over its row's keys,
+    and a row's bits do not depend on its batch or on how the (token, KV head) tasks were split."""
+    g = torch.Generator().manual_seed(5)
+    layers, layer, Hq, Hkv, D, P, own, B = 2, 1, 6, 2, 32, 700, 7, 5  # P: enough keys for a task per thread
+    groups, scale = Hq // Hkv, 0.19
+    prefix = torch.randn(layers, 2, Hkv, P, D, generator=g)
+    qkv = torch.randn(B, (Hq + 2 * Hkv) * D, generator=g)
+    ones, zeros = torch.ones(B, D), torch.zeros(B, D)  # cos = 1, sin = 0: RoPE is the identity
+    cache = torch.randn(2, B, Hkv, own + 1, D, generator=g)
+    seg = torch.tensor([[prefix.data_ptr(), P]], dtype=torch.long)
+
+    def attend(rows):
+        kv = cache[:, rows].clone()
+        seg_b = seg.repeat(len(rows), 1)
+        off = torch.arange(len(rows) + 1, dtype=torch.long)
+        out = native.with_threads(threads, lambda: K.attention(
+            qkv[rows].contiguous(), ones[rows].contiguous(), zeros[rows].contiguous(), kv[0], kv[1],
+            torch.zeros(len(rows), dtype=torch.long), own, 1, Hq, Hkv, scale, seg_b, off, layer))
+        return out, kv
+
+    batch, _ = attend(list(range(B)))
+    for b in range(B):
+        alone, kv = attend([b])
+        assert torch.equal(alone[0], batch[b])
+        q = qkv[b, : Hq * D].view(Hq, D)
+        for h in range(Hq):
+            hk = h // groups
+            keys = torch.cat([prefix[layer, 0, hk], kv[0, 0, hk, : own + 1]])
+            values = torch.cat([prefix[layer, 1, hk], kv[1, 0, hk, : own + 1]])
+            want = softmax_attention(q[h], keys, values, scale)
+            assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_attention_over_prefix_segments_equals_the_same_keys_in_the_buffer(dtype):
     """Keys read in place from prefix segments (radix-cache KV) give the bits of the same keys in the buffer."""

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 from ...programs.prompts import chat_prompt_ids
 from ...runtime_ext.engine import EngineConfig
+from ...runtime_ext.runtime import open_runtime
 from .bench import BENCH_PROMPT
 from .roofline import native_kernels, time_rows
 
@@ -96,8 +97,6 @@ def paired_summary(static: list[float], stealing: list[float]) -> dict[str, Any]
 def run_work_split(config: WorkSplitConfig = WorkSplitConfig(),
                    progress: Callable[[], None] | None = None) -> dict[str, Any]:
     """Every (neighbour duty, rows) of `config`, static against stealing (see module docstring)."""
-    from ...runtime_ext.runtime import open_runtime  # torch: not at argument parsing
-
     runtime = open_runtime(config.model, config.dtype, engine_config=EngineConfig(max_total_tokens=32768))
     with runtime:
         engine = runtime.engine

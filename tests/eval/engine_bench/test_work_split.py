@@ -60,7 +60,7 @@ def test_each_pair_times_both_splits_in_alternating_order_and_the_default_comes_
             kernels.order.append((rep, kernels.on))
         return rows * (0.002 if kernels.on else 0.003)  # stealing faster in every pair
 
-    monkeypatch.setattr("forerun.runtime_ext.runtime.open_runtime", lambda *a, **k: runtime)
+    monkeypatch.setattr(work_split, "open_runtime", lambda *a, **k: runtime)
     monkeypatch.setattr(work_split, "native_kernels", lambda engine: kernels)
     monkeypatch.setattr(work_split, "chat_prompt_ids", lambda tok, prompt: [1, 2, 3])
     monkeypatch.setattr(work_split, "time_rows", timed)

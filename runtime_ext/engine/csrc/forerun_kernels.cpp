@@ -309,6 +309,9 @@ inline void hsum16(const V16* a, float* out) {
 }
 #endif
 
+// Fully unrolled small loops: the tiles' accumulator indices must be constants for GCC to keep them in registers.
+#define FR_UNROLL _Pragma("GCC unroll 16")
+
 // scores[c] = dot(q, k_c) for KEYS keys at once (D a multiple of 16): one accumulator per key, then the tree.
 // KEYS: as many accumulators as the registers hold (16 with AVX-512, 4 with AVX2).
 constexpr int SCORE_KEYS = FR_AVX512 ? 16 : 4;
@@ -325,6 +328,22 @@ inline void score_keys(const float* q, const float* kb, int64_t kstride, int64_t
     for (int j = 0; j < SCORE_KEYS; ++j) out[j] = hsum_tree(acc[j]);
   }
 }
+
+#if FR_AVX512
+// score_keys for keys stored one after another (kstride = D = 16 * DV, as in the KV buffer and the prefix segments):
+// q held in registers and every key at a constant offset from kb, so the 16 accumulators stay in registers (the
+// general version above keeps 16 key pointers, which GCC spills).  The same fmas in the same order: the same bits.
+template <int DV>
+inline void score_keys_packed(const float* q, const float* kb, float* out) {
+  V16 qv[DV], acc[SCORE_KEYS];
+  for (int v = 0; v < DV; ++v) qv[v] = vload(q + 16 * v);
+  FR_UNROLL for (int j = 0; j < SCORE_KEYS; ++j) {
+    acc[j] = vzero();
+    FR_UNROLL for (int v = 0; v < DV; ++v) acc[j] = vfma(qv[v], vload(kb + (j * DV + v) * 16), acc[j]);
+  }
+  hsum16(acc, out);
+}
+#endif
 
 inline V16 exp_det(V16 x) {
   const M16 nan = vunordered(x), small = vnot_greater(x, vset1(-87.33654f)), big = vgreater(x, vset1(88.0f));
@@ -349,9 +368,6 @@ inline V16 exp_det(V16 x) {
   y = vselect(big, vset1(std::numeric_limits<float>::infinity()), y);
   return vselect(nan, x, y);
 }
-
-// Fully unrolled small loops: the tiles' accumulator indices must be constants for GCC to keep them in registers.
-#define FR_UNROLL _Pragma("GCC unroll 16")
 
 // A tile of linear: R rows against NP consecutive panels (panel q's weights at w + q * ps), K steps, R x NP
 // accumulators; lane j of acc[r][q] is the chain of row r and feature 16 q + j of the tile.  Per step k: NP weight
@@ -879,74 +895,81 @@ struct AttnPrefetch {
   }
 };
 
-// scores[g][c] = dot(q_g, k_c) for the G query heads of one KV head and keys c < n (row stride n): the same
-// dot as everywhere (a query head is a "row", a key an "output feature" of the linear tile).
+// scores[i][c] = dot(q_i, k_c) for Q queries (query heads, of one or several tokens, that share these keys) and keys
+// c < n, query i's scores at sc[i]: the same dot as everywhere (a query is a "row", a key an "output feature" of the
+// linear tile).  A block of keys is read once for all the queries.
 template <typename A>
-void scores_block(const A* q, int64_t G, const A* kb, int64_t kstride, int64_t n, int64_t D, A* sc, int64_t ld,
-                  AttnPrefetch& pf) {
+void scores_block(const A* const* q, const int64_t Q, const A* kb, int64_t kstride, int64_t n, int64_t D,
+                  A* const* sc, AttnPrefetch& pf) {
   int64_t c0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0)
       for (; c0 + SCORE_KEYS <= n; c0 += SCORE_KEYS) {
         pf.rows(SCORE_KEYS);
-        for (int64_t g = 0; g < G; ++g) score_keys(q + g * D, kb + c0 * kstride, kstride, D, sc + g * ld + c0);
+        for (int64_t i = 0; i < Q; ++i) {
+#if FR_AVX512
+          if (kstride == D && D == 64) { score_keys_packed<4>(q[i], kb + c0 * kstride, sc[i] + c0); continue; }
+          if (kstride == D && D == 128) { score_keys_packed<8>(q[i], kb + c0 * kstride, sc[i] + c0); continue; }
+#endif
+          score_keys(q[i], kb + c0 * kstride, kstride, D, sc[i] + c0);
+        }
       }
   }
 #endif
   for (; c0 < n; ++c0)
-    for (int64_t g = 0; g < G; ++g) sc[g * ld + c0] = dot_same<A>(q + g * D, kb + c0 * kstride, D);
+    for (int64_t i = 0; i < Q; ++i) sc[i][c0] = dot_same<A>(q[i], kb + c0 * kstride, D);
 }
 
-// acc[g][d] = fma(e[g][c], v_c[d], acc[g][d]) for c = 0 .. n-1 in order, continuing from acc: the weighted values of
-// G heads (e rows of stride lde); keys held in several pieces are accumulated piece after piece.  The vector code
-// keeps a block of WV_HEADS heads x WV_VECS * 16 values in registers (AVX-512: 4 x 64, AVX2: 2 x 32).
+// acc[i][d] = fma(e[i][c], v_c[d], acc[i][d]) for c = 0 .. n-1 in order, continuing from acc: the weighted values of
+// Q queries that share these values (e[i]: query i's weights of this piece); keys held in several pieces are
+// accumulated piece after piece.  The vector code keeps a block of WV_HEADS queries x WV_VECS * 16 values in
+// registers (AVX-512: 4 x 64, AVX2: 2 x 32).
 #if FR_VEC
 constexpr int WV_HEADS = FR_AVX512 ? 4 : 2, WV_VECS = FR_AVX512 ? 4 : 2;
 template <int GN, int DN>
-inline void wv_block(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D) {
+inline void wv_block(const float* const* e, int64_t n, const float* vb, int64_t vstride, float* const* acc,
+                     int64_t d0) {
   V16 r[GN][DN];
   for (int g = 0; g < GN; ++g)
-    for (int j = 0; j < DN; ++j) r[g][j] = vload(acc + g * D + 16 * j);
+    for (int j = 0; j < DN; ++j) r[g][j] = vload(acc[g] + d0 + 16 * j);
   for (int64_t c = 0; c < n; ++c) {
     V16 v[DN];
-    for (int j = 0; j < DN; ++j) v[j] = vload(vb + c * vstride + 16 * j);
+    for (int j = 0; j < DN; ++j) v[j] = vload(vb + c * vstride + d0 + 16 * j);
     for (int g = 0; g < GN; ++g) {
-      const V16 w = vset1(e[g * lde + c]);
+      const V16 w = vset1(e[g][c]);
       for (int j = 0; j < DN; ++j) r[g][j] = vfma(w, v[j], r[g][j]);
     }
   }
   for (int g = 0; g < GN; ++g)
-    for (int j = 0; j < DN; ++j) vstore(acc + g * D + 16 * j, r[g][j]);
+    for (int j = 0; j < DN; ++j) vstore(acc[g] + d0 + 16 * j, r[g][j]);
 }
 
 template <int GN>
-inline void wv_rows(const float* e, int64_t n, int64_t lde, const float* vb, int64_t vstride, float* acc, int64_t D,
+inline void wv_rows(const float* const* e, int64_t n, const float* vb, int64_t vstride, float* const* acc, int64_t d0,
                     int dn) {
   switch (dn) {
-    case 4: wv_block<GN, 4>(e, n, lde, vb, vstride, acc, D); break;
-    case 3: wv_block<GN, 3>(e, n, lde, vb, vstride, acc, D); break;
-    case 2: wv_block<GN, 2>(e, n, lde, vb, vstride, acc, D); break;
-    default: wv_block<GN, 1>(e, n, lde, vb, vstride, acc, D); break;
+    case 4: wv_block<GN, 4>(e, n, vb, vstride, acc, d0); break;
+    case 3: wv_block<GN, 3>(e, n, vb, vstride, acc, d0); break;
+    case 2: wv_block<GN, 2>(e, n, vb, vstride, acc, d0); break;
+    default: wv_block<GN, 1>(e, n, vb, vstride, acc, d0); break;
   }
 }
 #endif
 
 template <typename A>
-void weighted_values(const A* e, int64_t G, int64_t n, int64_t lde, const A* vb, int64_t vstride, int64_t D, A* acc) {
+void weighted_values(const A* const* e, A* const* acc, int64_t Q, int64_t n, const A* vb, int64_t vstride, int64_t D) {
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0) {
-      for (int64_t g0 = 0; g0 < G; g0 += WV_HEADS)
+      for (int64_t i0 = 0; i0 < Q; i0 += WV_HEADS)
         for (int64_t d0 = 0; d0 < D; d0 += WV_VECS * LANES) {
           const int dn = static_cast<int>(std::min<int64_t>(WV_VECS, (D - d0) / LANES));
-          const float* eg = e + g0 * lde;
-          float* ag = acc + g0 * D + d0;
-          switch (std::min<int64_t>(WV_HEADS, G - g0)) {
-            case 4: wv_rows<4>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
-            case 3: wv_rows<3>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
-            case 2: wv_rows<2>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
-            default: wv_rows<1>(eg, n, lde, vb + d0, vstride, ag, D, dn); break;
+          switch (std::min<int64_t>(WV_HEADS, Q - i0)) {
+            case 4: wv_rows<4>(e + i0, n, vb, vstride, acc + i0, d0, dn); break;
+            case 3: wv_rows<3>(e + i0, n, vb, vstride, acc + i0, d0, dn); break;
+            case 2: wv_rows<2>(e + i0, n, vb, vstride, acc + i0, d0, dn); break;
+            default: wv_rows<1>(e + i0, n, vb, vstride, acc + i0, d0, dn); break;
           }
         }
       return;
@@ -954,8 +977,8 @@ void weighted_values(const A* e, int64_t G, int64_t n, int64_t lde, const A* vb,
   }
 #endif
   for (int64_t c = 0; c < n; ++c)
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t d = 0; d < D; ++d) acc[g * D + d] = std::fma(e[g * lde + c], vb[c * vstride + d], acc[g * D + d]);
+    for (int64_t i = 0; i < Q; ++i)
+      for (int64_t d = 0; d < D; ++d) acc[i][d] = std::fma(e[i][c], vb[c * vstride + d], acc[i][d]);
 }
 
 // s[c] <- exp(s[c] * scale - max_c(s[c] * scale)) in place; returns the denominator: blocks of 16 summed by
@@ -996,31 +1019,70 @@ double softmax_numerators(A* s, int64_t n, A scale) {
   return sum;
 }
 
-// The G query heads of one token and one KV head over its keys [start, end): softmax(q.k * scale) v.
+// One thread's scratch for its attention tasks (kept from task to task).
 template <typename A>
-void attend_group(const AttnArgs<A>& a, const A* q, int64_t G, const std::vector<Piece<A>>& pieces, A* out,
-                  std::vector<A>& sc, std::vector<A>& acc, AttnPrefetch& pf) {
-  const int64_t D = a.D;
-  int64_t n = 0;
-  for (const auto& p : pieces) n += p.n;
-  sc.resize(G * n);
-  acc.assign(G * D, A(0));
-  int64_t off = 0;
-  for (const auto& p : pieces) {
-    scores_block<A>(q, G, p.k, p.ks, p.n, D, sc.data() + off, n, pf);
-    off += p.n;
+struct AttnScratch {
+  std::vector<A> sc, acc;
+  std::vector<double> sums;
+  std::vector<int64_t> keys;                 // per token: its keys
+  std::vector<const A*> q, e;                // per query: its q; its weights of the piece at hand
+  std::vector<A*> s, t, o;                   // per query: its scores; a piece's scores; its accumulators
+  std::vector<std::vector<Piece<A>>> pieces; // per token: its keys' pieces, in order
+};
+
+// The G query heads of R tokens and one KV head, each token over its own keys (s.pieces[r], in order):
+// softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  With R > 1 the tokens'
+// first pieces are one prefix segment they share: its keys and values are read once for all R x G queries.  Each
+// query's operations are those of its token attended alone, in the same order (the loops only visit the queries in
+// another order): the same bits.
+template <typename A>
+void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G, A* const* out, AttnScratch<A>& s,
+                   AttnPrefetch& pf) {
+  const int64_t D = a.D, Q = R * G, shared = R > 1 ? 1 : 0;
+  s.keys.assign(R, 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (const auto& p : s.pieces[r]) s.keys[r] += p.n;
+    total += G * s.keys[r];
   }
-  std::vector<double> sums(G, 0.0);
-  for (int64_t g = 0; g < G; ++g) sums[g] = softmax_numerators<A>(sc.data() + g * n, n, a.scale);
-  off = 0;
-  for (const auto& p : pieces) {
-    weighted_values<A>(sc.data() + off, G, p.n, n, p.v, p.vs, D, acc.data());
-    off += p.n;
+  s.sc.resize(total);
+  s.acc.assign(Q * D, A(0));
+  s.sums.assign(Q, 0.0);
+  s.q.resize(Q); s.e.resize(Q); s.s.resize(Q); s.t.resize(Q); s.o.resize(Q);
+  for (int64_t r = 0, base = 0; r < R; base += G * s.keys[r], ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t i = r * G + g;
+      s.q[i] = q[r] + g * D;
+      s.s[i] = s.sc.data() + base + g * s.keys[r];
+      s.o[i] = s.acc.data() + i * D;
+    }
+  if (shared) {
+    const Piece<A>& p = s.pieces[0][0];
+    scores_block<A>(s.q.data(), Q, p.k, p.ks, p.n, D, s.s.data(), pf);
   }
-  for (int64_t g = 0; g < G; ++g) {
-    const A denom = A(sums[g]);
-    // head g of this group is query head (first head of the group) + g: out rows are consecutive heads
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] = acc[g * D + d] / denom;
+  for (int64_t r = 0; r < R; ++r)
+    for (size_t j = shared, off = shared ? s.pieces[r][0].n : 0; j < s.pieces[r].size(); off += s.pieces[r][j++].n) {
+      const Piece<A>& p = s.pieces[r][j];
+      for (int64_t g = 0; g < G; ++g) s.t[r * G + g] = s.s[r * G + g] + off;
+      scores_block<A>(s.q.data() + r * G, G, p.k, p.ks, p.n, D, s.t.data() + r * G, pf);
+    }
+  for (int64_t i = 0; i < Q; ++i) s.sums[i] = softmax_numerators<A>(s.s[i], s.keys[i / G], a.scale);
+  if (shared) {
+    const Piece<A>& p = s.pieces[0][0];
+    for (int64_t i = 0; i < Q; ++i) s.e[i] = s.s[i];
+    weighted_values<A>(s.e.data(), s.o.data(), Q, p.n, p.v, p.vs, D);
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (size_t j = shared, off = shared ? s.pieces[r][0].n : 0; j < s.pieces[r].size(); off += s.pieces[r][j++].n) {
+      const Piece<A>& p = s.pieces[r][j];
+      for (int64_t g = 0; g < G; ++g) s.e[r * G + g] = s.s[r * G + g] + off;
+      weighted_values<A>(s.e.data() + r * G, s.o.data() + r * G, G, p.n, p.v, p.vs, D);
+    }
+  for (int64_t i = 0; i < Q; ++i) {
+    const A denom = A(s.sums[i]);
+    // query i is head i % G of the KV head's group of token i / G: out rows are consecutive heads
+    A* o = out[i / G] + (i % G) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = s.o[i][d] / denom;
   }
 }
 
@@ -1060,37 +1122,92 @@ int64_t attended_keys(const AttnArgs<A>& a) {
   return keys;
 }
 
-// Tasks are (token, KV head) pairs: the group of query heads of a KV head reads its keys and values once.  A task's
-// work, which sets the grain of the split, counts the keys its token actually reads, prefix segments included (a
-// row decoding after a cached prompt reads its prompt from a segment and has few buffer columns; counting only
-// those ran the attention of up to 6 such rows on one thread).  Measured 2026-12-06 on a 2-core Zen 4, decode steps
-// after a cached prompt, 15 alternating pairs (buffer columns only -> all keys): 2018-token prompt 1 / 2 / 6 rows
-// 24.7 -> 22.7, 26.5 -> 23.2, 36.3 -> 30.0 ms (15, 15, 14 pairs faster); 74-token prompt 18.2 -> 18.1, 17.8 -> 17.4,
-// 19.7 -> 19.3 (10, 8, 13).  One row's query heads split between the threads as well (9 tasks instead of 3) lost at
-// the long prompt, 15.9 -> 17.9 ms at 1 row (0 of 15): every head re-reads its KV head's keys and values.
+// Rows decoding after one shared prefix segment read it together: at most this many rows per task.
+constexpr int64_t SHARED_ROWS = 4;
+
+// The units of tokens attended together, one task per unit and KV head: unit u is the tokens order[unit[u] ..
+// unit[u + 1]).  A unit is one token, except in decode steps (T = 1) with prefix segments: rows whose first segment
+// is the same tensor (rows forked from one cached prompt) form units of up to SHARED_ROWS rows, as even as possible,
+// that read the segment once instead of once per row.
+template <typename A>
+void token_units(const AttnArgs<A>& a, std::vector<int64_t>& order, std::vector<int64_t>& unit) {
+  const int64_t M = a.B * a.T;
+  order.resize(M);
+  for (int64_t m = 0; m < M; ++m) order[m] = m;
+  unit.clear();
+  if (a.T != 1 || a.seg_off == nullptr) {
+    for (int64_t m = 0; m <= M; ++m) unit.push_back(m);
+    return;
+  }
+  const auto first = [&a](int64_t b) {  // (address, tokens) of row b's first segment, (0, 0) without one
+    const int64_t s = a.seg_off[b];
+    return s < a.seg_off[b + 1] ? std::make_pair(a.seg[2 * s], a.seg[2 * s + 1]) : std::make_pair(int64_t(0), int64_t(0));
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return first(x) < first(y); });
+  for (int64_t i = 0; i < M;) {
+    int64_t j = i + 1;
+    if (first(order[i]).first != 0)
+      while (j < M && first(order[j]) == first(order[i])) ++j;
+    const int64_t parts = (j - i + SHARED_ROWS - 1) / SHARED_ROWS;
+    for (int64_t p = 0; p < parts; ++p) unit.push_back(i + p * (j - i) / parts);
+    i = j;
+  }
+  unit.push_back(M);
+}
+
+// Tasks are (unit of tokens, query head) pairs, split between the threads in contiguous runs; a thread attends the
+// heads of its run that share a KV head together, so it reads that KV head's keys and values once (only the KV heads
+// at the runs' ends are read by two threads).  The work, which sets the grain of the split, counts the keys the
+// tokens actually read, prefix segments included (a row decoding after a cached prompt reads its prompt from a
+// segment and has few buffer columns; counting only those ran the attention of up to 6 such rows on one thread).
+// Measured on a 2-core Zen 4, decode steps after a cached prompt, alternating pairs:
+//   2026-12-06 00:00, buffer columns only -> all keys, 15 pairs: 2018-token prompt 1 / 2 / 6 rows 24.7 -> 22.7,
+//   26.5 -> 23.2, 36.3 -> 30.0 ms (15, 15, 14 pairs faster); 74-token prompt 18.2 -> 18.1, 17.8 -> 17.4, 19.7 ->
+//   19.3 (10, 8, 13).  One task per query head, each reading its KV head alone, lost: 1 row at 2018 tokens 15.9 ->
+//   17.9 ms (0 of 15).
+//   2026-12-06 03:00, this split with units of rows sharing a segment and score_keys_packed (against a692085: one
+//   task per token and KV head), the 30 layers' attention of one decode step alone, 32 own tokens per row, medians of
+//   15 calls, 3 alternating processes each: 2018-token segment 1 / 6 / 20 rows 5.0-7.2 -> 4.6-5.4, 11.1-21.4 ->
+//   9.3-9.4, 27.0-34.3 -> 20.6-20.9 ms; 74-token segment 6 / 20 rows 0.60-0.82 -> 0.56-0.80, 1.72-2.53 -> 1.69-1.73.
+//   Whole decode steps (6 alternating processes, medians): 2018-token prompt 1 / 6 / 20 rows 21.8 -> 20.6, 30.0 ->
+//   27.1, 61.5 -> 56.7 ms (4, 6, 4 of 6 faster); 74-token prompt within the VM's noise (14.7 -> 13.5, 16.8 -> 15.3,
+//   34.2 -> 34.7).
 template <typename A>
 void attention_kernel(const AttnArgs<A>& a) {
   const int64_t M = a.B * a.T, groups = a.Hq / a.Hkv;
   std::vector<A> qrot(M * a.Hq * a.D);
   write_kv_and_rope_q(a, qrot.data());
-  const int64_t tasks = M * a.Hkv;
-  const int64_t work = std::max<int64_t>(1, 2 * groups * a.D * attended_keys(a) / std::max<int64_t>(1, M));
+  std::vector<int64_t> order, unit;
+  token_units(a, order, unit);
+  const int64_t units = static_cast<int64_t>(unit.size()) - 1, tasks = units * a.Hq;
+  const int64_t work = std::max<int64_t>(1, 2 * a.D * attended_keys(a) / std::max<int64_t>(1, units));
   at::parallel_for(0, tasks, std::max<int64_t>(1, MIN_TASK_WORK / work), [&](int64_t t0, int64_t t1) {
-    std::vector<A> sc, acc;
-    std::vector<Piece<A>> pieces;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t m = t / a.Hkv, hk = t % a.Hkv, b = m / a.T;
-      const int64_t h0 = (m * a.Hq + hk * groups) * a.D;
-      row_pieces<A>(a, b, hk, m % a.T, pieces);
+    AttnScratch<A> s;
+    std::vector<const A*> q;
+    std::vector<A*> out;
+    for (int64_t t = t0; t < t1;) {
+      // this thread's query heads of one unit and one KV head: read its keys and values once for all of them
+      const int64_t u = t / a.Hq, h = t % a.Hq, hk = h / groups, R = unit[u + 1] - unit[u];
+      const int64_t G = std::min((hk + 1) * groups - h, t1 - t);
+      q.resize(R);
+      out.resize(R);
+      if (static_cast<int64_t>(s.pieces.size()) < R) s.pieces.resize(R);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t m = order[unit[u] + r];
+        q[r] = qrot.data() + (m * a.Hq + h) * a.D;
+        out[r] = a.out + (m * a.Hq + h) * a.D;
+        row_pieces<A>(a, m / a.T, hk, m % a.T, s.pieces[r]);
+      }
       AttnPrefetch pf;
-      const Piece<A>& own = pieces.back();
+      const Piece<A>& own = s.pieces[0].back();
       pf.values = row_stream(own.v, own.vs, own.n, a.D);
-      if (t + 1 < t1) {
-        const int64_t m1 = (t + 1) / a.Hkv;
-        const Piece<A> next = buffer_piece(a, m1 / a.T, (t + 1) % a.Hkv, m1 % a.T);
+      if (t + G < t1) {
+        const int64_t m1 = order[unit[(t + G) / a.Hq]];
+        const Piece<A> next = buffer_piece(a, m1 / a.T, (t + G) % a.Hq / groups, m1 % a.T);
         pf.next_keys = row_stream(next.k, next.ks, next.n, a.D);
       }
-      attend_group<A>(a, qrot.data() + h0, groups, pieces, a.out + h0, sc, acc, pf);
+      attend_tokens<A>(a, q.data(), R, G, out.data(), s, pf);
+      t += G;
     }
   });
 }

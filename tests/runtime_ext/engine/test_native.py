@@ -253,6 +253,49 @@ def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_coun
             assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("D", [32, 64, 128])  # 64 and 128: the AVX-512 scores of keys stored one after another
+def test_rows_forked_from_different_prompts_attend_in_one_batch_as_alone(threads, D):
+    """A decode step's rows forked from several cached prompts (rows sharing a first segment read it together, up to
+    a few per task), some with a second segment of their own, one with none, each with its own buffer columns: every
+    row's output has the bits of the row attended alone, on the vector and the portable code, and is its softmax
+    attention over its keys."""
+    g = torch.Generator().manual_seed(11)
+    layers, layer, Hq, Hkv, cap = 2, 0, 6, 2, 12
+    groups, scale = Hq // Hkv, 0.21
+    seg = lambda n: torch.randn(layers, 2, Hkv, n, D, generator=g)
+    a, c = seg(300), seg(45)
+    rows = [[a], [a, seg(20)], [a], [c], [a, seg(7)], [], [a], [c], [a], [a, seg(33)]]  # each row's prefix segments
+    B = len(rows)
+    starts = torch.tensor([(3 * b) % 7 for b in range(B)], dtype=torch.long)  # first own column of each row
+    length = cap - 1
+    qkv = torch.randn(B, (Hq + 2 * Hkv) * D, generator=g)
+    ones, zeros = torch.ones(B, D), torch.zeros(B, D)  # RoPE is the identity
+    cache = torch.randn(2, B, Hkv, cap, D, generator=g)
+
+    def attend(idx):
+        kv = cache[:, idx].clone()
+        table = [[t.data_ptr(), t.shape[3]] for b in idx for t in rows[b]]
+        seg_t = torch.tensor(table, dtype=torch.long).reshape(-1, 2)
+        off = torch.tensor([0] + list(np.cumsum([len(rows[b]) for b in idx])), dtype=torch.long)
+        return native.with_threads(threads, lambda: K.attention(
+            qkv[idx].contiguous(), ones[idx].contiguous(), zeros[idx].contiguous(), kv[0], kv[1],
+            starts[idx].contiguous(), length, 1, Hq, Hkv, scale, seg_t, off, layer)), kv
+
+    batch, portable = both_paths(lambda: attend(list(range(B)))[0])
+    assert torch.equal(batch, portable)
+    for b in range(B):
+        (alone, kv) = attend([b])
+        assert torch.equal(alone[0], batch[b]), b
+        q = qkv[b, : Hq * D].view(Hq, D)
+        for h in range(Hq):
+            hk = h // groups
+            keys = torch.cat([t[layer, 0, hk] for t in rows[b]] + [kv[0, 0, hk, starts[b] : length + 1]])
+            values = torch.cat([t[layer, 1, hk] for t in rows[b]] + [kv[1, 0, hk, starts[b] : length + 1]])
+            want = softmax_attention(q[h], keys, values, scale)
+            assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_attention_over_prefix_segments_equals_the_same_keys_in_the_buffer(dtype):
     """Keys read in place from prefix segments (radix-cache KV) give the bits of the same keys in the buffer."""

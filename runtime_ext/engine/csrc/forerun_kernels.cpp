@@ -1031,14 +1031,23 @@ struct AttnScratch {
 };
 
 // The G query heads of R tokens and one KV head, each token over its own keys (s.pieces[r], in order):
-// softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  With R > 1 the tokens'
-// first pieces are one prefix segment they share: its keys and values are read once for all R x G queries.  Each
+// softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  The leading pieces that are
+// the same prefix segments for all R tokens are read once for all R x G queries.  Each
 // query's operations are those of its token attended alone, in the same order (the loops only visit the queries in
 // another order): the same bits.
 template <typename A>
 void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G, A* const* out, AttnScratch<A>& s,
                    AttnPrefetch& pf) {
-  const int64_t D = a.D, Q = R * G, shared = R > 1 ? 1 : 0;
+  const int64_t D = a.D, Q = R * G;
+  // Leading pieces that are the same memory for all R tokens (the prefix segments they share); a token's last
+  // piece, its own buffer columns, never is.
+  size_t shared = 0;
+  if (R > 1)
+    for (bool same = true; same && shared + 1 < s.pieces[0].size(); shared += same) {
+      const Piece<A>& p = s.pieces[0][shared];
+      for (int64_t r = 1; r < R && same; ++r)
+        same = shared + 1 < s.pieces[r].size() && s.pieces[r][shared].k == p.k && s.pieces[r][shared].n == p.n;
+    }
   s.keys.assign(R, 0);
   int64_t total = 0;
   for (int64_t r = 0; r < R; ++r) {
@@ -1056,28 +1065,24 @@ void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G
       s.s[i] = s.sc.data() + base + g * s.keys[r];
       s.o[i] = s.acc.data() + i * D;
     }
-  if (shared) {
-    const Piece<A>& p = s.pieces[0][0];
-    scores_block<A>(s.q.data(), Q, p.k, p.ks, p.n, D, s.s.data(), pf);
-  }
-  for (int64_t r = 0; r < R; ++r)
-    for (size_t j = shared, off = shared ? s.pieces[r][0].n : 0; j < s.pieces[r].size(); off += s.pieces[r][j++].n) {
-      const Piece<A>& p = s.pieces[r][j];
-      for (int64_t g = 0; g < G; ++g) s.t[r * G + g] = s.s[r * G + g] + off;
-      scores_block<A>(s.q.data() + r * G, G, p.k, p.ks, p.n, D, s.t.data() + r * G, pf);
-    }
+  // Every piece once, in each query's order: the shared ones for all Q queries, then each token's own for its G;
+  // fn(piece, first query, queries, the piece's offset in their scores).
+  const auto each_piece = [&](auto&& fn) {
+    int64_t off = 0;
+    for (size_t j = 0; j < shared; off += s.pieces[0][j++].n) fn(s.pieces[0][j], int64_t(0), Q, off);
+    for (int64_t r = 0; r < R; ++r)
+      for (size_t j = shared, o = off; j < s.pieces[r].size(); o += s.pieces[r][j++].n)
+        fn(s.pieces[r][j], r * G, G, static_cast<int64_t>(o));
+  };
+  each_piece([&](const Piece<A>& p, int64_t i0, int64_t n, int64_t off) {
+    for (int64_t i = i0; i < i0 + n; ++i) s.t[i] = s.s[i] + off;
+    scores_block<A>(s.q.data() + i0, n, p.k, p.ks, p.n, D, s.t.data() + i0, pf);
+  });
   for (int64_t i = 0; i < Q; ++i) s.sums[i] = softmax_numerators<A>(s.s[i], s.keys[i / G], a.scale);
-  if (shared) {
-    const Piece<A>& p = s.pieces[0][0];
-    for (int64_t i = 0; i < Q; ++i) s.e[i] = s.s[i];
-    weighted_values<A>(s.e.data(), s.o.data(), Q, p.n, p.v, p.vs, D);
-  }
-  for (int64_t r = 0; r < R; ++r)
-    for (size_t j = shared, off = shared ? s.pieces[r][0].n : 0; j < s.pieces[r].size(); off += s.pieces[r][j++].n) {
-      const Piece<A>& p = s.pieces[r][j];
-      for (int64_t g = 0; g < G; ++g) s.e[r * G + g] = s.s[r * G + g] + off;
-      weighted_values<A>(s.e.data() + r * G, s.o.data() + r * G, G, p.n, p.v, p.vs, D);
-    }
+  each_piece([&](const Piece<A>& p, int64_t i0, int64_t n, int64_t off) {
+    for (int64_t i = i0; i < i0 + n; ++i) s.e[i] = s.s[i] + off;
+    weighted_values<A>(s.e.data() + i0, s.o.data() + i0, n, p.n, p.v, p.vs, D);
+  });
   for (int64_t i = 0; i < Q; ++i) {
     const A denom = A(s.sums[i]);
     // query i is head i % G of the KV head's group of token i / G: out rows are consecutive heads
@@ -1128,7 +1133,8 @@ constexpr int64_t SHARED_ROWS = 4;
 // The units of tokens attended together, one task per unit and KV head: unit u is the tokens order[unit[u] ..
 // unit[u + 1]).  A unit is one token, except in decode steps (T = 1) with prefix segments: rows whose first segment
 // is the same tensor (rows forked from one cached prompt) form units of up to SHARED_ROWS rows, as even as possible,
-// that read the segment once instead of once per row.
+// that read the leading segments they share once instead of once per row (ordered by their segment lists, rows
+// forked from one node of a deeper tree sit side by side).
 template <typename A>
 void token_units(const AttnArgs<A>& a, std::vector<int64_t>& order, std::vector<int64_t>& unit) {
   const int64_t M = a.B * a.T;
@@ -1143,7 +1149,12 @@ void token_units(const AttnArgs<A>& a, std::vector<int64_t>& order, std::vector<
     const int64_t s = a.seg_off[b];
     return s < a.seg_off[b + 1] ? std::make_pair(a.seg[2 * s], a.seg[2 * s + 1]) : std::make_pair(int64_t(0), int64_t(0));
   };
-  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return first(x) < first(y); });
+  // rows in the order of their segment lists: rows that share more segments than the first end up side by side
+  const auto before = [&a](int64_t x, int64_t y) {
+    return std::lexicographical_compare(a.seg + 2 * a.seg_off[x], a.seg + 2 * a.seg_off[x + 1],
+                                        a.seg + 2 * a.seg_off[y], a.seg + 2 * a.seg_off[y + 1]);
+  };
+  std::stable_sort(order.begin(), order.end(), before);
   for (int64_t i = 0; i < M;) {
     int64_t j = i + 1;
     if (first(order[i]).first != 0)

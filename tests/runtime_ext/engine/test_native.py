@@ -256,16 +256,18 @@ def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_coun
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("D", [32, 64, 128])  # 64 and 128: the AVX-512 scores of keys stored one after another
 def test_rows_forked_from_different_prompts_attend_in_one_batch_as_alone(threads, D):
-    """A decode step's rows forked from several cached prompts (rows sharing a first segment read it together, up to
-    a few per task), some with a second segment of their own, one with none, each with its own buffer columns: every
-    row's output has the bits of the row attended alone, on the vector and the portable code, and is its softmax
-    attention over its keys."""
+    """A decode step's rows forked from several cached prompts (rows sharing leading segments read them together, up
+    to a few per task), some with a second segment of their own or shared, one with none, each with its own buffer
+    columns: every row's output has the bits of the row attended alone, on the vector and the portable code, and is
+    its softmax attention over its keys."""
     g = torch.Generator().manual_seed(11)
     layers, layer, Hq, Hkv, cap = 2, 0, 6, 2, 12
     groups, scale = Hq // Hkv, 0.21
     seg = lambda n: torch.randn(layers, 2, Hkv, n, D, generator=g)
-    a, c = seg(300), seg(45)
-    rows = [[a], [a, seg(20)], [a], [c], [a, seg(7)], [], [a], [c], [a], [a, seg(33)]]  # each row's prefix segments
+    a, c, d, e, f = seg(300), seg(45), seg(60), seg(25), seg(50)
+    rows = [[a], [a, seg(20)], [a], [c], [a, seg(7)], [], [a], [c], [a], [a, seg(33)],  # each row's prefix segments
+            [d, e], [d, e, seg(5)], [d, e], [d, e],  # rows forked from one node below a shared prompt
+            [f, seg(9)], [f, seg(14)], [f, seg(3)]]  # one prompt, then segments of their own
     B = len(rows)
     starts = torch.tensor([(3 * b) % 7 for b in range(B)], dtype=torch.long)  # first own column of each row
     length = cap - 1

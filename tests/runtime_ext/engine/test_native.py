@@ -221,7 +221,7 @@ def softmax_attention(q, keys, values, scale):
 def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_count(threads):
     """Rows decoding after a cached prompt (read in place from a prefix segment, few buffer columns of their own),
     alone and in a batch, on 1 to 3 threads: every query head's output is its softmax attention over its row's keys,
-    and a row's bits do not depend on its batch or on how the (token, KV head) tasks were split."""
+    and a row's bits do not depend on its batch or on how its attention tasks were split."""
     g = torch.Generator().manual_seed(5)
     layers, layer, Hq, Hkv, D, P, own, B = 2, 1, 6, 2, 32, 700, 7, 5  # P: enough keys for a task per thread
     groups, scale = Hq // Hkv, 0.19

@@ -1032,9 +1032,8 @@ struct AttnScratch {
 
 // The G query heads of R tokens and one KV head, each token over its own keys (s.pieces[r], in order):
 // softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  The leading pieces that are
-// the same prefix segments for all R tokens are read once for all R x G queries.  Each
-// query's operations are those of its token attended alone, in the same order (the loops only visit the queries in
-// another order): the same bits.
+// the same prefix segments for all R tokens are read once for all R x G queries.  Each query's operations are those
+// of its token attended alone, in the same order (the loops only visit the queries in another order): the same bits.
 template <typename A>
 void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G, A* const* out, AttnScratch<A>& s,
                    AttnPrefetch& pf) {

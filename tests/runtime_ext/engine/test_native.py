@@ -298,6 +298,53 @@ def test_rows_forked_from_different_prompts_attend_in_one_batch_as_alone(threads
             assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
 
 
+def rope_reference(x, cos, sin):
+    """transformers' RoPE in float64: x cos + rotate_half(x) sin, rotate_half(x) = (-x[D/2:], x[:D/2])."""
+    x, h = x.double(), x.shape[-1] // 2
+    return x * cos.double() + torch.cat([-x[h:], x[:h]]) * sin.double()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("T", [2, 11, 37])  # 37: three runs of tokens
+def test_a_prompt_attended_at_once_is_its_tokens_attended_one_at_a_time(threads, T):
+    """A prompt's T tokens in one call (after a cached segment and columns already in the buffer; its tokens share
+    keys and attend in runs) give the bits of the same tokens fed one per call, on the vector and the portable code,
+    and each query head's output is its softmax attention over its token's keys."""
+    g = torch.Generator().manual_seed(T)
+    layers, layer, Hq, Hkv, D, P, before = 2, 1, 6, 2, 64, 90, 13
+    groups, scale = Hq // Hkv, 0.17
+    prefix = torch.randn(layers, 2, Hkv, P, D, generator=g)
+    seg, off = torch.tensor([[prefix.data_ptr(), P]], dtype=torch.long), torch.tensor([0, 1], dtype=torch.long)
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g)
+    cos, sin = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    cache = torch.zeros(2, 1, Hkv, before + T, D)
+    cache[:, :, :, :before] = torch.randn(2, 1, Hkv, before, D, generator=g)
+    start = torch.tensor([2])  # the row's first valid column
+
+    def at_once():
+        kv = cache.clone()
+        out = native.with_threads(threads, lambda: K.attention(qkv, cos, sin, kv[0], kv[1], start, before, T, Hq, Hkv,
+                                                               scale, seg, off, layer))
+        return out, kv
+
+    (fast, kv), (slow, _) = both_paths(at_once)
+    assert torch.equal(fast, slow)
+    one = cache.clone()
+    for j in range(T):
+        out = K.attention(qkv[j : j + 1].contiguous(), cos[j : j + 1].contiguous(), sin[j : j + 1].contiguous(),
+                          one[0], one[1], start, before + j, 1, Hq, Hkv, scale, seg, off, layer)
+        assert torch.equal(out[0], fast[j]), j
+    assert torch.equal(one, kv)
+    for j in range(T):
+        for h in range(Hq):
+            hk = h // groups
+            keys = torch.cat([prefix[layer, 0, hk], kv[0, 0, hk, 2 : before + j + 1]])
+            values = torch.cat([prefix[layer, 1, hk], kv[1, 0, hk, 2 : before + j + 1]])
+            qh = rope_reference(qkv[j, h * D : (h + 1) * D], cos[j], sin[j])
+            want = softmax_attention(qh, keys, values, scale)
+            assert torch.allclose(fast[j, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (j, h)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_attention_over_prefix_segments_equals_the_same_keys_in_the_buffer(dtype):
     """Keys read in place from prefix segments (radix-cache KV) give the bits of the same keys in the buffer."""

@@ -1031,9 +1031,10 @@ struct AttnScratch {
 };
 
 // The G query heads of R tokens and one KV head, each token over its own keys (s.pieces[r], in order):
-// softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  The leading pieces that are
-// the same prefix segments for all R tokens are read once for all R x G queries.  Each query's operations are those
-// of its token attended alone, in the same order (the loops only visit the queries in another order): the same bits.
+// softmax(q.k * scale) v, token r's heads from q[r] (consecutive, stride D) to out[r].  The keys all R tokens share
+// (the leading pieces that are the same prefix segments, then the first keys of the next piece where every token has
+// one over the same memory) are read once for all R x G queries.  Each query's operations are those of its token
+// attended alone, in the same order (the loops only visit the queries in another order): the same bits.
 template <typename A>
 void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G, A* const* out, AttnScratch<A>& s,
                    AttnPrefetch& pf) {

@@ -217,6 +217,18 @@ def softmax_attention(q, keys, values, scale):
     return w @ values.double()
 
 
+def assert_is_softmax_attention(out, queries, kv_pieces, scale):
+    """A token's output [Hq * D] against the oracle: query head h (queries [Hq, D], after RoPE) over the keys and
+    values of its KV head h // (Hq / Hkv), the concatenation of kv_pieces (each [2, Hkv, n, D], in order)."""
+    Hq, D = queries.shape
+    groups = Hq // kv_pieces[0].shape[1]
+    for h in range(Hq):
+        keys = torch.cat([p[0, h // groups] for p in kv_pieces])
+        values = torch.cat([p[1, h // groups] for p in kv_pieces])
+        want = softmax_attention(queries[h], keys, values, scale)
+        assert torch.allclose(out[h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), h
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_count(threads):
     """Rows decoding after a cached prompt (read in place from a prefix segment, few buffer columns of their own),
@@ -224,7 +236,7 @@ def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_coun
     and a row's bits do not depend on its batch or on how its attention tasks were split."""
     g = torch.Generator().manual_seed(5)
     layers, layer, Hq, Hkv, D, P, own, B = 2, 1, 6, 2, 32, 700, 7, 5  # P: enough keys for a task per thread
-    groups, scale = Hq // Hkv, 0.19
+    scale = 0.19
     prefix = torch.randn(layers, 2, Hkv, P, D, generator=g)
     qkv = torch.randn(B, (Hq + 2 * Hkv) * D, generator=g)
     ones, zeros = torch.ones(B, D), torch.zeros(B, D)  # cos = 1, sin = 0: RoPE is the identity
@@ -244,13 +256,8 @@ def test_attention_after_a_cached_prompt_is_softmax_attention_on_any_thread_coun
     for b in range(B):
         alone, kv = attend([b])
         assert torch.equal(alone[0], batch[b])
-        q = qkv[b, : Hq * D].view(Hq, D)
-        for h in range(Hq):
-            hk = h // groups
-            keys = torch.cat([prefix[layer, 0, hk], kv[0, 0, hk, : own + 1]])
-            values = torch.cat([prefix[layer, 1, hk], kv[1, 0, hk, : own + 1]])
-            want = softmax_attention(q[h], keys, values, scale)
-            assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
+        assert_is_softmax_attention(alone[0], qkv[b, : Hq * D].view(Hq, D), [prefix[layer], kv[:, 0, :, : own + 1]],
+                                    scale)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -262,7 +269,7 @@ def test_rows_forked_from_different_prompts_attend_in_one_batch_as_alone(threads
     its softmax attention over its keys."""
     g = torch.Generator().manual_seed(11)
     layers, layer, Hq, Hkv, cap = 2, 0, 6, 2, 12
-    groups, scale = Hq // Hkv, 0.21
+    scale = 0.21
     seg = lambda n: torch.randn(layers, 2, Hkv, n, D, generator=g)
     a, c, d, e, f = seg(300), seg(45), seg(60), seg(25), seg(50)
     rows = [[a], [a, seg(20)], [a], [c], [a, seg(7)], [], [a], [c], [a], [a, seg(33)],  # each row's prefix segments
@@ -287,15 +294,10 @@ def test_rows_forked_from_different_prompts_attend_in_one_batch_as_alone(threads
     batch, portable = both_paths(lambda: attend(list(range(B)))[0])
     assert torch.equal(batch, portable)
     for b in range(B):
-        (alone, kv) = attend([b])
+        alone, kv = attend([b])
         assert torch.equal(alone[0], batch[b]), b
-        q = qkv[b, : Hq * D].view(Hq, D)
-        for h in range(Hq):
-            hk = h // groups
-            keys = torch.cat([t[layer, 0, hk] for t in rows[b]] + [kv[0, 0, hk, starts[b] : length + 1]])
-            values = torch.cat([t[layer, 1, hk] for t in rows[b]] + [kv[1, 0, hk, starts[b] : length + 1]])
-            want = softmax_attention(q[h], keys, values, scale)
-            assert torch.allclose(alone[0, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (b, h)
+        assert_is_softmax_attention(alone[0], qkv[b, : Hq * D].view(Hq, D),
+                                    [t[layer] for t in rows[b]] + [kv[:, 0, :, starts[b] : length + 1]], scale)
 
 
 def rope_reference(x, cos, sin):
@@ -312,7 +314,7 @@ def test_a_prompt_attended_at_once_is_its_tokens_attended_one_at_a_time(threads,
     and each query head's output is its softmax attention over its token's keys."""
     g = torch.Generator().manual_seed(T)
     layers, layer, Hq, Hkv, D, P, before = 2, 1, 6, 2, 64, 90, 13
-    groups, scale = Hq // Hkv, 0.17
+    scale = 0.17
     prefix = torch.randn(layers, 2, Hkv, P, D, generator=g)
     seg, off = torch.tensor([[prefix.data_ptr(), P]], dtype=torch.long), torch.tensor([0, 1], dtype=torch.long)
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g)
@@ -336,13 +338,8 @@ def test_a_prompt_attended_at_once_is_its_tokens_attended_one_at_a_time(threads,
         assert torch.equal(out[0], fast[j]), j
     assert torch.equal(one, kv)
     for j in range(T):
-        for h in range(Hq):
-            hk = h // groups
-            keys = torch.cat([prefix[layer, 0, hk], kv[0, 0, hk, 2 : before + j + 1]])
-            values = torch.cat([prefix[layer, 1, hk], kv[1, 0, hk, 2 : before + j + 1]])
-            qh = rope_reference(qkv[j, h * D : (h + 1) * D], cos[j], sin[j])
-            want = softmax_attention(qh, keys, values, scale)
-            assert torch.allclose(fast[j, h * D : (h + 1) * D].double(), want, rtol=1e-5, atol=1e-6), (j, h)
+        queries = torch.stack([rope_reference(qkv[j, h * D : (h + 1) * D], cos[j], sin[j]) for h in range(Hq)])
+        assert_is_softmax_attention(fast[j], queries, [prefix[layer], kv[:, 0, :, 2 : before + j + 1]], scale)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -121,7 +121,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     r.add_argument("--out", required=True, metavar="DIR", help="folder for report.md, summary.json and the PNGs")
     r.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     r.set_defaults(handler=report_command)
-    e.add_argument("--datasets", default=None, help=f"comma-separated names, or all ({', '.join(ALL_DATASETS)})")
+    e.add_argument("--datasets", "--dataset", default=None,  # --dataset: `bench presto`'s spelling
+                   help=f"comma-separated names, or all ({', '.join(ALL_DATASETS)})")
     e.add_argument("--methods", default="default", help="comma-separated methods, default or all (see README)")
     e.add_argument("--limit", type=positive_int, default=3, help="first N prompts of each dataset (3)")
     e.add_argument("--out", default=None, metavar="RUN.jsonl", help="the run file (append-only JSONL)")

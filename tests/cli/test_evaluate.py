@@ -54,6 +54,7 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
 
 @pytest.mark.parametrize("argv, message", [
     (["eval", "--datasets", "nope", "--out", "{tmp}/r.jsonl"], "unknown dataset"),
+    (["eval", "--dataset", "nope", "--out", "{tmp}/r.jsonl"], "unknown dataset"),  # bench presto's spelling
     (["eval", "--datasets", "math500", "--methods", "power-mhh", "--out", "{tmp}/r.jsonl"], "unknown method"),
     (["eval", "--datasets", "math500", "--out", "{tmp}/missing/r.jsonl"], "does not exist"),
     (["eval", "--datasets", "math500", "--out", "{tmp}"], "is a directory"),

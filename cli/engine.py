@@ -90,6 +90,17 @@ def open_pool_from(args: argparse.Namespace) -> Any:
                      request_timeout_s=args.request_timeout)
 
 
+def check_context(runtime: Any, prompt_lens: list[int], n: int, flag: str = "--n") -> None:
+    """prompt + response must fit the model context (known for the embedded engine; a server says so itself):
+    checked before any decode, named by the option that sets the response length (`flag`)."""
+    if runtime.loaded is None:
+        return
+    longest, limit = max(prompt_lens) + n, runtime.loaded.max_context
+    if longest > limit:
+        raise CommandError(f"{flag} {n}: prompt ({max(prompt_lens)} tokens) + response ({n} tokens) = {longest} "
+                           f"exceeds the model context {limit}")
+
+
 def warn_nondeterministic(pool: Any) -> list[str]:
     """Print (stderr) and return why seeded runs on `pool` reproduce only in law."""
     import sys
@@ -163,7 +174,9 @@ def generate_command(args: argparse.Namespace) -> int:
         check_pool_serves(pool, seeded=args.seed is not None)
         name, location = runtime.name, runtime.location
         notes = warn_nondeterministic(pool) if args.seed is not None else []
-        out = runtime.engine.generate(_prompt_ids(runtime.tokenizer, args.prompt, args.raw), params)
+        ids = _prompt_ids(runtime.tokenizer, args.prompt, args.raw)
+        check_context(runtime, [len(ids)], args.max_tokens, "--max-tokens")
+        out = runtime.engine.generate(ids, params)
     if args.json:
         meta = out.meta_info
         print_json({

@@ -63,14 +63,25 @@ def _leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPars
 def command_name(args: argparse.Namespace) -> str:
     """"sample", "bench presto", "classifier train", ...: the words the user typed."""
     words = [args.command]
-    for attr in ("bench_command", "session_command", "calibrate_command", "classifier_command"):
+    for attr in ("bench_command", "session_command", "calibrate_command", "classifier_command", "eval_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)
 
 
+def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the command `words` ("session", "demo") names, for its usage errors."""
+    for word in words:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[word]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that was given them: `forerun session demo: error: ...`
+        _command_parser(parser, command_name(args).split()).error(f"unrecognized arguments: {' '.join(unknown)}")
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
 
     def run() -> int | None:

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
 from .classifier import classifier_from_args, warn_shipped
-from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
+from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .inputs import dataset_paths, naming_undecodable
 from .output import output_file, print_json, progress_bar
@@ -207,16 +207,6 @@ def _dataset_prompt(args: argparse.Namespace) -> Any:
     return prompts[args.index]
 
 
-def _check_context(runtime: Any, prompt_lens: list[int], n: int) -> None:
-    """prompt + response must fit the model context (known for the embedded engine; a server says so itself)."""
-    if runtime.loaded is None:
-        return
-    longest, limit = max(prompt_lens) + n, runtime.loaded.max_context
-    if longest > limit:
-        raise CommandError(f"--n {n}: prompt ({max(prompt_lens)} tokens) + response ({n} tokens) = {longest} "
-                           f"exceeds the model context {limit}")
-
-
 def _checked_inputs(args: argparse.Namespace, kinds: list[str], rules: Any) -> tuple[dict[str, Any], list[Any], Any]:
     """Everything that can be wrong with the arguments, found before the model loads: options that do not
     apply (`rules`, cli/applicability.py), then the unset ones get their defaults."""
@@ -262,7 +252,7 @@ def sample_command(args: argparse.Namespace) -> int:
             pid, ids = f"{args.dataset}/{prompt.id}", chat_prompt_ids(runtime.tokenizer, prompt.messages())
         else:
             pid, ids = prompt_id_for_text(args.prompt), chat_prompt_ids(runtime.tokenizer, args.prompt)
-        _check_context(runtime, [len(ids)], cfg.response_length)
+        check_context(runtime, [len(ids)], cfg.response_length)
         if args.presto and prefetch.streaming:
             prefetch = with_row_cost(args, prefetch, row_cost_for(args, runtime, ids, probe=args.row_cost == "measured"))
         model = proposal_model_for(runtime.backend, args.sampler, cfg.mtm_temperatures)
@@ -380,7 +370,7 @@ def _bench_rows(args: argparse.Namespace, pool: Any, prompts: list[Any], configs
 
     runtime = pool.first
     items = [(f"{args.dataset}/{p.id}", chat_prompt_ids(runtime.tokenizer, p.messages())) for p in prompts]
-    _check_context(runtime, [len(ids) for _, ids in items], configs[0].response_length)
+    check_context(runtime, [len(ids) for _, ids in items], configs[0].response_length)
     writer = RecordWriter(args.records, model=runtime.name) if args.records else None
     total = (1 + len(prefetch)) * len(items) * sum(cfg.num_blocks * cfg.steps_per_block for cfg in configs)
     flush = args.flush_cache or (runtime.is_embedded and pool.slots == 1)  # never a shared server by default

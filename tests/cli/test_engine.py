@@ -33,8 +33,9 @@ def test_generate_bad_input(capsys):
     assert main(["generate", "--prompt", "", "--model", "tiny"]) == 2
     assert main(["generate", "--prompt", "x", "--model", "/no/such/model"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"]) == 1
-    assert "exceeds the model context" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"]) == 2  # before any decode
+    err = capsys.readouterr().err
+    assert "--max-tokens 5000: prompt (" in err and "+ response (5000 tokens)" in err and "model context 2048" in err
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "x", "--temperature", "-1"])
 

@@ -2,8 +2,10 @@
 with the gold answer by math-verify (LaTeX / expression equivalence); AIME answers are integers 0-999.
 
     step                        code
-    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, else "final answer is",
-                                "answer:", "####", "answer is"); fallback when there is none of these:
+    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, else what follows
+                                "final answer is", "answer:", "####", "answer is": a display formula
+                                (\\[...\\], $$...$$), else the sentence without markdown emphasis, math
+                                delimiters or a justifying ", since ..." clause); fallback when there is none:
                                 math-verify's own extraction from the whole response (`parse(response)`:
                                 its last LaTeX expression or number, as lighteval does), e.g. "So there are
                                 42 ways." -> 42.  The grade's detail says which one was used.
@@ -25,12 +27,20 @@ from math_verify import parse, verify
 
 PARSE_TIMEOUT_S = 5
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_PHRASES = [
-    re.compile(r"final answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s|\.?$|\n)", re.I),
-    re.compile(r"(?:^|\n)\s*\**answer\**\s*[:：]\s*\$?([^\n$]+?)\$?\s*\.?\s*(?:\n|$)", re.I),
-    re.compile(r"####\s*([^\n]+)"),
-    re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s|\.?$|\n)", re.I),
+_PHRASES = [  # each ends where its answer starts; earlier phrases take precedence
+    re.compile(r"final answer is[:\s]*", re.I),
+    re.compile(r"(?:^|\n)[ \t]*[*_]*(?:final\s+)?answer[*_]*\s*[:：]\s*", re.I),
+    re.compile(r"####[ \t]*"),
+    re.compile(r"answer is[:\s]*", re.I),
 ]
+_DISPLAY_MATH = re.compile(r"\s*(?:\$\$(.+?)\$\$|\\\[(.+?)\\\])", re.S)
+"""A display formula right after the phrase, possibly on the next lines: "The answer is:\n\\[ \\frac12 \\]"."""
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
+_REASON_CLAUSE = re.compile(r",\s+(?:since|because|as|which|so|where|given|thus|hence|therefore|i\.e\.)\b.*", re.I)
+"""A clause that justifies the answer ("42, since 6*7=42"): not part of it."""
+_MARKUP = "*_ \t"
+"""Markdown emphasis around an answer ("**42**")."""
+_INLINE_MATH = re.compile(r"\$|\\\(")
 
 
 def last_boxed(text: str) -> str | None:
@@ -45,15 +55,37 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def _answer_after(text: str, start: int) -> str | None:
+    """The answer written right after a final-answer phrase that ends at `start`: a display formula, else
+    the rest of the sentence without markdown emphasis, math delimiters or a justifying clause."""
+    tail = text[start:].lstrip(_MARKUP + ":：")
+    display = _DISPLAY_MATH.match(tail)
+    if display:
+        return (display.group(1) or display.group(2)).strip() or None
+    line = tail.split("\n", 1)[0]
+    end = _SENTENCE_END.search(line)
+    line = _REASON_CLAUSE.sub("", line[: end.start()] if end else line).strip(_MARKUP).rstrip(".")
+    if _INLINE_MATH.search(line):  # "$\\frac12$ cm", "$2$ or $3$": math-verify's reading of the formulas
+        try:
+            parsed = parse(line, parsing_timeout=_timeout())
+        except Exception:  # pathological input: keep the text
+            parsed = []
+        if len(parsed) > 1 and str(parsed[1]).strip():
+            line = str(parsed[1])
+    return line.strip().strip("$").strip() or None
+
+
 def extract_final_answer(text: str) -> str | None:
-    """The final answer of a response: the last \\boxed{}, else the last common final-answer phrase."""
+    """The final answer of a response: the last \\boxed{}, else what follows the last common final-answer
+    phrase (the first kind of phrase, in `_PHRASES` order, that the response uses)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     for pattern in _PHRASES:
-        found = pattern.findall(text)
-        if found:
-            return found[-1].strip().rstrip(".")
+        for m in reversed(list(pattern.finditer(text))):
+            answer = _answer_after(text, m.end())
+            if answer is not None:
+                return answer
     return None
 
 

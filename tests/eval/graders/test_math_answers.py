@@ -27,6 +27,12 @@ RIGHT = [
     (r"The answer is \(\frac{3}{4}\).", r"\frac34"),
     ("**Final Answer**\n\nAnswer: 12", "12"),
     ("Counting the cases gives 6 + 15 + 21 = 42.\n\nSo there are 42 ways.", "42"),
+    # no box: the answer after the phrase, without markdown, delimiters or a justifying clause
+    ("So the answer is **42**.", "42"),
+    ("The answer is 42, since 6 * 7 = 42.", "42"),
+    ("Therefore, the answer is:\n\\[\n\\frac{1}{2}\n\\]", r"\frac12"),
+    ("The answer is:\n\n$$\\frac{1}{2}$$", r"\frac12"),
+    ("**Final Answer:** (1, 2)", "(1,2)"),
 ]
 WRONG = [
     (r"\boxed{3/5}", r"\frac{3}{4}"),
@@ -39,6 +45,10 @@ WRONG = [
     ("I could not finish the computation.", "7"),
     (r"\boxed{2k}", "2"),  # a variable is not a unit (MATH intermediate_algebra/190)
     ("So the answer is 2 or 3.", "2"),
+    ("So the answer is **43**.", "42"),
+    ("The answer is 41, since I miscounted; the true count is 42.", "42"),
+    ("Therefore, the answer is:\n\\[\n\\frac{1}{3}\n\\]", r"\frac12"),
+    ("**Final Answer:** (2, 1)", "(1,2)"),
 ]
 
 
@@ -59,6 +69,18 @@ def test_the_fallback_is_used_only_without_a_box_or_phrase_and_says_so():
     assert extract_final_answer("So there are 42 ways.") is None
     ok, got, detail = grade_math(r"\boxed{41} (I counted 42 ways before)", "42")
     assert not ok and got == "41" and "fallback" not in detail
+
+
+@pytest.mark.parametrize("response,answer", [
+    ("So the answer is **42**.", "42"),
+    ("**Answer:** 42", "42"),
+    ("The answer is 42, since 6 * 7 = 42.", "42"),
+    ("The answer is \\(\\dfrac{1}{2}\\) cm.", r"\frac{1}{2}"),
+    ("The answer is\n\\[\n\\frac{1}{2}\n\\]\nas claimed.", r"\frac{1}{2}"),
+    ("Final answer: (1, 2)", "(1, 2)"),
+])
+def test_the_answer_after_a_phrase_is_only_the_answer(response, answer):
+    assert extract_final_answer(response) == answer
 
 
 def test_aime_answers_are_integers():

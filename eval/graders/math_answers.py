@@ -99,10 +99,13 @@ def normalize(answer: str) -> str:
 
 
 def _as_integer(answer: str) -> int | None:
+    """The integer an answer writes ("042", "1{,}000", "\\text{7}"), or None; a comma counts only as a
+    thousands separator ("2, 5" is two numbers, not 25)."""
     s = normalize(answer)
-    s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
-    s = s.replace("{,}", "").replace(",", "")
-    return int(s) if re.fullmatch(r"[+-]?\d+", s) else None
+    s = re.sub(r"^\\text\{(.*)\}$", r"\1", s).replace("{,}", ",")
+    if not re.fullmatch(r"[+-]?(?:\d+|\d{1,3}(?:,\d{3})+)", s):
+        return None
+    return int(s.replace(",", ""))
 
 
 def _timeout() -> int | None:

@@ -89,3 +89,11 @@ def test_aime_answers_are_integers():
     assert not grade_math(r"\boxed{34}", "33", integer=True)[0]
     ok, _, detail = grade_math("The remainder is 204.", "204", integer=True)
     assert ok and detail.startswith("integer")
+
+
+def test_aime_commas_are_thousands_separators_only():
+    """Two numbers are not their concatenation: "2, 5" is not 25."""
+    assert not grade_math(r"\boxed{2, 5}", "25", integer=True)[0]
+    assert not grade_math(r"The possible values are $1,2$, so the answer is 1,2.", "12", integer=True)[0]
+    assert grade_math(r"\boxed{1{,}024}", "1024", integer=True)[0]
+    assert grade_math(r"\boxed{1,024}", "1024", integer=True)[0]

@@ -6,16 +6,17 @@ means):
     tier       what counts                                                    examples
     explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}),       "The answer is (b)."
                "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
-               is X" / "the answer must be X", "option X is correct", "X is the     "Final answer: B"
-               correct answer", "I choose X", and a final line that starts with     "B) 42 is the only
+               is X" / "the answer must be X", "option X is correct", "X is (the)   "Final answer: B"
+               correct (answer)", "I choose X", and a final line that starts with   "B) 42 is the only
                the letter as a label ("B) ...", "(B)", "B.", "**B**", "B")           value that works."
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
-false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break).  So a
-response that only rules options out gets no letter, and "The answer is B, not A" is B.  Lowercase letters
-count ("(b)", "answer: c"), except the article: "the answer is a number" is not A.  Only the question's
-letters count (A-D for four options).
+false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; a
+negation of a later letter, "C and not D", "C (not A)", is not one of C).  So a response that only rules
+options out gets no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
+except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
+options).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _EXPLICIT = [
     r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
-    r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+the\s+(?:correct|right|best)\s+(?:answer|option|choice))",
+    r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+(?:the\s+)?(?:correct|right|best)(?:\s+(?:answer|option|choice))?\b)",
     r"(?i:\bI\s*(?:'ll|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
@@ -42,6 +43,9 @@ _NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|elimi
 _NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"
                         r"unlikely|fails?|doesn't|does\s+not|isn't|cannot|can't)\b)")
 _CLAUSE = re.compile(r"[,;.!?\n]")
+_NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"
+                              r"\(?[A-J]\b\)?")
+"""A negation of the next letter ("A and not B", "C (not A)"): it says nothing against the letter before it."""
 
 
 def _negated(text: str, start: int, end: int) -> bool:
@@ -52,6 +56,7 @@ def _negated(text: str, start: int, end: int) -> bool:
     m = _CLAUSE.search(after)
     after = after[: m.start()] if m else after
     after = after.split(")", 1)[-1] if after.lstrip().startswith(")") else after
+    after = _NEGATES_ANOTHER.sub(" ", after)
     return bool(_NEG_BEFORE.search(before) or _NEG_AFTER.search(after))
 
 

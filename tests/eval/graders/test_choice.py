@@ -42,6 +42,14 @@ CASES = [
     ("The correct option is D, not A", "D"),
     ("Answer: Option A is wrong, so the answer must be B", "B"),
     ("A is incorrect since the entropy decreases; therefore (C).", "C"),
+    # a negation of the next letter is not one of the letter before it
+    ("The answer is (C) and not (D).", "C"),
+    ("The answer is A and not B", "A"),
+    ("Answer: C (not A)", "C"),
+    ("(A) and (B) are wrong.", None),
+    # "X is correct" states the choice as "option X is correct" does
+    ("Therefore, D is correct.", "D"),
+    ("D is not correct.", None),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

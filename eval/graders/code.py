@@ -29,6 +29,7 @@ import json
 import re
 import signal
 import textwrap
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from .sandbox import SandboxLimits, run_sandboxed, run_tests
@@ -136,17 +137,31 @@ def _functional_case(test: dict[str, Any]) -> list[Any]:
     return [args, json.loads(test["output"])]
 
 
-def _same_tokens(a: str, b: str) -> bool:
-    if a == b:
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _same_tokens(got: str, want: str) -> bool:
+    """Equal text or equal numbers ("0.50" is "0.5", as LiveCodeBench's Decimal comparison has it); a real
+    expected value also accepts an answer within 1e-6 (relative), an integer only itself (1000001 is not
+    1000000)."""
+    if got == want:
         return True
     try:
-        return abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(b)))
-    except ValueError:
+        g, w = Decimal(got), Decimal(want)
+    except InvalidOperation:
         return False
+    if not (g.is_finite() and w.is_finite()):
+        return False
+    if g == w:
+        return True
+    if _INTEGER.fullmatch(want):
+        return False
+    return abs(float(g) - float(w)) <= 1e-6 * max(1.0, abs(float(w)))
 
 
 def stdout_matches(got: str, want: str) -> bool:
-    """Line by line after stripping trailing blanks; tokens equal, or floats within 1e-6 (relative)."""
+    """Line by line after stripping trailing blanks; tokens equal, as numbers equal, or a real expected value
+    within 1e-6 (relative)."""
     g = [ln.split() for ln in got.strip().splitlines()]
     w = [ln.split() for ln in want.strip().splitlines()]
     return len(g) == len(w) and all(len(x) == len(y) and all(map(_same_tokens, x, y)) for x, y in zip(g, w))

@@ -310,3 +310,14 @@ def test_code_extraction_and_output_comparison():
     assert extract_code("print(1)") == "print(1)"
     assert stdout_matches("3\r\n", "3\n") and stdout_matches("1 2  \n\n", "1 2")
     assert stdout_matches("0.3333333", "0.33333333") and not stdout_matches("4", "3")
+
+
+def test_integer_outputs_are_compared_exactly_and_numbers_by_value():
+    """An off-by-one integer is a wrong answer at any size (no float tolerance); equal values written
+    differently match, as in LiveCodeBench's Decimal comparison; a real expected value keeps 1e-6."""
+    assert not stdout_matches("1000001", "1000000")
+    assert not stdout_matches("999999999999999999\n", "1000000000000000000\n")
+    assert not stdout_matches("1000000.5", "1000000")
+    assert stdout_matches("1000000.0", "1000000") and stdout_matches("0.50", "0.5")
+    assert stdout_matches("2.0000001", "2.0") and not stdout_matches("2.001", "2.0")
+    assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0")

@@ -8,7 +8,8 @@ means):
                "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
                is X" / "the answer must be X", "option X is correct", "X is (the)   "Final answer: B"
                correct (answer)", "I choose X", and a final line that starts with   "B) 42 is the only
-               the letter as a label ("B) ...", "(B)", "B.", "**B**", "B")           value that works."
+               the letter as a label ("B) ...", "(B)", "B.", "**B**", "B"; not the  value that works."
+               last item of a restated option list, "C. 7" then "D. 8")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
@@ -85,6 +86,13 @@ _EXPLICIT_RE = [re.compile(p, re.M) for p in _EXPLICIT]
 _MENTION_RE = [re.compile(p, re.M) for p in _MENTIONS]
 
 
+def _continues_an_option_list(m: re.Match[str], previous: str | None) -> bool:
+    """Whether the final line's label follows the line before it alphabetically ("C. 7" then "D. 8"): the end
+    of a restated list of options, not a final answer."""
+    before = _FINAL_LINE.match(previous) if previous is not None else None
+    return before is not None and ord(m.group("l").upper()) == ord(before.group("l").upper()) + 1
+
+
 def extract_choice(text: str, num_choices: int = 4) -> str | None:
     """The chosen letter, or None."""
     valid = LETTERS[: max(1, min(num_choices, len(LETTERS)))]
@@ -93,7 +101,7 @@ def extract_choice(text: str, num_choices: int = 4) -> str | None:
     if lines:
         offset = text.rfind(lines[-1])
         m = _FINAL_LINE.match(lines[-1])
-        if m:
+        if m and not _continues_an_option_list(m, lines[-2] if len(lines) > 1 else None):
             letter, start = _letter(m, valid), offset + m.start("l")
             if letter and not _negated(text, start, offset + m.end("l")):
                 found = (start, letter)

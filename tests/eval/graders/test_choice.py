@@ -50,6 +50,10 @@ CASES = [
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),
+    # a restated option list after the answer is not a final-line answer; a label after a list still is
+    ("The answer is C.\n\nA. 5\nB. 6\nC. 7\nD. 8", "C"),
+    ("Options:\nA) 5\nB) 6\nC) 7\nD) 8\n\nB", "B"),
+    ("Checking them in turn.\nB. 6", "B"),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

@@ -114,12 +114,17 @@ def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
 
 LCB_FUNCTIONAL_TESTS = '''
 import json
+def _plain(value):  # numpy scalars and arrays compare as the numbers and lists they hold (as `==` has it)
+    for name in ("tolist", "item"):
+        if callable(getattr(value, name, None)):
+            return getattr(value, name)()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
 _cases = __test_data__
 for _i, (_args, _want) in enumerate(_cases):
     _got = getattr(Solution(), __test_func__)(*_args)
     if isinstance(_got, tuple):
         _got = list(_got)
-    _got = json.loads(json.dumps(_got))
+    _got = json.loads(json.dumps(_got, default=_plain))
     if _got != _want:
         raise AssertionError(f"test {_i + 1}/{len(_cases)}: wrong answer")
 '''

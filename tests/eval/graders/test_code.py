@@ -326,6 +326,47 @@ def test_code_extraction_and_output_comparison():
     assert stdout_matches("0.3333333", "0.33333333") and not stdout_matches("4", "3")
 
 
+SPLIT_HELPER = """First a helper:
+```python
+import math
+from functools import lru_cache
+
+@lru_cache(None)
+def is_prime(n):
+    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+print(is_prime(7))
+```
+Then the solution:
+```python
+def count_primes(n):
+    result = 0
+    for k in range(n):
+        result += is_prime(k)
+    return result
+```
+Usage:
+```python
+result = count_primes(10)
+print(result)
+```"""
+
+
+def test_helpers_written_in_another_block_come_with_the_solution():
+    """The entry point's block keeps the functions and imports it uses from other blocks (decorators too), not
+    their demo lines; a block that needs nothing is unchanged."""
+    code = extract_code(SPLIT_HELPER, "count_primes")
+    assert code.startswith("import math\n\nfrom functools import lru_cache\n\n@lru_cache(None)\ndef is_prime(n):")
+    assert code.endswith("def count_primes(n):\n    result = 0\n    for k in range(n):\n        result += is_prime(k)\n"
+                         "    return result\n")
+    assert "print(" not in code and "count_primes(10)" not in code
+    extra = {"test_list": ["assert count_primes(10) == 4", "assert count_primes(2) == 0"], "test_setup_code": ""}
+    assert grade_code(SPLIT_HELPER, "mbpp", extra)[0]
+    assert not grade_code(SPLIT_HELPER.replace("n > 1 and", "n >= 1 and"), "mbpp", extra)[0]
+    alone = "```python\ndef f(x):\n    return x\n```\n```python\ndef g():\n    return 1\n```"
+    assert extract_code(alone, "f") == "def f(x):\n    return x\n"
+
+
 def test_integer_outputs_are_compared_exactly_and_numbers_by_value():
     """An off-by-one integer is a wrong answer at any size (no float tolerance); equal values written
     differently match, as in LiveCodeBench's Decimal comparison; a real expected value keeps 1e-6."""

@@ -192,34 +192,28 @@ def _functional_case(test: dict[str, Any]) -> list[Any]:
     return [args, json.loads(test["output"])]
 
 
-_INTEGER = re.compile(r"[+-]?\d+")
+def _decimals(line: str) -> list[Decimal] | None:
+    try:
+        return [Decimal(token) for token in line.split()]
+    except InvalidOperation:
+        return None
 
 
-def _same_tokens(got: str, want: str) -> bool:
-    """Equal text or equal numbers ("0.50" is "0.5", as LiveCodeBench's Decimal comparison has it); a real
-    expected value also accepts an answer within 1e-6 (relative), an integer only itself (1000001 is not
-    1000000)."""
+def _same_line(got: str, want: str) -> bool:
+    """Equal text, or every token of both a number and the numbers equal ("0.50" is "0.5", "1000000.0" is
+    "1000000"; 1000001 is not 1000000 and 2.0000001 is not 2.0: no tolerance)."""
     if got == want:
         return True
-    try:
-        g, w = Decimal(got), Decimal(want)
-    except InvalidOperation:
-        return False
-    if not (g.is_finite() and w.is_finite()):
-        return False
-    if g == w:
-        return True
-    if _INTEGER.fullmatch(want):
-        return False
-    return abs(float(g) - float(w)) <= 1e-6 * max(1.0, abs(float(w)))
+    g, w = _decimals(got), _decimals(want)
+    return g is not None and w is not None and g == w
 
 
 def stdout_matches(got: str, want: str) -> bool:
-    """Line by line after stripping trailing blanks; tokens equal, as numbers equal, or a real expected value
-    within 1e-6 (relative)."""
-    g = [ln.split() for ln in got.strip().splitlines()]
-    w = [ln.split() for ln in want.strip().splitlines()]
-    return len(g) == len(w) and all(len(x) == len(y) and all(map(_same_tokens, x, y)) for x, y in zip(g, w))
+    """LiveCodeBench's stdin comparison (lcb_runner grade_stdio): both outputs stripped, split into lines, each
+    line stripped; the same number of lines, and each pair equal as text or as Decimal numbers."""
+    g = [ln.strip() for ln in got.strip().splitlines()]
+    w = [ln.strip() for ln in want.strip().splitlines()]
+    return len(g) == len(w) and all(map(_same_line, g, w))
 
 
 def _why(res: Any) -> str:

@@ -323,7 +323,7 @@ def test_code_extraction_and_output_comparison():
     assert extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut at n tokens
     assert extract_code("print(1)") == "print(1)"
     assert stdout_matches("3\r\n", "3\n") and stdout_matches("1 2  \n\n", "1 2")
-    assert stdout_matches("0.3333333", "0.33333333") and not stdout_matches("4", "3")
+    assert not stdout_matches("0.3333333", "0.33333333") and not stdout_matches("4", "3")  # no tolerance
 
 
 SPLIT_HELPER = """First a helper:
@@ -367,12 +367,15 @@ def test_helpers_written_in_another_block_come_with_the_solution():
     assert extract_code(alone, "f") == "def f(x):\n    return x\n"
 
 
-def test_integer_outputs_are_compared_exactly_and_numbers_by_value():
-    """An off-by-one integer is a wrong answer at any size (no float tolerance); equal values written
-    differently match, as in LiveCodeBench's Decimal comparison; a real expected value keeps 1e-6."""
+def test_stdout_is_compared_as_livecodebench_does():
+    """Lines equal as text or as Decimal numbers, with no tolerance (LiveCodeBench's grade_stdio): an off-by-one
+    integer is wrong at any size, a real number must be the expected one, equal values written differently
+    match; a line with words must match as text."""
     assert not stdout_matches("1000001", "1000000")
     assert not stdout_matches("999999999999999999\n", "1000000000000000000\n")
     assert not stdout_matches("1000000.5", "1000000")
     assert stdout_matches("1000000.0", "1000000") and stdout_matches("0.50", "0.5")
-    assert stdout_matches("2.0000001", "2.0") and not stdout_matches("2.001", "2.0")
-    assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0")
+    assert not stdout_matches("2.0000001", "2.0") and not stdout_matches("2.001", "2.0")
+    assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
+    assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
+    assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")

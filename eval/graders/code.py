@@ -6,8 +6,9 @@
                 functions) + the response's code; continuation   check(entry_point)
                 (it does not): prompt + completion
     mbpp        the code + test_setup_code                       the test_list asserts           every assert holds
-    lcb         functional tests: LCB's imports + the code       Solution().<name>(*args) per    every result equals
-                                                                 test, results JSON-normalised   (first failure stops)
+    lcb         functional tests: LCB's imports + the code       Solution().<name>(*args) per    every result == the
+                                                                 test (a tuple taken as a list)  expected (first failure
+                                                                                                 stops)
                 stdin tests: LCB's imports + the code, one run   (none: the grader compares      stdout matches, every
                 per test with its input on stdin                 stdout, outside the sandbox)    test
 
@@ -163,21 +164,17 @@ def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
 
 
 LCB_FUNCTIONAL_TESTS = '''
-import json
-def _plain(value):  # numpy scalars and arrays compare as the numbers and lists they hold (as `==` has it)
-    for name in ("tolist", "item"):
-        if callable(getattr(value, name, None)):
-            return getattr(value, name)()
-    raise TypeError(f"{type(value).__name__} is not a JSON value")
 _cases = __test_data__
 for _i, (_args, _want) in enumerate(_cases):
     _got = getattr(Solution(), __test_func__)(*_args)
     if isinstance(_got, tuple):
         _got = list(_got)
-    _got = json.loads(json.dumps(_got, default=_plain))
-    if _got != _want:
+    if not (_got == _want):
         raise AssertionError(f"test {_i + 1}/{len(_cases)}: wrong answer")
 '''
+"""LiveCodeBench's call-based check (lcb_runner grade_call_based): a tuple result counts as a list, then the result
+must `==` the expected JSON value (numpy.int64(3) is 3; a nested tuple is not a list, an array's == has no truth
+value: an error, as there)."""
 
 
 def lcb_tests(extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:

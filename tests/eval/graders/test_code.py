@@ -266,18 +266,21 @@ def test_livecodebench_private_tests_run_whenever_the_row_carries_them(kind):
     assert g.correct and g.tests == "public only"
 
 
-def test_livecodebench_functional_answers_in_numpy_types_are_their_values():
-    """A method returning numpy.int64 or an array is right when its value is (the official grader compares with
-    `==`); the wrong value in numpy types still fails."""
+def test_livecodebench_functional_results_are_compared_as_livecodebench_does():
+    """The result must == the expected value after a top-level tuple becomes a list (lcb_runner grade_call_based):
+    numpy.int64 is its value; a nested tuple is not a list and a numpy array has no truth value (wrong there)."""
     t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
     row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
     scalar = "import numpy as np\n" + ADD_STARTER + "return np.int64(a) + np.int64(b)\n"
     assert grade(row, f"```python\n{scalar}```").correct
     assert not grade(row, f"```python\n{scalar.replace('+ np.int64(b)', '- np.int64(b)')}```").correct
     pairs = _lcb_row([t("1\n2", "[1, 2]")], None, ADD_STARTER.rstrip())
-    array = "import numpy as np\n" + ADD_STARTER + "return np.array([a, b])\n"
-    assert grade(pairs, f"```python\n{array}```").correct
-    assert not grade(pairs, f"```python\n{array.replace('[a, b]', '[b, a]')}```").correct
+    assert grade(pairs, f"```python\n{ADD_STARTER}return (a, b)\n```").correct
+    assert not grade(pairs, f"```python\n{ADD_STARTER}return (b, a)\n```").correct
+    assert not grade(pairs, f"```python\nimport numpy as np\n{ADD_STARTER}return np.array([a, b])\n```").correct
+    nested = _lcb_row([t("1\n2", "[[1, 2]]")], None, ADD_STARTER.rstrip())
+    assert grade(nested, f"```python\n{ADD_STARTER}return [[a, b]]\n```").correct
+    assert not grade(nested, f"```python\n{ADD_STARTER}return [(a, b)]\n```").correct
 
 
 class _Evil:

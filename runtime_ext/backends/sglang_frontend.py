@@ -4,7 +4,8 @@
 utilities (`srt/utils/common.py`: torch, triton, orjson, psutil, PIL, starlette, ...); the frontend
 (`sglang.lang`) needs none of them.  When the SGLang *runtime* is installed (GPU machines: `FORERUN_GPU=1
 scripts/setup`), sglang is imported untouched.  Otherwise (CPU machines: sglang installed with ``--no-deps``),
-a no-op module is registered under that name first so that the frontend imports cleanly - also where triton
+a no-op module is registered under that name first (`sglang_stub`; in a venv made by scripts/setup already at
+interpreter start, so that users' own `import sglang` works too) so that the frontend imports cleanly - also where triton
 is present without the rest of the runtime (a CUDA torch wheel brings triton along, and the real patches then
 fail on `import orjson`): the real import is tried, and on ImportError the half-imported sglang modules are
 dropped and the stub is used.  The frontend itself needs only what forerun declares (pybase64, ipython,
@@ -16,18 +17,11 @@ plugin too: `hook_registry()` imports the runtime's hook registry, which exists 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
-import types
 
-_PATCH_MODULE = "sglang.srt.utils.hf_transformers_patches"
-
-
-def _register_stub() -> None:
-    stub = types.ModuleType(_PATCH_MODULE)
-    stub.apply_all = lambda: None  # type: ignore[attr-defined]
-    stub.__doc__ = "forerun stub: the SGLang runtime is not installed; the frontend needs no patches."
-    sys.modules[_PATCH_MODULE] = stub
+from .sglang_stub import PATCH_MODULE, is_stub, register_stub
 
 
 def _import_runtime_patches() -> bool:
@@ -43,12 +37,12 @@ def _import_runtime_patches() -> bool:
 
 
 _RUNTIME = False
-if _PATCH_MODULE not in sys.modules:
+if PATCH_MODULE not in sys.modules:
     _RUNTIME = importlib.util.find_spec("triton") is not None and _import_runtime_patches()
     if not _RUNTIME:
-        _register_stub()
+        register_stub()
 else:
-    _RUNTIME = not getattr(sys.modules[_PATCH_MODULE], "__doc__", "").startswith("forerun stub")
+    _RUNTIME = not is_stub(sys.modules[PATCH_MODULE])
 
 
 def runtime_installed() -> bool:

@@ -20,6 +20,7 @@ logits.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -45,6 +46,9 @@ class SamplingParams:
     """Stop strings (the output is cut before the first occurrence, as SGLang does)."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra stop token ids (kept in the output, as EOS)."""
+    stop_regex: tuple[str, ...] = ()
+    """Stop patterns (SGLang `stop_regex`): the generation ends at the first token after which `re.search` finds a
+    pattern in the output text; the text is kept whole (SGLang trims only a matched stop string)."""
     ignore_eos: bool = False
     """Generate exactly max_new_tokens, ignoring EOS (the papers' fixed response length n)."""
     seed: int | None = None
@@ -78,6 +82,13 @@ class SamplingParams:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+        object.__setattr__(self, "stop_regex", tuple(r for r in regexes if r))
+        for pattern in self.stop_regex:  # SGLang refuses a bad pattern at ingress (its normalize)
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid stop_regex {pattern!r}: {exc}") from None
         object.__setattr__(self, "logprob_temperatures", tuple(float(t) for t in self.logprob_temperatures))
         if any(not (t > 0) for t in self.logprob_temperatures):
             raise ValueError(f"logprob_temperatures must be > 0, got {self.logprob_temperatures}")
@@ -115,6 +126,7 @@ class SamplingParams:
             min_new_tokens=int(p.min_new_tokens or 0),
             stop=tuple([stop] if isinstance(stop, str) else stop),
             stop_token_ids=tuple(p.stop_token_ids or ()),
+            stop_regex=getattr(p, "stop_regex", None) or (),
             ignore_eos=bool(p.ignore_eos),
             seed=seed,
             return_logprob=bool(p.return_logprob),
@@ -140,6 +152,8 @@ class SamplingParams:
             out["stop"] = list(self.stop)
         if self.stop_token_ids:
             out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.stop_regex:
+            out["stop_regex"] = list(self.stop_regex)
         if self.seed is not None:
             out["sampling_seed"] = self.seed
         if self.constraint is not None:

@@ -10,7 +10,9 @@
 
 Stopping: EOS (unless `ignore_eos`) and `stop_token_ids` end a generation and are kept in output_ids;
 a stop string ends it and the text is cut before the string (output_ids keep the token that completed it,
-as SGLang does); before `min_new_tokens` tokens none of these stop a request (nothing is masked, so q_τ is
+as SGLang does); a `stop_regex` pattern ends it at the first token after which `re.search` finds it in the output
+text, the text kept whole (SGLang's finish at the shortest matching prefix; it trims only stop strings); before
+`min_new_tokens` tokens none of these stop a request (nothing is masked, so q_τ is
 unchanged).  A constrained request (grammar) also finishes when its grammar terminates - it accepted a stop
 token where the grammar may end - even under `ignore_eos` / `min_new_tokens`, as SGLang's `update_finish_state`
 does.  finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.
@@ -22,6 +24,7 @@ from, as an SGLang server reports), False otherwise (q_τ over the full vocabula
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Sequence
 
@@ -58,6 +61,11 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
                 cut, st = min(hits)
                 r.stop_text_cut = cut
                 return {"type": "stop", "matched": st}
+        if p.stop_regex:
+            text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+            for pattern in p.stop_regex:
+                if re.search(pattern, text):
+                    return {"type": "stop", "matched": pattern}
     if n_out >= p.max_new_tokens:
         return {"type": "length", "length": n_out}
     if r.grammar is not None and r.grammar.terminated:

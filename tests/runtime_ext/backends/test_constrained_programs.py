@@ -3,6 +3,7 @@
     guarantee                                                        test
     a dtype gen is sent as SGLang's stock backend sends it           test_dtype_gens_are_sglangs_own_mapping
     constrained gens reach the engine in SGLang's fields and hold    test_constrained_gens_reach_the_engine_and_hold
+    gen(stop_regex=...) ends at the shortest matching prefix         test_stop_regex_ends_at_the_first_match
     stream chunks: non-empty, incremental logprobs, token counts,    test_stream_chunks_follow_sglangs_contract
       the same tokens as the non-streamed gen
     text that may still become a stop string is held back            test_stream_holds_back_a_stop_string_prefix
@@ -100,6 +101,40 @@ def test_constrained_gens_reach_the_engine_and_hold(backend):
     assert st["b"] in ("True", "False") and st["w"] in ("alpha", "beta", "gamma")
     assert isinstance(json.loads(st["j"])["ok"], bool)
     assert st.get_meta_info("w")["output_token_logprobs_masked"] is True
+
+
+@function
+def count_to_a_match(s, pattern):
+    s += sampling_seed(3) + "Count: " + gen("o", max_tokens=40, temperature=1.0, stop_regex=pattern,
+                                            return_logprob=True)
+
+
+def test_stop_regex_ends_at_the_first_match(backend):
+    """SGLang's `stop_regex`: the same seeded tokens as without it, up to the first token after which the text
+    holds a match (the oracle: re.search over the prefixes of the unstopped output); text kept whole, finish
+    reason `stop` naming the pattern; on a server it is sent in SGLang's field; a bad pattern is an error."""
+    free = count_to_a_match.run(pattern=None, backend=backend)
+    tok = backend.tokenizer
+    full = [e[1] for e in free.get_meta_info("o")["output_token_logprobs"]]
+    assert len(full) == 40
+    stopped_any = 0
+    for pattern in (r"[0-9]", r"q.X", r"[#|]", r"zzzz"):
+        st = count_to_a_match.run(pattern=pattern, backend=backend)
+        text, meta = st["o"], st.get_meta_info("o")
+        first = next((k for k in range(1, len(full) + 1)
+                      if re.search(pattern, tok.decode(full[:k], skip_special_tokens=True))), None)
+        if first is None:
+            assert text == free["o"] and meta["finish_reason"] == free.get_meta_info("o")["finish_reason"]
+        else:
+            stopped_any += 1
+            assert meta["finish_reason"] == {"type": "stop", "matched": pattern}
+            assert [e[1] for e in meta["output_token_logprobs"]] == full[:first]
+            assert text == tok.decode(full[:first], skip_special_tokens=True) and re.search(pattern, text)
+    assert stopped_any >= 2
+    assert SamplingParams(stop_regex=r"\d").to_srt_json()["stop_regex"] == [r"\d"]
+    assert SamplingParams(stop_regex=["", None and "x"]).stop_regex == ()
+    with pytest.raises(ValueError, match="invalid stop_regex"):
+        SamplingParams(stop_regex="[")
 
 
 # -- streaming ------------------------------------------------------------------------------------------

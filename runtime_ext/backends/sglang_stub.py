@@ -24,7 +24,8 @@ RUNTIME_MODULES = ("torch", "triton", "orjson", "psutil", "starlette")
 """Modules the runtime patches' import needs (srt/utils/common.py); any missing: it cannot import."""
 PTH_LINE = ('import sys; exec("try:\\n from forerun.runtime_ext.backends.sglang_stub import install_at_startup\\n'
             ' install_at_startup()\\nexcept Exception:\\n pass")\n')
-"""The .pth line (executed by `site` at every start of the venv's python; never fails the start)."""
+"""The .pth line: `site` executes a line that starts with "import" (hence `import sys`) at every start of the
+venv's python; the try makes sure it never fails the start (forerun uninstalled, a broken install)."""
 
 
 def register_stub() -> None:
@@ -35,7 +36,7 @@ def register_stub() -> None:
 
 
 def is_stub(module: types.ModuleType) -> bool:
-    return (getattr(module, "__doc__", "") or "").startswith("forerun stub")
+    return getattr(module, "__doc__", None) == STUB_DOC
 
 
 def install_at_startup() -> bool:

@@ -54,6 +54,7 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
             return {"type": "stop", "matched": token}
         if token in p.stop_token_ids:
             return {"type": "stop", "matched": token}
+        text = None  # the output text, decoded at most once per step
         if p.stop and tail_has_stop(tokenizer, r.output_ids, p.stop):
             text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
             hits = [(text.find(st), st) for st in p.stop if st and st in text]
@@ -62,7 +63,8 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
                 r.stop_text_cut = cut
                 return {"type": "stop", "matched": st}
         if p.stop_regex:
-            text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+            if text is None:
+                text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
             for pattern in p.stop_regex:
                 if re.search(pattern, text):
                     return {"type": "stop", "matched": pattern}

@@ -79,10 +79,12 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     """Cheap pre-check: can a stop string have appeared with the newest token?
 
     A stop string that was absent before the newest token must end inside the text of the last few
-    tokens, so decoding a window of (longest stop + 8) tokens finds it without re-decoding the whole
-    output at every step (the chat template adds a stop string to every frontend `gen`).
+    tokens, so decoding a window of them finds it without re-decoding the whole output at every step (the
+    chat template adds a stop string to every frontend `gen`).  The window is the longest stop string's UTF-8
+    bytes + 8 tokens: a token decodes to at least one byte, and one character can take up to four tokens
+    (byte-level vocabularies), so a window counted in characters missed stop strings outside ASCII.
     """
-    window = max(len(st) for st in stops) + 8
+    window = max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8
     if len(output_ids) <= window:
         return True
     tail = tokenizer.decode(list(output_ids[-window:]), skip_special_tokens=True)

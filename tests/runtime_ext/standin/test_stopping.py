@@ -103,6 +103,11 @@ CASES = [
     ((b"x", SCRIPT, {"stop_token_ids": [ord(":")], "no_stop_trim": True}),
      (b"ab Q:", "ab Q:", {"type": "stop", "matched": ord(":")})),
     ((b"x", list(b"ab") + [EOS_ID], {}), (b"ab", "ab", {"type": "stop", "matched": EOS_ID})),
+    ((b"x", list(b"a") + [EOS_ID] + list(b"b"), {"ignore_eos": True, "max_new_tokens": 3}),
+     (b"ab", "ab", {"type": "length", "length": 3})),
+    # ... but the stop check decodes the tail with special tokens spelled out: "s>" matches in "a</s>"
+    ((b"x", list(b"a") + [EOS_ID] + list(b"b"), {"ignore_eos": True, "stop": ["s>"]}),
+     (b"a", "a", {"type": "stop", "matched": "s>"})),
     # ignore_eos ignores stop ids too, not stop strings
     ((b"x", SCRIPT, {"stop_token_ids": [ord(":")], "ignore_eos": True, "max_new_tokens": 6}),
      (b"ab Q:c", "ab Q:c", {"type": "length", "length": 6})),

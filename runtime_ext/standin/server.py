@@ -19,8 +19,9 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
     stop_token_ids, ignore_eos,           in a tail window of the output, then stop ids / EOS (not under
     max_new_tokens, min_new_tokens        ignore_eos), then the length; {"type": "stop", "matched": string |
                                           pattern | id} or {"type": "length", "length": max_new_tokens};
-                                          min_new_tokens masks EOS and stop ids (byte_model); max_new_tokens 0:
-                                          no tokens, length 0
+                                          min_new_tokens masks EOS and stop ids (byte_model), more than
+                                          max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0
+    temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
     text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
                                           tokens, a matched stop id dropped, cut before the first occurrence of
                                           a matched string (after it with no_stop_trim)
@@ -93,6 +94,8 @@ PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
+GREEDY_BELOW = 1e-6
+"""SamplingParams.__post_init__ (_SAMPLING_EPS): a temperature in [0, 1e-6) is greedy (top_k 1 at temperature 1)."""
 
 
 @dataclass
@@ -330,6 +333,9 @@ class StandInServer:
         """One request's response and its sends (output tokens, text so far: a stream's chunks)."""
         sampling = self._sampling(sp)
         rules = self._stop_rules(sp)
+        if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
+            raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "
+                                 f"{sampling.min_new_tokens}.")
         tok = self.tokenizer
 
         def text_of(t: int) -> str | None:
@@ -397,8 +403,9 @@ class StandInServer:
 
     def _sampling(self, sp: dict[str, Any]) -> Sampling:
         """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
+        temperature = float(sp.get("temperature", 1.0))
         fields = dict(
-            temperature=float(sp.get("temperature", 1.0)),
+            temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
             top_k=int(sp.get("top_k", -1)),
             top_p=float(sp.get("top_p", 1.0)),
             min_new_tokens=int(sp.get("min_new_tokens", 0)),

@@ -12,7 +12,7 @@ Two oracles, neither of them the code under test:
     a stream sends no chunk while the output ends with a stop's start     test_stream_holds_back_a_stop_prefix
     each item of a batched request has its own stops                      test_batched_items_stop_on_their_own
     min_new_tokens masks EOS and stop ids, not stop strings               test_min_new_tokens_masks_eos_and_stop_ids
-    SGLang's limits on stops are HTTP errors                              test_stop_limits_are_refused
+    SGLang's limits on stops and min_new_tokens are HTTP errors           test_stop_limits_are_refused
     random requests give what SGLang's own code gives                     test_matches_sglangs_own_code
     the ports of SGLang helpers agree with SGLang's                       test_ported_helpers_match_sglang
 """
@@ -187,7 +187,8 @@ def test_min_new_tokens_masks_eos_and_stop_ids():
 
 
 def test_stop_limits_are_refused():
-    """SGLang's normalize: at most 32 stop strings, 32 patterns, 256 bytes a pattern (ValueError: HTTP 400)."""
+    """SGLang's normalize: at most 32 stop strings, 32 patterns, 256 bytes a pattern; its verify: min_new_tokens
+    within [0, max_new_tokens] (ValueError: HTTP 400)."""
     with StandInServer() as srv:
         def status(sp):
             return requests.post(srv.url + "/generate", timeout=10, json={
@@ -199,6 +200,10 @@ def test_stop_limits_are_refused():
         r = status({"stop_regex": ["é" * 129]})
         assert r.status_code == 400 and "258 bytes, over the 256-byte limit" in r.text
         assert status({"stop_regex": ["("]}).status_code == 500  # re.error is no ValueError: it escapes
+        r = status({"min_new_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "min_new_tokens must be in [0, max_new_tokens(1)], got 2.")
+        assert status({"min_new_tokens": 1}).status_code == 200
 
 
 # -- SGLang's own code as the oracle ------------------------------------------------------------------------------

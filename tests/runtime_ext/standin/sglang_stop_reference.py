@@ -11,6 +11,7 @@ makes it.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import logging
@@ -64,7 +65,7 @@ def _namespace() -> dict[str, Any]:
 
     ns: dict[str, Any] = {"re": re, "logger": logging.getLogger("sglang-reference"), "HTTPStatus": HTTPStatus,
                           "dataclasses": dataclasses, "INIT_INCREMENTAL_DETOKENIZATION_OFFSET": 5,
-                          "find_printable_text": find_printable_text, "defaultdict": __import__("collections").defaultdict,
+                          "find_printable_text": find_printable_text, "defaultdict": collections.defaultdict,
                           **{k: getattr(typing, k) for k in ("Any", "Dict", "List", "Optional", "Tuple", "Union")}}
     for name in FINISH_CLASSES:
         ns[name] = src.compile_class(BATCH, name, ns)

@@ -108,6 +108,9 @@ CASES = [
     # ... but the stop check decodes the tail with special tokens spelled out: "s>" matches in "a</s>"
     ((b"x", list(b"a") + [EOS_ID] + list(b"b"), {"ignore_eos": True, "stop": ["s>"]}),
      (b"a", "a", {"type": "stop", "matched": "s>"})),
+    # a stop string completed by a stop id wins over the id
+    ((b"x", SCRIPT, {"stop": ["Q:"], "stop_token_ids": [ord(":")]}),
+     (b"ab Q:", "ab ", {"type": "stop", "matched": "Q:"})),
     # ignore_eos ignores stop ids too, not stop strings
     ((b"x", SCRIPT, {"stop_token_ids": [ord(":")], "ignore_eos": True, "max_new_tokens": 6}),
      (b"ab Q:c", "ab Q:c", {"type": "length", "length": 6})),

@@ -70,7 +70,7 @@ class IncrementalText:
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], no_stop_trim: bool) -> None:
         self.tokenizer = tokenizer
         self.no_stop_trim = no_stop_trim
-        context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
+        context = list(prompt_ids[-CONTEXT_TOKENS:])
         self.decode_ids = context
         self.surr_offset = 0
         self.read_offset = len(context)

@@ -11,7 +11,10 @@ the test suite runs it as the server the SGLang server client is tested against.
     server       StandInServer: lifecycle, /generate (SGLang's logprob shift, seed rule, sessions, plugin
                  keys), failure injection, the `python -m` entry point
     routes       the HTTP handler: routes, SGLang's status codes and error bodies, failure injection
-    byte_model   ByteModel (deterministic byte-vocabulary logits and sampling), its tokenizer, the prefix cache
+    byte_model   ByteModel (deterministic byte-vocabulary logits and sampling), its tokenizer, the prefix cache,
+                 the decode loop
+    stopping     SGLang's stop rules: stop strings, stop_regex, stop ids / EOS, length; when output is sent
+    detokenizer  SGLang's detokenizer: the response text (special tokens skipped, the matched stop trimmed)
     sessions     sessions, following SGLang's session controller
     stream       server-sent events (/generate with "stream": true)
 """

@@ -10,8 +10,12 @@ and its prefix cache.  Tests recompute every number the stand-in server reports 
                                           reports it (τ = 0: greedy, reports log p0)
     sampled distribution                  log q_τ restricted to top-k / top-p and renormalised
     sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
+    min_new_tokens                        `banned` tokens (EOS, stop ids) get logit -inf before every number
+                                          above, as SGLang's MinNewTokens penalizer does before its sampler
     cached_tokens                         PrefixTrie.match: longest prefix of the prompt already inserted
                                           (prompt + output inserted after each request)
+
+When a generation stops is `stopping.StopRules`' business, what its text is `detokenizer`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
+
+from .stopping import StopRules
 
 BOS_ID = 256
 EOS_ID = 257
@@ -55,34 +61,40 @@ class ByteModel:
         # EOS rarely wins: tests that want full lengths still pass ignore_eos
         self.table[:, EOS_ID] -= 4.0
 
-    def logits(self, prefix: Sequence[int]) -> np.ndarray:
-        """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty)."""
+    def logits(self, prefix: Sequence[int], banned: Collection[int] = ()) -> np.ndarray:
+        """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty); the
+        `banned` tokens' logits are -inf (SGLang's min_new_tokens penalty)."""
         if len(prefix) == 0:
             raise ValueError("the byte model needs a non-empty prefix")
-        return self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
+        z = self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
+        if banned:
+            z = z.copy()
+            z[list(banned)] = -np.inf
+        return z
 
-    def logp0(self, prefix: Sequence[int]) -> np.ndarray:
+    def logp0(self, prefix: Sequence[int], banned: Collection[int] = ()) -> np.ndarray:
         """log p0(· | prefix)."""
-        return _log_softmax(self.logits(prefix))
+        return _log_softmax(self.logits(prefix, banned))
 
-    def entropy(self, prefix: Sequence[int]) -> float:
+    def entropy(self, prefix: Sequence[int], banned: Collection[int] = ()) -> float:
         """H(p0(· | prefix)) in nats."""
-        lp = self.logp0(prefix)
+        lp = self.logp0(prefix, banned)
+        lp = lp[np.isfinite(lp)]  # a banned token has p = 0 and adds nothing
         return float(-np.sum(np.exp(lp) * lp))
 
-    def logq(self, prefix: Sequence[int], temperature: float) -> np.ndarray:
+    def logq(self, prefix: Sequence[int], temperature: float, banned: Collection[int] = ()) -> np.ndarray:
         """log q_τ(· | prefix) = log_softmax(z / τ), what SGLang reports (τ = 0: greedy, reports log p0).
 
         As in SGLang's sampler, the reported logprobs are taken before top-k / top-p truncation.
         """
         if temperature == 0:
-            return self.logp0(prefix)
-        return _log_softmax(self.logits(prefix) / temperature)
+            return self.logp0(prefix, banned)
+        return _log_softmax(self.logits(prefix, banned) / temperature)
 
     def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
-                          top_p: float = 1.0) -> np.ndarray:
+                          top_p: float = 1.0, banned: Collection[int] = ()) -> np.ndarray:
         """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
-        lq = self.logq(prefix, temperature)
+        lq = self.logq(prefix, temperature, banned)
         if 0 < top_k < VOCAB_SIZE:
             kth = np.sort(lq)[-top_k]
             lq = np.where(lq >= kth, lq, -np.inf)
@@ -95,12 +107,13 @@ class ByteModel:
             lq = mask
         return _log_softmax(lq)
 
-    def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int) -> int:
+    def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int,
+               banned: Collection[int] = ()) -> int:
         """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
         (seed, position)."""
         if temperature == 0:
-            return int(np.argmax(self.logits(prefix)))
-        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p)
+            return int(np.argmax(self.logits(prefix, banned)))
+        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p, banned)
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
         g = rng.gumbel(size=VOCAB_SIZE)
         return int(np.argmax(lq + g))
@@ -135,15 +148,13 @@ class PrefixTrie:
 
 @dataclass(frozen=True)
 class Sampling:
-    """One request's sampling parameters (SGLang's `sampling_params`, resolved)."""
+    """How one request's tokens are drawn (SGLang's `sampling_params`, resolved); when it stops is its
+    `StopRules`."""
 
-    max_new_tokens: int
     temperature: float
     top_k: int
     top_p: float
-    ignore_eos: bool
     min_new_tokens: int
-    stop_token_ids: frozenset[int]
     seed: int
 
 
@@ -162,35 +173,35 @@ class Generation:
     finish: dict[str, Any] = field(default_factory=dict)
 
 
-def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, top_logprobs_num: int,
+def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules: StopRules, top_logprobs_num: int,
              text_of: Callable[[int], str | None], temperatures: Sequence[float] = (),
              step_s: float = 0.0) -> Generation:
-    """Decode up to max_new_tokens after `prompt`; EOS (unless ignore_eos) and stop ids end it once
-    min_new_tokens are out (and are kept, as SGLang does).  `step_s` sleeps per decode step (a GPU's step
-    time, for scale-out benchmarks)."""
+    """Decode after `prompt` until `rules` finish it (every token is kept, the one that ends it too, as SGLang
+    does); during the first min_new_tokens tokens EOS and the stop ids are masked.  max_new_tokens = 0 is
+    SGLang's prefill-only request: no token, finish_reason length 0.  `step_s` sleeps per decode step (a GPU's
+    step time, for scale-out benchmarks)."""
     s = sampling
-    out = Generation(finish={"type": "length", "length": s.max_new_tokens})
+    out = Generation(finish={"type": "length", "length": 0})
+    if rules.max_new_tokens == 0:
+        return out
     seq = list(prompt)
-    for _ in range(s.max_new_tokens):
-        lq = model.logq(seq, s.temperature)
-        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed)
+    while True:
+        banned = rules.banned_before_min() if len(out.ids) < s.min_new_tokens else frozenset()
+        lq = model.logq(seq, s.temperature, banned)
+        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned)
         out.ids.append(t)
         out.logq.append(float(lq[t]))
         if top_logprobs_num > 0:
             top = np.argsort(-lq, kind="stable")[:top_logprobs_num]
             out.top.append([[float(lq[j]), int(j), text_of(int(j))] for j in top])
-        lp0 = model.logp0(seq)
+        lp0 = model.logp0(seq, banned)
         out.logp0.append(float(lp0[t]))
-        out.entropy.append(model.entropy(seq))
-        out.logq_by_temp.append([float(model.logq(seq, tau)[t]) for tau in temperatures])
+        out.entropy.append(model.entropy(seq, banned))
+        out.logq_by_temp.append([float(model.logq(seq, tau, banned)[t]) for tau in temperatures])
         if step_s > 0:
             time.sleep(step_s)
         seq.append(t)
-        if len(out.ids) >= s.min_new_tokens:
-            if t == EOS_ID and not s.ignore_eos:
-                out.finish = {"type": "stop", "matched": EOS_ID}
-                break
-            if t in s.stop_token_ids:
-                out.finish = {"type": "stop", "matched": t}
-                break
-    return out
+        finish = rules.finish_after(out.ids)
+        if finish is not None:
+            out.finish = finish
+            return out

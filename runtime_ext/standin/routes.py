@@ -150,13 +150,14 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            out = server.handle_generate(body)
+            answer = server.handle_generate(body)
         except SchedulerCrash:  # `server.crashed` is set: this and every later connection closes unanswered
             self._hang_up()
             return
-        if isinstance(body, dict) and body.get("stream") and isinstance(out, dict):
+        out = answer.response
+        if answer.chunks is not None:
             rid = out["meta_info"].get("id", "")
-            write_event_stream(self, out, rid, lambda r: r in server.aborted_rids, server.stream_step_s)
+            write_event_stream(self, answer.chunks, rid, lambda r: r in server.aborted_rids, server.stream_step_s)
             return
         for o in (out if isinstance(out, list) else [out]):
             if mode == "abort":

@@ -15,6 +15,16 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1 ([] when none)
     cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie
+    finish_reason, stop, stop_regex,      SGLang's stop rules (`stopping`): stop strings and patterns searched
+    stop_token_ids, ignore_eos,           in a tail window of the output, then stop ids / EOS (not under
+    max_new_tokens, min_new_tokens        ignore_eos), then the length; {"type": "stop", "matched": string |
+                                          pattern | id} or {"type": "length", "length": max_new_tokens};
+                                          min_new_tokens masks EOS and stop ids (byte_model), more than
+                                          max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0
+    temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
+    text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
+                                          tokens, a matched stop id dropped, cut before the first occurrence of
+                                          a matched string (after it with no_stop_trim)
 
 The server's modes, as SGLang's:
     deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when a
@@ -49,6 +59,7 @@ Every request body is recorded in `server.requests` as (path, parsed JSON), its 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import uuid
@@ -69,8 +80,11 @@ from .byte_model import (
     byte_tokenizer,
     generate,
 )
+from .detokenizer import text_after_each_send
 from .routes import HTTPError, make_handler
 from .sessions import SchedulerCrash, Sessions
+from .stopping import StopRules, check_stop_params
+from .stream import stream_chunks
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -80,12 +94,23 @@ PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
+GREEDY_BELOW = 1e-6
+"""SamplingParams.__post_init__ (_SAMPLING_EPS): a temperature in [0, 1e-6) is greedy (top_k 1 at temperature 1)."""
 
 
 @dataclass
 class _Failure:
     mode: str
     times: int
+
+
+@dataclass
+class GenerateAnswer:
+    """What a /generate answers: its JSON response, or for a streamed single request (`"stream": true`) the
+    chunks of its event stream (`stream.stream_chunks`)."""
+
+    response: Any
+    chunks: list[dict[str, Any]] | None = None
 
 
 class StandInServer:
@@ -228,7 +253,7 @@ class StandInServer:
         return "\n".join(lines) + "\n"
 
     # -- /generate --------------------------------------------------------------------------
-    def handle_generate(self, body: Any) -> Any:
+    def handle_generate(self, body: Any) -> GenerateAnswer:
         with self.lock:
             self._in_flight += 1
         try:
@@ -240,7 +265,7 @@ class StandInServer:
             with self.lock:
                 self._in_flight -= 1
 
-    def _handle_generate(self, body: Any) -> Any:
+    def _handle_generate(self, body: Any) -> GenerateAnswer:
         if not isinstance(body, dict):
             raise HTTPError(400, "request body must be a JSON object")
         if body.get("input_ids") is not None:
@@ -259,12 +284,13 @@ class StandInServer:
             val = body.get(key, default)
             if val is None:
                 return default
-            if batched and isinstance(val, list) and key != "stop":
+            if batched and isinstance(val, list):
                 if len(val) != n:
                     raise HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
                 return val[i] if val[i] is not None else default
             return val
 
+        stream = bool(body.get("stream")) and not batched
         outs = []
         for i, ids in enumerate(prompts):
             if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
@@ -280,9 +306,12 @@ class StandInServer:
                 return_logprob=bool(item("return_logprob", False, i)),
                 logprob_start_len=int(item("logprob_start_len", -1, i)),
                 top_logprobs_num=int(item("top_logprobs_num", 0, i)),
-                return_text=bool(body.get("return_text_in_logprobs", False)),
+                return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream,
             ))
-        return outs if batched else outs[0]
+        if batched:
+            return GenerateAnswer([out for out, _ in outs])
+        out, sends = outs[0]
+        return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
 
     def _session_prompt(self, session: Any, rid: str, ids: list[int], max_new: int) -> tuple[list[int], str]:
         """The ids a request runs on, and an abort message ("" when none)."""
@@ -299,14 +328,20 @@ class StandInServer:
         return (full if full is not None else ids), abort
 
     def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, session: Any, return_logprob: bool,
-                      logprob_start_len: int, top_logprobs_num: int, return_text: bool) -> dict[str, Any]:
+                      logprob_start_len: int, top_logprobs_num: int, return_text: bool, stream: bool
+                      ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+        """One request's response and its sends (output tokens, text so far: a stream's chunks)."""
         sampling = self._sampling(sp)
+        rules = self._stop_rules(sp)
+        if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
+            raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "
+                                 f"{sampling.min_new_tokens}.")
         tok = self.tokenizer
 
         def text_of(t: int) -> str | None:
             return tok.decode([t]) if return_text else None
 
-        ids, abort = self._session_prompt(session, rid, list(ids), sampling.max_new_tokens)
+        ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
         if abort:  # an abort with status 400: the server answers HTTP 400 with its message
             raise HTTPError(400, abort)
         if return_logprob and logprob_start_len > len(ids):
@@ -315,7 +350,7 @@ class StandInServer:
                                  "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
         cached = self.cache.match(ids)
-        gen = generate(self.model, ids, sampling, top_logprobs_num, text_of, temps or (), self.step_s)
+        gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s)
         self.cache.insert(list(ids) + gen.ids)
         if isinstance(session, dict) and session.get("id") is not None:
             self.sessions.finish(session["id"], rid, gen.ids)
@@ -335,7 +370,9 @@ class StandInServer:
             meta["output_token_logp0"] = gen.logp0
             meta["output_token_entropy"] = gen.entropy
             meta["output_token_logq_by_temperature"] = gen.logq_by_temp
-        return {"text": tok.decode(gen.ids), "output_ids": gen.ids, "meta_info": meta}
+        points = rules.send_points(gen.ids, stream)
+        texts = text_after_each_send(tok, ids, gen.ids, points, gen.finish, bool(sp.get("no_stop_trim", False)))
+        return {"text": texts[-1], "output_ids": gen.ids, "meta_info": meta}, list(zip(points, texts))
 
     def _plugin_temperatures(self, sp: dict[str, Any]) -> list[float] | None:
         """None unless the plugin runs and the request switched it on; else its extra temperatures."""
@@ -344,16 +381,34 @@ class StandInServer:
             return None
         return [float(t) for t in custom.get("forerun_logq_temperatures") or []]
 
+    def _stop_rules(self, sp: dict[str, Any]) -> StopRules:
+        """When the request stops (`stopping`): SGLang's defaults, its normalize's limits (HTTP 400)."""
+        stops, patterns = sp.get("stop") or [], sp.get("stop_regex") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        max_new_tokens = int(sp.get("max_new_tokens", 128))
+        try:
+            check_stop_params(stops, patterns)
+            for pattern in patterns:
+                re.compile(pattern)
+        except ValueError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except re.error:  # not a ValueError: it escapes SGLang's handlers
+            raise HTTPError(500, "Internal Server Error") from None
+        if max_new_tokens < 0:
+            raise HTTPError(400, f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+        return StopRules(self.tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
+                         frozenset(int(t) for t in (sp.get("stop_token_ids") or [])),
+                         bool(sp.get("ignore_eos", False)))
+
     def _sampling(self, sp: dict[str, Any]) -> Sampling:
         """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
+        temperature = float(sp.get("temperature", 1.0))
         fields = dict(
-            max_new_tokens=int(sp.get("max_new_tokens", 128)),
-            temperature=float(sp.get("temperature", 1.0)),
+            temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
             top_k=int(sp.get("top_k", -1)),
             top_p=float(sp.get("top_p", 1.0)),
-            ignore_eos=bool(sp.get("ignore_eos", False)),
             min_new_tokens=int(sp.get("min_new_tokens", 0)),
-            stop_token_ids=frozenset(int(t) for t in (sp.get("stop_token_ids") or [])),
         )
         seed = sp.get("sampling_seed")
         if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
@@ -365,8 +420,8 @@ class StandInServer:
         if seed is None:
             with self.lock:
                 seed = int(self._seed_rng.integers(0, 2**62))
-        if fields["max_new_tokens"] < 0 or fields["temperature"] < 0:
-            raise HTTPError(400, "max_new_tokens and temperature must be >= 0")
+        if fields["temperature"] < 0:
+            raise HTTPError(400, f"temperature must be a non-negative finite number, got {fields['temperature']}.")
         return Sampling(seed=seed, **fields)
 
     def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,

@@ -4,9 +4,11 @@
 `Content-Type: text/event-stream` and one `data: <json>\\n\\n` line per output batch, then `data: [DONE]\\n\\n`.
 With the server's default (`incremental_streaming_output` off, `tokenizer_manager.py`) each chunk is cumulative:
 `output_ids` and every per-token list of `meta_info` hold all tokens so far, `finish_reason` is null until the
-last chunk, and an intermediate chunk's `text` is null (the detokenized text is filled in the last one).  The
-stand-in emits one chunk per generated token, `stream_step_s` apart, and stops early - with a last chunk whose
-finish_reason is {"type": "abort"} - when `/abort_request {"rid"}` names the request or the client disconnects.
+last chunk, and `text` is the text so far (L2006-2014 fill in the text an intermediate chunk defers).  A chunk
+is sent at each of the scheduler's sends (`stopping.StopRules.send_points`: every token, except while the output
+ends with the start of a stop string) with the detokenizer's text at that send (`detokenizer`), `stream_step_s`
+apart; the stream stops early - with a last chunk whose finish_reason is {"type": "abort"} - when
+`/abort_request {"rid"}` names the request or the client disconnects.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from __future__ import annotations
 import copy
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
-def stream_chunks(out: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The cumulative chunks of a finished response `out` (one per token; the last one is `out`)."""
+def stream_chunks(out: dict[str, Any], sends: Sequence[tuple[int, str]]) -> Iterator[dict[str, Any]]:
+    """The cumulative chunks of a finished response `out`, one per send (output tokens so far, text so far);
+    the last one is `out`."""
     n = len(out["output_ids"])
-    for t in range(1, n):
+    for t, text in sends[:-1]:
         meta = {k: _head(k, v, t, n) for k, v in out["meta_info"].items()}
         meta.update(finish_reason=None, completion_tokens=t)
-        yield {"text": None, "output_ids": out["output_ids"][:t], "meta_info": meta}
+        yield {"text": text, "output_ids": out["output_ids"][:t], "meta_info": meta}
     yield out
 
 
@@ -38,15 +41,16 @@ def _head(key: str, value: Any, t: int, n: int) -> Any:
     return copy.deepcopy(value)
 
 
-def write_event_stream(handler: Any, out: dict[str, Any], rid: str, aborted: Any, step_s: float) -> None:
-    """Send `out` as SGLang's event stream on `handler` (a BaseHTTPRequestHandler); `aborted(rid)` stops it."""
+def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str, aborted: Any, step_s: float) -> None:
+    """Send `chunks` (`stream_chunks`) as SGLang's event stream on `handler` (a BaseHTTPRequestHandler);
+    `aborted(rid)` stops it."""
     handler.send_response(200)
     handler.send_header("Content-Type", "text/event-stream")
     handler.send_header("Connection", "close")
     handler.end_headers()
     handler.close_connection = True
     try:
-        for chunk in stream_chunks(out):
+        for k, chunk in enumerate(chunks):
             if aborted(rid):
                 chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason={
                     "type": "abort", "message": "Abort request", "status_code": None, "err_type": None}))
@@ -54,7 +58,7 @@ def write_event_stream(handler: Any, out: dict[str, Any], rid: str, aborted: Any
                 break
             handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             handler.wfile.flush()
-            if step_s > 0 and chunk is not out:
+            if step_s > 0 and k < len(chunks) - 1:
                 time.sleep(step_s)
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()

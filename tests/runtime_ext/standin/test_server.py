@@ -113,6 +113,17 @@ def test_stop_on_eos_unless_ignored():
         assert len(out["output_ids"]) == 5
 
 
+def test_a_temperature_below_sglangs_epsilon_is_greedy(srv):
+    """SamplingParams.__post_init__: 0 <= τ < 1e-6 samples with top_k 1 at τ = 1 (reported logprobs: log p0)."""
+    body = {"input_ids": [BOS_ID, 5], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "sampling_seed": 1}}
+    outs = [_post(srv, "/generate", {**body, "sampling_params": {**body["sampling_params"], "temperature": t}}).json()
+            for t in (0.0, 1e-7, 1e-6)]
+    assert outs[0]["output_ids"] == outs[1]["output_ids"]
+    assert outs[0]["meta_info"]["output_token_logprobs"] == outs[1]["meta_info"]["output_token_logprobs"]
+    assert outs[2]["meta_info"]["output_token_logprobs"] != outs[0]["meta_info"]["output_token_logprobs"]
+
+
 def test_bad_requests_are_rejected(srv):
     assert _post(srv, "/generate", {"sampling_params": {}}).status_code == 400
     assert _post(srv, "/generate", {"input_ids": []}).status_code == 400

@@ -41,14 +41,16 @@ class SamplingParams:
     top_p: float = 1.0
     """Nucleus mass; 1.0 disables."""
     min_new_tokens: int = 0
-    """EOS and stop strings are ignored before this many tokens."""
+    """Until this many tokens are out, EOS and the stop ids are masked out of the draws (SGLang's penalizer; stop
+    strings still stop)."""
     stop: tuple[str, ...] = ()
-    """Stop strings (the output is cut before the first occurrence, as SGLang does)."""
+    """Stop strings, checked in list order (the text is cut before the first occurrence, as SGLang does)."""
     stop_token_ids: tuple[int, ...] = ()
-    """Extra stop token ids (kept in the output, as EOS)."""
+    """Extra stop token ids: kept in output_ids, dropped from the text, ignored under ignore_eos (as EOS)."""
     stop_regex: tuple[str, ...] = ()
     """Stop patterns (SGLang `stop_regex`): the generation ends at the first token after which `re.search` finds a
-    pattern in the output text; the text is kept whole (SGLang trims only a matched stop string)."""
+    pattern in the output text; the text is cut where the pattern's source occurs literally, else kept whole
+    (SGLang's detokenizer trims the matched pattern as if it were a stop string)."""
     ignore_eos: bool = False
     """Generate exactly max_new_tokens, ignoring EOS (the papers' fixed response length n)."""
     seed: int | None = None

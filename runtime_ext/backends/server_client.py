@@ -337,6 +337,12 @@ class SGLangServerClient(ServerStreamingMixin):
                 f"sampling_seed (rid={rid}): relaunch it with --enable-deterministic-inference "
                 "(scripts/launch_runtime passes it), or pass --allow-nondeterministic to accept chains that are "
                 "equal in law only", url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
+        if p.logprob_temperatures and p.min_new_tokens > 0:
+            raise SGLangServerError(
+                f"{self.base_url}: request rid={rid} asks for log q at extra temperatures with min_new_tokens="
+                f"{p.min_new_tokens}; SGLang masks EOS and the stop ids out of the logits the sampler plugin "
+                "reads before that many tokens, so those values would not be of p0: drop min_new_tokens, or run "
+                "on the embedded engine", url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
         if p.logprob_temperatures and not self.plugin_enabled:
             raise SGLangServerError(
                 f"{self.base_url}: request rid={rid} asks for log q at extra temperatures "
@@ -348,7 +354,8 @@ class SGLangServerClient(ServerStreamingMixin):
         check_session(self.base_url, rid, session)
         if p.seed is None and self.deterministic and p.max_new_tokens > 0:
             p = dataclasses.replace(p, seed=fresh_seed())  # else the server samples it with seed 42
-        plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0
+        # SGLang's min_new_tokens penalty masks the logits the plugin reads: log p0 then comes from pass 2
+        plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0 and p.min_new_tokens == 0
         return WireRequest([int(t) for t in ids], p, rid, session, priority or None, plugin)
 
     def _generate_many(self, reqs: Sequence[tuple[Sequence[int], SamplingParams]], *, rids: Sequence[str | None],
@@ -407,8 +414,10 @@ class SGLangServerClient(ServerStreamingMixin):
         self.sessions.record(it.session, it.rid, full, out["output_ids"], it.params.max_new_tokens)
 
     def _logq_is_logp0(self, p: SamplingParams) -> bool:
-        # a constrained request's log q is of the grammar-masked distribution, never log p0
-        return self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0) and p.constraint is None
+        # a constrained request's log q is of the grammar-masked distribution, never log p0; so is a request's
+        # under min_new_tokens (SGLang's penalty masks EOS and the stop ids before its logprobs)
+        return (self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0) and p.constraint is None
+                and p.min_new_tokens == 0)
 
     def _to_output(self, item: WireRequest, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
         ids, p, rid = item.ids, item.params, item.rid
@@ -421,7 +430,8 @@ class SGLangServerClient(ServerStreamingMixin):
         meta.setdefault("completion_tokens", len(output_ids))
         meta.setdefault("cached_tokens", 0)
         meta["sampling_seed"] = p.seed if self.deterministic else None  # the seed the server sampled with
-        meta["output_token_logprobs_masked"] = p.constraint is not None  # SGLang masks before its logprobs
+        # SGLang masks before its logprobs: a grammar's tokens, and EOS and the stop ids under min_new_tokens
+        meta["output_token_logprobs_masked"] = p.constraint is not None or p.min_new_tokens > 0
         logq = logp0 = entropy = input_logp0 = None
         if p.return_logprob:
             where = Where(self.base_url + "/generate", rid, len(ids))

@@ -260,12 +260,16 @@ class TokenExactBackend(BaseBackend):
         The output ids can spell more than `out.text` (a stop string cuts the text but keeps the token that
         completed it; EOS is skipped in the text), and an empty text would re-key `text_before` itself.  Only
         a prefix of the output ids whose decoding is exactly `out.text` is remembered; if none is, nothing is,
-        and later requests tokenize that text instead (correct, merely not id-exact).
+        and later requests tokenize that text instead (correct, merely not id-exact).  The prefix is looked for
+        among the last 8 token counts, and further back by the matched stop string's UTF-8 bytes (each token
+        spells at least one byte).
         """
         if not out.text:
             return
         n = len(out.output_ids)
-        for k in range(n, max(n - 8, 0), -1):
+        matched = ((out.meta_info or {}).get("finish_reason") or {}).get("matched")
+        back = 8 + (len(matched.encode("utf-8", "surrogatepass")) if isinstance(matched, str) else 0)
+        for k in range(n, max(n - back, 0), -1):
             if self._decode(out.output_ids[:k]) == out.text:
                 self._remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]))
                 return

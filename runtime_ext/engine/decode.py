@@ -3,8 +3,9 @@
     paper / notion                              code
     log p0, H(p0) of each row's next token      vocab_stats(logits)  (sampling)
     y_t ~ q_τ at absolute position p = kv_len   draw_tokens(stats, [(row, params, seed, p)])  (sampling)
-    y_t ~ q_τ restricted to the grammar's A_t   draw_constrained(stats, [(row, grammar, params, seed, p)])
-                                                (grammar; the constrained rows only)
+    y_t ~ q_τ restricted to the grammar's A_t   draw_constrained(stats, [(row, grammar, banned, params, seed, p)])
+    less the banned tokens (EOS and the stop    (grammar; the constrained rows and those under min_new_tokens
+    ids before min_new_tokens)                  only; banned = output.banned_tokens)
     log q_τ'(y_t | ·) at extra τ'               log_totals(stats, rows, τ')  (sampling)
     rows that stop or fail at this step         sample_step(...) -> [(request, finish_reason, error)]
 """
@@ -16,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from ..protocol import EngineError
-from .output import stop_reason, top_entries
+from .output import banned_tokens, stop_reason, top_entries
 from .grammar import draw_constrained
 from .requests import Request
 from .sampling import VocabStats, draw_tokens, log_totals, vocab_stats
@@ -31,10 +32,12 @@ def sample_step(rows: Sequence[Request], logits: torch.Tensor, *, vocab_size: in
     the fed token); return the rows that finish (stop / length) or fail (NaN logits, a sampling error)."""
     stats = vocab_stats(logits, kernels)
     live = [i for i in range(len(rows)) if stats.finite[i]]
+    banned = {i: banned_tokens(rows[i], eos_token_ids, vocab_size) for i in live}
+    restricted = [i for i in live if rows[i].grammar is not None or banned[i]]
     draws = draw_tokens(stats, [(i, rows[i].params, rows[i].seed, rows[i].kv_len) for i in live
-                                if rows[i].grammar is None])
-    draws.update(draw_constrained(stats, [(i, rows[i].grammar, rows[i].params, rows[i].seed, rows[i].kv_len)
-                                          for i in live if rows[i].grammar is not None]))
+                                if i not in restricted])
+    draws.update(draw_constrained(stats, [(i, rows[i].grammar, banned[i], rows[i].params, rows[i].seed,
+                                           rows[i].kv_len) for i in restricted]))
     finished: list[Finished] = []
     for i, r in enumerate(rows):
         if not stats.finite[i]:

@@ -198,25 +198,34 @@ def allowed_tokens(grammars: Sequence[RowGrammar], vocab_size: int) -> np.ndarra
     return bits[:, :vocab_size].view(np.bool_)
 
 
-def draw_constrained(stats: VocabStats, items: Sequence[tuple[int, RowGrammar, SamplingParams, int, int]]
-                     ) -> dict[int, Draw | Exception]:
-    """For each (row, grammar, params, seed, position): (y, log q) drawn from q_τ restricted to the tokens the
-    grammar allows (same inverse-CDF draw, same u(seed, position)); a failure is returned, not raised."""
+def draw_constrained(stats: VocabStats, items: Sequence[tuple[int, RowGrammar | None, Sequence[int], SamplingParams,
+                                                                 int, int]]) -> dict[int, Draw | Exception]:
+    """For each (row, grammar or None, banned tokens, params, seed, position): (y, log q) drawn from q_τ restricted
+    to the tokens the grammar allows (all without one) less the banned ones (`output.banned_tokens`: EOS and the
+    stop ids before min_new_tokens) - the same inverse-CDF draw, the same u(seed, position); a failure is
+    returned, not raised."""
     if not items:
         return {}
     rows = [row for row, *_ in items]
     try:
-        allowed = allowed_tokens([g for _, g, *_ in items], stats.logits.shape[-1])
+        vocab = stats.logits.shape[-1]
+        allowed = np.ones((len(items), vocab), dtype=np.bool_)
+        with_grammar = [j for j, (_, g, *_) in enumerate(items) if g is not None]
+        if with_grammar:
+            allowed[with_grammar] = allowed_tokens([items[j][1] for j in with_grammar], vocab)
+        for j, (_, _, banned, *_) in enumerate(items):
+            allowed[j, list(banned)] = False
         masked = restricted_stats(stats, rows, allowed)
     except Exception as exc:  # reported for these rows only
         return {row: exc for row in rows}
     out: dict[int, Draw | Exception] = {}
     drawable = []
-    for j, (row, _, p, seed, position) in enumerate(items):
+    for j, (row, _, banned, p, seed, position) in enumerate(items):
         if masked.finite[j]:
             drawable.append((j, p, seed, position))
         else:
-            out[row] = EngineError(f"the grammar allows no token of the model's vocabulary at position {position}")
+            what = "the grammar" if items[j][1] is not None else "min_new_tokens (EOS and the stop ids masked)"
+            out[row] = EngineError(f"{what} allows no token of the model's vocabulary at position {position}")
     for j, drawn in draw_tokens(masked, drawable).items():
         out[rows[j]] = drawn
     return out

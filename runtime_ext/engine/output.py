@@ -8,18 +8,29 @@
     log q_τ'(y_t | ·) at extra τ'         output_token_logq_by_temperature[τ' index][t]
     log p0(x_j | x_<j) from s (scoring)   input_token_logprobs, input_token_entropy (input_logp0, ...)
 
-Stopping: EOS (unless `ignore_eos`) and `stop_token_ids` end a generation and are kept in output_ids;
-a stop string ends it and the text is cut before the string (output_ids keep the token that completed it,
-as SGLang does); a `stop_regex` pattern ends it at the first token after which `re.search` finds it in the output
-text, the text kept whole (SGLang's finish at the shortest matching prefix; it trims only stop strings); before
-`min_new_tokens` tokens none of these stop a request (nothing is masked, so q_τ is
-unchanged).  A constrained request (grammar) also finishes when its grammar terminates - it accepted a stop
-token where the grammar may end - even under `ignore_eos` / `min_new_tokens`, as SGLang's `update_finish_state`
-does.  finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.
+Stopping, as SGLang 0.5.23's scheduler and detokenizer do (schedule_batch.py `Req.update_finish_state`,
+detokenizer_manager.py `trim_matched_stop`), checked after every token in this order:
+
+    1. stop strings, in list order: the first one found in the output text ends the generation and the text is
+       cut before its first occurrence (output_ids keep the token that completed it);
+    2. stop_regex patterns, in list order (`re.search` on the output text); the text is cut where the pattern's
+       own source occurs literally, if it does ("Q:"), and kept whole otherwise ("[0-9]+");
+    3. EOS and stop_token_ids, unless `ignore_eos` (which ignores both): kept in output_ids, dropped from the text;
+    4. max_new_tokens;
+    5. a constrained request (grammar) whose grammar terminated - it accepted a stop token where the grammar
+       may end - even under `ignore_eos`.
+
+`min_new_tokens` is no stop rule: while fewer tokens are out, EOS and the stop ids are masked out of q_τ (SGLang's
+min-new-tokens penalizer; `banned_tokens`, applied in `decode.sample_step`), and stop strings still stop.
+finish_reason is {"type": "length", "length": n} or {"type": "stop", "matched": id | str}.  Where SGLang differs
+and forerun does not follow: it searches only a tail window of the newest tokens (so an anchored pattern can
+match at the window's start, and a match longer than its estimate is missed) and an empty stop string stops at
+once; here the whole output text is searched and empty stop strings are dropped.
 
 meta_info["output_token_logprobs_masked"] says which distribution output_token_logprobs are of: True for a
 constrained request (q_τ restricted to the grammar's allowed tokens, renormalised - what the token was drawn
-from, as an SGLang server reports), False otherwise (q_τ over the full vocabulary).
+from, as an SGLang server reports) and for one with min_new_tokens > 0 (its first tokens drawn with EOS and the
+stop ids masked), False otherwise (q_τ over the full vocabulary).
 """
 
 from __future__ import annotations
@@ -44,35 +55,51 @@ def top_entries(vals: torch.Tensor, idx: torch.Tensor, tokenizer: Any) -> list[l
     return [[v, i, token_text(tokenizer, i)] for v, i in zip(vals.tolist(), idx.tolist())]
 
 
+def banned_tokens(r: Request, eos_token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    """The tokens masked out of r's next draw: EOS and the stop ids while fewer than min_new_tokens tokens are
+    out (SGLang's min-new-tokens penalizer, ignore_eos or not), else none."""
+    if len(r.output_ids) >= r.params.min_new_tokens:
+        return ()
+    return tuple(sorted(t for t in {*eos_token_ids, *r.params.stop_token_ids} if 0 <= t < vocab_size))
+
+
 def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer: Any) -> dict[str, Any] | None:
     """The finish_reason after `token` was appended to r.output_ids, or None to go on (see module docstring).
-    A matched stop string sets r.stop_text_cut."""
+    A matched stop string or pattern sets r.stop_text_cut where the text is cut."""
     p = r.params
-    n_out = len(r.output_ids)
-    if n_out >= p.min_new_tokens:
-        if not p.ignore_eos and token in eos_token_ids:
-            return {"type": "stop", "matched": token}
-        if token in p.stop_token_ids:
-            return {"type": "stop", "matched": token}
-        text = None  # the output text, decoded at most once per step
-        if p.stop and tail_has_stop(tokenizer, r.output_ids, p.stop):
-            text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
-            hits = [(text.find(st), st) for st in p.stop if st and st in text]
-            if hits:
-                cut, st = min(hits)
-                r.stop_text_cut = cut
+    text = None  # the output text, decoded at most once per step
+    if p.stop and tail_has_stop(tokenizer, r.output_ids, p.stop):
+        text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        for st in p.stop:  # a stop string present now is new: the output would have stopped at an older one
+            if st and st in text:
+                r.stop_text_cut = text.find(st)
                 return {"type": "stop", "matched": st}
-        if p.stop_regex:
-            if text is None:
-                text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
-            for pattern in p.stop_regex:
-                if re.search(pattern, text):
-                    return {"type": "stop", "matched": pattern}
-    if n_out >= p.max_new_tokens:
-        return {"type": "length", "length": n_out}
+    if p.stop_regex:
+        if text is None:
+            text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        for pattern in p.stop_regex:
+            if re.search(pattern, text):
+                literal = text.find(pattern)
+                if literal >= 0:
+                    r.stop_text_cut = literal
+                return {"type": "stop", "matched": pattern}
+    if not p.ignore_eos and (token in eos_token_ids or token in p.stop_token_ids):
+        return {"type": "stop", "matched": token}
+    if len(r.output_ids) >= p.max_new_tokens:
+        return {"type": "length", "length": len(r.output_ids)}
     if r.grammar is not None and r.grammar.terminated:
         return {"type": "stop", "matched": token}
     return None
+
+
+def output_text(r: Request, tokenizer: Any) -> str:
+    """The response text: the output decoded without special tokens, less the token a matched stop id (or EOS,
+    or a grammar's stop token) ended it with, and cut before a matched stop string (module docstring)."""
+    ids = r.output_ids
+    if r.finish_reason is not None and isinstance(r.finish_reason.get("matched"), int) and ids:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+    return text[: r.stop_text_cut] if r.stop_text_cut is not None else text
 
 
 def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
@@ -93,9 +120,7 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
 
 def build_output(r: Request, tokenizer: Any) -> GenerateOutput:
     """The finished request as a GenerateOutput with SGLang's meta_info shape plus the p0 / entropy keys."""
-    text = tokenizer.decode(r.output_ids, skip_special_tokens=True) if r.output_ids else ""
-    if r.stop_text_cut is not None:
-        text = text[: r.stop_text_cut]
+    text = output_text(r, tokenizer)
     s = r.input_logprob_start
     return GenerateOutput(
         input_ids=r.input_ids,
@@ -123,7 +148,7 @@ def _meta_info(r: Request, tokenizer: Any) -> dict[str, Any]:
         "output_token_logprobs": [[lq, t, token_text(tokenizer, t)] for lq, t in zip(r.logq, r.output_ids)],
         "output_token_logp0": list(r.logp0),
         "output_token_entropy": list(r.entropy),
-        "output_token_logprobs_masked": r.grammar is not None,
+        "output_token_logprobs_masked": r.grammar is not None or r.params.min_new_tokens > 0,
     }
     if p.top_logprobs_num > 0:
         meta["output_top_logprobs"] = r.top

@@ -156,6 +156,27 @@ def test_plugin_keys_give_entropy_and_skip_pass_two():
         assert out.meta_info["output_token_entropy"] == list(out.output_entropy)
 
 
+@pytest.mark.parametrize("plugin", [False, True])
+def test_log_p0_under_min_new_tokens_is_the_raw_models(plugin):
+    """SGLang masks EOS and the stop ids out of the logits before min_new_tokens tokens, so neither its reported
+    logprobs at τ = 1 nor the plugin's log p0 (computed after the penalties) are log p0 there: the client scores
+    such a request in the second pass.  Oracle: the stand-in model's unmasked log-softmax."""
+    with StandInServer(plugin=plugin) as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
+        prompt = [BOS_ID, 10, 20]
+        p = SamplingParams(max_new_tokens=6, min_new_tokens=4, temperature=1.0, seed=5, return_logprob=True,
+                           stop_token_ids=(65,))
+        out = b.run(prompt, p)
+        seq = list(prompt)
+        for t, lp in zip(out.output_ids, out.output_logp0):
+            assert lp == pytest.approx(srv.model.logp0(seq)[t], abs=1e-12)
+            seq.append(t)
+        assert out.meta_info["output_token_logprobs_masked"] is True
+        with pytest.raises(EngineError, match="min_new_tokens"):
+            b.run(prompt, SamplingParams(max_new_tokens=6, min_new_tokens=4, seed=5, return_logprob=True,
+                                         logprob_temperatures=(0.5,)))
+
+
 def test_pure_scoring(srv, backend):
     ids = [BOS_ID] + list(b"hello")
     out = backend.score(ids, 2, top_logprobs_num=2)

@@ -122,3 +122,35 @@ def test_stop_token_not_in_text_is_not_replayed():
     two.run(backend=backend).sync()
     # the second request continues exactly the text "Q:ab!" — not the hidden stop token
     assert backend.requests[1][0] == list(b"Q:ab!")
+
+
+class LongStopBackend(RecordingBackend):
+    """The first output: a byte that is no UTF-8 character by itself, 'a', then a stop string of 15 tokens that
+    the text is cut before (as SGLang and the engine report it); later outputs: one 'c'."""
+
+    STOP = "<<END-OF-TURN>>"
+
+    def run(self, input_ids, params):
+        with self.lock:
+            self.requests.append((list(input_ids), params))
+            first = len(self.requests) == 1
+        if not first:
+            return GenerateOutput(tuple(input_ids), (ord("c"),), "c", {})
+        out = (0xC3, ord("a")) + tuple(self.STOP.encode())
+        return GenerateOutput(tuple(input_ids), out, bytes(out[:2]).decode("utf-8", errors="replace"),
+                              {"finish_reason": {"type": "stop", "matched": self.STOP}})
+
+
+def test_ids_before_a_long_stop_string_are_replayed_exactly():
+    """The ids that spell a generation's text are found however many tokens its stop string took, so the next
+    request continues with those ids, not with a re-tokenization of the text (here U+FFFD for the lone byte)."""
+    @function
+    def two(s):
+        s += "Q:"
+        s += gen("a", max_tokens=20)
+        s += "!"
+        s += gen("b", max_tokens=1)
+
+    backend = LongStopBackend()
+    two.run(backend=backend).sync()
+    assert backend.requests[1][0] == list(b"Q:") + [0xC3, ord("a")] + list(b"!")

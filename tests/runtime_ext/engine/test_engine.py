@@ -3,6 +3,7 @@ direct log q_τ / entropy computations, alone-vs-batched invariance, radix reuse
 
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -251,19 +252,21 @@ def test_top_logprobs_of_p0(engine):
 
 
 def test_stop_conditions(engine):
+    """SGLang 0.5.23's rules (output.py docstring): a stop id ends the output and stays in output_ids but not in
+    the text; ignore_eos ignores stop ids too; min_new_tokens masks EOS and the stop ids out of the draws."""
     ids = prompt(engine, "stops")
     base = engine.generate(ids, SamplingParams(max_new_tokens=30, seed=5, ignore_eos=True))
     out_ids = list(base.output_ids)
-    # stop token id: finishes at its first occurrence (kept), unless min_new_tokens says otherwise
-    tok = out_ids[3]
+    eos = engine.model_info.eos_token_ids[0]
+    # a stop id that comes before any EOS of the reference output
+    tok = next(t for i, t in enumerate(out_ids[2:], 2) if t != eos and eos not in out_ids[: i + 1])
     first = out_ids.index(tok)
-    s = engine.generate(ids, SamplingParams(max_new_tokens=30, seed=5, ignore_eos=True, stop_token_ids=(tok,)))
+    s = engine.generate(ids, SamplingParams(max_new_tokens=30, seed=5, stop_token_ids=(tok,)))
     assert list(s.output_ids) == out_ids[: first + 1]
     assert s.meta_info["finish_reason"] == {"type": "stop", "matched": tok}
-    later = [i for i, t in enumerate(out_ids) if t == tok and i >= first + 1]
-    s2 = engine.generate(ids, SamplingParams(max_new_tokens=30, seed=5, ignore_eos=True, stop_token_ids=(tok,),
-                                             min_new_tokens=first + 2))
-    assert len(s2.output_ids) == (later[0] + 1 if later else 30)
+    assert s.text == engine.tokenizer.decode(out_ids[:first], skip_special_tokens=True)  # the stop id dropped
+    ignored = engine.generate(ids, SamplingParams(max_new_tokens=30, seed=5, ignore_eos=True, stop_token_ids=(tok,)))
+    assert list(ignored.output_ids) == out_ids and ignored.meta_info["finish_reason"]["type"] == "length"
     # stop string: the text is cut before it
     text = engine.tokenizer.decode(out_ids[:12], skip_special_tokens=True)
     stop = next((text[i : i + 2] for i in range(3, len(text) - 1) if "\ufffd" not in text[i : i + 2]), None)
@@ -272,13 +275,41 @@ def test_stop_conditions(engine):
         assert s3.meta_info["finish_reason"] == {"type": "stop", "matched": stop}
         assert stop not in s3.text and s3.text == text[: text.find(stop)]
     # EOS ends a generation unless ignore_eos
-    eos = engine.model_info.eos_token_ids[0]
     seqs = engine.generate_batch([(ids, SamplingParams(max_new_tokens=60, seed=k)) for k in range(30)])
     for o in seqs:
         if eos in o.output_ids:
             assert o.output_ids[-1] == eos and o.meta_info["finish_reason"] == {"type": "stop", "matched": eos}
         else:
             assert len(o.output_ids) == 60 and o.meta_info["finish_reason"]["type"] == "length"
+
+
+def test_min_new_tokens_masks_eos_and_stop_ids(engine):
+    """Before min_new_tokens tokens, EOS and the stop ids are never drawn (their probability is moved to the
+    other tokens: log q is the masked log-softmax, checked against the raw logits' log p0 and entropy-free
+    arithmetic), and after it the output stops at the next of them; output_token_logprobs_masked says so."""
+    ids = prompt(engine, "min tokens")
+    eos = engine.model_info.eos_token_ids[0]
+    # the most frequent first tokens of free draws: the stop id most likely to be masked for real
+    firsts = [o.output_ids[0] for o in engine.generate_batch(
+        [(ids, SamplingParams(max_new_tokens=1, seed=k)) for k in range(40)])]
+    tok = max(set(firsts), key=firsts.count)
+    for seed in range(6):
+        m = 4
+        o = engine.generate(ids, SamplingParams(max_new_tokens=12, seed=seed, min_new_tokens=m,
+                                                stop_token_ids=(tok,), temperature=1.0, return_logprob=True))
+        assert o.meta_info["output_token_logprobs_masked"] is True
+        assert not {tok, eos} & set(o.output_ids[:m])
+        later = [i for i, t in enumerate(o.output_ids) if t in (tok, eos)]
+        assert later == ([len(o.output_ids) - 1] if later else [])
+        assert later or len(o.output_ids) == 12
+        # at τ = 1, log q of a masked draw = log p0 − log(1 − p0(EOS) − p0(tok)): the mass renormalised
+        logp, _ = full_logp(engine, list(ids) + list(o.output_ids))
+        n = len(ids)
+        for t in range(m):
+            row = logp[n - 1 + t]
+            banned_mass = sum(math.exp(float(row[b])) for b in {tok, eos})
+            assert o.output_logp0[t] == pytest.approx(float(row[o.output_ids[t]]), abs=TOL)
+            assert o.output_logq[t] == pytest.approx(float(row[o.output_ids[t]]) - math.log1p(-banned_mass), abs=1e-9)
 
 
 def test_bad_input(engine):

@@ -245,7 +245,7 @@ def test_restricted_draws_on_both_vocabulary_paths(engine, native):
              SamplingParams(regex="[a-z]+", temperature=1.0, top_p=0.6)]
     grammars = [compiler.row_grammar(p) for p in cases]
     for seed in range(20):
-        draws = draw_constrained(vocab_stats(logits, kernels), [(i, g, p, seed, 9) for i, (g, p) in
+        draws = draw_constrained(vocab_stats(logits, kernels), [(i, g, (), p, seed, 9) for i, (g, p) in
                                                                enumerate(zip(grammars, cases))])
         allowed = allowed_tokens(grammars, engine.vocab_size)
         for i, p in enumerate(cases):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from forerun.runtime_ext.engine.models import load_model
-from forerun.runtime_ext.engine.output import stop_reason
+from forerun.runtime_ext.engine.output import output_text, stop_reason
 from forerun.runtime_ext.protocol import SamplingParams
 
 
@@ -38,3 +38,45 @@ def test_a_stop_string_of_many_tokens_per_character_stops_a_long_output(tokenize
     assert reasons[:-1] == [None] * (len(ids) - 1)
     assert reasons[-1] == {"type": "stop", "matched": stop}
     assert r.stop_text_cut == len(before)
+
+
+def finish(tokenizer, text: str, **params):
+    """Feed `text` token by token (one per byte) to stop_reason: (finish_reason, the response text)."""
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=200, **params), output_ids=[], grammar=None,
+                        stop_text_cut=None, finish_reason=None)
+    for t in byte_ids(text):
+        r.output_ids.append(t)
+        r.finish_reason = stop_reason(r, t, (256,), tokenizer)
+        if r.finish_reason is not None:
+            break
+    return r.finish_reason, output_text(r, tokenizer)
+
+
+@pytest.mark.parametrize("stops, matched, text", [((":", "Q:"), ":", "ab Q"), (("Q:", ":"), "Q:", "ab "),
+                                                  (("zz", "b Q:"), "b Q:", "a")])
+def test_stop_strings_completed_together_follow_list_order(tokenizer, stops, matched, text):
+    """SGLang 0.5.23 checks stop strings in list order and cuts the text at the matched one's first occurrence:
+    with ":" first, "ab Q:" gives "ab Q"."""
+    assert finish(tokenizer, "ab Q: more", stop=stops) == ({"type": "stop", "matched": matched}, text)
+
+
+def test_a_stop_string_ends_the_output_before_min_new_tokens(tokenizer):
+    assert finish(tokenizer, "ab Q: more", stop=("Q:",), min_new_tokens=50) == (
+        {"type": "stop", "matched": "Q:"}, "ab ")
+
+
+@pytest.mark.parametrize("pattern, text", [("Q:", "ab "), ("[QR]:", "ab Q:"), (r"\d", "x1")])
+def test_stop_regex_cuts_where_its_source_occurs_literally(tokenizer, pattern, text):
+    """SGLang's detokenizer trims a matched pattern like a stop string, at the first literal occurrence of the
+    pattern's source; "[QR]:" never occurs literally, so the text is kept whole."""
+    out = "ab Q: more" if pattern != r"\d" else "x1 more"
+    assert finish(tokenizer, out, stop_regex=(pattern,)) == ({"type": "stop", "matched": pattern}, text)
+
+
+def test_stop_ids_end_the_output_and_leave_the_text_unless_ignore_eos(tokenizer):
+    colon = ord(":")
+    assert finish(tokenizer, "ab Q: more", stop_token_ids=(colon,)) == ({"type": "stop", "matched": colon}, "ab Q")
+    assert finish(tokenizer, "ab Q: more", stop_token_ids=(colon,), ignore_eos=True) == (None, "ab Q: more")
+    # a stop string completed by the same token wins over the stop id (strings are checked first)
+    assert finish(tokenizer, "ab Q: more", stop=("Q:",), stop_token_ids=(colon,)) == (
+        {"type": "stop", "matched": "Q:"}, "ab ")

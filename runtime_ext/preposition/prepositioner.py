@@ -380,9 +380,9 @@ class Prepositioner:
         path: ServePath = "fast" if look.match == "exact" else "fast_relaxed"
         # an exact match is a hit; a relaxed match only when its token is served (here)
         receipt = ServeReceipt((look.ready,), "served_fast" if path == "fast" else "served_fast_relaxed")
-        text = self._decode(token)
+        text = self._answer_text(token)
         latency = time.perf_counter() - t0
-        why = gate_decision(gap, token, self.config.gate, token_text=text).reason
+        why = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
         if path == "fast_relaxed":
             why = "relaxed match (question-independent header token); " + why
         return ServeResult(path=path, token_id=token, text=text, latency_s=latency, logit_gap=gap, delta=0,
@@ -468,9 +468,20 @@ class Prepositioner:
             self._sessions.add(session)
 
     def _decode(self, token: int) -> str:
+        """The token as written (special tokens by name): for the gate's explanation."""
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode([token])
+
+    def _answer_text(self, token: int) -> str:
+        """The text of a served token as a fresh request returns it: the engines (the embedded one, like an
+        SGLang server) skip special tokens in `text`, so an EOS or `<|im_start|>` answer is ''."""
+        if self.tokenizer is None:
+            return ""
+        try:
+            return self.tokenizer.decode([token], skip_special_tokens=True)
+        except TypeError:  # a tokenizer without the option
+            return self.tokenizer.decode([token])
 
     def _raise_for(self, session: SessionState) -> None:
         """Raise `session`'s kept background failure (a bug, not a lack of room), once."""

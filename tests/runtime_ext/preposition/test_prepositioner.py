@@ -355,3 +355,31 @@ def test_a_serve_that_fails_counts_nothing_and_a_deferred_serve_counts_once():
     pp.record(s, r)
     assert s.counters.fell_through == 1 and s.counters.consumed == 1
     s.check_counters()
+
+
+@pytest.fixture(scope="module")
+def tiny_engines():
+    """Two embedded engines on the tiny float64 model: one pre-positions, the other answers fresh requests."""
+    from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+    from forerun.runtime_ext.engine.models import load_model
+
+    loaded = load_model("tiny")
+    with EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0)) as eng, \
+            EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0)) as fresh:
+        yield eng, fresh
+
+
+def test_a_served_special_token_has_the_engines_text(tiny_engines):
+    """A cached token that is a special token (EOS, <|im_start|>) is served with the text a fresh request returns
+    for it (the engine, like SGLang, skips special tokens in the text), not the token's own spelling."""
+    eng, fresh = tiny_engines
+    pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+    s = SessionState([77])  # argmax after [77, 113] is <|im_start|> (257) on the tiny model, γ ≈ 0.59
+    assert pp.preposition(s, [113])
+    r = pp.serve(s, [113])
+    want = fresh.generate([77, 113], SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True))
+    assert r.path == "fast" and want.output_ids == (257,)
+    assert (r.token_id, r.text) == (257, want.text)
+    assert "<|im_start|>" in r.reason  # the explanation still names the token
+    s.close()
+    pp.close()

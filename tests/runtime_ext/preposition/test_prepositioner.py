@@ -369,6 +369,31 @@ def tiny_engines():
         yield eng, fresh
 
 
+def test_a_multi_token_request_gets_the_fresh_answer_not_one_cached_token(tiny_engines):
+    """The fast path serves one cached token (Algorithm 2): a request for more (max_new_tokens > 1) must still get
+    exactly what a fresh request would, all its tokens and their text, whichever gate fires."""
+    eng, fresh = tiny_engines
+    rng = np.random.default_rng(3)
+    for gate in (GateConfig.forced_open(), GateConfig(threshold=0.0), GateConfig(threshold=float("inf"))):
+        pp = Prepositioner(eng, PrepositionConfig(gate=gate, background=False))
+        for _ in range(4):
+            s = SessionState([int(t) for t in rng.integers(0, 256, 6)])
+            entry = [int(t) for t in rng.integers(0, 256, 3)]
+            assert pp.preposition(s, entry)
+            for m in (1, 2, 4):
+                r = pp.serve(s, entry, max_new_tokens=m)
+                want = fresh.generate(list(s.tokens) + entry,
+                                      SamplingParams(max_new_tokens=m, temperature=0.0, ignore_eos=m == 1))
+                got = list(r.output.output_ids) if r.output is not None else [r.token_id]
+                assert (got, r.text) == (list(want.output_ids), want.text), (gate, m, r.path)
+                assert r.token_id == want.output_ids[0]
+            s.close()
+            pp.release_pins(s)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            pp.serve(SessionState([1]), [2], max_new_tokens=0)
+        pp.close()
+
+
 def test_a_served_special_token_has_the_engines_text(tiny_engines):
     """A cached token that is a special token (EOS, <|im_start|>) is served with the text a fresh request returns
     for it (the engine, like SGLang, skips special tokens in the text), not the token's own spelling."""

@@ -408,3 +408,26 @@ def test_a_served_special_token_has_the_engines_text(tiny_engines):
     assert "<|im_start|>" in r.reason  # the explanation still names the token
     s.close()
     pp.close()
+
+
+def test_a_certain_distribution_from_top_logprobs_is_served_not_a_background_error():
+    """An SGLang-shaped engine may report the runner-up at log-probability -inf (the model is certain): the gap
+    γ = +inf (which gap_from_top_logprobs accepts) must install and fire the gate, not fail the pre-position as a
+    bug that the session's next `preposition` raises."""
+    class CertainEngine:
+        """Top-2 log-probs [[0, 7], [-inf, 3]]: p(7) = 1; greedy answers 7."""
+
+        def generate(self, input_ids, params, *, priority=0):
+            meta = {"output_top_logprobs": [[[0.0, 7, None], [float("-inf"), 3, None]]]}
+            return GenerateOutput(input_ids=tuple(input_ids), output_ids=(7,), text="", meta_info=meta)
+
+    for tau, path in ((2.0, "fast"), (float("inf"), "fall")):
+        pp = Prepositioner(CertainEngine(), PrepositionConfig(gate=GateConfig(threshold=tau), background=False))
+        s = SessionState([1, 2])
+        assert pp.preposition(s, [4])
+        assert s.ready_for([4]).logit_gap == float("inf")
+        r = pp.serve(s, [4])
+        assert (r.path, r.token_id) == (path, 7)
+        assert pp.preposition(s, [4]) is False  # held already: nothing to compute, and no kept error raised
+        assert s.counters.discarded == 0
+        pp.close()

@@ -38,7 +38,8 @@ class PrepositionCounters:
     served_fast_relaxed: int = 0
     """Streaming ad-hoc requests served the question-independent header token (relaxed match, gate fired)."""
     fell_through: int = 0
-    """Requests that found a valid pre-position but took the normal path (gate not met or entry differs)."""
+    """Requests that found a valid pre-position but took the normal path (gate not met, entry differs, or an
+    answer of more than one token asked)."""
     cold: int = 0
     """Requests that found no valid pre-position (baseline path, Eq. 2)."""
 

@@ -321,9 +321,12 @@ class Prepositioner:
 
         Fast path iff a valid ready distribution matches the realized entry exactly (or, with
         `allow_relaxed`, the realized entry ends with the pre-positioned generic header: the header's
-        question-independent token) and the gate of Eq. 12 fires: one cached token, no engine call.
-        Otherwise the engine generates from state ‖ realized entry at normal priority; its radix cache
-        restores the pre-paid prefix.
+        question-independent token), the gate of Eq. 12 fires and the request asks for one token
+        (`max_new_tokens` = 1): one cached token, no engine call.  Otherwise the engine generates
+        `max_new_tokens` tokens from state ‖ realized entry at normal priority; its radix cache restores the
+        pre-paid prefix.  A request for more than one token therefore never takes the fast path (Algorithm 2
+        serves a single token): it gets its whole answer, as a fresh request would, resuming from the
+        pre-paid entry (Δ = 0 for an exact match).
 
         Read-only until it has succeeded: a serve that raises counted nothing.  Its counters (and the hits
         on the distributions it read) are recorded on return, or, with `record=False`, left to the caller's
@@ -333,18 +336,24 @@ class Prepositioner:
         realized = self._ids(realized_entry, "realized_entry")
         if not realized:
             raise ValueError("realized_entry must hold at least one token")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         self._track(session)
         look = session.lookup(realized, allow_relaxed=allow_relaxed, consume=False)
         gap: float | None = None
         reason = ""
         if look.ready is not None and look.match in ("exact", "relaxed"):
             token, gap = look.ready.scan()
-            if gate_fires(gap, token, self.config.gate):
+            fires = gate_fires(gap, token, self.config.gate)
+            if fires and max_new_tokens == 1:
                 result = self._fast(look, token, gap, t0)
                 if record:
                     self.record(session, result)
                 return result
             reason = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
+            if fires:
+                reason += (f", but the request asks for {max_new_tokens} tokens and the fast path serves one: "
+                           "the whole answer is generated")
         path, delta, reason, receipt = self._fall_path(look, realized, reason)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
         out = self.runner.generate(look.state + realized, params, priority=0)
@@ -380,9 +389,9 @@ class Prepositioner:
         path: ServePath = "fast" if look.match == "exact" else "fast_relaxed"
         # an exact match is a hit; a relaxed match only when its token is served (here)
         receipt = ServeReceipt((look.ready,), "served_fast" if path == "fast" else "served_fast_relaxed")
-        text = self._decode(token)
+        text = self._answer_text(token)
         latency = time.perf_counter() - t0
-        why = gate_decision(gap, token, self.config.gate, token_text=text).reason
+        why = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
         if path == "fast_relaxed":
             why = "relaxed match (question-independent header token); " + why
         return ServeResult(path=path, token_id=token, text=text, latency_s=latency, logit_gap=gap, delta=0,
@@ -468,9 +477,20 @@ class Prepositioner:
             self._sessions.add(session)
 
     def _decode(self, token: int) -> str:
+        """The token as written (special tokens by name): for the gate's explanation."""
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode([token])
+
+    def _answer_text(self, token: int) -> str:
+        """The text of a served token as a fresh request returns it: the engines (the embedded one, like an
+        SGLang server) skip special tokens in `text`, so an EOS or `<|im_start|>` answer is ''."""
+        if self.tokenizer is None:
+            return ""
+        try:
+            return self.tokenizer.decode([token], skip_special_tokens=True)
+        except TypeError:  # a tokenizer without the option
+            return self.tokenizer.decode([token])
 
     def _raise_for(self, session: SessionState) -> None:
         """Raise `session`'s kept background failure (a bug, not a lack of room), once."""

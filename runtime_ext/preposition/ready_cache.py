@@ -94,7 +94,7 @@ class ReadyDistribution:
     top_token: int
     """â = argmax ℓ_ready."""
     logit_gap: float
-    """γ = ℓ(1) − ℓ(2) (Eq. 11)."""
+    """γ = ℓ(1) − ℓ(2) (Eq. 11); +inf when ℓ(2) = −inf (the runner-up is impossible: the gate fires for any finite τ)."""
     top_ids: tuple[int, ...] = ()
     """Top-k token ids (descending), when the engine returned them."""
     top_logits: tuple[float, ...] = ()
@@ -113,8 +113,8 @@ class ReadyDistribution:
             raise ValueError("entry_ids must hold at least one token")
         if self.role not in ("entry", "header"):
             raise ValueError(f"role must be 'entry' or 'header', got {self.role!r}")
-        if not np.isfinite(self.logit_gap) or self.logit_gap < 0:
-            raise ValueError(f"logit_gap (γ) must be finite and >= 0, got {self.logit_gap}")
+        if np.isnan(self.logit_gap) or self.logit_gap < 0:
+            raise ValueError(f"logit_gap (γ) must be >= 0 (+inf: the runner-up is impossible), got {self.logit_gap}")
 
     @property
     def entry_len(self) -> int:

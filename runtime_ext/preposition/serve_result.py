@@ -19,6 +19,7 @@ class ServeResult:
     path: ServePath
     token_id: int
     text: str
+    """The answer's text as a fresh request returns it (the engines skip special tokens: an EOS answer is '')."""
     latency_s: float
     """Wall time from arrival to the first token (the critical path)."""
     logit_gap: float | None

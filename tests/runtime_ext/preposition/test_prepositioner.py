@@ -355,3 +355,79 @@ def test_a_serve_that_fails_counts_nothing_and_a_deferred_serve_counts_once():
     pp.record(s, r)
     assert s.counters.fell_through == 1 and s.counters.consumed == 1
     s.check_counters()
+
+
+@pytest.fixture(scope="module")
+def tiny_engines():
+    """Two embedded engines on the tiny float64 model: one pre-positions, the other answers fresh requests."""
+    from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
+    from forerun.runtime_ext.engine.models import load_model
+
+    loaded = load_model("tiny")
+    with EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0)) as eng, \
+            EmbeddedEngine(loaded, EngineConfig(batch_window_ms=0.0)) as fresh:
+        yield eng, fresh
+
+
+def test_a_multi_token_request_gets_the_fresh_answer_not_one_cached_token(tiny_engines):
+    """The fast path serves one cached token (Algorithm 2): a request for more (max_new_tokens > 1) must still get
+    exactly what a fresh request would, all its tokens and their text, whichever gate fires."""
+    eng, fresh = tiny_engines
+    rng = np.random.default_rng(3)
+    for gate in (GateConfig.forced_open(), GateConfig(threshold=0.0), GateConfig(threshold=float("inf"))):
+        pp = Prepositioner(eng, PrepositionConfig(gate=gate, background=False))
+        for _ in range(4):
+            s = SessionState([int(t) for t in rng.integers(0, 256, 6)])
+            entry = [int(t) for t in rng.integers(0, 256, 3)]
+            assert pp.preposition(s, entry)
+            for m in (1, 2, 4):
+                r = pp.serve(s, entry, max_new_tokens=m)
+                want = fresh.generate(list(s.tokens) + entry,
+                                      SamplingParams(max_new_tokens=m, temperature=0.0, ignore_eos=m == 1))
+                got = list(r.output.output_ids) if r.output is not None else [r.token_id]
+                assert (got, r.text) == (list(want.output_ids), want.text), (gate, m, r.path)
+                assert r.token_id == want.output_ids[0]
+            s.close()
+            pp.release_pins(s)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            pp.serve(SessionState([1]), [2], max_new_tokens=0)
+        pp.close()
+
+
+def test_a_served_special_token_has_the_engines_text(tiny_engines):
+    """A cached token that is a special token (EOS, <|im_start|>) is served with the text a fresh request returns
+    for it (the engine, like SGLang, skips special tokens in the text), not the token's own spelling."""
+    eng, fresh = tiny_engines
+    pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+    s = SessionState([77])  # argmax after [77, 113] is <|im_start|> (257) on the tiny model, γ ≈ 0.59
+    assert pp.preposition(s, [113])
+    r = pp.serve(s, [113])
+    want = fresh.generate([77, 113], SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True))
+    assert r.path == "fast" and want.output_ids == (257,)
+    assert (r.token_id, r.text) == (257, want.text)
+    assert "<|im_start|>" in r.reason  # the explanation still names the token
+    s.close()
+    pp.close()
+
+
+def test_a_certain_distribution_from_top_logprobs_is_served_not_a_background_error():
+    """An SGLang-shaped engine may report the runner-up at log-probability -inf (the model is certain): the gap
+    γ = +inf (which gap_from_top_logprobs accepts) must install and fire the gate, not fail the pre-position as a
+    bug that the session's next `preposition` raises."""
+    class CertainEngine:
+        """Top-2 log-probs [[0, 7], [-inf, 3]]: p(7) = 1; greedy answers 7."""
+
+        def generate(self, input_ids, params, *, priority=0):
+            meta = {"output_top_logprobs": [[[0.0, 7, None], [float("-inf"), 3, None]]]}
+            return GenerateOutput(input_ids=tuple(input_ids), output_ids=(7,), text="", meta_info=meta)
+
+    for tau, path in ((2.0, "fast"), (float("inf"), "fall")):
+        pp = Prepositioner(CertainEngine(), PrepositionConfig(gate=GateConfig(threshold=tau), background=False))
+        s = SessionState([1, 2])
+        assert pp.preposition(s, [4])
+        assert s.ready_for([4]).logit_gap == float("inf")
+        r = pp.serve(s, [4])
+        assert (r.path, r.token_id) == (path, 7)
+        assert pp.preposition(s, [4]) is False  # held already: nothing to compute, and no kept error raised
+        assert s.counters.discarded == 0
+        pp.close()

@@ -114,6 +114,14 @@ def test_lookup_serves_each_query_its_own_distribution_and_adhoc_the_header():
 def test_ready_from_top_logprobs_record():
     r = ready_from_top_logprobs(3, [1], [2], [[-2.0, 4, "b"], [-0.5, 9, "a"]])
     assert r.top_token == 9 and r.logit_gap == pytest.approx(1.5) and r.top_ids == (9, 4) and r.version == 3
+    certain = ready_from_top_logprobs(0, [1], [2], [[0.0, 7, "x"], [float("-inf"), 3, "y"]])
+    assert certain.top_token == 7 and certain.logit_gap == float("inf")  # γ = +inf: every other token impossible
+    assert gate_fires(certain.logit_gap, 7, GateConfig()) and not gate_fires(certain.logit_gap, 7,
+                                                                            GateConfig(threshold=float("inf")))
+    masked = ready_from_logits(0, [1], [2], np.array([-np.inf, 3.0, -np.inf]))
+    assert masked.top_token == 1 and masked.logit_gap == float("inf")
+    with pytest.raises(ValueError, match="logit_gap"):
+        ReadyDistribution(version=0, state_len=0, entry_ids=(5,), computed_from=(5,), top_token=0, logit_gap=np.nan)
 
 
 def _installed(session: SessionState, entry=(5, 6), relaxable=False, pin=None):

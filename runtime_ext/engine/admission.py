@@ -2,18 +2,19 @@
 
 `EngineConfig.max_total_tokens` bounds ALL the KV the engine holds, in tokens: the radix tree's cached
 prefixes plus every running row's own KV.  The transformers fallback copies a row's whole prompt into the row,
-so the row is charged for all of it.  The native forward reads the cached prefix in place (`shares_prefix`):
-a prefix that is locked in the tree (a pin, or a running row that reads it) stays resident while the row
-runs and is already counted in the tree, so the row is charged only for the tokens it adds — charging the
-prefix again would refuse a request next to a pin of its own prompt that fits.  A decoding request reserves the most KV its row will
-ever hold when it is admitted and releases it when it leaves; the radix tree only caches what the
-reservations leave free (`RadixCache.reserved`), so
+so the row is charged for all of it.  The native forward reads the cached prefix in place (`shares_prefix`): the
+prefix is already counted in the tree and stays resident while the row runs (the row locks it at its prefill,
+and the admission locks it until then, `hold_prefix`), so the row is charged only for the tokens it adds -
+charging the prefix again refused a request next to a pin of its own prompt, or one whose prompt extends a
+cached unlocked prefix, that fits.  A decoding request reserves the most KV its row will ever hold when it is
+admitted and releases it when it leaves; the radix tree only caches what the reservations leave free
+(`RadixCache.reserved`), so
 
-    radix.total_tokens + Σ_running kv_len  <=  radix.total_tokens + radix.reserved  <=  max_total_tokens.
+    radix.total_tokens + Σ_running own KV  <=  radix.total_tokens + radix.reserved  <=  max_total_tokens.
 
     notion                                       code
     KV a decoding row holds at most              row_demand(r) = len(prompt) - 1 + max_new_tokens
-    what it adds (prefix read in place)          row_demand(r) - locked_prefix(radix, r)
+    what it adds (prefix read in place)          row_demand(r) - depth of cached_prefix(radix, r)
     fits now (after evicting unlocked prefixes)  RadixCache.reserve(row_demand(r), protect=r's cached prefix)
     can never fit                                row_demand(r) > max_total_tokens -> EngineError at submission
     queue order                                  FIFO per priority class: a request that does not fit yet
@@ -41,16 +42,28 @@ def row_demand(r: Request) -> int:
     return len(r.input_ids) - 1 + r.params.max_new_tokens
 
 
-def locked_prefix(radix: RadixCache, r: Request) -> int:
-    """Leading tokens of r's row KV (prompt[:-1]) cached in the tree under a lock: they cannot be evicted, so
-    a row that reads its prefix in place adds nothing for them."""
+def cached_prefix(radix: RadixCache, r: Request) -> tuple[RadixNode, int]:
+    """The deepest tree node caching a prefix of r's row KV (prompt[:-1]) and that prefix's length: what a row
+    that reads its prefix in place adds nothing for, once the prefix cannot be evicted."""
     node = radix.deepest_cached(r.input_ids[: max(len(r.input_ids) - 1, 0)])
-    locked = 0
-    while node is not None:
-        if node.lock_ref > 0:
-            locked += len(node.key)
-        node = node.parent
-    return locked
+    depth, p = 0, node
+    while p is not None:
+        depth, p = depth + len(p.key), p.parent
+    return node, depth
+
+
+def hold_prefix(radix: RadixCache, r: Request, node: RadixNode) -> None:
+    """Lock the cached prefix r's reservation did not count until r's prefill locks it for the row
+    (`release_held_prefix`): another admission or prefill of the same pass cannot evict it meanwhile."""
+    radix.lock(node)
+    r.held_prefix = node
+
+
+def release_held_prefix(radix: RadixCache, r: Request) -> None:
+    """Drop the admission's lock on r's prefix (idempotent; after r's prefill, which holds its own lock)."""
+    if r.held_prefix is not None:
+        radix.unlock(r.held_prefix)
+        r.held_prefix = None
 
 
 def check_fits_budget(r: Request, max_total_tokens: int) -> None:
@@ -72,8 +85,8 @@ def release(radix: RadixCache, r: Request) -> None:
 def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
                  take: list[Request], failed: list[tuple[Request, EngineError]],
                  make_room: MakeRoom | None = None, shares_prefix: bool = False) -> None:
-    def demand_of(r: Request) -> int:
-        return row_demand(r) - (locked_prefix(radix, r) if shares_prefix else 0)
+    def prefix_of(r: Request) -> tuple[RadixNode, int]:
+        return cached_prefix(radix, r) if shares_prefix else (radix.root, 0)
 
     blocked = False
     for r in waiting:
@@ -83,13 +96,15 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
         if blocked or free_rows <= 0:
             blocked = True
             continue
-        demand = demand_of(r)
+        prefix, depth = prefix_of(r)
+        demand = row_demand(r) - depth
         protect = radix.deepest_cached(r.input_ids)
         if make_room is not None and radix.free_tokens < demand:
             make_room(demand, protect)
-            demand = demand_of(r)  # make_room may have dropped a pin that held r's prefix
         if radix.reserve(demand, protect=protect):
             r.reserved = demand
+            if depth > 0:
+                hold_prefix(radix, r, prefix)
             take.append(r)
             free_rows -= 1
         elif radix.reserved == 0:  # nothing running will give memory back: only pins hold the pool
@@ -106,7 +121,8 @@ def take_admissible(waiting: Sequence[Request], radix: RadixCache, *, free_rows:
     """What starts now, and what fails: normal requests first (FIFO, each decoding one needs a free row and
     its KV reserved, after `make_room` when it does not fit); background requests (priority < 0) only when
     no normal request is queued or running (they never make room).  `shares_prefix`: rows read their cached
-    prefix in place (the native forward), so a locked prefix is not charged again."""
+    prefix in place (the native forward), so the prefix is not charged again; it is held locked from here to
+    the request's prefill (`release_held_prefix`)."""
     take: list[Request] = []
     failed: list[tuple[Request, EngineError]] = []
     normal = [r for r in waiting if r.priority >= 0]

@@ -58,6 +58,8 @@ class Request:
     # runtime
     node: RadixNode | None = None
     reserved: int = 0
+    held_prefix: RadixNode | None = None
+    """The cached prefix its admission locked and did not charge to its reservation, until its prefill."""
     cached_tokens: int = 0
     kv_len: int = 0
     prefix: list[Any] = field(default_factory=list)

@@ -653,3 +653,59 @@ def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
         assert st["radix_reserved_tokens"] == 0 and st["active_rows"] == 0 and st["queued"] == 0
         with pytest.raises(EngineError, match="can never fit"):
             eng.generate(list(range(100)), SamplingParams(max_new_tokens=502))
+
+
+def _own_pool_tokens(eng):
+    """The KV the engine holds, each token once: every tree node's KV plus each running row's own columns (a
+    row reads its cached prefix in place)."""
+    stack, cached = list(eng.radix.root.children.values()), 0
+    while stack:
+        node = stack.pop()
+        cached += node.kv.shape[3]
+        stack.extend(node.children.values())
+    return cached + sum(r.kv_len - r.prefix_len for b in (eng._normal, eng._background) for r in b.rows)
+
+
+def test_a_prompt_extending_an_unlocked_cached_prefix_is_charged_only_its_new_tokens():
+    """A pinned prompt P, then P + X cached but unlocked (a logits request), then P + X + Y decoding: the row
+    reads P + X in place and adds 30 + 1 tokens, which fit the 400-token budget (331 pinned + 22 cached + 31 =
+    384); charging the 22 unlocked cached tokens again refused it ("only 47 can be freed")."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=400)) as eng:
+        if not eng._normal.share_prefix:
+            pytest.skip("the transformers fallback copies the prefix into the row: it is charged for all of it")
+        P = [(7 * i) % 250 + 1 for i in range(331)]
+        X = [100 + i % 50 for i in range(22)]
+        Y = [60 + i % 30 for i in range(30)]
+        eng.pin(P)
+        eng.next_token_logits(P + X)
+        out = eng.generate(P + X + Y, SamplingParams(max_new_tokens=1, temperature=0))
+        assert out.meta_info["cached_tokens"] == len(P + X) and len(out.output_ids) == 1
+
+
+def test_an_admitted_requests_cached_prefix_is_not_evicted_before_its_prefill():
+    """Two requests admitted together: A extends a cached unlocked prefix (not charged to it), B needs room that
+    evicting that prefix would give.  The admission holds A's prefix, so B waits instead; the KV held never
+    exceeds the budget and A reads its whole prefix in place."""
+    budget = 300
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=budget)) as eng:
+        if not eng._normal.share_prefix:
+            pytest.skip("the transformers fallback copies the prefix into the row")
+        prefix = [(11 * i) % 240 + 3 for i in range(150)]
+        eng.next_token_logits(prefix)  # 150 cached tokens, unlocked
+        peaks = []
+        step, admit = eng._step, eng._admit
+
+        def watched_step(batch):
+            step(batch)
+            peaks.append(_own_pool_tokens(eng))
+
+        def watched_admit():
+            admit()
+            peaks.append(_own_pool_tokens(eng))
+
+        eng._step, eng._admit = watched_step, watched_admit
+        a, b = eng.generate_batch([(prefix + [5, 6], SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True)),
+                                   ([200 + i % 40 for i in range(60)],
+                                    SamplingParams(max_new_tokens=60, seed=2, ignore_eos=True))])
+        assert a.meta_info["cached_tokens"] == len(prefix) and len(a.output_ids) == 40 and len(b.output_ids) == 60
+        assert max(peaks) <= budget

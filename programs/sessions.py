@@ -357,10 +357,7 @@ class StreamingSession(_Session):
             self._repreposition()
 
     def ask(self, query: str, *, max_new_tokens: int = 1) -> ServeResult:
-        """An ad-hoc query (Algorithm 2).  Read-only: the query is not committed to the stream.
-
-        `max_new_tokens` > 1 asks for a longer answer: it is generated whole (from the pre-paid entry where
-        one matches), never cut to the single cached token of the fast path."""
+        """An ad-hoc query (Algorithm 2), read-only; max_new_tokens > 1 is generated whole (`Prepositioner.serve`)."""
         entry = self.query_entry(query)
         self._check_room(len(entry) + max_new_tokens, "the query")
         return self.pp.serve(self.state, entry, allow_relaxed=self.allow_relaxed, max_new_tokens=max_new_tokens)

@@ -43,9 +43,11 @@ def row_demand(r: Request) -> int:
 
 
 def cached_prefix(radix: RadixCache, r: Request) -> tuple[RadixNode, int]:
-    """The deepest tree node caching a prefix of r's row KV (prompt[:-1]) and that prefix's length: what a row
-    that reads its prefix in place adds nothing for, once the prefix cannot be evicted."""
-    node = radix.deepest_cached(r.input_ids[: max(len(r.input_ids) - 1, 0)])
+    """The deepest tree node caching a prefix of r's row KV that its prefill reuses (prompt[:-1], up to the
+    first prompt position whose logprobs it returns) and that prefix's length: what a row that reads its prefix
+    in place adds nothing for, once the prefix cannot be evicted."""
+    reuse = len(r.input_ids) - 1 if r.input_logprob_start < 0 else min(len(r.input_ids) - 1, r.input_logprob_start)
+    node = radix.deepest_cached(r.input_ids[: max(reuse, 0)])
     depth, p = 0, node
     while p is not None:
         depth, p = depth + len(p.key), p.parent
@@ -53,14 +55,15 @@ def cached_prefix(radix: RadixCache, r: Request) -> tuple[RadixNode, int]:
 
 
 def hold_prefix(radix: RadixCache, r: Request, node: RadixNode) -> None:
-    """Lock the cached prefix r's reservation did not count until r's prefill locks it for the row
-    (`release_held_prefix`): another admission or prefill of the same pass cannot evict it meanwhile."""
+    """Lock the cached prefix r's reservation did not count until r's prefill locks it for the row (then
+    `prefill.compute_prompt_kv` calls `release_held_prefix`; so does `release` when r leaves earlier): another
+    admission or prefill of the same pass cannot evict it meanwhile."""
     radix.lock(node)
     r.held_prefix = node
 
 
 def release_held_prefix(radix: RadixCache, r: Request) -> None:
-    """Drop the admission's lock on r's prefix (idempotent; after r's prefill, which holds its own lock)."""
+    """Drop the admission's lock on r's prefix (idempotent)."""
     if r.held_prefix is not None:
         radix.unlock(r.held_prefix)
         r.held_prefix = None
@@ -76,10 +79,11 @@ def check_fits_budget(r: Request, max_total_tokens: int) -> None:
 
 
 def release(radix: RadixCache, r: Request) -> None:
-    """Give back r's reservation (idempotent)."""
+    """Give back r's reservation and the admission's hold on its prefix (idempotent)."""
     if r.reserved:
         radix.release(r.reserved)
         r.reserved = 0
+    release_held_prefix(radix, r)
 
 
 def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..protocol import EngineError
+from .admission import release_held_prefix
 from .forward import all_finite, copy_segments, empty_kv_buffer
 from .output import top_entries
 from .radix_cache import RadixCache
@@ -87,6 +88,7 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     match = radix.match_prefix(ids, max_len=span.limit)
     radix.lock(match.node)
     r.node = match.node
+    release_held_prefix(radix, r)  # the row's own lock holds its cached prefix from here
     r.cached_tokens = m = match.length
     segments = list(match.segments)
     if need <= m:

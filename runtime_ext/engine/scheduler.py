@@ -38,7 +38,7 @@ import torch
 
 from ..protocol import EngineError, GenerateOutput, SamplingParams
 from ..shutdown import close_at_exit
-from .admission import check_fits_budget, release_held_prefix, take_admissible
+from .admission import check_fits_budget, take_admissible
 from .admission import release as release_reservation
 from .batch import RunningBatch, batch_pair
 from .config import EngineConfig
@@ -373,8 +373,6 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             except Exception as exc:  # a bug or a model error: this request only
                 self._fail(r, EngineError(f"request {r.rid}: prefill failed: {type(exc).__name__}: {exc}"))
                 continue
-            finally:  # the row holds its prefix now (or has left): the admission's lock is no longer needed
-                release_held_prefix(self.radix, r)
             if joined is not None:
                 joins[1 if r.priority < 0 else 0].append((r, joined))
         for key, batch in ((0, self._normal), (1, self._background)):

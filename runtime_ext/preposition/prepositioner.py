@@ -321,12 +321,10 @@ class Prepositioner:
 
         Fast path iff a valid ready distribution matches the realized entry exactly (or, with
         `allow_relaxed`, the realized entry ends with the pre-positioned generic header: the header's
-        question-independent token), the gate of Eq. 12 fires and the request asks for one token
-        (`max_new_tokens` = 1): one cached token, no engine call.  Otherwise the engine generates
-        `max_new_tokens` tokens from state ‖ realized entry at normal priority; its radix cache restores the
-        pre-paid prefix.  A request for more than one token therefore never takes the fast path (Algorithm 2
-        serves a single token): it gets its whole answer, as a fresh request would, resuming from the
-        pre-paid entry (Δ = 0 for an exact match).
+        question-independent token), the gate of Eq. 12 fires and `max_new_tokens` = 1 (Algorithm 2 serves
+        one token): one cached token, no engine call.  Otherwise the engine generates `max_new_tokens` tokens
+        from state ‖ realized entry at normal priority, as a fresh request would; its radix cache restores the
+        pre-paid prefix (Δ = 0 for an exact match).
 
         Read-only until it has succeeded: a serve that raises counted nothing.  Its counters (and the hits
         on the distributions it read) are recorded on return, or, with `record=False`, left to the caller's
@@ -352,8 +350,7 @@ class Prepositioner:
                 return result
             reason = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
             if fires:
-                reason += (f", but the request asks for {max_new_tokens} tokens and the fast path serves one: "
-                           "the whole answer is generated")
+                reason += f", but the fast path serves one token and the request asks for {max_new_tokens}"
         path, delta, reason, receipt = self._fall_path(look, realized, reason)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
         out = self.runner.generate(look.state + realized, params, priority=0)
@@ -483,14 +480,9 @@ class Prepositioner:
         return self.tokenizer.decode([token])
 
     def _answer_text(self, token: int) -> str:
-        """The text of a served token as a fresh request returns it: the engines (the embedded one, like an
-        SGLang server) skip special tokens in `text`, so an EOS or `<|im_start|>` answer is ''."""
-        if self.tokenizer is None:
-            return ""
-        try:
-            return self.tokenizer.decode([token], skip_special_tokens=True)
-        except TypeError:  # a tokenizer without the option
-            return self.tokenizer.decode([token])
+        """A served token's text as a fresh request returns it: the engines (the embedded one, like an SGLang
+        server) skip special tokens in `text`, so an EOS or `<|im_start|>` answer is ''."""
+        return self.tokenizer.decode([token], skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def _raise_for(self, session: SessionState) -> None:
         """Raise `session`'s kept background failure (a bug, not a lack of room), once."""

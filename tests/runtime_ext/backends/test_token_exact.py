@@ -110,16 +110,18 @@ def test_empty_generation_is_not_remembered_as_the_prompt():
     assert [ids for ids, _ in backend.requests] == [list(b"Q:"), list(b"Q:")]
 
 
-def test_stop_token_not_in_text_is_not_replayed():
-    @function
-    def two(s):
-        s += "Q:"
-        s += gen("a", max_tokens=3)
-        s += "!"
-        s += gen("b", max_tokens=1)
+@function
+def answer_then_follow_up(s, first_tokens):
+    """'Q:', a generation, '!', a one-token generation: the second request shows which ids the first left."""
+    s += "Q:"
+    s += gen("a", max_tokens=first_tokens)
+    s += "!"
+    s += gen("b", max_tokens=1)
 
+
+def test_stop_token_not_in_text_is_not_replayed():
     backend = EmptyOrStopBackend(["ab", "c"])
-    two.run(backend=backend).sync()
+    answer_then_follow_up.run(first_tokens=3, backend=backend).sync()
     # the second request continues exactly the text "Q:ab!" — not the hidden stop token
     assert backend.requests[1][0] == list(b"Q:ab!")
 
@@ -144,13 +146,6 @@ class LongStopBackend(RecordingBackend):
 def test_ids_before_a_long_stop_string_are_replayed_exactly():
     """The ids that spell a generation's text are found however many tokens its stop string took, so the next
     request continues with those ids, not with a re-tokenization of the text (here U+FFFD for the lone byte)."""
-    @function
-    def two(s):
-        s += "Q:"
-        s += gen("a", max_tokens=20)
-        s += "!"
-        s += gen("b", max_tokens=1)
-
     backend = LongStopBackend()
-    two.run(backend=backend).sync()
+    answer_then_follow_up.run(first_tokens=20, backend=backend).sync()
     assert backend.requests[1][0] == list(b"Q:") + [0xC3, ord("a")] + list(b"!")

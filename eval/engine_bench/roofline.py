@@ -186,14 +186,15 @@ def kernel_isa(engine: Any) -> str:
 
 
 def row_tile_schedule(engine: Any) -> dict[str, int] | None:
-    """How the native matrix products walk the weights for 2+ row tiles (chosen per CPU for speed; the bits never
-    depend on it): K blocks of `kblock_bytes` (0: the whole K) and `prefetch_tiles` tiles that prefetch the next
-    block.  None on the transformers path."""
+    """How the native matrix products walk the weights for 3+ row tiles (chosen per CPU for speed; the bits never
+    depend on it): K blocks of `kblock_bytes` (0: the whole K), `prefetch_tiles` tiles that prefetch the next
+    block, each in `prefetch_streams` interleaved streams.  None on the transformers path."""
     k = native_kernels(engine)
     if k is None:
         return None
-    kblock_bytes, prefetch_tiles = k.row_tile_schedule()
-    return {"kblock_bytes": int(kblock_bytes), "prefetch_tiles": int(prefetch_tiles)}
+    kblock_bytes, prefetch_tiles, prefetch_streams = k.row_tile_schedule()
+    return {"kblock_bytes": int(kblock_bytes), "prefetch_tiles": int(prefetch_tiles),
+            "prefetch_streams": int(prefetch_streams)}
 
 
 def run_roofline(engine: Any, prompt: Sequence[int], config: RooflineConfig = RooflineConfig()) -> dict[str, Any]:
@@ -265,7 +266,8 @@ def _schedule_text(r: dict[str, Any]) -> str:
     if sched is None:
         return ""
     blocks = f"K blocks of {sched['kblock_bytes'] // 1024} KiB" if sched["kblock_bytes"] else "no K blocks"
-    return f"; row tiles: {blocks}, {sched['prefetch_tiles']} prefetching"
+    streams = sched["prefetch_streams"]
+    return f"; row tiles: {blocks}, {sched['prefetch_tiles']} prefetching in {streams} stream{'s' * (streams > 1)}"
 
 
 def format_roofline(r: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 #if defined(__linux__)
@@ -74,9 +75,17 @@ bool g_portable = false;  // tests: force the portable code path
 //   with no blocks: 33.3 -> 38.0 ms.
 // So the AVX-512 build on AMD CPUs gets {0, 1}, every other build and CPU {16 KB, 4}; set_row_tile_schedule()
 // overrides it (benchmarks, tests).
+// A prefetching tile's streams: a tile walks its slice of the weights to prefetch in PREFETCH_STREAMS interleaved
+// runs (line i of the slice's lines in stream i mod S, so S runs of consecutive lines advance side by side) instead
+// of one run from its start.  Memory serves several streams faster than one: measured 2026-12-07 on a 2-core AMD
+// Zen 3 (AVX2, a C++ microbenchmark of 6-row tiles over 442 MB of packed weights, 2 threads, GB/s): one stream
+// 31-33, 2 streams 42-47, 4 streams 43-46, 8 streams 42-44, against 41 for a plain read of the same memory and
+// 46-49 for the one-row tile (4 panels: 4 streams).
+constexpr int64_t PREFETCH_STREAMS = 4;
 struct RowTileSchedule {
   int64_t kblock_bytes;
   int64_t prefetch_tiles;
+  int64_t prefetch_streams;  // 1, 2 or 4: see "A prefetching tile's streams" below
 };
 bool amd_cpu() {  // cpuid leaf 0: the vendor string in ebx, edx, ecx
 #if FR_VEC
@@ -86,7 +95,35 @@ bool amd_cpu() {  // cpuid leaf 0: the vendor string in ebx, edx, ecx
   return false;
 #endif
 }
-RowTileSchedule g_schedule = FR_AVX512 && amd_cpu() ? RowTileSchedule{0, 1} : RowTileSchedule{16 * 1024, 4};
+RowTileSchedule g_schedule = FR_AVX512 && amd_cpu() ? RowTileSchedule{0, 1, PREFETCH_STREAMS}
+                                                    : RowTileSchedule{16 * 1024, 4, PREFETCH_STREAMS};
+
+// How a prefetching row tile walks its slice of the next weights: `slice_lines` lines per panel over `steps` K steps
+// (the i-th line, i = (k * rate) >> 16, at step k), the first streams x chunk of them in `streams` interleaved
+// streams of `chunk` lines (stream i mod streams, position i / streams), the last slice_lines mod streams in order:
+// every line of the slice once when steps >= slice_lines.
+struct TilePrefetch {
+  const char* at = nullptr;  // nullptr: the tile prefetches nothing
+  int64_t rate = 0, chunk = 0;
+  int64_t streams = 1;
+};
+
+TilePrefetch slice_prefetch(const char* at, int64_t slice_lines, int64_t steps, int64_t streams) {
+  TilePrefetch pf;
+  pf.at = at;
+  pf.rate = (int64_t(1) << 16) * slice_lines / std::max<int64_t>(1, steps);
+  pf.streams = streams;
+  pf.chunk = slice_lines / streams;
+  return pf;
+}
+
+// The line of its slice a tile with PF prefetch streams prefetches at step k.
+template <int PF>
+inline int64_t prefetch_line(int64_t k, int64_t rate, int64_t chunk) {
+  static_assert(PF == 1 || PF == 2 || PF == 4, "prefetch streams: 1, 2 or 4");
+  const int64_t i = (k * rate) >> 16;
+  return PF == 1 || i >= PF * chunk ? i : (i & (PF - 1)) * chunk + (i >> (PF == 4 ? 2 : 1));
+}
 
 // ------------------------------------------------------------------------------------------ scalars
 inline float widen(float w) { return w; }
@@ -373,16 +410,19 @@ inline V16 exp_det(V16 x) {
 // accumulators; lane j of acc[r][q] is the chain of row r and feature 16 q + j of the tile.  Per step k: NP weight
 // vectors, R broadcasts of x[r][k], R x NP fmas.  Only the first fn features are stored.  With `cont` the chains
 // continue from the values in y (the previous K block's, stored as they were: the same bits as one long chain).
-// PREFETCH: step k also prefetches line (k * rate) >> 16 of each of the NP panels' slices of weights that a later
-// tile will read, starting at `pf` (`rate` = lines per step in 1/65536ths, so K steps cover the slice evenly),
-// into L2, not L1: before K blocks, a unit's slices added up to more than L1 holds, and prefetched into L1 they
-// evicted the lines the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows 41.9 ms of matrix products with
-// T0, 29.2 with T1); with K blocks, T0 and T1 were within noise (AVX-512 Xeon, 2026-12-04).
+// PF streams (0: no prefetch): step k also prefetches line i = (k * pf.rate) >> 16 of each of the NP panels' slices
+// of weights that a later tile will read, starting at `pf.at` (`rate` = lines per step in 1/65536ths, so K steps
+// cover the slice evenly), in PF interleaved streams of pf.chunk lines (line i goes to stream i mod PF, position
+// i / PF: see PREFETCH_STREAMS), into L2, not L1: before K blocks, a unit's slices added up to more than L1 holds,
+// and prefetched into L1 they evicted the lines the tiles were reading (measured on Zen 4, 2026-12-02: 20 rows
+// 41.9 ms of matrix products with T0, 29.2 with T1); with K blocks, T0 and T1 were within noise (AVX-512 Xeon,
+// 2026-12-04).
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
-template <int R, int NP, typename W, bool PREFETCH>
+template <int R, int NP, typename W, int PF>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
-                                    int64_t ldy, int fn, const char* pf, int64_t rate) {
+                                    int64_t ldy, int fn, const TilePrefetch pf) {
+
   V16 acc[R][NP];
   if (cont) {
     FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) {
@@ -399,8 +439,10 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int
   // stack on every step (2.5-3x slower; seen with objdump).
   int64_t k = 0;
   do {
-    if constexpr (PREFETCH)
-      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf + q * psb + ((k * rate) >> 16) * 64, _MM_HINT_T1);
+    if constexpr (PF > 0) {
+      const int64_t line = prefetch_line<PF>(k, pf.rate, pf.chunk);
+      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf.at + q * psb + line * 64, _MM_HINT_T1);
+    }
     V16 b[NP];
     FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
     FR_UNROLL for (int r = 0; r < R; ++r) {
@@ -429,31 +471,35 @@ constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
 constexpr int tile_panels(int64_t M) { return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : TILE_PANELS; }
 
-// Prefetching tiles get pf != nullptr.  Row tiles of 3 rows or more (the one- and two-row calls: run_narrow_tile).
+// Prefetching tiles get pf.at != nullptr.  Row tiles of 3 rows or more (the one- and two-row calls: run_narrow_tile).
 template <int R, typename W>
 inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
-                          int64_t ldy, int fn, const char* pf, int64_t rate) {
-  if (pf != nullptr)
-    tile<R, TILE_PANELS, W, true>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate);
+                          int64_t ldy, int fn, const TilePrefetch& pf) {
+  if (pf.at == nullptr)
+    tile<R, TILE_PANELS, W, 0>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+  else if (pf.streams >= 4)
+    tile<R, TILE_PANELS, W, 4>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+  else if (pf.streams == 2)
+    tile<R, TILE_PANELS, W, 2>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
   else
-    tile<R, TILE_PANELS, W, false>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate);
+    tile<R, TILE_PANELS, W, 1>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
 }
 
 template <typename W>
 inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
-                     int64_t ldy, int fn, const char* pf, int64_t rate) {
+                     int64_t ldy, int fn, const TilePrefetch& pf) {
   switch (rn) {
-    case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    case 5: run_tile_rows<5, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    case 5: run_tile_rows<5, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
 #if FR_AVX512
-    case 6: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    case 7: run_tile_rows<7, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    case 8: run_tile_rows<8, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    case 9: run_tile_rows<9, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
-    default: run_tile_rows<10, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    case 6: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    case 7: run_tile_rows<7, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    case 8: run_tile_rows<8, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    case 9: run_tile_rows<9, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+    default: run_tile_rows<10, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
 #else
-    default: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf, rate); return;
+    default: run_tile_rows<6, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
 #endif
   }
 }
@@ -463,10 +509,10 @@ template <int R, typename W>
 inline void run_narrow_tile(int pn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, float* y,
                             int64_t ldy, int fn) {
   switch (pn) {
-    case 1: tile<R, 1, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
-    case 2: tile<R, 2, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
-    case 3: tile<R, 3, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
-    default: tile<R, 4, W, false>(x, ldx, w, ps, K, false, y, ldy, fn, nullptr, 0); return;
+    case 1: tile<R, 1, W, 0>(x, ldx, w, ps, K, false, y, ldy, fn, TilePrefetch{}); return;
+    case 2: tile<R, 2, W, 0>(x, ldx, w, ps, K, false, y, ldy, fn, TilePrefetch{}); return;
+    case 3: tile<R, 3, W, 0>(x, ldx, w, ps, K, false, y, ldy, fn, TilePrefetch{}); return;
+    default: tile<R, 4, W, 0>(x, ldx, w, ps, K, false, y, ldy, fn, TilePrefetch{}); return;
   }
 }
 
@@ -633,14 +679,14 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
             else if (u + 1 < u1) { nw = w + np * pstride; nkn = kstart(1); }
             else if (unext >= 0) { nw = pk + unext * np * pstride; nkn = kstart(1); }
             const int64_t lines = nw ? (nkn * PANEL * static_cast<int64_t>(sizeof(W)) + 63) / 64 : 0;
-            const int64_t rate = (int64_t(1) << 16) * (lines / pft) / std::max<int64_t>(1, kn);
             for (int64_t t = 0, r0 = 0; t < tiles; ++t) {
               const int64_t rn = (M - r0) / (tiles - t);  // rows per tile as even as possible
               const int64_t slice = t - (tiles - pft);
-              const char* pf =
-                  nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr;
+              const TilePrefetch pf = slice_prefetch(
+                  nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr,
+                  lines / pft, kn, sched.prefetch_streams);
               run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride, kn, j > 0,
-                          y + r0 * N + f0, N, fn, pf, rate);
+                          y + r0 * N + f0, N, fn, pf);
               r0 += rn;
             }
           }
@@ -1578,12 +1624,29 @@ LayerStack layer_stack(std::vector<Packed> qkv, std::vector<c10::optional<torch:
 }
 
 void set_portable(bool on) { g_portable = on; }
-std::pair<int64_t, int64_t> row_tile_schedule() { return {g_schedule.kblock_bytes, g_schedule.prefetch_tiles}; }
-void set_row_tile_schedule(int64_t kblock_bytes, int64_t prefetch_tiles) {
-  TORCH_CHECK(kblock_bytes >= 0 && prefetch_tiles >= 1, "row tile schedule: kblock_bytes >= 0, prefetch_tiles >= 1");
-  g_schedule = {kblock_bytes, prefetch_tiles};
+std::tuple<int64_t, int64_t, int64_t> row_tile_schedule() {
+  return {g_schedule.kblock_bytes, g_schedule.prefetch_tiles, g_schedule.prefetch_streams};
+}
+void set_row_tile_schedule(int64_t kblock_bytes, int64_t prefetch_tiles, int64_t prefetch_streams) {
+  TORCH_CHECK(kblock_bytes >= 0 && prefetch_tiles >= 1 &&
+                  (prefetch_streams == 1 || prefetch_streams == 2 || prefetch_streams == 4),
+              "row tile schedule: kblock_bytes >= 0, prefetch_tiles >= 1, prefetch_streams 1, 2 or 4");
+  g_schedule = {kblock_bytes, prefetch_tiles, prefetch_streams};
 }
 bool vectorized() { return FR_VEC && !g_portable; }
+
+// The lines, in order, that a row tile of `steps` K steps prefetches of a slice of `slice_lines` lines in `streams`
+// streams (tests).
+std::vector<int64_t> prefetch_trace(int64_t slice_lines, int64_t steps, int64_t streams) {
+  TORCH_CHECK(slice_lines >= 0 && steps >= 1 && (streams == 1 || streams == 2 || streams == 4),
+              "prefetch_trace: slice_lines >= 0, steps >= 1, streams 1, 2 or 4");
+  const TilePrefetch pf = slice_prefetch(nullptr, slice_lines, steps, streams);
+  std::vector<int64_t> lines;
+  for (int64_t k = 0; k < steps; ++k)
+    lines.push_back(streams == 4 ? prefetch_line<4>(k, pf.rate, pf.chunk)
+                    : streams == 2 ? prefetch_line<2>(k, pf.rate, pf.chunk) : prefetch_line<1>(k, pf.rate, pf.chunk));
+  return lines;
+}
 bool work_stealing() { return g_work_stealing; }
 void set_work_stealing(bool on) { g_work_stealing = on; }
 
@@ -1630,10 +1693,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_peak", &fma_peak, "iters x 12 x 16 float32 multiply-adds per thread, registers only (compute probe)");
   m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");
-  m.def("row_tile_schedule", &row_tile_schedule, "(K block bytes, 0 = none; prefetching row tiles) of linear");
-  m.def("set_row_tile_schedule", &set_row_tile_schedule, "override the row tile schedule (speed only, same bits)");
+  m.def("row_tile_schedule", &row_tile_schedule,
+        "(K block bytes, 0 = none; prefetching row tiles; streams each prefetches in) of linear");
+  m.def("set_row_tile_schedule", &set_row_tile_schedule, "override the row tile schedule (speed only, same bits)",
+        py::arg("kblock_bytes"), py::arg("prefetch_tiles"), py::arg("prefetch_streams") = PREFETCH_STREAMS);
   m.def("work_stealing", &work_stealing, "whether the threads of a linear call take over each other's unstarted work");
   m.def("set_work_stealing", &set_work_stealing, "on (default) or off: the static split (speed only, same bits)");
+  m.def("prefetch_trace", &prefetch_trace, "the slice lines a prefetching row tile prefetches, step by step (tests)");
   m.def("stealing_trace", &stealing_trace, "which thread ran each of n items, each thread pausing its own time per item (tests)");
   m.def("vectorized", &vectorized, "whether the vector (AVX-512 or AVX2) path is in use");
 }

@@ -92,12 +92,16 @@ def test_the_compute_ceiling_is_the_higher_fma_reading_before_and_after_the_runs
 
 
 def test_the_reported_row_tile_schedule_is_the_one_the_kernels_run():
-    schedule = lambda kb, pt: SimpleNamespace(row_tile_schedule=lambda: (kb, pt))
-    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(0, 1))) == \
-        {"kblock_bytes": 0, "prefetch_tiles": 1}
-    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(16384, 4))) == \
-        {"kblock_bytes": 16384, "prefetch_tiles": 4}
-    assert bench_roofline.row_tile_schedule(fake_engine("sdpa", torch.float32, schedule(0, 1))) is None
-    assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 16384, "prefetch_tiles": 4}}) == \
-        "; row tiles: K blocks of 16 KiB, 4 prefetching"
+    schedule = lambda kb, pt, ps: SimpleNamespace(row_tile_schedule=lambda: (kb, pt, ps))
+    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(0, 1, 1))) == \
+        {"kblock_bytes": 0, "prefetch_tiles": 1, "prefetch_streams": 1}
+    assert bench_roofline.row_tile_schedule(fake_engine("native", torch.float32, schedule(16384, 4, 4))) == \
+        {"kblock_bytes": 16384, "prefetch_tiles": 4, "prefetch_streams": 4}
+    assert bench_roofline.row_tile_schedule(fake_engine("sdpa", torch.float32, schedule(0, 1, 4))) is None
+    assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 16384, "prefetch_tiles": 4,
+                                                                "prefetch_streams": 4}}) == \
+        "; row tiles: K blocks of 16 KiB, 4 prefetching in 4 streams"
+    assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 0, "prefetch_tiles": 1,
+                                                                "prefetch_streams": 1}}) == \
+        "; row tiles: no K blocks, 1 prefetching in 1 stream"
     assert bench_roofline._schedule_text({"row_tile_schedule": None}) == ""

@@ -112,7 +112,8 @@ def test_one_and_two_rows_split_between_threads_at_any_panel_are_the_definition(
         assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
 
 
-@pytest.mark.parametrize("schedule", [(0, 1), (16 * 1024, 4), (1024, 2), (64, 3)])
+@pytest.mark.parametrize("schedule", [(0, 1, 1), (0, 1, 4), (16 * 1024, 4, 1), (16 * 1024, 4, 4), (1024, 2, 2),
+                                      (64, 3, 4), (64, 3, 1)])
 def test_every_row_tile_schedule_gives_the_definition(schedule):
     """The row tile schedule (K blocks of some bytes, 0 = none; how many row tiles prefetch) is chosen per CPU for
     speed; it must never change a bit.  (64, 3): blocks of one or two K steps, so every chain pauses and resumes
@@ -449,3 +450,30 @@ def test_default_model_batches_of_every_size_are_bit_identical_to_alone(dtype):
     with EmbeddedEngine(load_model("default", dtype=dtype), EngineConfig(batch_window_ms=20)) as eng:
         assert eng.plan.path == "native"
         check_batch_sizes_1_to_20(eng, n_new=4)
+
+
+@pytest.mark.parametrize("streams", [1, 2, 4])
+@pytest.mark.parametrize("slice_lines,steps", [(576, 576), (48, 192), (10, 10), (7, 30), (3, 3)])
+def test_a_prefetching_tile_fetches_every_line_of_its_slice_in_interleaved_streams(streams, slice_lines, steps):
+    """A row tile prefetches its slice of the next weights over its K steps (`prefetch_trace`: the line at each
+    step).  Every line of the slice once (repeated when there are more steps than lines), none outside it; with S
+    streams the first S prefetches start S runs a chunk apart (several streams of memory at once: the speed-up the
+    streams exist for), each run in order."""
+    got = K.prefetch_trace(slice_lines, steps, streams)
+    assert len(got) == steps
+    assert set(got) == set(range(slice_lines))
+    distinct = list(dict.fromkeys(got))
+    chunk = slice_lines // streams
+    if chunk >= 1:
+        assert distinct[:streams] == [s * chunk for s in range(streams)]
+        for s in range(streams):
+            run = [line for line in distinct if s * chunk <= line < (s + 1) * chunk]
+            assert run == sorted(run)
+    assert distinct[streams * chunk:] == list(range(streams * chunk, slice_lines))
+
+
+def test_prefetch_streams_are_1_2_or_4():
+    with pytest.raises(RuntimeError, match="row tile schedule"):
+        K.set_row_tile_schedule(16 * 1024, 4, 3)
+    with pytest.raises(RuntimeError, match="prefetch_trace"):
+        K.prefetch_trace(10, 10, 3)

@@ -9,7 +9,8 @@ cached, loaded on first use.
     attention(...)         RoPE, KV write into the buffer, per-query softmax attention over its own keys
     vocab_stats(logits)    per row: max, log Σ exp(l - max), entropy, all finite
     draw(...)              inverse-CDF draws from q_τ in token order
-    stream_read(x)         one pass over a tensor (the memory-bandwidth probe of `forerun bench engine`)
+    stream_read(x, streams) one pass over a tensor, each thread in interleaved runs (the bandwidth probe of
+                           `forerun bench engine`)
     fma_peak(iters)        register-only multiply-adds on every thread (its compute probe)
 
 Each result of a row is the same sequence of IEEE operations whatever else is in the call, so the engine is

@@ -1488,25 +1488,31 @@ std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor
 }
 
 // ------------------------------------------------------------------------------------------ misc
-// Streams `x` once (a sum of float32 lanes) to measure the memory read bandwidth.
-double stream_read(const torch::Tensor& x) {
+// Read x once (a sum of float32 lanes, to measure the memory read bandwidth): each thread its contiguous share, in `streams` interleaved runs (a line of each run in turn; memory
+// serves several streams faster than one: see PREFETCH_STREAMS).
+double stream_read(const torch::Tensor& x, int64_t streams) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), "stream_read: float32 contiguous");
+  TORCH_CHECK(streams >= 1 && streams <= 16, "stream_read: 1 to 16 streams");
   const float* p = x.data_ptr<float>();
-  const int64_t n = x.numel(), chunk = 1 << 16;
+  const int64_t n = x.numel();
   std::vector<double> part(at::get_num_threads() + 1, 0.0);
-  at::parallel_for(0, (n + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t lo = c0 * chunk, hi = std::min(n, c1 * chunk);
-    int64_t i = lo;
+  at::parallel_for(0, (n + 63) / 64, 1, [&](int64_t c0, int64_t c1) {  // items of 64 floats (4 lines)
+    [[maybe_unused]] const int64_t lo = c0 * 64, hi = std::min(n, c1 * 64), len = (hi - lo) / (64 * streams) * 64;
     double s = 0.0;
 #if FR_VEC
     V16 a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 64 <= hi; i += 64) {
-      a0 = vadd(a0, vload(p + i));
-      a1 = vadd(a1, vload(p + i + 16));
-      a2 = vadd(a2, vload(p + i + 32));
-      a3 = vadd(a3, vload(p + i + 48));
-    }
+    for (int64_t i = 0; i < len; i += 64)
+      for (int64_t r = 0; r < streams; ++r) {
+        const float* q = p + lo + r * len + i;
+        a0 = vadd(a0, vload(q));
+        a1 = vadd(a1, vload(q + 16));
+        a2 = vadd(a2, vload(q + 32));
+        a3 = vadd(a3, vload(q + 48));
+      }
     s += double(hsum_tree(vadd(vadd(a0, a1), vadd(a2, a3))));
+    int64_t i = lo + streams * len;
+#else
+    int64_t i = lo;
 #endif
     float acc[LANES] = {};
     for (; i + LANES <= hi; i += LANES)
@@ -1689,7 +1695,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
   m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
   m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");
-  m.def("stream_read", &stream_read, "read a float32 tensor once (bandwidth probe)");
+  m.def("stream_read", &stream_read, "read a float32 tensor once, in interleaved streams per thread (bandwidth probe)",
+        py::arg("x"), py::arg("streams") = 1);
   m.def("fma_peak", &fma_peak, "iters x 12 x 16 float32 multiply-adds per thread, registers only (compute probe)");
   m.def("huge_page_copy", &huge_page_copy, "a copy in memory advised for transparent huge pages");
   m.def("set_portable", &set_portable, "force the portable (non-vector) code path");

@@ -7,6 +7,7 @@ import torch
 
 from forerun.eval.engine_bench import roofline as bench_roofline
 from forerun.eval.engine_bench.roofline import RooflineConfig, _timed_between_probes
+from forerun.runtime_ext.engine import native
 
 
 class ScriptedProbes:
@@ -105,3 +106,15 @@ def test_the_reported_row_tile_schedule_is_the_one_the_kernels_run():
                                                                 "prefetch_streams": 1}}) == \
         "; row tiles: no K blocks, 1 prefetching in 1 stream"
     assert bench_roofline._schedule_text({"row_tile_schedule": None}) == ""
+
+
+def test_the_bandwidth_ceiling_is_the_best_probe_including_interleaved_streams():
+    """Memory serves a thread reading 4 interleaved runs faster than one run; a ceiling taken from one-run reads
+    only would flatter every memory-bound fraction, so the 4-stream reads are among the probes and `best` is the
+    highest of them all."""
+    if native.kernels() is None:
+        pytest.skip("no native kernels")
+    out = bench_roofline.Probes(mib=8).bandwidth(repeats=1)
+    streamed = [k for k in out if k.startswith("stream_read_") and k.endswith("_4_streams")]
+    assert "stream_read_1_thread_4_streams" in streamed and len(streamed) == len({1, torch.get_num_threads()})
+    assert out["best"] == max(v for k, v in out.items() if k != "best")

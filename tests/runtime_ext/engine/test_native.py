@@ -477,3 +477,13 @@ def test_prefetch_streams_are_1_2_or_4():
         K.set_row_tile_schedule(16 * 1024, 4, 3)
     with pytest.raises(RuntimeError, match="prefetch_trace"):
         K.prefetch_trace(10, 10, 3)
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3, 4, 16])
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 1_000_003])
+def test_the_bandwidth_probe_reads_every_element_once(streams, n):
+    """`stream_read` (bench engine's bandwidth probe) splits each thread's share into interleaved runs; its sum of
+    small integers (exact in float32 partial sums) is the tensor's sum only when every element is read once."""
+    x = torch.arange(n, dtype=torch.float32) % 7
+    got = native.with_threads(2, lambda: K.stream_read(x, streams))
+    assert got == float(x.double().sum())

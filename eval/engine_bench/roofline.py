@@ -192,7 +192,8 @@ def kernel_isa(engine: Any) -> str:
 def row_tile_schedule(engine: Any) -> dict[str, int] | None:
     """How the native matrix products walk the weights for 3+ row tiles (chosen per CPU for speed; the bits never
     depend on it): K blocks of `kblock_bytes` (0: the whole K), `prefetch_tiles` tiles that prefetch the next
-    block, each in `prefetch_streams` interleaved streams.  None on the transformers path."""
+    block; a call with one row tile prefetches the next unit in `prefetch_streams` interleaved streams.  None on
+    the transformers path."""
     k = native_kernels(engine)
     if k is None:
         return None

@@ -75,12 +75,14 @@ bool g_portable = false;  // tests: force the portable code path
 //   with no blocks: 33.3 -> 38.0 ms.
 // So the AVX-512 build on AMD CPUs gets {0, 1}, every other build and CPU {16 KB, 4}; set_row_tile_schedule()
 // overrides it (benchmarks, tests).
-// A prefetching tile's streams: a tile walks its slice of the weights to prefetch in PREFETCH_STREAMS interleaved
-// runs (line i of the slice's lines in stream i mod S, so S runs of consecutive lines advance side by side) instead
-// of one run from its start.  Memory serves several streams faster than one: measured 2026-12-07 on a 2-core AMD
-// Zen 3 (AVX2, a C++ microbenchmark of 6-row tiles over 442 MB of packed weights, 2 threads, GB/s): one stream
-// 31-33, 2 streams 42-47, 4 streams 43-46, 8 streams 42-44, against 41 for a plain read of the same memory and
-// 46-49 for the one-row tile (4 panels: 4 streams).
+// A prefetching tile's streams: the single row tile of a call of 3 to TILE_ROWS rows walks the next unit, which it
+// prefetches, in PREFETCH_STREAMS interleaved runs (line i of the unit's lines in stream i mod S, so S runs of
+// consecutive lines advance side by side) instead of one run from its start.  Memory serves several streams faster
+// than one: measured 2026-12-07 on a 2-core AMD Zen 3 (AVX2, a C++ microbenchmark of 6-row tiles over 442 MB of
+// packed weights, 2 threads, GB/s): one stream 31-33, 2 streams 42-47, 4 streams 43-46, 8 streams 42-44, against
+// 41 for a plain read of the same memory and 46-49 for the one-row tile (4 panels: 4 streams).  The calls with K
+// blocks prefetch each block's short slices (48 lines) in one run: there 4 streams were slower (the model's
+// matrices, 25 alternating pairs: 20 rows 33.8 against 33.1 ms, 2 streams 35.9; 12 rows 24.0 against 22.5).
 constexpr int64_t PREFETCH_STREAMS = 4;
 struct RowTileSchedule {
   int64_t kblock_bytes;
@@ -662,6 +664,8 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   const int64_t nb = tiles >= 2 && sched.kblock_bytes > 0 ? std::max<int64_t>(1, (K + kbw - 1) / kbw) : 1;
   const auto kstart = [K, nb](int64_t j) { return j * K / nb; };
   [[maybe_unused]] const int64_t pft = std::min<int64_t>(sched.prefetch_tiles, tiles);
+  // One row tile prefetches the whole next unit in the schedule's streams; the K blocks' slices in one run each.
+  [[maybe_unused]] const int64_t streams = tiles == 1 ? sched.prefetch_streams : 1;
 #endif
   parallel_stealing(units, grain, 1, [&](int64_t u0, int64_t u1, [[maybe_unused]] int64_t unext) {
     for (int64_t u = u0; u < u1; ++u) {
@@ -684,7 +688,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
               const int64_t slice = t - (tiles - pft);
               const TilePrefetch pf = slice_prefetch(
                   nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr,
-                  lines / pft, kn, sched.prefetch_streams);
+                  lines / pft, kn, streams);
               run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride, kn, j > 0,
                           y + r0 * N + f0, N, fn, pf);
               r0 += rn;

@@ -19,7 +19,7 @@ from ..programs.prompts import chat_prompt_ids
 from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
 from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
-from .output import print_json, progress_bar
+from .output import bars_enabled, print_json, progress_bar
 
 __all__ = ["register", "generate_command", "bench_engine_command", "bench_work_split_command",
            "add_backend_arguments", "backend_urls", "check_pool_serves", "BACKEND_ONLY_OPTIONS"]
@@ -212,7 +212,7 @@ def bench_engine_command(args: argparse.Namespace) -> int:
                                num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
                                decode_tokens=args.decode_tokens, constrained_batch_rows=args.constrained_rows,
                                repeats=args.repeats, seed=args.seed)
-    result = run_engine_bench(config, progress=True)  # a bad config or model: one line (cli/errors.py)
+    result = run_engine_bench(config, progress=bars_enabled())  # a bad config or model: one line (cli/errors.py)
     if args.json:
         print_json(result, indent=2)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -169,22 +170,41 @@ def bars_enabled() -> bool:
 
 
 class quiet_bars:  # noqa: N801 - a context manager used like a function
-    """`with quiet_bars(on):` every `progress_bar` of the command is silent (restored afterwards)."""
+    """`with quiet_bars(on):` every `progress_bar` of the command is silent, and so are the bars of the libraries it
+    loads models with (transformers' "Loading weights": switched off through huggingface_hub's
+    HF_HUB_DISABLE_PROGRESS_BARS, which transformers reads when it is imported, and directly when it already is);
+    restored afterwards, except the bars of a transformers first imported during the command."""
+
+    _HUB_VAR = "HF_HUB_DISABLE_PROGRESS_BARS"
 
     def __init__(self, on: bool) -> None:
         self.on = on
 
     def __enter__(self) -> None:
         self.previous, _QUIET[0] = _QUIET[0], self.on or _QUIET[0]
+        self.silenced, self.hub_var, self.transformers_bars = _QUIET[0], os.environ.get(self._HUB_VAR), None
+        if self.silenced:
+            os.environ[self._HUB_VAR] = "1"
+            logging = sys.modules.get("transformers.utils.logging")
+            if logging is not None:
+                self.transformers_bars = logging.is_progress_bar_enabled()
+                logging.disable_progress_bar()
 
     def __exit__(self, *exc: Any) -> None:
         _QUIET[0] = self.previous
+        if not self.silenced:
+            return
+        if self.hub_var is None:
+            os.environ.pop(self._HUB_VAR, None)
+        else:
+            os.environ[self._HUB_VAR] = self.hub_var
+        logging = sys.modules.get("transformers.utils.logging")
+        if logging is not None and self.transformers_bars:  # imported during the command: huggingface_hub fixed
+            logging.enable_progress_bar()  # the variable at its import and refuses (warns) to enable them again
 
 
 def progress_bar(**kwargs: Any) -> Any:
     """A tqdm bar on stderr, off under --quiet / --json."""
-    import sys
-
     from tqdm import tqdm
 
     kwargs.setdefault("file", sys.stderr)

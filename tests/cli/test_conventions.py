@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -29,3 +30,19 @@ def test_quiet_and_json_print_no_progress_bar(flag, capfd):
         json.loads(out)
     assert main(argv[:-1]) == 0  # without: the bar is back (the setting does not leak past the command)
     assert "transition" in capfd.readouterr().err
+
+
+def test_quiet_silences_the_model_loaders_bars_too_and_restores_them(monkeypatch):
+    """transformers' "Loading weights" bar is not forerun's: --quiet / --json switch it off through the variable
+    huggingface_hub defines (read when transformers is imported) and directly when transformers already is."""
+    from transformers.utils import logging
+
+    from forerun.cli.output import quiet_bars
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    logging.enable_progress_bar()
+    with quiet_bars(True):
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and not logging.is_progress_bar_enabled()
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and logging.is_progress_bar_enabled()
+    with quiet_bars(False):
+        assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ and logging.is_progress_bar_enabled()

@@ -40,7 +40,7 @@ def test_generate_bad_input(capsys):
         main(["generate", "--prompt", "x", "--temperature", "-1"])
 
 
-def test_bench_engine_tiny_json(capsys, monkeypatch):
+def test_bench_engine_tiny_json(capfd, monkeypatch):
     # an 8 MiB bandwidth probe taken once, not 512 MiB re-taken until two readings agree (~20-60 s on a busy
     # machine): the report's shape is the point here; the re-runs are tests/eval/engine_bench/test_roofline.py's
     monkeypatch.setattr(engine_bench, "RooflineConfig",
@@ -48,7 +48,9 @@ def test_bench_engine_tiny_json(capsys, monkeypatch):
     argv = ["bench", "engine", "--model", "tiny", "--root-tokens", "48", "--suffixes", "4", "--suffix-tokens", "8",
             "--decode-tokens", "8", "--constrained-rows", "4", "--repeats", "1", "--json"]
     assert main(argv) == 0
-    res = json.loads(capsys.readouterr().out)
+    out, err = capfd.readouterr()
+    res = json.loads(out)
+    assert "bench engine" not in err and "\r" not in err  # --json implies --quiet: no progress bar
     assert res["model"] == "tiny"
     assert res["fork"]["prefix_hit_rate"] > 0.9
     assert res["decode"]["speedup_vs_transformers_generate"] > 0

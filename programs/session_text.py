@@ -31,6 +31,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime_ext.engine.models import special_token_ids
+
+
 @dataclass(frozen=True)
 class SessionFormat:
     """Text templates of a session's regions (ChatML, as SmolLM2-Instruct uses)."""
@@ -72,14 +75,6 @@ def render_message(tokenizer: Any, fmt: SessionFormat, role: str, content: str) 
     if not isinstance(role, str) or not _ROLE.match(role):
         raise ValueError(f"message role must be lowercase letters (user, assistant, system), got {role!r}")
     return render(tokenizer, fmt.message.replace("{role}", role), "content", content)
-
-
-def special_token_ids(tokenizer: Any) -> set[int]:
-    """Ids of every special token (the named ones and added specials such as `<|im_end|>`)."""
-    ids = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids |= {int(k) for k, v in added.items() if getattr(v, "special", False)}
-    return ids
 
 
 class TextEncoder:

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -96,6 +97,32 @@ def resolve_dtype(dtype: str | torch.dtype | None, default: torch.dtype) -> torc
         out = names[str(dtype).lower()]
     if not out.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype, got {out}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- tokenizers
+_SPECIAL_IDS: "weakref.WeakKeyDictionary[Any, tuple[int, frozenset[int]]]" = weakref.WeakKeyDictionary()
+
+
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids of every special token (the named ones and added specials such as `<|im_end|>`): the tokens a decode
+    with skip_special_tokens drops.  Cached per tokenizer while its length (vocabulary and added tokens) stays
+    the same: ~20 µs to read from a transformers tokenizer, and the engine asks at every step of a row."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else -1
+    try:
+        cached_size, cached = _SPECIAL_IDS[tokenizer]
+        if cached_size == size:
+            return cached
+    except (KeyError, TypeError):
+        pass
+    ids = {int(t) for t in getattr(tokenizer, "all_special_ids", ()) or ()}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids |= {int(k) for k, v in added.items() if getattr(v, "special", False)}
+    out = frozenset(ids)
+    try:
+        _SPECIAL_IDS[tokenizer] = (size, out)
+    except TypeError:  # not weakly referenceable: not cached
+        pass
     return out
 
 

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import torch
 
 from ..protocol import GenerateOutput
+from .models import special_token_ids
 from .requests import Request
 
 
@@ -108,13 +109,20 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     A stop string that was absent before the newest token must end inside the text of the last few
     tokens, so decoding a window of them finds it without re-decoding the whole output at every step (the
     chat template adds a stop string to every frontend `gen`).  The window is the longest stop string's UTF-8
-    bytes + 8 tokens: a token decodes to at least one byte, and one character can take up to four tokens
-    (byte-level vocabularies), so a window counted in characters missed stop strings outside ASCII.
+    bytes + 8 tokens that have text: a token decodes to at least one byte, and one character can take up to four
+    tokens (byte-level vocabularies), so a window counted in characters missed stop strings outside ASCII; a
+    special token decodes to nothing here (skip_special_tokens), so a window counted in all tokens missed a stop
+    string split by special tokens generated under ignore_eos.
     """
     window = max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8
-    if len(output_ids) <= window:
+    special = special_token_ids(tokenizer)
+    start, with_text = len(output_ids), 0
+    while start > 0 and with_text < window:
+        start -= 1
+        with_text += output_ids[start] not in special
+    if start == 0:
         return True
-    tail = tokenizer.decode(list(output_ids[-window:]), skip_special_tokens=True)
+    tail = tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
     return any(st and st in tail for st in stops)
 
 

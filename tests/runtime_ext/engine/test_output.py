@@ -80,3 +80,21 @@ def test_stop_ids_end_the_output_and_leave_the_text_unless_ignore_eos(tokenizer)
     # a stop string completed by the same token wins over the stop id (strings are checked first)
     assert finish(tokenizer, "ab Q: more", stop=("Q:",), stop_token_ids=(colon,)) == (
         {"type": "stop", "matched": "Q:"}, "ab ")
+
+
+@pytest.mark.parametrize("specials", [1, 12, 40])
+def test_a_stop_string_split_by_special_tokens_still_stops(tokenizer, specials):
+    """Under ignore_eos the model may emit EOS (or other special tokens) between a stop string's characters; they
+    decode to nothing, so the stop string is in the text once its last character arrives, however many came
+    between (a tail window counted in tokens, not in tokens that have text, missed it)."""
+    eos, im_end = 256, 258
+    assert tokenizer.decode([97, eos, im_end, 98], skip_special_tokens=True) == "ab"  # the oracle's premise
+    ids = byte_ids("x" * 30 + "a") + [eos, im_end] * (specials // 2) + [eos] * (specials % 2) + byte_ids("b")
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=200, stop=("ab",), ignore_eos=True), output_ids=[],
+                        grammar=None, stop_text_cut=None)
+    reasons = []
+    for t in ids:
+        r.output_ids.append(t)
+        reasons.append(stop_reason(r, t, (eos,), tokenizer))
+    assert reasons == [None] * (len(ids) - 1) + [{"type": "stop", "matched": "ab"}]
+    assert r.stop_text_cut == 30

@@ -14,7 +14,10 @@ detokenizer_manager.py `trim_matched_stop`), checked after every token in this o
     1. stop strings, in list order: the first one found in the output text ends the generation and the text is
        cut before its first occurrence (output_ids keep the token that completed it);
     2. stop_regex patterns, in list order (`re.search` on the output text); the text is cut where the pattern's
-       own source occurs literally, if it does ("Q:"), and kept whole otherwise ("[0-9]+");
+       own source occurs literally, if it does ("Q:"), and kept whole otherwise ("[0-9]+").  The whole text is
+       decoded and searched only when a window of the newest tokens matches, or when a pattern's match is
+       unbounded or looks outside itself (anchors, lookarounds, backreferences): a new match of a self-contained
+       pattern that matches at most W characters lies in the last W characters and what the newest token added;
     3. EOS and stop_token_ids, unless `ignore_eos` (which ignores both): kept in output_ids, dropped from the text;
     4. max_new_tokens;
     5. a constrained request (grammar) whose grammar terminated - it accepted a stop token where the grammar
@@ -35,11 +38,17 @@ stop ids masked), False otherwise (q_τ over the full vocabulary).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any, Sequence
 
 import torch
+
+try:  # Python 3.11+: the parser is re._parser (sre_parse warns)
+    from re import _parser as sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse  # type: ignore[no-redef]
 
 from ..protocol import GenerateOutput
 from .models import special_token_ids
@@ -75,7 +84,7 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
             if st and st in text:
                 r.stop_text_cut = text.find(st)
                 return {"type": "stop", "matched": st}
-    if p.stop_regex:
+    if p.stop_regex and (text is not None or tail_may_match(tokenizer, r.output_ids, p.stop_regex)):
         if text is None:
             text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
         for pattern in p.stop_regex:
@@ -103,6 +112,17 @@ def output_text(r: Request, tokenizer: Any) -> str:
     return text[: r.stop_text_cut] if r.stop_text_cut is not None else text
 
 
+def _tail_start(tokenizer: Any, output_ids: Sequence[int], with_text: int) -> int:
+    """Where the window of the last `with_text` tokens that have text starts (special tokens decode to nothing
+    here, skip_special_tokens, and do not count); 0 when the window is the whole output."""
+    special = special_token_ids(tokenizer)
+    start, seen = len(output_ids), 0
+    while start > 0 and seen < with_text:
+        start -= 1
+        seen += output_ids[start] not in special
+    return start
+
+
 def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
     """Cheap pre-check: can a stop string have appeared with the newest token?
 
@@ -114,16 +134,56 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     special token decodes to nothing here (skip_special_tokens), so a window counted in all tokens missed a stop
     string split by special tokens generated under ignore_eos.
     """
-    window = max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8
-    special = special_token_ids(tokenizer)
-    start, with_text = len(output_ids), 0
-    while start > 0 and with_text < window:
-        start -= 1
-        with_text += output_ids[start] not in special
+    start = _tail_start(tokenizer, output_ids, max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8)
     if start == 0:
         return True
     tail = tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
     return any(st and st in tail for st in stops)
+
+
+_LOOKS_OUTSIDE = {"AT", "ASSERT", "ASSERT_NOT", "GROUPREF", "GROUPREF_EXISTS"}
+
+
+def _self_contained(node: Any) -> bool:
+    """No anchor, lookaround or backreference anywhere in a parsed pattern (sre's parse tree)."""
+    if isinstance(node, (list, tuple)):
+        return all(_self_contained(x) for x in node)
+    if isinstance(node, sre_parse.SubPattern):
+        return all(str(op) not in _LOOKS_OUTSIDE and _self_contained(av) for op, av in node.data)
+    return True
+
+
+@functools.lru_cache(maxsize=512)
+def regex_match_chars(pattern: str) -> int | None:
+    """The most characters a match of `pattern` spans when it is self-contained (whether it matches at a place
+    depends on those characters alone: no anchor, lookaround or backreference) and at most 4096; None otherwise,
+    or when the pattern does not parse (then the whole-text search raises as it always did)."""
+    try:
+        tree = sre_parse.parse(pattern)
+        widest = tree.getwidth()[1]
+    except Exception:  # noqa: BLE001 - an invalid pattern: the full search reports it
+        return None
+    return widest if widest <= 4096 and _self_contained(tree) else None
+
+
+def tail_may_match(tokenizer: Any, output_ids: Sequence[int], patterns: Sequence[str]) -> bool:
+    """Cheap pre-check: can a stop_regex pattern have matched with the newest token?
+
+    Each step runs after the previous one found no match, so a new match of a self-contained pattern of at most W
+    characters ends in what the newest token added and starts at most W characters before it.  Those characters
+    (and the ≤ 3 bytes of a character the newest token completed) lie in the last 4 W + 16 tokens that have text (a
+    character is at most 4 bytes, a token at least one), so when no pattern matches their decoded text none
+    matches the whole text; a match there, or any pattern that is not self-contained and bounded
+    (`regex_match_chars`), sends the step to the whole-text search.
+    """
+    widths = [regex_match_chars(p) for p in patterns]
+    if any(w is None for w in widths):
+        return True
+    start = _tail_start(tokenizer, output_ids, 4 * max(widths) + 16)
+    if start == 0:
+        return True
+    tail = tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
+    return any(re.search(p, tail) for p in patterns)
 
 
 def build_output(r: Request, tokenizer: Any) -> GenerateOutput:

@@ -3,12 +3,14 @@ character outside ASCII takes up to four tokens."""
 
 from __future__ import annotations
 
+import random
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from forerun.runtime_ext.engine.models import load_model
-from forerun.runtime_ext.engine.output import output_text, stop_reason
+from forerun.runtime_ext.engine.output import output_text, regex_match_chars, stop_reason
 from forerun.runtime_ext.protocol import SamplingParams
 
 
@@ -98,3 +100,73 @@ def test_a_stop_string_split_by_special_tokens_still_stops(tokenizer, specials):
         reasons.append(stop_reason(r, t, (eos,), tokenizer))
     assert reasons == [None] * (len(ids) - 1) + [{"type": "stop", "matched": "ab"}]
     assert r.stop_text_cut == 30
+
+
+def whole_text_stop(tokenizer, ids, patterns):
+    """The oracle of stop_regex: after every token, decode the whole output and search it with each pattern in
+    list order (no window).  (step index, pattern) of the first match, or None."""
+    for n in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        for pattern in patterns:
+            if re.search(pattern, text):
+                return n - 1, pattern
+    return None
+
+
+PIECES = ["a", "b", "x", "y", "Q", ":", "1", "2", ".", " ", "é", "😀", "終"]
+PATTERNS = ["Q:", "a{2,4}b", r"\d\d\.", "x|yy", "😀.", "[^a-z ]{3}", "(ab|ba){2}", "終 ?終", "é{2}", r"\s\d",
+            "b+x", "^yb", r"\bQ1", "(?<=a)b1", "(a)\\1b", "y$", "x(?=[^:]*:)", "y(?=[^Q]*Q)"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stop_regex_stops_where_the_whole_text_search_does(tokenizer, seed):
+    """stop_regex decodes a window of the newest tokens and searches the whole text only when the window matches
+    (or a pattern is unbounded or looks outside its match).  Random outputs of multi-byte characters (up to 4
+    tokens each) and special tokens (text-less) against random pattern lists: the stop step, the matched pattern
+    and the cut are those of searching the whole text after every token."""
+    rng = random.Random(seed)
+    patterns = tuple(rng.sample(PATTERNS, rng.randint(1, 3)))
+    ids = []
+    while len(ids) < 90:
+        ids += [256] if rng.random() < 0.06 else byte_ids(rng.choice(PIECES))
+    want = whole_text_stop(tokenizer, ids, patterns)
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=patterns, ignore_eos=True),
+                        output_ids=[], grammar=None, stop_text_cut=None)
+    got = None
+    for i, t in enumerate(ids):
+        r.output_ids.append(t)
+        reason = stop_reason(r, t, (256,), tokenizer)
+        if reason is not None:
+            got = i, reason["matched"]
+            break
+    assert got == want, (patterns, tokenizer.decode(ids, skip_special_tokens=True))
+    if want is not None:
+        text = tokenizer.decode(ids[: want[0] + 1], skip_special_tokens=True)
+        assert r.stop_text_cut == (text.find(want[1]) if want[1] in text else None)
+
+
+@pytest.mark.parametrize("pattern, chars", [("Q:", 2), ("a{2,4}b", 5), ("x|yy", 2), ("😀.", 2), (r"\d+", None),
+                                            ("^a", None), ("(?=a)a", None), ("(a)\\1", None), ("a$", None),
+                                            (r"\bQ", None), ("[", None)])
+def test_which_patterns_a_window_can_decide(pattern, chars):
+    assert regex_match_chars(pattern) == chars
+
+
+@pytest.mark.parametrize("pattern, text", [("x(?=[^:]*:)", "x" + "ab" * 40 + ":"), ("(?<=x)a", "x" + "a"),
+                                           ("^abc", "abc" + "b" * 60), ("(ab)(?=.*\\1!)", "ab" + "yx" * 40 + "ab!"),
+                                           ("a.{0,2}b", "終" * 30 + "a終b"), ("(?<=" + "ab" * 20 + ")x", "ab" * 20 + "x")])
+def test_a_pattern_whose_match_reads_far_back_stops_at_the_token_that_completes_it(tokenizer, pattern, text):
+    """A lookahead can be satisfied by the newest token long after its match: such a pattern is searched on the
+    whole text at every step.  The oracle: the whole-text search after every token."""
+    ids = byte_ids(text)
+    want = whole_text_stop(tokenizer, ids, (pattern,))
+    assert want is not None
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=(pattern,)), output_ids=[], grammar=None,
+                        stop_text_cut=None)
+    stopped_at = None
+    for i, t in enumerate(ids):
+        r.output_ids.append(t)
+        if stop_reason(r, t, (256,), tokenizer) is not None:
+            stopped_at = i
+            break
+    assert stopped_at == want[0]

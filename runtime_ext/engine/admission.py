@@ -42,12 +42,18 @@ def row_demand(r: Request) -> int:
     return len(r.input_ids) - 1 + r.params.max_new_tokens
 
 
-def cached_prefix(radix: RadixCache, r: Request) -> tuple[RadixNode, int]:
-    """The deepest tree node caching a prefix of r's row KV that its prefill reuses (prompt[:-1], up to the
-    first prompt position whose logprobs it returns) and that prefix's length: what a row that reads its prefix
-    in place adds nothing for, once the prefix cannot be evicted."""
+def reused_prompt(r: Request) -> Sequence[int]:
+    """The part of r's prompt whose cached KV its prefill can reuse: prompt[:-1], up to the first prompt position
+    whose logprobs it returns (that position and later ones are recomputed)."""
     reuse = len(r.input_ids) - 1 if r.input_logprob_start < 0 else min(len(r.input_ids) - 1, r.input_logprob_start)
-    node = radix.deepest_cached(r.input_ids[: max(reuse, 0)])
+    return r.input_ids[: max(reuse, 0)]
+
+
+def cached_prefix(radix: RadixCache, r: Request) -> tuple[RadixNode, int]:
+    """The deepest tree node caching a prefix of r's row KV that its prefill reuses (`reused_prompt`) and that
+    prefix's length: what a row that reads its prefix in place adds nothing for, once the prefix cannot be
+    evicted."""
+    node = radix.deepest_cached(reused_prompt(r))
     depth, p = 0, node
     while p is not None:
         depth, p = depth + len(p.key), p.parent
@@ -102,7 +108,7 @@ def _admit_class(waiting: Iterable[Request], radix: RadixCache, free_rows: int,
             continue
         prefix, depth = prefix_of(r)
         demand = row_demand(r) - depth
-        protect = radix.deepest_cached(r.input_ids)
+        protect = radix.deepest_cached(reused_prompt(r))  # what its prefill will read, no more
         if make_room is not None and radix.free_tokens < demand:
             make_room(demand, protect)
         if radix.reserve(demand, protect=protect):

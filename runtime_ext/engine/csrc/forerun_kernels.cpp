@@ -89,7 +89,7 @@ constexpr int64_t PREFETCH_STREAMS = 4;
 struct RowTileSchedule {
   int64_t kblock_bytes;
   int64_t prefetch_tiles;
-  int64_t prefetch_streams;  // 1, 2 or 4: see "A prefetching tile's streams" below
+  int64_t prefetch_streams;  // 1, 2 or 4: see "A prefetching tile's streams" above
 };
 bool amd_cpu() {  // cpuid leaf 0: the vendor string in ebx, edx, ecx
 #if FR_VEC
@@ -426,7 +426,6 @@ inline V16 exp_det(V16 x) {
 template <int R, int NP, typename W, int PF>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                                     int64_t ldy, int fn, const TilePrefetch pf) {
-
   V16 acc[R][NP];
   if (cont) {
     FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) {

@@ -272,7 +272,8 @@ def _schedule_text(r: dict[str, Any]) -> str:
         return ""
     blocks = f"K blocks of {sched['kblock_bytes'] // 1024} KiB" if sched["kblock_bytes"] else "no K blocks"
     streams = sched["prefetch_streams"]
-    return f"; row tiles: {blocks}, {sched['prefetch_tiles']} prefetching in {streams} stream{'s' * (streams > 1)}"
+    return (f"; row tiles: {blocks}, {sched['prefetch_tiles']} prefetching (a call of one row tile: in {streams} "
+            f"stream{'s' * (streams > 1)})")
 
 
 def format_roofline(r: dict[str, Any]) -> str:

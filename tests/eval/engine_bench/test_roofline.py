@@ -101,10 +101,10 @@ def test_the_reported_row_tile_schedule_is_the_one_the_kernels_run():
     assert bench_roofline.row_tile_schedule(fake_engine("sdpa", torch.float32, schedule(0, 1, 4))) is None
     assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 16384, "prefetch_tiles": 4,
                                                                 "prefetch_streams": 4}}) == \
-        "; row tiles: K blocks of 16 KiB, 4 prefetching in 4 streams"
+        "; row tiles: K blocks of 16 KiB, 4 prefetching (a call of one row tile: in 4 streams)"
     assert bench_roofline._schedule_text({"row_tile_schedule": {"kblock_bytes": 0, "prefetch_tiles": 1,
                                                                 "prefetch_streams": 1}}) == \
-        "; row tiles: no K blocks, 1 prefetching in 1 stream"
+        "; row tiles: no K blocks, 1 prefetching (a call of one row tile: in 1 stream)"
     assert bench_roofline._schedule_text({"row_tile_schedule": None}) == ""
 
 

@@ -666,39 +666,39 @@ def _own_pool_tokens(eng):
     return cached + sum(r.kv_len - r.prefix_len for b in (eng._normal, eng._background) for r in b.rows)
 
 
-def test_a_prompt_extending_an_unlocked_cached_prefix_is_charged_only_its_new_tokens():
-    """A pinned prompt P, then P + X cached but unlocked (a logits request), then P + X + Y decoding: the row
-    reads P + X in place and adds 30 + 1 tokens, which fit the 400-token budget (331 pinned + 22 cached + 31 =
-    384); charging the 22 unlocked cached tokens again refused it ("only 47 can be freed")."""
+P_PINNED = [(7 * i) % 250 + 1 for i in range(331)]
+X_CACHED = [100 + i % 50 for i in range(22)]
+Y_NEW = [60 + i % 30 for i in range(30)]
+
+
+def _generate_after_pinned_and_cached(params):
+    """A 400-token budget holding P pinned (331 tokens) and P + X cached but unlocked (22 more, a logits request):
+    the output of P + X + Y (30 new tokens) under `params`."""
     with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=400)) as eng:
         if not eng._normal.share_prefix:
             pytest.skip("the transformers fallback copies the prefix into the row: it is charged for all of it")
-        P = [(7 * i) % 250 + 1 for i in range(331)]
-        X = [100 + i % 50 for i in range(22)]
-        Y = [60 + i % 30 for i in range(30)]
-        eng.pin(P)
-        eng.next_token_logits(P + X)
-        out = eng.generate(P + X + Y, SamplingParams(max_new_tokens=1, temperature=0))
-        assert out.meta_info["cached_tokens"] == len(P + X) and len(out.output_ids) == 1
+        eng.pin(P_PINNED)
+        eng.next_token_logits(P_PINNED + X_CACHED)
+        return eng.generate(P_PINNED + X_CACHED + Y_NEW, params)
+
+
+def test_a_prompt_extending_an_unlocked_cached_prefix_is_charged_only_its_new_tokens():
+    """P pinned, P + X cached but unlocked, then P + X + Y decoding: the row reads P + X in place and adds 30 + 1
+    tokens, which fit the 400-token budget (331 pinned + 22 cached + 31 = 384); charging the 22 unlocked cached
+    tokens again refused it ("only 47 can be freed")."""
+    out = _generate_after_pinned_and_cached(SamplingParams(max_new_tokens=1, temperature=0))
+    assert out.meta_info["cached_tokens"] == len(P_PINNED + X_CACHED) and len(out.output_ids) == 1
 
 
 def test_cached_tokens_a_prefill_will_recompute_can_be_evicted_to_admit_it():
-    """A pinned prompt P, P + X cached but unlocked, then P + X + Y returning prompt logprobs from position len(P):
-    its prefill recomputes X, so X is neither charged nor protected, and evicting X makes the room the row needs
-    (400-token budget: 331 pinned, 22 cached, the row adds 52). Protecting the whole cached prompt refused it
-    ("only 47 of 400 can be freed")."""
-    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=400)) as eng:
-        if not eng._normal.share_prefix:
-            pytest.skip("the transformers fallback copies the prefix into the row: it is charged for all of it")
-        P = [(7 * i) % 250 + 1 for i in range(331)]
-        X = [100 + i % 50 for i in range(22)]
-        Y = [60 + i % 30 for i in range(30)]
-        eng.pin(P)
-        eng.next_token_logits(P + X)
-        out = eng.generate(P + X + Y, SamplingParams(max_new_tokens=1, temperature=0, return_logprob=True,
-                                                     logprob_start_len=len(P)))
-        assert out.meta_info["cached_tokens"] == len(P) and len(out.output_ids) == 1
-        assert len(out.meta_info["input_token_logprobs"]) == len(X + Y)
+    """P pinned, P + X cached but unlocked, then P + X + Y returning prompt logprobs from position len(P): its
+    prefill recomputes X, so X is neither charged nor protected, and evicting X makes the room the row needs (331
+    pinned, 22 cached, the row adds 52 of 400). Protecting the whole cached prompt refused it ("only 47 of 400 can
+    be freed")."""
+    out = _generate_after_pinned_and_cached(SamplingParams(max_new_tokens=1, temperature=0, return_logprob=True,
+                                                           logprob_start_len=len(P_PINNED)))
+    assert out.meta_info["cached_tokens"] == len(P_PINNED) and len(out.output_ids) == 1
+    assert len(out.meta_info["input_token_logprobs"]) == len(X_CACHED + Y_NEW)
 
 
 def test_an_admitted_requests_cached_prefix_is_not_evicted_before_its_prefill():

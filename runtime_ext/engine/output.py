@@ -112,15 +112,17 @@ def output_text(r: Request, tokenizer: Any) -> str:
     return text[: r.stop_text_cut] if r.stop_text_cut is not None else text
 
 
-def _tail_start(tokenizer: Any, output_ids: Sequence[int], with_text: int) -> int:
-    """Where the window of the last `with_text` tokens that have text starts (special tokens decode to nothing
-    here, skip_special_tokens, and do not count); 0 when the window is the whole output."""
+def _decoded_tail(tokenizer: Any, output_ids: Sequence[int], with_text: int) -> str | None:
+    """The text of the last `with_text` tokens that have text (special tokens decode to nothing here,
+    skip_special_tokens, and do not count); None when that window is the whole output."""
+    if len(output_ids) <= with_text:
+        return None
     special = special_token_ids(tokenizer)
     start, seen = len(output_ids), 0
     while start > 0 and seen < with_text:
         start -= 1
         seen += output_ids[start] not in special
-    return start
+    return None if start == 0 else tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
 
 
 def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
@@ -134,11 +136,8 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     special token decodes to nothing here (skip_special_tokens), so a window counted in all tokens missed a stop
     string split by special tokens generated under ignore_eos.
     """
-    start = _tail_start(tokenizer, output_ids, max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8)
-    if start == 0:
-        return True
-    tail = tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
-    return any(st and st in tail for st in stops)
+    tail = _decoded_tail(tokenizer, output_ids, max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8)
+    return tail is None or any(st and st in tail for st in stops)
 
 
 _LOOKS_OUTSIDE = {"AT", "ASSERT", "ASSERT_NOT", "GROUPREF", "GROUPREF_EXISTS"}
@@ -179,11 +178,8 @@ def tail_may_match(tokenizer: Any, output_ids: Sequence[int], patterns: Sequence
     widths = [regex_match_chars(p) for p in patterns]
     if any(w is None for w in widths):
         return True
-    start = _tail_start(tokenizer, output_ids, 4 * max(widths) + 16)
-    if start == 0:
-        return True
-    tail = tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
-    return any(re.search(p, tail) for p in patterns)
+    tail = _decoded_tail(tokenizer, output_ids, 4 * max(widths) + 16)
+    return tail is None or any(re.search(p, tail) for p in patterns)
 
 
 def build_output(r: Request, tokenizer: Any) -> GenerateOutput:

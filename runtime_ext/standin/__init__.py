@@ -14,6 +14,7 @@ the test suite runs it as the server the SGLang server client is tested against.
     byte_model   ByteModel (deterministic byte-vocabulary logits and sampling), its tokenizer, the prefix cache,
                  the decode loop
     stopping     SGLang's stop rules: stop strings, stop_regex, stop ids / EOS, length; when output is sent
+    constraints  SGLang's regex / json_schema / ebnf constraints: xgrammar's mask over the byte vocabulary
     detokenizer  SGLang's detokenizer: the response text (special tokens skipped, the matched stop trimmed)
     sessions     sessions, following SGLang's session controller
     stream       server-sent events (/generate with "stream": true)

@@ -175,11 +175,12 @@ class Generation:
 
 def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules: StopRules, top_logprobs_num: int,
              text_of: Callable[[int], str | None], temperatures: Sequence[float] = (),
-             step_s: float = 0.0) -> Generation:
+             step_s: float = 0.0, grammar: Any = None) -> Generation:
     """Decode after `prompt` until `rules` finish it (every token is kept, the one that ends it too, as SGLang
-    does); during the first min_new_tokens tokens EOS and the stop ids are masked.  max_new_tokens = 0 is
-    SGLang's prefill-only request: no token, finish_reason length 0.  `step_s` sleeps per decode step (a GPU's
-    step time, for scale-out benchmarks)."""
+    does); during the first min_new_tokens tokens EOS and the stop ids are masked, and the tokens a `grammar`
+    (`constraints.ByteGrammar`) does not allow at every step.  max_new_tokens = 0 is SGLang's prefill-only
+    request: no token, finish_reason length 0.  `step_s` sleeps per decode step (a GPU's step time, for
+    scale-out benchmarks)."""
     s = sampling
     out = Generation(finish={"type": "length", "length": 0})
     if rules.max_new_tokens == 0:
@@ -187,6 +188,10 @@ def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules:
     seq = list(prompt)
     while True:
         banned = rules.banned_before_min() if len(out.ids) < s.min_new_tokens else frozenset()
+        if grammar is not None:
+            banned = banned | grammar.disallowed()
+            if len(banned) == VOCAB_SIZE:
+                grammar.dead_end(len(out.ids))
         lq = model.logq(seq, s.temperature, banned)
         t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned)
         out.ids.append(t)
@@ -201,7 +206,9 @@ def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules:
         if step_s > 0:
             time.sleep(step_s)
         seq.append(t)
-        finish = rules.finish_after(out.ids)
+        if grammar is not None:
+            grammar.accept(t)
+        finish = rules.finish_after(out.ids, grammar is not None and grammar.terminated)
         if finish is not None:
             out.finish = finish
             return out

@@ -22,6 +22,8 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           min_new_tokens masks EOS and stop ids (byte_model), more than
                                           max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0
     temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
+    regex, json_schema, ebnf              xgrammar's mask over the byte vocabulary (`constraints`): every
+                                          reported logprob is of the masked logits, as SGLang's
     text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
                                           tokens, a matched stop id dropped, cut before the first occurrence of
                                           a matched string (after it with no_stop_trim)
@@ -80,6 +82,7 @@ from .byte_model import (
     byte_tokenizer,
     generate,
 )
+from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .routes import HTTPError, make_handler
 from .sessions import SchedulerCrash, Sessions
@@ -349,8 +352,9 @@ class StandInServer:
                                  f"tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
                                  "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
+        grammar = request_grammar(sp)
         cached = self.cache.match(ids)
-        gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s)
+        gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s, grammar)
         self.cache.insert(list(ids) + gen.ids)
         if isinstance(session, dict) and session.get("id") is not None:
             self.sessions.finish(session["id"], rid, gen.ids)

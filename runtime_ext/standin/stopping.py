@@ -116,8 +116,9 @@ class StopRules:
         """The text the stop check searches: the last `tail_tokens` output tokens, special tokens spelled out."""
         return self.tokenizer.decode(list(output_ids[-min(self.tail_tokens, len(output_ids)):]))
 
-    def finish_after(self, output_ids: Sequence[int]) -> dict[str, Any] | None:
-        """SGLang's finish_reason once `output_ids` (at least one token) are out, or None to go on."""
+    def finish_after(self, output_ids: Sequence[int], grammar_terminated: bool = False) -> dict[str, Any] | None:
+        """SGLang's finish_reason once `output_ids` (at least one token) are out, or None to go on; a request whose
+        grammar has terminated stops last, on its last token (schedule_batch.py L2045-2047)."""
         if self.stop_strs or self.stop_regexes:
             tail = self.tail(output_ids)
             for stop in self.stop_strs:
@@ -131,6 +132,8 @@ class StopRules:
             return {"type": "stop", "matched": token}
         if len(output_ids) >= self.max_new_tokens:
             return {"type": "length", "length": self.max_new_tokens}
+        if grammar_terminated:
+            return {"type": "stop", "matched": token}
         return None
 
     def banned_before_min(self) -> frozenset[int]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from ..engine.grammar import GrammarCompiler, RowGrammar, allowed_tokens
 from ..protocol import EngineError
 from .byte_model import EOS_ID, VOCAB_SIZE, byte_tokenizer
 from .routes import HTTPError
@@ -37,8 +36,17 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 @lru_cache(maxsize=1)
-def _compiler() -> GrammarCompiler:
-    return GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
+def _grammar() -> Any:
+    """The engine's grammar module, imported at the first constrained request: it imports torch, which the
+    stand-in's workers otherwise never load (a second or two at each start)."""
+    from ..engine import grammar
+
+    return grammar
+
+
+@lru_cache(maxsize=1)
+def _compiler() -> Any:
+    return _grammar().GrammarCompiler(byte_tokenizer(), VOCAB_SIZE, [EOS_ID])
 
 
 class ByteGrammar:
@@ -50,11 +58,11 @@ class ByteGrammar:
         except EngineError as exc:
             raise HTTPError(400, f"Failed to compile {field} grammar: {exc.__cause__ or exc}") from None
         self.field = field
-        self._row = RowGrammar(compiled, [EOS_ID], (field, text))
+        self._row = _grammar().RowGrammar(compiled, [EOS_ID], (field, text))
 
     def disallowed(self) -> frozenset[int]:
         """The tokens the grammar does not allow at this step (their logits become -inf)."""
-        allowed = allowed_tokens([self._row], VOCAB_SIZE)[0]
+        allowed = _grammar().allowed_tokens([self._row], VOCAB_SIZE)[0]
         return frozenset(int(t) for t in (~allowed).nonzero()[0])
 
     def accept(self, token: int) -> None:

@@ -20,12 +20,31 @@ logits.
 
 from __future__ import annotations
 
+import math
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 """SGLang's constrained-decoding fields of `sampling_params` (srt/sampling/sampling_params.py), at most one set."""
+
+
+def _integer(name: str, value: Any) -> int:
+    """`value` as an int: Python and numpy integers pass, anything else (a float, a bool, a string) is refused."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return operator.index(value)
+
+
+def _finite(name: str, value: Any) -> float:
+    """`value` as a finite float (ints and numpy floats pass; NaN, infinities and non-numbers are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(type(value), "__float__"):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -72,8 +91,20 @@ class SamplingParams:
     """Constrain the output to this EBNF grammar, start rule `root` (SGLang `sampling_params.ebnf`)."""
 
     def __post_init__(self) -> None:
+        # Types first: a float where an int belongs used to pass here and fail on the engine's worker thread.
+        for name in ("max_new_tokens", "top_k", "min_new_tokens", "logprob_start_len", "top_logprobs_num"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name)))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _integer("seed", self.seed))
+        for name in ("temperature", "top_p"):
+            object.__setattr__(self, name, _finite(name, getattr(self, name)))
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:  # SGLang's SamplingParams.verify
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens ({self.max_new_tokens})], got "
+                             f"{self.min_new_tokens}")
+        if self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -83,7 +114,9 @@ class SamplingParams:
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(not isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be strings, got {self.stop!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in self.stop_token_ids))
         regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
         object.__setattr__(self, "stop_regex", tuple(r for r in regexes if r))
         for pattern in self.stop_regex:  # SGLang refuses a bad pattern at ingress (its normalize)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 import secrets
 import threading
 import time
@@ -124,8 +125,8 @@ def make_request(input_ids: Sequence[int], params: SamplingParams, *, rid: str |
     if not isinstance(params, SamplingParams):
         raise EngineError(f"request {rid}: params must be a forerun SamplingParams, got {type(params).__name__}")
     try:
-        ids = tuple(int(i) for i in input_ids)
-    except (TypeError, ValueError) as exc:
+        ids = tuple(operator.index(i) for i in input_ids)  # a float id is refused, not truncated
+    except TypeError as exc:
         raise EngineError(f"request {rid}: input_ids must be integers ({exc})") from exc
     if not ids:
         raise EngineError(f"request {rid}: empty prompt (input_ids is empty)")

@@ -325,6 +325,23 @@ def test_bad_input(engine):
         engine.generate([1, 2], SamplingParams(max_new_tokens=0, return_logprob=True, logprob_start_len=2))
     with pytest.raises(ValueError, match="max_total_tokens"):
         EngineConfig(max_total_tokens=0)
+    with pytest.raises(EngineError, match="input_ids must be integers"):
+        engine.generate([1.7, 2.2], SamplingParams(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(max_new_tokens=3.0), "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=2, return_logprob=True, logprob_start_len=1.0), "logprob_start_len must be an integer"),
+    (dict(top_k=2.5), "top_k must be an integer"), (dict(seed=1.5), "seed must be an integer"),
+    (dict(stop_token_ids=(1.5,)), "stop_token_ids must be an integer"), (dict(stop=(5,)), "stop must be strings"),
+    (dict(temperature=float("inf")), "temperature must be finite"), (dict(top_p="0.5"), "top_p must be a number"),
+    (dict(min_new_tokens=-1), "min_new_tokens must be in"), (dict(min_new_tokens=3, max_new_tokens=2), "min_new_tokens"),
+])
+def test_ill_typed_params_are_refused_and_the_engine_goes_on(engine, bad, match):
+    """A float max_new_tokens used to pass SamplingParams and stop the engine's worker thread for good."""
+    with pytest.raises(ValueError, match=match):
+        engine.generate([1, 2, 3], SamplingParams(**bad))
+    assert engine.generate([1, 2, 3], SamplingParams(max_new_tokens=np.int64(2), seed=np.int64(1))).output_ids
 
 
 def test_nan_logits_fail_only_that_request():

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..runtime_ext.protocol import as_finite, as_integer
 from .acceptance import EPSILON
 from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from .random_streams import PAPER_SEED
@@ -74,6 +75,13 @@ class SamplerConfig:
     fixed-length here (the references let them end early: not implemented)."""
 
     def __post_init__(self) -> None:
+        # Types first: a float block size or an infinite α used to pass here and fail deep inside a run.
+        for name in ("response_length", "block_size", "steps_per_block", "mtm_candidates", "seed"):
+            object.__setattr__(self, name, as_integer(name, getattr(self, name)))
+        for name in ("alpha", "beta", "epsilon") + (("temperature",) if self.temperature is not None else ()):
+            object.__setattr__(self, name, as_finite(name, getattr(self, name)))
+        object.__setattr__(self, "mtm_temperatures", tuple(as_finite("mtm_temperatures", t) for t in self.mtm_temperatures))
+        object.__setattr__(self, "stop_at_eos", tuple(as_integer("stop_at_eos", t) for t in self.stop_at_eos))
         if self.kind not in SAMPLER_KINDS:
             raise ValueError(f"kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")
         if self.response_length < 1:
@@ -94,7 +102,7 @@ class SamplerConfig:
             raise ValueError(f"mtm_temperatures must be non-empty and > 0, got {self.mtm_temperatures}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if any(int(t) < 0 for t in self.stop_at_eos):
+        if any(t < 0 for t in self.stop_at_eos):
             raise ValueError(f"stop_at_eos token ids must be >= 0, got {self.stop_at_eos}")
         if not (0 < self.epsilon < 0.5):
             raise ValueError(f"epsilon must be in (0, 0.5), got {self.epsilon}")

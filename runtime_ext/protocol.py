@@ -30,14 +30,14 @@ CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 """SGLang's constrained-decoding fields of `sampling_params` (srt/sampling/sampling_params.py), at most one set."""
 
 
-def _integer(name: str, value: Any) -> int:
+def as_integer(name: str, value: Any) -> int:
     """`value` as an int: Python and numpy integers pass, anything else (a float, a bool, a string) is refused."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return operator.index(value)
 
 
-def _finite(name: str, value: Any) -> float:
+def as_finite(name: str, value: Any) -> float:
     """`value` as a finite float (ints and numpy floats pass; NaN, infinities and non-numbers are refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(type(value), "__float__"):
         raise ValueError(f"{name} must be a number, got {value!r}")
@@ -93,11 +93,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Types first: a float where an int belongs used to pass here and fail on the engine's worker thread.
         for name in ("max_new_tokens", "top_k", "min_new_tokens", "logprob_start_len", "top_logprobs_num"):
-            object.__setattr__(self, name, _integer(name, getattr(self, name)))
+            object.__setattr__(self, name, as_integer(name, getattr(self, name)))
         if self.seed is not None:
-            object.__setattr__(self, "seed", _integer("seed", self.seed))
+            object.__setattr__(self, "seed", as_integer("seed", self.seed))
         for name in ("temperature", "top_p"):
-            object.__setattr__(self, name, _finite(name, getattr(self, name)))
+            object.__setattr__(self, name, as_finite(name, getattr(self, name)))
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:  # SGLang's SamplingParams.verify
@@ -116,7 +116,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple([self.stop] if isinstance(self.stop, str) else self.stop))
         if any(not isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be strings, got {self.stop!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(_integer("stop_token_ids", t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", tuple(as_integer("stop_token_ids", t) for t in self.stop_token_ids))
         regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
         object.__setattr__(self, "stop_regex", tuple(r for r in regexes if r))
         for pattern in self.stop_regex:  # SGLang refuses a bad pattern at ingress (its normalize)

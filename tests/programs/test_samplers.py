@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from forerun.programs.prefetch_tree import node_depth
@@ -180,6 +181,19 @@ def test_config_validation():
         PrefetchConfig(traversal="predictive")
     assert SamplerConfig(alpha=4.0).tau == 0.25
     assert ChainState.empty().length == 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(response_length=4.0, block_size=2.0), "response_length must be an integer"),
+    (dict(steps_per_block=2.5), "steps_per_block must be an integer"), (dict(mtm_candidates=2.5), "mtm_candidates"),
+    (dict(mtm_temperatures=(float("inf"),)), "mtm_temperatures must be finite"), (dict(alpha=float("inf")), "alpha"),
+    (dict(temperature=float("nan")), "temperature"), (dict(seed=1.5), "seed"), (dict(stop_at_eos=(2.0,)), "stop_at_eos"),
+])
+def test_ill_typed_configs_are_refused_at_construction(bad, match):
+    """They used to pass and fail deep inside a run (a TypeError in the block loop, a malformed token marker)."""
+    with pytest.raises(ValueError, match=match):
+        SamplerConfig(**bad)
+    assert SamplerConfig(response_length=np.int64(8), block_size=np.int64(4)).num_blocks == 2
 
 
 def test_multitry_needs_tempered_logprobs():

@@ -45,7 +45,12 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..runtime_ext.preposition.engines import PrepositionEngine, TopLogprobs, top_logprobs_at_decision_point
+from ..runtime_ext.preposition.engines import (
+    PrepositionEngine,
+    TopLogprobs,
+    top_logprobs_at_decision_point,
+    turn_stop_ids,
+)
 from ..runtime_ext.preposition.prepositioner import Prepositioner
 from ..runtime_ext.preposition.serve_result import ServeResult
 from ..runtime_ext.protocol import GenerateOutput, SamplingParams
@@ -137,6 +142,7 @@ class _Session:
             raise ValueError("a session needs a tokenizer (pass tokenizer= or use an engine that has one)")
         self.pp = prepositioner
         self.tokenizer = tokenizer
+        self._stops = turn_stop_ids(prepositioner.engine, tokenizer)
         self.fmt = fmt
         self._lock = threading.RLock()
         system_ids = render(tokenizer, fmt.system, "system", system)
@@ -210,14 +216,20 @@ class _Session:
                                   f"the context window {limit}; nothing was served or committed")
 
     def _continue(self, result: ServeResult, max_new_tokens: int) -> tuple[list[int], str]:
-        """Tail generation after the first token ((m − 1) T_decode, unchanged by pre-positioning)."""
-        first = [result.token_id]
-        if max_new_tokens <= 1:
-            return first, result.text
-        ids = list(result.state) + list(result.entry) + first
-        out = self.pp.runner.generate(ids, SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0),
-                                      priority=0)
-        return first + list(out.output_ids), self.tokenizer.decode(first + list(out.output_ids))
+        """Tail generation after the first token ((m − 1) T_decode, unchanged by pre-positioning): the ids and
+        text a fresh greedy request returns (a stop token ends it, kept in the ids, not in the text)."""
+        ids = [result.token_id]
+        if max_new_tokens > 1 and result.token_id not in self._stops:
+            out = self.pp.runner.generate(list(result.state) + list(result.entry) + ids,
+                                          SamplingParams(max_new_tokens=max_new_tokens - 1, temperature=0.0),
+                                          priority=0)
+            ids += list(out.output_ids)
+        return ids, self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _turn_body(self, ids: Sequence[int]) -> list[int]:
+        """An answer's ids as the conversation keeps them: without the stop token that ended it (the turn end
+        the template writes after it closes the turn)."""
+        return list(ids[:-1]) if ids and ids[-1] in self._stops else list(ids)
 
     def _shift_or_rollback(self, kind: str, n: int) -> int:
         """Validate, reserve and commit a sliding-window shift or a rollback (invalidates)."""
@@ -481,7 +493,7 @@ class AgenticSession(_Session):
             self._check_room(len(entry) + max_new_tokens + len(end), "the tool result and its answer")
             first = self.pp.serve(self.state, entry, max_new_tokens=1, record=False)
             ids, text = self._continue(first, max_new_tokens)
-            self._commit(entry + ids + end, expect_version=first.version,
+            self._commit(entry + self._turn_body(ids) + end, expect_version=first.version,
                          before_commit=lambda: self.pp.record(self.state, first))
             self._pending = None
             for key in (pending.call, pending.tool):

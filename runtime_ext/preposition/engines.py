@@ -104,6 +104,16 @@ def kv_headroom(engine: Any) -> Callable[[], int]:
     return headroom
 
 
+def turn_stop_ids(engine: Any, tokenizer: Any) -> frozenset[int]:
+    """The tokens that end a greedy answer: the engine's EOS set (the embedded engine's `model_info.eos_token_ids`)
+    and the tokenizer's EOS, whichever are known."""
+    ids = set(getattr(getattr(engine, "model_info", None), "eos_token_ids", None) or ())
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    return frozenset(int(t) for t in ids)
+
+
 def context_limit(engine: Any) -> int | None:
     """The engine's context window in tokens (the embedded engine's `model_info.max_context`), if known."""
     limit = getattr(getattr(engine, "model_info", None), "max_context", None)

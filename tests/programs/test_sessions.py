@@ -223,6 +223,52 @@ def test_agentic_predicts_results_from_history():
     assert turn.first.path == "fall" and not turn.predicted and turn.first.match == "prefix"
 
 
+class ScriptedEngine(PinningHashEngine):
+    """PinningHashEngine whose greedy token after `t` is script[t] where given; a generation ends at EOS (kept in
+    the ids, as every engine does), so an answer can end exactly where a test wants."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script = script
+
+    def generate(self, input_ids, params: SamplingParams, *, rid=None, priority=0):
+        self.calls.append((priority, params.max_new_tokens))
+        seq, out, meta = list(input_ids), [], {"cached_tokens": 0}
+        eos = self.tokenizer.eos_token_id
+        for _ in range(params.max_new_tokens):
+            z = hash_logits(seq)
+            if seq[-1] in self.script:
+                z[self.script[seq[-1]]] = 50.0
+            if params.top_logprobs_num and not out:
+                lp = z - np.logaddexp.reduce(z)
+                meta["output_top_logprobs"] = [[[float(lp[i]), int(i), None] for i in np.argsort(-lp)[:2]]]
+            out.append(int(np.argmax(z)))
+            seq.append(out[-1])
+            if out[-1] == eos:
+                break
+        return GenerateOutput(tuple(input_ids), tuple(out), self.tokenizer.decode(out, skip_special_tokens=True), meta)
+
+
+@pytest.mark.parametrize("script, ids, text", [({10: ord("4"), ord("4"): 257}, [ord("4"), 257], "4"),
+                                                ({10: 257}, [257], "")])
+def test_an_answer_that_ends_on_eos_is_committed_once_and_returned_as_a_fresh_request_returns_it(script, ids, text):
+    """The answer's EOS is the turn's end: the conversation gets entry + answer + the template's turn end (one
+    `<|im_end|>`, not two), the caller the ids and text a fresh greedy request gives; after a first EOS nothing
+    more is generated."""
+    eng = ScriptedEngine(script)  # the entry ends with the assistant header's "\n" (byte 10)
+    a = AgenticSession(_pp(eng, threshold=1e9), system="sys")
+    a.emit_tool_call("f()")
+    before, entry = list(a.state.tokens), a.result_entry("7")
+    assert entry[-1] == 10
+    fresh = eng.generate(before + entry, SamplingParams(max_new_tokens=16, temperature=0.0))
+    calls = len(eng.calls)
+    turn = a.tool_result("7", max_new_tokens=16)
+    assert turn.output_ids == list(fresh.output_ids) == ids and turn.text == fresh.text == text
+    end = list(byte_tokenizer().encode(a.fmt.turn_end, add_special_tokens=False))
+    assert list(a.state.tokens) == before + entry + [t for t in ids if t != 257] + end
+    assert len(eng.calls) - calls == (1 if ids == [257] else 2)  # the serve (fall path), then the tail if any
+
+
 def test_agentic_protocol_errors_are_clear():
     eng = PinningHashEngine()
     a = AgenticSession(_pp(eng), system="sys")

@@ -43,12 +43,13 @@ def greedy():
                     t = int(torch.argmax(loaded.model(torch.tensor([seq])).logits[0, -1]))
                     out.append(t)
                     seq.append(t)
-                    if t in eos and len(out) > 1:
+                    if t in eos:
                         break
         finally:
             torch.set_num_threads(threads)
         return out
 
+    run.eos = eos
     return run
 
 
@@ -68,12 +69,13 @@ def replay_turns(a, system_ids, done, greedy):
             return problems + [f"tokens at {pos} start no recorded turn"]
         remaining.remove(rec)
         prefix = tokens[:pos + len(head)]
-        if list(tokens[len(prefix):len(prefix) + len(answer)]) != answer:
+        body = answer[:-1] if answer and answer[-1] in greedy.eos else answer  # its EOS is the turn end
+        if list(tokens[len(prefix):len(prefix) + len(body)]) != body:
             problems.append(f"{call}: the committed answer is not the one returned")
         expect = greedy(prefix, ANSWER)
         if answer != expect[:len(answer)]:
             problems.append(f"{call}: answer {answer} was not computed from the state it follows ({expect})")
-        pos = len(prefix) + len(answer) + len(end)
+        pos = len(prefix) + len(body) + len(end)
     return problems + [f"turn of {rec[0]} never committed" for rec in remaining]
 
 

@@ -13,7 +13,9 @@
                                           outside A, drawn by the same draw_tokens (constrained decoding)
 
 q_τ is the full-vocabulary distribution softmax(logits / τ) restricted by top-k / top-p when (and only
-when) the request asks for it; τ = 0 is argmax (q is the point mass, log q = 0).  The token is drawn by
+when) the request asks for it; τ = 0 is argmax, whose reported log q is log p0(y), as SGLang reports it (it runs
+τ < 1e-6 as τ = 1 with top_k = 1 and returns log_softmax of the logits: sampler.py's greedy branch).  The token is
+drawn by
 inverse-CDF sampling (token-id order) with ONE uniform u from a counter-based stream keyed by
 (seed, absolute position) - so the drawn tokens never depend on batch composition or scheduling.
 
@@ -231,14 +233,16 @@ Draw = tuple[int, float]
 
 def draw_tokens(stats: VocabStats, requests: Sequence[tuple[int, SamplingParams, int, int]]
                 ) -> dict[int, Draw | Exception]:
-    """For each (row, params, seed, position): (y, log q_τ(y)) - argmax at τ = 0 (log q = 0), else an
-    inverse-CDF draw from q_τ with u = sampling_uniform(seed, position).  A failure is returned, not raised."""
+    """For each (row, params, seed, position): (y, log q_τ(y)) - argmax at τ = 0 (reported: log p0(y), SGLang's
+    greedy logprob), else an inverse-CDF draw from q_τ with u = sampling_uniform(seed, position).  A failure is
+    returned, not raised."""
     out: dict[int, Draw | Exception] = {}
     plain: list[tuple[int, float, float]] = []
     for row, p, seed, position in requests:
         try:
             if p.temperature == 0:
-                out[row] = (int(torch.argmax(stats.logits[row])), 0.0)
+                token = int(torch.argmax(stats.logits[row]))
+                out[row] = (token, stats.logp0(row, token))
             elif stats.kernels is not None and p.top_k < 0 and p.top_p >= 1.0:
                 plain.append((row, float(p.temperature), sampling_uniform(seed, position)))
             else:

@@ -200,9 +200,14 @@ def test_empirical_distribution_follows_q(engine):
 def test_greedy_and_seeds(engine):
     ids = prompt(engine, "greedy")
     g = engine.generate(ids, SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True))
-    _, logits = full_logp(engine, list(ids) + list(g.output_ids))
+    logp, logits = full_logp(engine, list(ids) + list(g.output_ids))
     assert list(g.output_ids) == [int(torch.argmax(logits[len(ids) - 1 + t])) for t in range(5)]
-    assert g.output_logq == (0.0,) * 5
+    # SGLang reports a greedy token's log_softmax of the logits (τ < 1e-6 runs as τ = 1, top_k = 1): log p0
+    expect = [float(logp[len(ids) - 1 + t][y]) for t, y in enumerate(g.output_ids)]
+    assert g.output_logq == pytest.approx(expect, abs=TOL) and g.output_logq == g.output_logp0
+    top = [entry[0][0] for entry in engine.generate(ids, SamplingParams(
+        max_new_tokens=5, temperature=0.0, ignore_eos=True, return_logprob=True, top_logprobs_num=1)).meta_info["output_top_logprobs"]]
+    assert g.output_logq == tuple(top)  # the logprob of the token and its top-1 entry agree
     a = engine.generate(ids, SamplingParams(max_new_tokens=20, ignore_eos=True))
     b = engine.generate(ids, SamplingParams(max_new_tokens=20, ignore_eos=True))
     assert a.meta_info["sampling_seed"] != b.meta_info["sampling_seed"]

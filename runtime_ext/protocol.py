@@ -59,6 +59,14 @@ class SamplingParams:
     """Keep the k most likely tokens before sampling; -1 disables (full vocabulary)."""
     top_p: float = 1.0
     """Nucleus mass; 1.0 disables."""
+    min_p: float = 0.0
+    """After top-k and top-p, drop the tokens whose q_τ is below min_p × the largest (SGLang's min-p); 0 disables."""
+    frequency_penalty: float = 0.0
+    """SGLang's frequency penalty (logits minus it × the token's count in the output); in [-2, 2].  The SGLang
+    server applies it; the embedded engine refuses a non-zero value."""
+    presence_penalty: float = 0.0
+    """SGLang's presence penalty (logits minus it for every token already in the output); in [-2, 2].  As
+    frequency_penalty: the server applies it, the embedded engine refuses a non-zero value."""
     min_new_tokens: int = 0
     """Until this many tokens are out, EOS and the stop ids are masked out of the draws (SGLang's penalizer; stop
     strings still stop)."""
@@ -96,8 +104,13 @@ class SamplingParams:
             object.__setattr__(self, name, as_integer(name, getattr(self, name)))
         if self.seed is not None:
             object.__setattr__(self, "seed", as_integer("seed", self.seed))
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"):
             object.__setattr__(self, name, as_finite(name, getattr(self, name)))
+        if not 0.0 <= self.min_p <= 1.0:  # SGLang's SamplingParams.verify, as the two below
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:  # SGLang's SamplingParams.verify
@@ -158,6 +171,9 @@ class SamplingParams:
             temperature=float(p.temperature),
             top_k=int(p.top_k),
             top_p=float(p.top_p),
+            min_p=float(getattr(p, "min_p", 0.0) or 0.0),
+            frequency_penalty=float(getattr(p, "frequency_penalty", 0.0) or 0.0),
+            presence_penalty=float(getattr(p, "presence_penalty", 0.0) or 0.0),
             min_new_tokens=int(p.min_new_tokens or 0),
             stop=tuple([stop] if isinstance(stop, str) else stop),
             stop_token_ids=tuple(p.stop_token_ids or ()),
@@ -183,6 +199,9 @@ class SamplingParams:
             "min_new_tokens": self.min_new_tokens,
             "ignore_eos": self.ignore_eos,
         }
+        for name in ("min_p", "frequency_penalty", "presence_penalty"):
+            if getattr(self, name) != 0.0:
+                out[name] = getattr(self, name)
         if self.stop:
             out["stop"] = list(self.stop)
         if self.stop_token_ids:

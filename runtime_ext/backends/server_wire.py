@@ -140,12 +140,12 @@ def check_request(url: str, rid: str, p: SamplingParams, caps: ServerCapabilitie
     if p.seed is not None and not INT64_MIN <= p.seed <= INT64_MAX:
         raise ValueError(f"{where}: sampling_seed {p.seed} is outside int64 [-2**63, 2**63 - 1], which the server "
                          "rejects (SamplingParams.verify); reduce the seed modulo 2**63")
-    filtered = p.top_k != -1 or p.top_p < 1.0 or p.temperature == 0  # τ = 0 becomes top_k = 1 on the server
+    filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0 or p.temperature == 0  # τ = 0: top_k = 1 there
     if (p.seed is not None and filtered and caps.deterministic
             and (caps.sampling_backend or "") in SEED_ASSERTING_BACKENDS):
-        raise ValueError(f"{where}: top-k/top-p together with sampling_seed is not supported by the server's "
+        raise ValueError(f"{where}: top-k/top-p/min-p together with sampling_seed is not supported by the server's "
                          f"{caps.sampling_backend} sampling backend (Sampler asserts sampling_seed is None there); "
-                         "drop top-k/top-p, or relaunch with --sampling-backend pytorch")
+                         "drop top-k/top-p/min-p, or relaunch with --sampling-backend pytorch")
 
 
 def check_session(url: str, rid: str | None, session: Any) -> None:

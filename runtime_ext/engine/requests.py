@@ -133,6 +133,10 @@ def make_request(input_ids: Sequence[int], params: SamplingParams, *, rid: str |
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise EngineError(f"request {rid}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    penalties = [n for n in ("frequency_penalty", "presence_penalty") if getattr(params, n) != 0.0]
+    if penalties:
+        raise EngineError(f"request {rid}: {' and '.join(penalties)} are not implemented by the embedded engine "
+                          "(an SGLang server applies them: the server backend sends them)")
     if params.temperature < 0 or not math.isfinite(params.temperature):
         raise EngineError(f"request {rid}: temperature must be a finite number >= 0, got {params.temperature}")
     total = len(ids) + params.max_new_tokens

@@ -8,7 +8,8 @@
     T_τ = Σ_v exp((l_v - m) / τ)          log_totals(stats, rows, τs)
     log q_τ(y) = (l_y - m) / τ - log T_τ  VocabStats.logq(row, y, τ, log T_τ)
     y_t ~ q_τ (inverse CDF, one u)        draw_tokens(stats, requests)  (sample_inverse_cdf when filtered)
-    log q_τ(· | y_<t) with top-k / top-p  sampling_log_probs(logits, τ, top_k, top_p)
+    log q_τ(· | y_<t) with top-k / top-p  sampling_log_probs(logits, τ, top_k, top_p, min_p)
+      / min-p
     q_τ restricted to allowed tokens A    restricted_stats(stats, rows, allowed): the rows' logits with -inf
                                           outside A, drawn by the same draw_tokens (constrained decoding)
 
@@ -87,11 +88,14 @@ def sampling_uniform(seed: int, position: int) -> float:
     return (bits & ((1 << 53) - 1)) / float(1 << 53)
 
 
-def sampling_log_probs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    """log q_τ over the full vocabulary: softmax(logits / τ), then top-k, then top-p (τ > 0; float64 in/out).
+def sampling_log_probs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
+                       min_p: float = 0.0) -> torch.Tensor:
+    """log q_τ over the full vocabulary: softmax(logits / τ), then top-k, then top-p, then min-p (τ > 0; float64
+    in/out).
 
     top-k keeps every token whose scaled logit is >= the k-th largest (ties kept); top-p keeps the
-    smallest prefix of tokens sorted by probability whose mass reaches top_p.  Removed tokens get -inf.
+    smallest prefix of tokens sorted by probability whose mass reaches top_p; min-p keeps the tokens whose
+    probability is at least min_p times the largest (SGLang's order and rule).  Removed tokens get -inf.
     """
     if not temperature > 0:
         raise ValueError(f"sampling_log_probs needs temperature > 0, got {temperature}")
@@ -107,6 +111,9 @@ def sampling_log_probs(logits: torch.Tensor, temperature: float, top_k: int = -1
         drop_sorted = mass_before >= top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logq = torch.log_softmax(z.masked_fill(drop, float("-inf")), dim=-1)
+    if min_p > 0.0:
+        keep = logq.exp() >= min_p * logq.exp().max(dim=-1, keepdim=True).values
+        logq = torch.log_softmax(logq.masked_fill(~keep, float("-inf")), dim=-1)
     return logq
 
 
@@ -219,10 +226,10 @@ def log_totals(stats: VocabStats, rows: Sequence[int], temperatures: Sequence[fl
 def _draw_filtered(stats: VocabStats, row: int, p: SamplingParams, u: float) -> tuple[int, float]:
     """The torch path: top-k / top-p requests, or every request without the native kernels."""
     lg = stats.logits[row].to(torch.float64)
-    if p.temperature == 1.0 and p.top_k < 0 and p.top_p >= 1.0:
+    if p.temperature == 1.0 and p.top_k < 0 and p.top_p >= 1.0 and p.min_p == 0.0:
         lq = (lg - stats.max_values[row]) - stats.log_s[row]  # = log p0, element for element
     else:
-        lq = sampling_log_probs(lg, p.temperature, p.top_k, p.top_p)
+        lq = sampling_log_probs(lg, p.temperature, p.top_k, p.top_p, p.min_p)
     token = sample_inverse_cdf(lq, u)
     return token, float(lq[token])
 
@@ -243,7 +250,7 @@ def draw_tokens(stats: VocabStats, requests: Sequence[tuple[int, SamplingParams,
             if p.temperature == 0:
                 token = int(torch.argmax(stats.logits[row]))
                 out[row] = (token, stats.logp0(row, token))
-            elif stats.kernels is not None and p.top_k < 0 and p.top_p >= 1.0:
+            elif stats.kernels is not None and p.top_k < 0 and p.top_p >= 1.0 and p.min_p == 0.0:
                 plain.append((row, float(p.temperature), sampling_uniform(seed, position)))
             else:
                 out[row] = _draw_filtered(stats, row, p, sampling_uniform(seed, position))

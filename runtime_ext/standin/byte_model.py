@@ -92,8 +92,9 @@ class ByteModel:
         return _log_softmax(self.logits(prefix, banned) / temperature)
 
     def sampling_logprobs(self, prefix: Sequence[int], temperature: float, top_k: int = -1,
-                          top_p: float = 1.0, banned: Collection[int] = ()) -> np.ndarray:
-        """The distribution actually sampled: log q_τ restricted to top-k / top-p and renormalised."""
+                          top_p: float = 1.0, banned: Collection[int] = (), min_p: float = 0.0) -> np.ndarray:
+        """The distribution actually sampled: log q_τ restricted to top-k / top-p, then to the tokens of at least
+        min_p × the largest probability (SGLang's order), and renormalised."""
         lq = self.logq(prefix, temperature, banned)
         if 0 < top_k < VOCAB_SIZE:
             kth = np.sort(lq)[-top_k]
@@ -105,15 +106,18 @@ class ByteModel:
             mask = np.full_like(lq, -np.inf)
             mask[keep] = lq[keep]
             lq = mask
+        if min_p > 0.0:
+            lq = _log_softmax(lq)
+            lq = np.where(np.exp(lq) >= min_p * np.exp(lq).max(), lq, -np.inf)
         return _log_softmax(lq)
 
     def sample(self, prefix: Sequence[int], temperature: float, top_k: int, top_p: float, seed: int,
-               banned: Collection[int] = ()) -> int:
+               banned: Collection[int] = (), min_p: float = 0.0) -> int:
         """One token: argmax for τ = 0, else Gumbel-max over the sampled distribution, noise keyed by
         (seed, position)."""
         if temperature == 0:
             return int(np.argmax(self.logits(prefix, banned)))
-        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p, banned)
+        lq = self.sampling_logprobs(prefix, temperature, top_k, top_p, banned, min_p)
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, len(prefix)])
         g = rng.gumbel(size=VOCAB_SIZE)
         return int(np.argmax(lq + g))
@@ -156,6 +160,7 @@ class Sampling:
     top_p: float
     min_new_tokens: int
     seed: int
+    min_p: float = 0.0
 
 
 @dataclass
@@ -193,7 +198,7 @@ def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules:
             if len(banned) == VOCAB_SIZE:
                 grammar.dead_end(len(out.ids))
         lq = model.logq(seq, s.temperature, banned)
-        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned)
+        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned, s.min_p)
         out.ids.append(t)
         out.logq.append(float(lq[t]))
         if top_logprobs_num > 0:

@@ -86,8 +86,11 @@ from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .routes import HTTPError, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stopping import StopRules, check_stop_params
+from .stopping import StopRules, request_stop_rules
 from .stream import stream_chunks
+
+PENALTIES_OFF = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+"""SGLang's penalties at their off values: the stand-in refuses any other value (HTTP 400) rather than ignore it."""
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -387,23 +390,12 @@ class StandInServer:
 
     def _stop_rules(self, sp: dict[str, Any]) -> StopRules:
         """When the request stops (`stopping`): SGLang's defaults, its normalize's limits (HTTP 400)."""
-        stops, patterns = sp.get("stop") or [], sp.get("stop_regex") or []
-        stops = [stops] if isinstance(stops, str) else list(stops)
-        patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-        max_new_tokens = int(sp.get("max_new_tokens", 128))
         try:
-            check_stop_params(stops, patterns)
-            for pattern in patterns:
-                re.compile(pattern)
+            return request_stop_rules(self.tokenizer, sp)
         except ValueError as exc:
             raise HTTPError(400, str(exc)) from None
         except re.error:  # not a ValueError: it escapes SGLang's handlers
             raise HTTPError(500, "Internal Server Error") from None
-        if max_new_tokens < 0:
-            raise HTTPError(400, f"max_new_tokens must be at least 0, got {max_new_tokens}.")
-        return StopRules(self.tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
-                         frozenset(int(t) for t in (sp.get("stop_token_ids") or [])),
-                         bool(sp.get("ignore_eos", False)))
 
     def _sampling(self, sp: dict[str, Any]) -> Sampling:
         """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
@@ -413,7 +405,13 @@ class StandInServer:
             top_k=int(sp.get("top_k", -1)),
             top_p=float(sp.get("top_p", 1.0)),
             min_new_tokens=int(sp.get("min_new_tokens", 0)),
+            min_p=float(sp.get("min_p", 0.0)),
         )
+        if not 0.0 <= fields["min_p"] <= 1.0:
+            raise HTTPError(400, f"min_p must be in [0, 1], got {fields['min_p']}.")
+        penalties = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
+        if penalties:  # never ignored silently
+            raise HTTPError(400, f"the stand-in server does not implement {', '.join(penalties)}")
         seed = sp.get("sampling_seed")
         if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
             raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")

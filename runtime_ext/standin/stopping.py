@@ -92,6 +92,23 @@ def check_stop_params(stop_strs: Sequence[str], stop_regexes: Sequence[str]) -> 
             raise ValueError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
 
 
+def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":
+    """A request's StopRules from its sampling_params with SGLang's defaults; ValueError (HTTP 400) over its
+    normalize's limits or for a negative max_new_tokens, re.error (HTTP 500 there) for a pattern that does not
+    compile."""
+    stops, patterns = sp.get("stop") or [], sp.get("stop_regex") or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    check_stop_params(stops, patterns)
+    for pattern in patterns:
+        re.compile(pattern)
+    max_new_tokens = int(sp.get("max_new_tokens", 128))
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+    return StopRules(tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
+                     frozenset(int(t) for t in (sp.get("stop_token_ids") or [])), bool(sp.get("ignore_eos", False)))
+
+
 @dataclass(frozen=True)
 class StopRules:
     """When one request finishes and why (module docstring); `tokenizer` is the server's."""

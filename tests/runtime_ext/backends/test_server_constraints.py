@@ -90,3 +90,24 @@ def test_a_constrained_requests_log_p0_comes_from_the_scoring_pass():
     assert len(scoring) == 1 and scoring[0]["sampling_params"]["max_new_tokens"] == 0
     assert "regex" not in scoring[0]["sampling_params"]  # log p0 of the raw logits
     assert bound.meta_info["output_token_logprobs_masked"] is True and bound.output_logp0 is not None
+
+
+def test_min_p_and_the_penalties_reach_the_server_and_are_never_ignored():
+    """min_p, frequency_penalty and presence_penalty are SglSamplingParams fields: `from_sgl` keeps them and the
+    server body carries them (checked against SGLang's models); the stand-in applies min_p and refuses penalties."""
+    from sglang.lang.ir import SglSamplingParams
+
+    p = SamplingParams.from_sgl(SglSamplingParams(min_p=0.9, frequency_penalty=2.0, presence_penalty=-1.0))
+    assert (p.min_p, p.frequency_penalty, p.presence_penalty) == (0.9, 2.0, -1.0)
+    body = {"input_ids": [1, 2], "sampling_params": p.to_srt_json()}
+    assert {k: body["sampling_params"][k] for k in ("min_p", "frequency_penalty", "presence_penalty")} == {
+        "min_p": 0.9, "frequency_penalty": 2.0, "presence_penalty": -1.0}
+    contract.check_body(body, contract.generate_req_input_model())
+    assert not {"min_p", "frequency_penalty", "presence_penalty"} & set(SamplingParams().to_srt_json())
+    with StandInServer() as srv:
+        backend = SGLangServerBackend(srv.url, srv.tokenizer)
+        greedy = backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=6, temperature=0.0))
+        hot = backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=6, temperature=2.0, min_p=1.0, seed=4))
+        assert hot.output_ids == greedy.output_ids
+        with pytest.raises(Exception, match="does not implement frequency_penalty"):
+            backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=2, frequency_penalty=1.0))

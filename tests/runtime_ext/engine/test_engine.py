@@ -125,9 +125,11 @@ def test_bit_exact_whatever_the_cache_state(engine):
 
 def test_logq_equals_direct_computation(engine):
     ids = prompt(engine, "sampling distribution")
-    for temp, top_k, top_p in [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.5, 10, 1.0), (1.0, -1, 0.8), (0.9, 30, 0.95)]:
+    for temp, top_k, top_p, min_p in [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.5, 10, 1.0, 0.0),
+                                      (1.0, -1, 0.8, 0.0), (0.9, 30, 0.95, 0.0), (1.5, -1, 1.0, 0.05),
+                                      (1.2, 40, 0.9, 0.2)]:
         out = engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=temp, top_k=top_k, top_p=top_p,
-                                                  seed=11, ignore_eos=True))
+                                                  min_p=min_p, seed=11, ignore_eos=True))
         _, logits = full_logp(engine, list(ids) + list(out.output_ids))
         n = len(ids)
         for t, tok in enumerate(out.output_ids):
@@ -146,6 +148,9 @@ def test_logq_equals_direct_computation(engine):
                     if mass >= top_p:
                         break
                 q = torch.where(keep, q, torch.zeros_like(q))
+                q = q / q.sum()
+            if min_p > 0:  # SGLang: after top-k / top-p, keep probability >= min_p x the largest
+                q = torch.where(q >= min_p * q.max(), q, torch.zeros_like(q))
                 q = q / q.sum()
             assert q[tok] > 0
             assert out.output_logq[t] == pytest.approx(float(torch.log(q[tok])), abs=1e-9)
@@ -167,6 +172,20 @@ def test_sampling_helpers():
     assert int(torch.isfinite(lq).sum()) == 5
     with pytest.raises(ValueError):
         sampling_log_probs(logits, 0.0)
+    assert torch.equal(torch.isfinite(sampling_log_probs(logits, 1.0, min_p=1.0)), logits == logits.max())
+
+
+def test_min_p_one_is_greedy_and_penalties_are_refused_not_ignored(engine):
+    ids = prompt(engine, "min p")
+    greedy = engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))
+    for seed in range(3):
+        hot = engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.5, min_p=1.0, seed=seed, ignore_eos=True))
+        assert hot.output_ids == greedy.output_ids and hot.output_logq == (0.0,) * 6  # q is the point mass
+    for name in ("frequency_penalty", "presence_penalty"):
+        with pytest.raises(EngineError, match=f"{name} are not implemented by the embedded engine"):
+            engine.generate(ids, SamplingParams(max_new_tokens=2, **{name: 0.5}))
+    with pytest.raises(ValueError, match="min_p must be in"):
+        SamplingParams(min_p=1.5)
 
 
 def test_sampling_uniform_is_numpys_seed_sequence_of_seed_words_and_position():

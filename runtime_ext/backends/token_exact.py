@@ -202,6 +202,14 @@ def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:
     return event
 
 
+def refuse_images(s: StreamExecutor) -> None:
+    """forerun's backends send token ids only: a program with `sgl.image(...)` gets a clear error, never an answer
+    to its text with the image dropped (SGLang's RuntimeEndpoint would send the image)."""
+    if getattr(s, "images_", None):
+        raise NotImplementedError("sgl.image: forerun backends send the prompt as token ids and carry no images; "
+                                  "run multimodal programs on SGLang's own RuntimeEndpoint")
+
+
 class TokenExactBackend(BaseBackend):
     """SGLang frontend backend whose requests are token ids, never re-tokenized text."""
 
@@ -317,6 +325,7 @@ class TokenExactBackend(BaseBackend):
         self.token_usage.add(len(out.input_ids), len(out.output_ids))
 
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams, **_: Any):
+        refuse_images(s)
         ids, params = self._request(s.text_, sampling_params)
         out = self.run(ids, params)
         self._count(out)
@@ -326,6 +335,7 @@ class TokenExactBackend(BaseBackend):
     def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
         """Chunks as an SGLang server streams them (`StreamChunks`); the whole generation at once when the
         backend cannot stream."""
+        refuse_images(s)
         text_before = s.text_  # the interpreter appends each chunk to s.text_ while this runs
         ids, params = self._request(text_before, sampling_params)
         if not self.streams or params.max_new_tokens == 0:
@@ -359,6 +369,7 @@ class TokenExactBackend(BaseBackend):
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
         """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`."""
+        refuse_images(s)
         choices_method = choices_method or token_length_normalized
         prompt_ids, seed = self.input_ids_of(s.text_)
         requests = []
@@ -381,10 +392,27 @@ class TokenExactBackend(BaseBackend):
             entries = [e for e in out.meta_info["input_token_logprobs"] if e[0] is not None][-n:] if n else []
             input_token_logprobs.append(entries)
             normalized.append(float(np.mean([e[0] for e in entries])) if entries else float("-inf"))
+        unconditional = None
+        if getattr(choices_method, "requires_unconditional_logprobs", False):
+            unconditional = self._unconditional_logprobs([[int(e[1]) for e in entries] for entries in input_token_logprobs],
+                                                         seed)
         decision: ChoicesDecision = choices_method(
             choices=choices,
             normalized_prompt_logprobs=normalized,
             input_token_logprobs=input_token_logprobs,
             output_token_logprobs=[[] for _ in choices],
+            unconditional_token_logprobs=unconditional,
         )
         return decision
+
+    def _unconditional_logprobs(self, choice_ids: list[list[int]], seed: int | None) -> list[list[Any]]:
+        """Each choice's tokens scored alone (SGLang's `unconditional_likelihood_normalized`): its
+        input_token_logprobs from position 0, the first entry [None, id, ...] as SGLang's shift gives it."""
+        scored = [i for i, ids in enumerate(choice_ids) if ids]
+        outs = self.run_batch([(choice_ids[i], SamplingParams(max_new_tokens=0, temperature=0.0, return_logprob=True,
+                                                              logprob_start_len=0, seed=seed)) for i in scored])
+        result: list[list[Any]] = [[] for _ in choice_ids]
+        for i, out in zip(scored, outs):
+            self._count(out)
+            result[i] = list(out.meta_info["input_token_logprobs"])
+        return result

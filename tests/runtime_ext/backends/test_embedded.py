@@ -96,6 +96,45 @@ def test_select_and_run_batch(backend):
     assert all(s["ans"] in ("yes", "no", "maybe") for s in states)
 
 
+def test_select_unconditional_likelihood_normalized_scores_each_choice_alone(backend):
+    """SGLang's RuntimeEndpoint scores each choice's tokens alone for this method; the oracle is a plain transformers
+    forward of a second copy of the tiny model over those tokens."""
+    import torch
+
+    @function
+    def pick(s):
+        s += "Answer yes or no: " + select("a", choices=["yes", "no way", "maybe"],
+                                            choices_method=sgl.unconditional_likelihood_normalized)
+
+    st = pick.run(backend=backend)
+    assert st.error() is None
+    meta = st.get_meta_info("a")
+    model = load_model("tiny").model
+    scores = []
+    for cond, uncond in zip(meta["input_token_logprobs"], meta["unconditional_token_logprobs"]):
+        ids = [int(e[1]) for e in cond]
+        assert [int(e[1]) for e in uncond] == ids and uncond[0][0] is None
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        expect = [float(logp[j - 1, ids[j]]) for j in range(1, len(ids))]
+        assert [e[0] for e in uncond[1:]] == pytest.approx(expect, abs=1e-4)
+        scores.append(sum(e[0] for e in cond) / len(ids) - sum(expect) / len(ids))
+    assert st["a"] == ["yes", "no way", "maybe"][max(range(3), key=lambda i: scores[i])]
+
+
+@pytest.mark.filterwarnings("ignore:Error in stream_executor")  # the interpreter's own report of the error
+def test_a_program_with_an_image_gets_a_clear_error(backend, tmp_path):
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+
+    @function
+    def look(s):
+        s += sgl.user(sgl.image(str(tmp_path / "x.png")) + "What is it?")
+        s += sgl.assistant(gen("x", max_tokens=2))
+
+    st = look.run(backend=backend)
+    assert isinstance(st.error(), NotImplementedError) and "sgl.image" in str(st.error())
+
+
 def test_chat_template_and_backend_info(backend):
     @function
     def chat(s):

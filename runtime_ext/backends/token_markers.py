@@ -9,28 +9,34 @@ the token-exact backends (embedded engine, SGLang server backend) decode back to
     s += sampling_seed(1234)          # the following gen draws its noise from this seed
     s += sgl.gen("suffix", max_tokens=64, return_logprob=True)
 
-Markers use Unicode private-use code points, so they never collide with model text.  Plain text
-around them is tokenized as usual; text a backend generated earlier is remembered with its ids, so
-multi-turn programs and forks stay exact without markers.  `strip_markers` renders marked text for display.
+A marker is a private-use code point followed by this process's `MARKER_KEY` (four random code points of the
+supplementary private-use plane, drawn at import), so text that merely contains private-use characters - user
+input, a data batch, a model's output - is tokenized as text, and cannot pass itself off as token ids or a seed
+without the key.  Plain text around markers is tokenized as usual; text a backend generated earlier is remembered
+with its ids, so multi-turn programs and forks stay exact without markers.  Marked text is for the process that
+wrote it (the key changes with every process); `strip_markers` renders it for display.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-IDS_BEGIN = "\ue000"
-IDS_END = "\ue001"
-SEED_BEGIN = "\ue002"
-SEED_END = "\ue003"
-TEMPS_BEGIN = "\ue004"
-TEMPS_END = "\ue005"
+MARKER_KEY = "".join(chr(0xF0000 + secrets.randbelow(0xFFFE)) for _ in range(4))
+"""This process's marker key (see the module docstring)."""
+IDS_BEGIN = "\ue000" + MARKER_KEY
+IDS_END = "\ue001" + MARKER_KEY
+SEED_BEGIN = "\ue002" + MARKER_KEY
+SEED_END = "\ue003" + MARKER_KEY
+TEMPS_BEGIN = "\ue004" + MARKER_KEY
+TEMPS_END = "\ue005" + MARKER_KEY
 
 _MARKER = re.compile(
     f"{IDS_BEGIN}([0-9,]*){IDS_END}|{SEED_BEGIN}(-?[0-9]+){SEED_END}|{TEMPS_BEGIN}([0-9.eE+,-]*){TEMPS_END}"
 )
-_ALL_MARKER_CHARS = (IDS_BEGIN, IDS_END, SEED_BEGIN, SEED_END, TEMPS_BEGIN, TEMPS_END)
+_ALL_MARKER_TAGS = (IDS_BEGIN, IDS_END, SEED_BEGIN, SEED_END, TEMPS_BEGIN, TEMPS_END)
 
 
 def token_ids(ids: Sequence[int]) -> str:
@@ -106,8 +112,8 @@ def parse_marked_text_directives(text: str) -> tuple[list[Segment], Directives]:
     if pos < len(text):
         segments.append(TextSegment(text[pos:]))
     for seg in segments:
-        if isinstance(seg, TextSegment) and any(ch in seg.text for ch in _ALL_MARKER_CHARS):
-            raise ValueError("malformed forerun token marker in program text")
+        if isinstance(seg, TextSegment) and any(tag in seg.text for tag in _ALL_MARKER_TAGS):
+            raise ValueError("malformed forerun token marker in program text")  # this process wrote it, cut
     return segments, Directives(seed=seed, logprob_temperatures=temps)
 
 

@@ -49,3 +49,12 @@ def test_logprob_temperatures_directive():
     assert directives.seed == 9
     with pytest.raises(ValueError, match="> 0"):
         logprob_temperatures([0.0])
+
+
+@pytest.mark.parametrize("text", ["Icon: \ue000 end", "data: \ue00072,105\ue001 ok", "\ue002 7\ue003\ue004\ue005",
+                                  "\ue000" + "\U000f0001" * 4 + "1\ue001"])
+def test_private_use_characters_in_text_are_text(text):
+    """User or data text with the marker code points (without this process's key) is neither an error nor ids."""
+    segments, seed = parse_marked_text("a" + text + token_ids([7]) + "b")
+    assert segments == [TextSegment("a" + text), IdsSegment((7,)), TextSegment("b")] and seed is None
+    assert strip_markers(text) == text

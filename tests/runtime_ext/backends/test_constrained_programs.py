@@ -27,7 +27,7 @@ from forerun.runtime_ext.backends.token_exact import StreamChunks, dtype_to_rege
 from forerun.runtime_ext.backends.token_markers import sampling_seed
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import load_model
-from forerun.runtime_ext.protocol import RowEvent, SamplingParams
+from forerun.runtime_ext.protocol import GenerateOutput, RowEvent, SamplingParams
 
 IR = sgl.lang.ir
 
@@ -181,6 +181,23 @@ def test_stream_holds_back_a_stop_string_prefix(backend):
     assert chunks.update(RowEvent("r", tuple(ids + snowman[:2]), output_logq=tuple([-1.0] * (len(ids) + 2)))) is None
     text, meta = chunks.update(RowEvent("r", tuple(ids + snowman), output_logq=tuple([-1.0] * (len(ids) + 3))))
     assert text == "Q☃" and meta["completion_tokens"] == len(ids) + 3 and len(meta["output_token_logprobs"]) == 4
+
+
+@pytest.mark.parametrize("text, pattern, final", [("The answer is 4", "answer is", "The "),
+                                                   ("x answer y", "answer is", "x answer y"),
+                                                   ("a 12 b", r"\d+", "a 12 b")])
+def test_stream_holds_back_what_a_stop_regex_may_cut(backend, text, pattern, final):
+    """A stop_regex match cuts the final text where the pattern's source occurs literally: the chunks hold back a
+    suffix that may begin it and the text from a whole occurrence on, so they still concatenate to the final text
+    (streamed 'The answer' used to be sent before the cut at 'answer is')."""
+    tok = backend.tokenizer
+    chunks = StreamChunks(tok, SamplingParams(stop_regex=(pattern,), return_logprob=True), prompt_tokens=3)
+    ids = list(tok.encode(text))
+    sent = [got[0] for k in range(1, len(ids) + 1)
+            if (got := chunks.update(RowEvent("r", tuple(ids[:k]), output_logq=tuple([-1.0] * k)))) is not None]
+    assert final.startswith("".join(sent))
+    out = GenerateOutput(tuple([1, 2, 3]), tuple(ids), final, {"output_token_logprobs": [[-1.0, i, None] for i in ids]})
+    assert "".join(sent) + chunks.final(out)[0] == final
 
 
 def test_sglangs_stream_reader_sees_every_chunk(backend):

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..programs.acceptance import CLASSES
-from ..programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES
+from ..programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, RATIO_FEATURES
 from ..programs.prefetch_tree import ancestors_in, is_accept_child, parent_of
 from ..programs.records import NodeRecord
 
@@ -86,6 +86,11 @@ BUILTIN_FEATURES: dict[str, Callable[[Mapping[str, float]], float]] = {
     "accepts_on_path": lambda v: v["accepts_on_path"],
 }
 """Named features computed from a record's (or a candidate node's) fields."""
+
+SAMPLER_FEATURES = frozenset(BUILTIN_FEATURES) | {"cut", *LIKELIHOOD_FEATURES, *ENTROPY_FEATURES, *RATIO_FEATURES}
+"""The values forerun's samplers know about a candidate before its request (`traversal.CandidateNode.values`, the
+root state's cut statistics): a classifier used by `forerun sample` / `eval` may read only these.  (The library
+takes any feature whose values its caller supplies, e.g. `predictive_plan(depth_features=...)`.)"""
 
 _TREE = ("parent_cut", "cut_gap", "depth", "accepts_on_path")
 FEATURE_SETS: dict[str, tuple[str, ...]] = {

@@ -34,6 +34,18 @@ def nonnegative_int(text: str) -> int:
     return int(_number(text, int, 0, True))
 
 
+SEED_MAX = 2**63 - 1
+"""The largest seed: SGLang refuses sampling seeds outside int64, and the engine's noise keys are 64-bit (a larger
+seed would alias another)."""
+
+
+def seed_int(text: str) -> int:
+    seed = int(_number(text, int, 0, True))
+    if seed > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**63 - 1], got {text}")
+    return seed
+
+
 def positive_float(text: str) -> float:
     return float(_number(text, float, 0, False))
 

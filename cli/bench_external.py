@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from .args import nonnegative_float, nonnegative_int, positive_float, positive_int
+from .args import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 from .errors import CommandError, reports_errors
 from .inputs import naming_undecodable
 from .output import print_json
@@ -35,7 +35,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     r.add_argument("--K", type=positive_int, default=_REF.K, help=f"MH steps per chain ({_REF.K})")
     r.add_argument("--n", type=positive_int, default=_REF.n, help=f"response length, one block ({_REF.n})")
     r.add_argument("--alpha", type=positive_float, default=_REF.alpha, help=f"power α; τ = 1/α ({_REF.alpha:g})")
-    r.add_argument("--seed", type=nonnegative_int, default=_REF.seed)
+    r.add_argument("--seed", type=seed_int, default=_REF.seed)
     r.add_argument("--threads", type=positive_int, default=None, help="torch threads of both (default: torch's)")
     r.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     r.set_defaults(handler=bench_reference_command)

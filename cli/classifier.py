@@ -16,12 +16,12 @@ from typing import Any
 from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
 from ..classifiers.certainty import CertaintyClassifier, CertaintyConfig
 from ..classifiers.cross_validation import cross_validate_certainty, format_cv_table
-from ..classifiers.features import FEATURE_SETS, drop_unreachable
+from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreachable
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
 from .args import nonnegative_int, positive_int
-from .errors import reports_errors
+from .errors import CommandError, reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
@@ -35,13 +35,30 @@ def _features(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     if not names:
         raise argparse.ArgumentTypeError("--features needs at least one feature name")
+    unknown = unknown_to_samplers(names)
+    if unknown:
+        raise argparse.ArgumentTypeError(unknown)
     return names
 
 
+def unknown_to_samplers(features: Any) -> str:
+    """Why a classifier with `features` cannot drive the samplers ("" when it can): a feature they do not know
+    before a candidate's request (a record field such as block or node_id, or one known only after it)."""
+    unknown = [f for f in features if f not in SAMPLER_FEATURES]
+    if not unknown:
+        return ""
+    return (f"feature(s) {', '.join(unknown)} are not known to the samplers before a candidate's request (usable: "
+            f"{', '.join(sorted(SAMPLER_FEATURES))})")
+
+
 def classifier_file(path: str) -> CertaintyClassifier:
-    """A --classifier JSON file (a bad or unreadable file: one line naming it)."""
+    """A --classifier JSON file (a bad or unreadable file, or one the samplers cannot feed: one line naming it)."""
     with naming_undecodable([path], "--classifier"):
-        return CertaintyClassifier.load(path)
+        model = CertaintyClassifier.load(path)
+    unknown = unknown_to_samplers(model.config.features)
+    if unknown:
+        raise CommandError(f"--classifier {path}: {unknown}")
+    return model
 
 
 def classifier_from_args(args: argparse.Namespace) -> CertaintyClassifier:

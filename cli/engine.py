@@ -16,7 +16,15 @@ import argparse
 from typing import Any
 
 from ..programs.prompts import chat_prompt_ids
-from .args import add_model_arguments, finite_float, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .args import (
+    add_model_arguments,
+    finite_float,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
 from .output import bars_enabled, print_json, progress_bar
@@ -120,7 +128,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.add_argument("--temperature", type=nonnegative_float, default=0.7, help="τ; 0 is greedy (default 0.7)")
     g.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus mass (default 1.0: off)")
     g.add_argument("--top-k", type=int, default=-1, help="top-k (default -1: off)")
-    g.add_argument("--seed", type=nonnegative_int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--seed", type=seed_int, default=None, help="sampling seed (default: random)")
     g.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
     g.add_argument("--raw", action="store_true", help="send the prompt as is (no chat template)")
     g.add_argument("--json", action="store_true", help="print a JSON object on stdout")
@@ -137,7 +145,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
                    help="rows of the constrained-decoding batch, half of them constrained in its mixed run (8)")
     b.add_argument("--repeats", type=positive_int, default=3,
                    help="repetitions of each timing; the median is reported (3)")
-    b.add_argument("--seed", type=nonnegative_int, default=0)
+    b.add_argument("--seed", type=seed_int, default=0)
     b.add_argument("--json", action="store_true", help="print a JSON object on stdout")
     b.set_defaults(handler=bench_engine_command)
 

@@ -21,16 +21,18 @@ or keep the interpreter waiting.  A second Ctrl-C exits at once.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from ..runtime_ext.protocol import EngineError
 
-__all__ = ["CommandError", "one_line", "exit_code_for", "report", "reports_errors", "run_guarded",
+__all__ = ["CommandError", "one_line", "exit_code_for", "report", "reports_errors", "run_guarded", "interrupt_exits",
            "INTERRUPTED_MESSAGE", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 Handler = Callable[[Any], Any]
@@ -51,13 +53,27 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(text).split()) or type(exc).__name__
 
 
+_WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE)
+"""OSErrors of a write that failed under a valid command (a full disk, a closed pipe): failures, not usage."""
+
+
 def exit_code_for(exc: BaseException) -> int:
-    """EXIT_FAILURE for an engine or server failure, EXIT_USAGE for bad input (the table above)."""
-    return EXIT_FAILURE if isinstance(exc, EngineError) else EXIT_USAGE
+    """EXIT_FAILURE for an engine or server failure or a write the system refused, EXIT_USAGE for bad input (the
+    table above)."""
+    if isinstance(exc, EngineError) or isinstance(exc, OSError) and exc.errno in _WRITE_FAILURES:
+        return EXIT_FAILURE
+    return EXIT_USAGE
 
 
 def report(command: str, exc: BaseException) -> int:
-    """Print the one-line error of `command` and return its exit code (the table above)."""
+    """Print the one-line error of `command` and return its exit code (the table above).  A closed stdout (the
+    reader of a pipe went away) ends the command quietly, as other command-line tools do."""
+    if isinstance(exc, BrokenPipeError):
+        try:  # the interpreter's own flush at exit would complain about the closed pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_FAILURE
     if isinstance(exc, (ValueError, OSError, KeyError, EngineError)):
         message, default = one_line(exc), exit_code_for(exc)
     else:
@@ -114,6 +130,19 @@ def _on_sigint(signum: int, frame: Any) -> None:
         _exit_interrupted()
     _silence_other_output()
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupt_exits() -> Iterator[None]:
+    """While the command line starts (its modules import, its arguments parse), a Ctrl-C exits as one during a
+    command does - "forerun: interrupted", 130 - instead of a KeyboardInterrupt traceback from an import."""
+    previous = (signal.signal(signal.SIGINT, lambda signum, frame: _exit_interrupted())
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def run_guarded(command: str, handler: Callable[[], int | None]) -> int:

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import add_model_arguments, nonnegative_int, positive_float, positive_int
+from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int
 from .classifier import classifier_file
-from .engine import add_backend_arguments, check_pool_serves, open_pool_from, warn_nondeterministic
+from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .errors import report
 from .inputs import check_utf8, dataset_paths, naming_undecodable
@@ -43,8 +43,8 @@ def _seeds(text: str) -> list[int]:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}") from None
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    if not seeds or min(seeds) < 0 or max(seeds) > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers in [0, 2**63 - 1], got {text!r}")
     return list(dict.fromkeys(seeds))
 
 
@@ -156,7 +156,10 @@ def check_output_file(path: str | None, resume: bool) -> Path:
         raise ValueError(f"--out {path} is a directory")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise ValueError(f"--out {path}: folder {parent} does not exist")
+        raise ValueError(f"--out {path}: {parent} is not a directory" if parent.exists()
+                         else f"--out {path}: folder {parent} does not exist")
+    if p.exists() and not p.is_file():
+        raise ValueError(f"--out {path} is not a regular file (a run file is appended to and resumed)")
     if p.exists() and p.stat().st_size > 0 and not resume:
         raise ValueError(f"--out {path} already holds a run: pass --resume to continue it, or choose another file")
     return p
@@ -272,9 +275,9 @@ def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]
             raise ValueError(f"--resume: the run file was made with other settings: {', '.join(diff)}; resume "
                              "with the same flags, or start another run file")
         return
-    for rec in records:  # a run file written before headers: its records carry their settings
-        if rec.get("model") != new["model"]:
-            raise ValueError(f"{rec['key']} was made with model {rec.get('model')!r}, this run uses {new['model']!r}")
+    if records:  # cut or edited (new files start with the header): nothing to check the records' settings against
+        raise ValueError("--resume: the run file has records but no header line, so the settings they were made "
+                         "with cannot be checked; start another run file")
 
 
 def _check_sandbox() -> None:
@@ -295,10 +298,11 @@ def eval_command(args: argparse.Namespace) -> int:
     pool = None
     try:
         plan = _plan(args)
-        header, existing = read_run(check_utf8(plan["out"], "--out")) if args.resume else (None, [])
+        header, existing = (read_run(check_utf8(plan["out"], "--out", complete_lines=True)) if args.resume
+                            else (None, []))
         forced = forcing_header(plan["settings"].forced_answer)
-        if header is not None:  # the settings first: a refused resume loads no model
-            _check_resumable(header, existing, {**header, "settings": plan["settings"].to_json(),
+        if header is not None or existing:  # the settings first: a refused resume loads no model
+            _check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
                                                 "forced_answers": forced})
         classifier = _classifier(args, plan["methods"])
         pool = open_pool_from(args)
@@ -330,12 +334,15 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
     command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     worker = ItemRunner(pool, plan["settings"], classifier, flush=pool.slots == 1, command=command)
     worker.prepare(todo)
+    for dataset in dict.fromkeys(it.dataset for it in todo):  # a deterministic overflow: refused, not retried
+        lens = [len(worker.prompt_ids[(it.dataset, it.prompt.id)]) for it in todo if it.dataset == dataset]
+        check_context(pool.first, lens, plan["settings"].n_for(dataset))
     bar = progress_bar(total=len(items), initial=len(items) - len(todo), desc="forerun eval", unit="item")
     start = time.perf_counter()
     written = 0
     try:
         with RunWriter(plan["out"]) as writer:
-            if os.path.getsize(plan["out"]) == 0:
+            if not Path(plan["out"]).read_bytes().strip():  # new, or blank: the header first (resume checks it)
                 writer.write(run_header(**plan["header"], backend=[rt.location for rt in pool.runtimes],
                                         command=command, created=time.time(),
                                         selection_rules=plan["settings"].selection_rules(plan["methods"])))
@@ -393,12 +400,14 @@ def report_command(args: argparse.Namespace) -> int:
     try:
         if not Path(args.run).is_file():
             raise ValueError(f"{args.run}: no such run file")
+        if not str(args.out).strip():
+            raise ValueError("--out must not be empty")
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {args.out} exists and is not a directory")
         if not out.parent.is_dir() or not os.access(out.parent if not out.exists() else out, os.W_OK):
             raise ValueError(f"--out {args.out}: cannot create or write it")
-        records = final_records(load_run(check_utf8(args.run), repair=False))
+        records = final_records(load_run(check_utf8(args.run, complete_lines=True), repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")
         command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])

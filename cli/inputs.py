@@ -23,9 +23,9 @@ __all__ = ["utf8_problem", "check_utf8", "naming_undecodable", "dataset_paths"]
 _CHUNK = 1 << 20
 
 
-def utf8_problem(path: str | os.PathLike[str]) -> str | None:
-    """"byte 0xff at offset 16" for the first byte of `path` that is not UTF-8, None when it all decodes (or
-    cannot be read: the reader reports that itself)."""
+def utf8_problem(path: str | os.PathLike[str], limit: int | None = None) -> str | None:
+    """"byte 0xff at offset 16" for the first byte of `path` (of its first `limit` bytes) that is not UTF-8, None
+    when it all decodes (or cannot be read: the reader reports that itself)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0  # bytes of the file fed to the decoder so far
     try:
@@ -34,7 +34,7 @@ def utf8_problem(path: str | os.PathLike[str]) -> str | None:
         return None
     with fh:
         while True:
-            chunk = fh.read(_CHUNK)
+            chunk = fh.read(_CHUNK if limit is None else min(_CHUNK, limit - offset))
             pending = decoder.getstate()[0]  # bytes of an unfinished character kept from the last chunk
             try:
                 decoder.decode(chunk, final=not chunk)
@@ -46,10 +46,18 @@ def utf8_problem(path: str | os.PathLike[str]) -> str | None:
             offset += len(chunk)
 
 
-def check_utf8(path: str | os.PathLike[str], option: str | None = None) -> str | os.PathLike[str]:
+def check_utf8(path: str | os.PathLike[str], option: str | None = None, *,
+               complete_lines: bool = False) -> str | os.PathLike[str]:
     """`path`, or CommandError when it is not UTF-8 text (for readers that report a bad byte without the offset,
-    such as the run-file reader)."""
-    problem = utf8_problem(path)
+    such as the run-file reader).  complete_lines: up to the last newline only (an append-only file's torn last
+    line, cut inside a character on a full disk, is its reader's to repair)."""
+    limit = None
+    if complete_lines:
+        try:
+            limit = Path(path).read_bytes().rfind(b"\n") + 1
+        except OSError:
+            return path  # the reader reports it
+    problem = utf8_problem(path, limit)
     if problem is not None:
         raise CommandError(f"{option + ' ' if option else ''}{path}: not UTF-8 text ({problem})")
     return path

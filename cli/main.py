@@ -15,13 +15,20 @@ that are not UTF-8 (cli/inputs.py), output paths (cli/output.py).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, NoReturn, Sequence
 
-from . import bench_external, classifier, engine, evaluate, preposition, presto
-from .args import check_model_path
-from .errors import run_guarded
-from .output import quiet_bars
+from .errors import interrupt_exits, run_guarded
+
+# transformers' warnings (a prompt over the tokenizer's model_max_length, ...) are not the command's one line on
+# stderr: what matters there, the commands check and say themselves (read when transformers is imported)
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+with interrupt_exits():  # importing the commands takes a second or more (torch)
+    from . import bench_external, classifier, engine, evaluate, preposition, presto
+    from .args import check_model_path
+    from .output import quiet_bars
 
 COMMAND_MODULES = (engine, classifier, preposition, presto, bench_external, evaluate)
 
@@ -78,10 +85,11 @@ def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]) -> ar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:  # named by the command that was given them: `forerun session demo: error: ...`
-        _command_parser(parser, command_name(args).split()).error(f"unrecognized arguments: {' '.join(unknown)}")
+    with interrupt_exits():
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # named by the command that was given them: `forerun session demo: error: ...`
+            _command_parser(parser, command_name(args).split()).error(f"unrecognized arguments: {' '.join(unknown)}")
     quiet = getattr(args, "quiet", False) or getattr(args, "json", False)
 
     def run() -> int | None:

@@ -23,6 +23,7 @@ from .args import (
     nonnegative_int,
     positive_float,
     positive_int,
+    seed_int,
     thread_count,
 )
 from .errors import CommandError, reports_errors
@@ -105,7 +106,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--energy-iterations", type=nonnegative_int, default=_BENCH.energy_iterations,
                    help=f"updates per energy loop where RAPL/NVML exists ({_BENCH.energy_iterations}; 0 skips)")
     b.add_argument("--plots", default=None, help="directory for Figures 4-7 (PNG); its parent must exist")
-    b.add_argument("--seed", type=nonnegative_int, default=_BENCH.seed)
+    b.add_argument("--seed", type=seed_int, default=_BENCH.seed)
     _engine_arguments(b)
     b.set_defaults(handler=bench_preposition_command)
 
@@ -121,7 +122,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     g.add_argument("--r-max", type=float, default=_BENCH.r_max, help=f"risk budget r_max, in [0, 1] ({_BENCH.r_max:g})")
     g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG/PDF/SVG")
-    g.add_argument("--seed", type=nonnegative_int, default=0)
+    g.add_argument("--seed", type=seed_int, default=0)
     _engine_arguments(g)
     g.set_defaults(handler=calibrate_gate_command)
 

@@ -24,7 +24,15 @@ import sys
 import time
 from typing import Any, Iterator
 
-from .args import add_model_arguments, dataset_name, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .args import (
+    add_model_arguments,
+    dataset_name,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
 from .classifier import classifier_from_args, warn_shipped
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
@@ -56,7 +64,7 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
     p.add_argument("--alpha", type=positive_float, default=None, help=f"power exponent α (default {CPU_SAMPLER.alpha:g}; τ = 1/α)")
     p.add_argument("--beta", type=positive_float, default=None,
                    help=f"EntropyCut exponent β (default {CPU_SAMPLER.beta:g}; entropy-cut only)")
-    p.add_argument("--seed", type=nonnegative_int, default=None, help=f"run seed (default {CPU_SAMPLER.seed})")
+    p.add_argument("--seed", type=seed_int, default=None, help=f"run seed (default {CPU_SAMPLER.seed})")
     add_model_arguments(p, with_backend=True)
     add_backend_arguments(p, concurrency=concurrency)
     p.add_argument("--traversal", choices=TRAVERSAL_CHOICES, default=None,

@@ -104,6 +104,8 @@ class SamplingParams:
             object.__setattr__(self, name, as_integer(name, getattr(self, name)))
         if self.seed is not None:
             object.__setattr__(self, "seed", as_integer("seed", self.seed))
+            if not -(2**63) <= self.seed <= 2**63 - 1:  # SGLang's verify; the engine's noise keys are 64-bit
+                raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"):
             object.__setattr__(self, name, as_finite(name, getattr(self, name)))
         if not 0.0 <= self.min_p <= 1.0:  # SGLang's SamplingParams.verify, as the two below

@@ -90,7 +90,7 @@ def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict
         return None, []
     data = p.read_bytes()
     end = data.rfind(b"\n") + 1
-    header, records = None, []
+    header, records, first = None, [], True
     for lineno, line in enumerate(data[:end].split(b"\n")[:-1], 1):
         if not line.strip():
             continue
@@ -98,12 +98,13 @@ def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict
             rec = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RunFileError(f"{p}:{lineno}: not a forerun run file (not a JSON line: {e})") from None
-        if isinstance(rec, dict) and rec.get(HEADER_MARK) is not None and lineno == 1:
+        if isinstance(rec, dict) and rec.get(HEADER_MARK) is not None and first:  # the first line that is not blank
             header = rec
         elif isinstance(rec, dict) and "key" in rec:
             records.append(rec)
         else:
             raise RunFileError(f"{p}:{lineno}: not a forerun run file (not an eval record)")
+        first = False
     if end < len(data) and repair:
         if end == 0 and data.strip():
             raise RunFileError(f"{p}: not a forerun run file (one unterminated line)")

@@ -34,6 +34,11 @@ def files(tmp_path_factory):
     (root / "classifier.json").write_text("{not json")
     (root / "a_file.txt").write_text("x")
     (root / "a_dir").mkdir()
+    from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
+
+    fitted = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "node_id"))).fit(
+        synthetic_node_records(n_prompts=3, seed=1))  # the library trains on any record field
+    fitted.save(root / "record_field_classifier.json")
     return root
 
 
@@ -67,6 +72,9 @@ CASES = [
     ("generate", ["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "top_p"),
     ("generate", ["generate", "--prompt", "x", "--seed", "-5"], "--seed"),
+    ("generate", ["generate", "--prompt", "x", "--seed", str(2**64 + 1)], "--seed"),  # aliased seed 1 before
+    ("generate", ["generate", "--model", "tiny", "--max-tokens", "2", "--prompt", "word " * 3000],
+     "exceeds the model context"),  # and nothing from transformers (a too-long-sequence warning) on stderr
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"],
      "--max-tokens 5000: prompt ("),
     ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
@@ -163,6 +171,10 @@ CASES = [
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"], "l2_penalty"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--features", "nope"], "nope"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "-1"], "--seed"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
+                          "--features", "cut_fraction,block,transition"], "block, transition are not known to the"),
+    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",
+                "{root}/record_field_classifier.json"], "node_id are not known to the samplers"),
     # an option the command does not have: named by that command, not by `forerun`
     ("session demo", ["session", "demo", "--nosuch"], "unrecognized arguments: --nosuch (see forerun session demo"),
     ("bench presto", ["bench", "presto", "--prompts", "1", "stray"], "unrecognized arguments: stray"),
@@ -174,6 +186,7 @@ CASES = [
 CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES]
 REAL_PROCESS = {
     "generate:--prompt x --model tiny --max-tokens 5000",  # found before any decode, the engine's worker alive
+    "generate:--model tiny --max-tokens 2 --prompt word word word word wor",
     "sample:--prompt x --model /no/such/model",
     "bench presto:presto --model /no/such/model --prompts 1",
     "bench engine:engine --suffixes 0",

@@ -72,6 +72,9 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "report", "{tmp}/none.jsonl", "--out", "{tmp}/rep"], "no such run file"),
     (["eval", "report", "{tmp}/full.jsonl", "--out", "{tmp}/full.jsonl"], "not a directory"),
     (["eval", "report", "{tmp}/bad.jsonl", "--out", "{tmp}/rep"], "not a JSON line"),
+    (["eval", "report", "{tmp}/full.jsonl", "--out", ""], "--out must not be empty"),  # was: the current folder
+    (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl/r.jsonl"], "is not a directory"),
+    (["eval", "--datasets", "math500", "--out", "/dev/null"], "is not a regular file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "full.jsonl").write_text('{"key": "a"}\n')
@@ -127,6 +130,42 @@ def test_resume_refuses_other_settings(tmp_path, capsys):
     assert main([*small[:-1], "5", "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "other settings" in err and err.count("\n") == 1
+
+
+def test_a_line_torn_inside_a_character_is_repaired_and_a_run_without_its_header_is_not_resumed(tmp_path, capsys):
+    """A full disk can cut the last line inside a UTF-8 character (run files keep non-ASCII text as is): resume
+    and report repair or skip it as they do an ASCII cut.  A file holding records but no header has nothing to
+    check the settings against: resuming it is refused (it used to append other settings' items); a blank file
+    gets its header first."""
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "2", "--n", "4"]
+    run = tmp_path / "run.jsonl"
+    assert main([*small, "--out", str(run)]) == 0
+    lines = run.read_bytes().split(b"\n")
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b"\n".join(lines[:2]) + b"\n" + lines[2][:lines[2].index(b'"response"') + 13] + "é".encode()[:1])
+    assert main(["eval", "report", str(torn), "--out", str(tmp_path / "rep")]) == 0
+    assert main([*small, "--out", str(torn), "--resume"]) == 0
+    assert _comparable(torn) == _comparable(run)
+    headless = tmp_path / "headless.jsonl"
+    headless.write_bytes(b"\n".join(lines[1:]))
+    capsys.readouterr()
+    assert main([*small[:-1], "8", "--out", str(headless), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "no header line" in err and err.count("\n") == 1
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n")
+    assert main([*small, "--out", str(blank), "--resume"]) == 0
+    assert main([*small[:-1], "8", "--out", str(blank), "--resume"]) == 2
+    assert "other settings: n (4 -> 8)" in capsys.readouterr().err
+
+
+def test_a_response_longer_than_the_context_is_refused_before_any_item(tmp_path, capsys):
+    run = tmp_path / "run.jsonl"
+    rc = main(["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "4096",
+               "--out", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--n 4096: prompt (" in err and "exceeds the model context" in err and err.count("\n") == 1
+    assert run.read_bytes() == b""  # no item ran (each used to be retried, then written as an error line)
 
 
 def test_items_are_spread_over_every_backend_url(tmp_path, capsys):

@@ -68,3 +68,33 @@ def test_sigint_during_sample_prints_one_line(forerun_argv):
     run.wait_for(lambda: b"transition" in run.err)  # the progress bar over MH transitions is running
     time.sleep(0.5)
     assert_interrupted(*run.interrupt())
+
+
+def test_a_ctrl_c_while_the_command_line_starts_is_one_line_too():
+    """The command modules import for a second or more (torch) before any command's handler runs: a Ctrl-C then
+    printed a KeyboardInterrupt traceback from an import.  `interrupt_exits` guards that stretch in cli/main.py."""
+    import sys
+
+    code = ("import os, signal, time\nfrom forerun.cli.errors import interrupt_exits\nwith interrupt_exits():\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr.decode().strip() == "forerun: interrupted"
+    main_py = (Path(__file__).parents[2] / "cli" / "main.py").read_text()
+    guarded = main_py.split("with interrupt_exits():", 1)[1].split("\n\n", 1)[0]
+    assert "from . import" in guarded  # the command modules import inside it
+
+
+def test_a_closed_stdout_ends_quietly_and_a_full_disk_is_a_failure(tmp_path):
+    """A pipe reader that went away is not bad input (it was exit 2 with '[Errno 32] Broken pipe'); a write the
+    system refuses is a failure (exit 1), not usage (exit 2)."""
+    import errno
+    import sys
+
+    from forerun.cli.errors import EXIT_FAILURE, EXIT_USAGE, exit_code_for
+
+    pipe = subprocess.run(f"set -o pipefail; {sys.executable} -m forerun.cli.main generate --model tiny --prompt hi "
+                          "--max-tokens 4 --json | head -c 0", shell=True, capture_output=True, timeout=120,
+                          executable="/bin/bash")
+    assert pipe.returncode == EXIT_FAILURE and pipe.stderr == b""
+    assert exit_code_for(OSError(errno.ENOSPC, "No space left on device")) == EXIT_FAILURE
+    assert exit_code_for(FileNotFoundError(errno.ENOENT, "nope")) == EXIT_USAGE

@@ -359,7 +359,7 @@ def test_bad_input(engine):
     (dict(top_k=2.5), "top_k must be an integer"), (dict(seed=1.5), "seed must be an integer"),
     (dict(stop_token_ids=(1.5,)), "stop_token_ids must be an integer"), (dict(stop=(5,)), "stop must be strings"),
     (dict(temperature=float("inf")), "temperature must be finite"), (dict(top_p="0.5"), "top_p must be a number"),
-    (dict(min_new_tokens=-1), "min_new_tokens must be in"), (dict(min_new_tokens=3, max_new_tokens=2), "min_new_tokens"),
+    (dict(seed=2**64 + 1), "seed must be in"), (dict(min_new_tokens=-1), "min_new_tokens must be in"), (dict(min_new_tokens=3, max_new_tokens=2), "min_new_tokens"),
 ])
 def test_ill_typed_params_are_refused_and_the_engine_goes_on(engine, bad, match):
     """A float max_new_tokens used to pass SamplingParams and stop the engine's worker thread for good."""

@@ -6,7 +6,7 @@ test_server_contract.py` validates both against SGLang's own models).
 
     SGLang source (site-packages/sglang/...)                   checked here
     srt/managers/io_struct.py GenerateReqInput, api/v1/...     `generate_body`: input_ids, never text
-    srt/sampling/sampling_params.py SamplingParams.verify      `check_request`: sampling_seed in int64
+    srt/sampling/sampling_params.py SamplingParams.verify      forerun's SamplingParams: sampling_seed in int64
     srt/layers/sampler.py Sampler._sample_from_probs           `check_request`: top-k/top-p with a seed on
                                                                the flashinfer / intel_xpu sampling backend
                                                                (the seed tensor exists only under
@@ -39,7 +39,6 @@ import requests
 
 from ..protocol import EngineError, SamplingParams
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEED_ASSERTING_BACKENDS = ("flashinfer", "intel_xpu")
 """Sampling backends whose top-k/top-p/min-p path asserts `sampling_seed is None` (sampler.py)."""
 
@@ -137,9 +136,6 @@ def error_text(resp: requests.Response) -> str:
 def check_request(url: str, rid: str, p: SamplingParams, caps: ServerCapabilities) -> None:
     """Reject, before sending, what the real server would reject or crash on (see the module docstring)."""
     where = f"SGLang server {url}: rid={rid}"
-    if p.seed is not None and not INT64_MIN <= p.seed <= INT64_MAX:
-        raise ValueError(f"{where}: sampling_seed {p.seed} is outside int64 [-2**63, 2**63 - 1], which the server "
-                         "rejects (SamplingParams.verify); reduce the seed modulo 2**63")
     filtered = p.top_k != -1 or p.top_p < 1.0 or p.min_p > 0 or p.temperature == 0  # τ = 0: top_k = 1 there
     if (p.seed is not None and filtered and caps.deterministic
             and (caps.sampling_backend or "") in SEED_ASSERTING_BACKENDS):

@@ -109,7 +109,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, default: str = "defa
                         help=f"default | tiny | path to a HF folder or .gguf file (default: {default}){ignored}")
     parser.add_argument("--dtype", default=None,
                         help="float32 (default) | bfloat16 (bf16 weights, float32 activations, KV and log-probs: the "
-                             "MH target is this bf16 model's p0) | float64 (tiny's default); batch-invariant in "
+                             "MH target is this bf16 model's p0) | float16 (the same with fp16 weights) | float64 "
+                             "(tiny's default); batch-invariant in "
                              f"each (a warning says when the engine cannot be){ignored}")
     parser.set_defaults(checks_model_path=True)
 

@@ -85,7 +85,8 @@ class ServerConfig:
 
 def check_server_url(url: str) -> str:
     """`url` as a server URL (http[s]://host[:port][/path], trailing "/" removed), or ValueError saying what is
-    wrong with it: empty, no scheme, a scheme other than http/https, no host, a port that is not a number."""
+    wrong with it: empty, no scheme, a scheme other than http/https, no host, a port that is not a number,
+    credentials (refused without echoing them), a query or a fragment."""
     text = url.strip()
     if not text:
         raise ValueError("a server URL must not be empty (expected http://host:port)")
@@ -102,4 +103,10 @@ def check_server_url(url: str) -> str:
         raise ValueError(f"{url!r} contains white space (expected http://host:port)")
     if not parts.hostname:
         raise ValueError(f"{url!r} names no host (expected http://host:port)")
+    if parts.username is not None or parts.password is not None:  # never echoed: not even in this message
+        raise ValueError(f"a server URL with credentials ({parts.scheme}://...@{parts.hostname}) is not supported: "
+                         "forerun names its server URLs in messages and SGLang's server reads none")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: a server URL has no query or fragment (expected http://host:port[/path]); "
+                         "the routes (/generate, ...) are added to it")
     return parts._replace(scheme=parts.scheme.lower()).geturl().rstrip("/")

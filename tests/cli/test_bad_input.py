@@ -78,6 +78,8 @@ CASES = [
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"],
      "--max-tokens 5000: prompt ("),
     ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:1/p?x=1"], "no query or fragment"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
     # sample
     ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),
     ("sample", ["sample", "--dataset", "math500", "--index", "100000", "--model", "tiny"], "--index 100000"),
@@ -212,6 +214,7 @@ def test_bad_input_is_one_line(command, argv, needle, files, request, run_foreru
     run = run_forerun if request.node.callspec.id in REAL_PROCESS else run_forerun_in_process
     proc = run([a.format(root=files) for a in argv])
     assert_one_line_error(proc, needle)
+    assert "hunter2" not in proc.stderr  # a password in a URL is never echoed
     if command != "forerun":
         assert proc.stderr.split("\r")[-1].startswith(f"forerun {command}:"), proc.stderr
     assert not Path(MISSING_PARENT).parent.exists()  # a missing parent directory is never created

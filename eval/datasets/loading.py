@@ -173,6 +173,8 @@ def _read_dir(spec: DatasetSpec, folder: Path, names: tuple[str, ...], gpqa_seed
             out.extend(parse(row, f"{path}:{ln}") for ln, row in rows)
     if spec.name == "aime":
         out = [as_aime(p) for p in out]
+    if not out:  # an empty (or truncated) copy: no run over it means anything
+        raise DatasetError(f"dataset {spec.name!r}: {', '.join(str(folder / n) for n in names)} holds no prompts")
     return out
 
 

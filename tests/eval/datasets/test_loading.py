@@ -265,3 +265,11 @@ def test_prompt_is_hashable_and_chat_prompt():
             return "<user>" + messages[0]["content"] + "<assistant>"
 
     assert p.chat_prompt(Tok()).startswith("<user>What is 1+1?")
+
+
+@pytest.mark.parametrize("name, fname", [("math500", "math500.jsonl"), ("humaneval", "humaneval.jsonl")])
+def test_an_empty_dataset_file_is_refused_not_a_zero_item_run(tmp_path, name, fname):
+    """An empty copy used to load as 0 prompts: `sample` said "valid: 0 to -1" and `eval` wrote a 0-item run."""
+    (tmp_path / fname).write_text("")
+    with pytest.raises(DatasetError, match="holds no prompts"):
+        load_prompts(name, data_dir=tmp_path)

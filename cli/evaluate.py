@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int
+from .args import add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
@@ -39,12 +39,9 @@ VOLATILE_FIELDS = ("wall_s", "call_time_s", "time_per_call_s", "grade_s", "finis
 
 
 def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}") from None
-    if not seeds or min(seeds) < 0 or max(seeds) > SEED_MAX:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers in [0, 2**63 - 1], got {text!r}")
+    seeds = [seed_int(s.strip()) for s in text.split(",") if s.strip()]
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds in [0, 2**63 - 1], got {text!r}")
     return list(dict.fromkeys(seeds))
 
 
@@ -312,6 +309,7 @@ def eval_command(args: argparse.Namespace) -> int:
         classifier = _shipped_checked(classifier, rt.name, plan["methods"])
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json(), "forced_answers": forced}
+        plan["needs_header"] = header is None  # a new or blank file (one with records and no header was refused)
         _check_resumable(header, existing, plan["header"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)
@@ -342,7 +340,7 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
     written = 0
     try:
         with RunWriter(plan["out"]) as writer:
-            if not Path(plan["out"]).read_bytes().strip():  # new, or blank: the header first (resume checks it)
+            if plan["needs_header"]:  # the header first: resume checks it
                 writer.write(run_header(**plan["header"], backend=[rt.location for rt in pool.runtimes],
                                         command=command, created=time.time(),
                                         selection_rules=plan["settings"].selection_rules(plan["methods"])))

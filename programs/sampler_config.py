@@ -80,7 +80,8 @@ class SamplerConfig:
             object.__setattr__(self, name, as_integer(name, getattr(self, name)))
         for name in ("alpha", "beta", "epsilon") + (("temperature",) if self.temperature is not None else ()):
             object.__setattr__(self, name, as_finite(name, getattr(self, name)))
-        object.__setattr__(self, "mtm_temperatures", tuple(as_finite("mtm_temperatures", t) for t in self.mtm_temperatures))
+        object.__setattr__(self, "mtm_temperatures",
+                           tuple(as_finite("mtm_temperatures", t) for t in self.mtm_temperatures))
         object.__setattr__(self, "stop_at_eos", tuple(as_integer("stop_at_eos", t) for t in self.stop_at_eos))
         if self.kind not in SAMPLER_KINDS:
             raise ValueError(f"kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")

@@ -39,7 +39,7 @@ def as_integer(name: str, value: Any) -> int:
 
 def as_finite(name: str, value: Any) -> float:
     """`value` as a finite float (ints and numpy floats pass; NaN, infinities and non-numbers are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(type(value), "__float__"):
+    if isinstance(value, bool) or not hasattr(type(value), "__float__"):
         raise ValueError(f"{name} must be a number, got {value!r}")
     out = float(value)
     if not math.isfinite(out):

@@ -401,8 +401,8 @@ class TokenExactBackend(BaseBackend):
             normalized.append(float(np.mean([e[0] for e in entries])) if entries else float("-inf"))
         unconditional = None
         if getattr(choices_method, "requires_unconditional_logprobs", False):
-            unconditional = self._unconditional_logprobs([[int(e[1]) for e in entries] for entries in input_token_logprobs],
-                                                         seed)
+            choice_ids = [[int(e[1]) for e in entries] for entries in input_token_logprobs]
+            unconditional = self._unconditional_logprobs(choice_ids, seed)
         decision: ChoicesDecision = choices_method(
             choices=choices,
             normalized_prompt_logprobs=normalized,

@@ -14,8 +14,12 @@ request - and applies the matcher's bitmask inside the batched decode step (`dec
     A_t, the tokens G allows at step t              allowed_tokens(grammars, V) -> bool [R, V] (numpy)
     q_τ restricted to A_t and renormalised          restricted_stats(stats, rows, allowed)  (sampling)
     y_t ~ that distribution, u(seed, p) as always   draw_constrained(stats, items) -> {row: (y, log q)}
-    G complete: A_t = the stop tokens only          the matcher (stop tokens = model EOS ∪ stop_token_ids)
-    G terminated (a stop token accepted)            RowGrammar.terminated -> the request finishes (output.stop_reason)
+    G complete: A_t = the model's EOS ids only      the matcher (its stop tokens = the model's EOS ids, as SGLang's)
+    G terminated (an EOS id accepted)               RowGrammar.terminated -> the request finishes (output.stop_reason)
+
+A request's own stop_token_ids are no stop tokens of its grammar, as in SGLang (whose matchers keep the tokenizer's
+EOS ids, `override_stop_tokens` None): the grammar allows such a token where its text fits (a special token never),
+and when one is drawn the request ends by the ordinary stop rule (`output`, rule 3), its grammar unfinished.
 
 Only the constrained rows pay: their bitmasks are filled, unpacked and applied on a copy of their own logits rows;
 the unconstrained rows of the same step draw from the raw logits exactly as without any grammar.  The draw of a
@@ -70,7 +74,7 @@ class RowGrammar:
 
     @property
     def terminated(self) -> bool:
-        """A stop token was accepted where the grammar may end: nothing can follow."""
+        """An EOS id was accepted where the grammar may end: nothing can follow."""
         return bool(self._matcher.is_terminated())
 
 
@@ -123,12 +127,12 @@ class GrammarCompiler:
         raise ValueError(f"unknown constraint field {field!r}")
 
     def row_grammar(self, params: SamplingParams) -> RowGrammar | None:
-        """A fresh parse state for a request with `params` (None when it has no constraint).  Its stop tokens
-        are the model's EOS ids and the request's stop_token_ids: where the grammar may end, one of them ends it."""
+        """A fresh parse state for a request with `params` (None when it has no constraint).  Its stop tokens are
+        the model's EOS ids only (SGLang's); the request's stop_token_ids are ordinary tokens to the grammar."""
         if params.constraint is None:
             return None
         compiled = self.compile(*params.constraint)
-        return RowGrammar(compiled, self.stop_token_ids + params.stop_token_ids, params.constraint)
+        return RowGrammar(compiled, self.stop_token_ids, params.constraint)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

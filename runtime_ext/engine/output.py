@@ -20,7 +20,7 @@ detokenizer_manager.py `trim_matched_stop`), checked after every token in this o
        pattern that matches at most W characters lies in the last W characters and what the newest token added;
     3. EOS and stop_token_ids, unless `ignore_eos` (which ignores both): kept in output_ids, dropped from the text;
     4. max_new_tokens;
-    5. a constrained request (grammar) whose grammar terminated - it accepted a stop token where the grammar
+    5. a constrained request (grammar) whose grammar terminated - it accepted an EOS id where the grammar
        may end - even under `ignore_eos`.
 
 `min_new_tokens` is no stop rule: while fewer tokens are out, EOS and the stop ids are masked out of q_τ (SGLang's

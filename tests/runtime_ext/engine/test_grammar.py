@@ -6,6 +6,8 @@ byte vocabulary, Python's `re` / `json` for the outputs, an uncached transformer
     the mask is the grammar's: allowed = the bytes that extend    test_mask_is_the_brute_force_allowed_set
       the text to a prefix of the language, EOS where it may end
     a finished grammar allows only EOS and the stop tokens        test_a_complete_grammar_allows_only_the_stop_tokens
+    a request's stop ids are content to its grammar; drawn,       test_a_stop_id_the_grammar_allows_ends_the_request
+      one ends the request unfinished (SGLang's matcher: EOS)
     every seeded constrained generation matches its constraint    test_seeded_constrained_generations_match (100;
                                                                   500 under -m slow)
     seeded and batch-invariant: the same ids alone / in 20        test_alone_and_in_a_batch_of_20_give_the_same_ids
@@ -62,7 +64,7 @@ def test_mask_is_the_brute_force_allowed_set(engine):
         g = compiler.row_grammar(params)
         for k in range(len(word) + 1):
             got = set(np.flatnonzero(allowed_tokens([g], engine.vocab_size)[0]).tolist())
-            assert got == brute_force_allowed(word[:k].encode(), WORDS, {EOS, 7}), (word, k)
+            assert got == brute_force_allowed(word[:k].encode(), WORDS, {EOS}), (word, k)  # 7: no stop of G
             if k < len(word):
                 g.accept(ord(word[k]))
         g.accept(EOS)
@@ -77,7 +79,27 @@ def test_a_complete_grammar_allows_only_the_stop_tokens(engine):
     g = engine.grammars.compiler.row_grammar(SamplingParams(regex="yes", stop_token_ids=(7, 9)))
     for ch in b"yes":
         g.accept(ch)
-    assert set(np.flatnonzero(allowed_tokens([g], engine.vocab_size)[0]).tolist()) == {EOS, 7, 9}
+    assert set(np.flatnonzero(allowed_tokens([g], engine.vocab_size)[0]).tolist()) == {EOS}
+
+
+def test_a_stop_id_the_grammar_allows_ends_the_request(engine):
+    """SGLang's matchers stop on the model's EOS only: a request's stop id is a token like any other to its
+    grammar (here the byte 'x', which "ab(x|y)" allows after "ab"), and drawing it ends the request by the stop-id
+    rule - text "ab", the grammar unfinished - where a grammar that took the stop ids as its own stop tokens
+    would never let 'x' be drawn as text."""
+    x, y = ord("x"), ord("y")
+    seen = set()
+    for seed in range(24):
+        out = engine.generate(prompt(engine), SamplingParams(max_new_tokens=8, regex="ab(x|y)", stop_token_ids=(x,),
+                                                            seed=seed))
+        ids, reason = list(out.output_ids), out.meta_info["finish_reason"]
+        if ids[:3] == [ord("a"), ord("b"), x]:
+            assert (out.text, len(ids), reason) == ("ab", 3, {"type": "stop", "matched": x})
+            seen.add("x")
+        else:
+            assert (ids, out.text, reason) == ([ord("a"), ord("b"), y, EOS], "aby", {"type": "stop", "matched": EOS})
+            seen.add("y")
+    assert seen == {"x", "y"}
 
 
 # -- every generation matches its constraint -------------------------------------------------------------

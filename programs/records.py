@@ -275,7 +275,10 @@ class RecordWriter:
         """Append `nodes`; returns the number of lines written."""
         stamp = (lambda n: n) if self.model is None else (lambda n: dataclasses.replace(n, model=self.model))
         lines = [json.dumps(stamp(node).to_json()) for node in nodes]
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
-            fh.flush()
+        try:
+            with self._lock, self.path.open("a", encoding="utf-8") as fh:
+                fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
+                fh.flush()
+        except OSError as exc:  # a full disk (or /dev/full): the error names the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         return len(lines)

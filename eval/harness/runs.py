@@ -26,6 +26,7 @@ embedded engine batches their concurrent requests together; a server spreads the
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -148,10 +149,13 @@ class RunWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         data = encode_line(record)
-        n = os.write(self.fd, data)
+        try:
+            n = os.write(self.fd, data)
+            os.fsync(self.fd)
+        except OSError as exc:  # a full disk, a failing device: the error names the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if n != len(data):  # regular files: only on a full disk; the partial line is repaired on resume
-            raise OSError(f"short write to {self.path} ({n} of {len(data)} bytes)")
-        os.fsync(self.fd)
+            raise OSError(errno.ENOSPC, f"short write ({n} of {len(data)} bytes)", str(self.path))
 
     def close(self) -> None:
         if self.fd >= 0:

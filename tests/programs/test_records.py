@@ -97,3 +97,17 @@ def test_ratio_features_are_the_current_states_half_of_log_r():
         log_r = log_mh_ratio(x.logq, x.logp0, y_spliced[0], y_spliced[1], cut, alpha)
         assert log_r == pytest.approx(fy["logz_suffix_sum"] - fx["logz_suffix_sum"])
     assert not set(RATIO_FEATURES) & set(root_cut_features(x, 2))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failed_write_names_the_file():
+    """A write that fails (a full disk; /dev/full fails every write) is an OSError naming the records file, so the
+    CLI's one line says which file (`bench presto --records /dev/full` said only 'No space left on device')."""
+    import errno
+
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=6, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=5)).run([1, 2], prompt_id="p0")
+    with pytest.raises(OSError) as caught:
+        RecordWriter("/dev/full").write_calls(res.calls)
+    assert caught.value.errno == errno.ENOSPC and "/dev/full" in str(caught.value)

@@ -57,6 +57,17 @@ def test_writer_appends_and_load_repairs_a_torn_tail(tmp_path):
     assert [r["key"] for r in load_run(path)] == ["a", "b", "c"]
 
 
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failed_write_names_the_run_file():
+    """A failed write (a full disk: /dev/full fails every write) is an OSError naming the run file; the CLI's
+    one line then says which file, and the errno keeps it a failure (exit 1), not a usage error."""
+    import errno
+
+    with RunWriter("/dev/full") as w, pytest.raises(OSError) as caught:
+        w.write({"key": "a", "v": 1})
+    assert caught.value.errno == errno.ENOSPC and "/dev/full" in str(caught.value)
+
+
 def test_corrupt_complete_line_is_an_error(tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text('{"key": "a"}\nnot json\n{"key": "b"}\n')

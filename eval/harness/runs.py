@@ -82,10 +82,17 @@ def run_header(settings: dict[str, Any], model: str, dtype: str, concurrency: in
             "settings": dict(settings), **info}
 
 
+def _torn_header(data: bytes) -> bool:
+    """One unterminated line that begins as every header line does (`encode_line` of `run_header`): a run killed
+    while writing its header, before any item ran; resuming it starts the run afresh."""
+    mark, torn = b'{"' + HEADER_MARK.encode() + b'":', data.strip()
+    return torn.startswith(mark) or len(torn) > 2 and mark.startswith(torn)
+
+
 def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(header or None, records) of a run file.  Every complete line must be a forerun line (the header first,
     then records with a 'key'), else `RunFileError` and the file is left untouched; then a trailing partial
-    line (from a kill mid-write) is truncated away when `repair` (else ignored)."""
+    line (from a kill mid-write, the header's included) is truncated away when `repair` (else ignored)."""
     p = Path(path)
     if not p.exists():
         return None, []
@@ -107,9 +114,9 @@ def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict
             raise RunFileError(f"{p}:{lineno}: not a forerun run file (not an eval record)")
         first = False
     if end < len(data) and repair:
-        if end == 0 and data.strip():
+        if end == 0 and data.strip() and not _torn_header(data):
             raise RunFileError(f"{p}: not a forerun run file (one unterminated line)")
-        os.truncate(p, end)
+        os.truncate(p, end)  # a torn record, or the torn header of a run killed as it started: nothing was run
     return header, records
 
 

@@ -159,6 +159,21 @@ def test_a_line_torn_inside_a_character_is_repaired_and_a_run_without_its_header
     assert "other settings: n (4 -> 8)" in capsys.readouterr().err
 
 
+def test_a_run_killed_while_writing_its_header_is_resumed(tmp_path, capsys):
+    """Killed mid-header, the file holds one unterminated line: without --resume the hint says to pass --resume,
+    and --resume then runs it from the start (it used to refuse it as 'not a forerun run file')."""
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "4"]
+    run = tmp_path / "run.jsonl"
+    assert main([*small, "--out", str(run)]) == 0
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(run.read_bytes()[:40])
+    capsys.readouterr()
+    assert main([*small, "--out", str(torn)]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert main([*small, "--out", str(torn), "--resume"]) == 0
+    assert _comparable(torn) == _comparable(run)
+
+
 def test_a_response_longer_than_the_context_is_refused_before_any_item(tmp_path, capsys):
     run = tmp_path / "run.jsonl"
     rc = main(["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "4096",

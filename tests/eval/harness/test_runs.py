@@ -91,6 +91,23 @@ def test_a_file_that_is_not_a_run_is_refused_untouched(tmp_path):
     assert path.read_bytes() == b'{"a": 1}'
 
 
+def test_a_torn_header_is_a_run_that_never_started(tmp_path):
+    """A kill while the header was written leaves one unterminated line that begins like a header: `eval` without
+    --resume says the file holds a run and to pass --resume, so --resume must take it (truncated to empty: no item
+    ran), not refuse it as 'not a forerun run file'.  Other unterminated lines stay refused, untouched."""
+    path = tmp_path / "run.jsonl"
+    full = encode_line(run_header({"n": 32}, "m", "float32", 1))
+    for cut in (5, 16, len(full) // 2, len(full) - 1):
+        path.write_bytes(full[:cut])
+        assert read_run(path, repair=False) == (None, []) and path.read_bytes() == full[:cut]
+        assert read_run(path) == (None, []) and path.read_bytes() == b"", cut
+    for junk in (b'{"', b'{"key": "a", "v', b'{"forerun_runs": 1, "x'):
+        path.write_bytes(junk)
+        with pytest.raises(RunFileError, match="one unterminated line"):
+            read_run(path)
+        assert path.read_bytes() == junk
+
+
 def test_header_first_and_the_last_line_of_a_key_wins(tmp_path):
     path = tmp_path / "run.jsonl"
     head = run_header({"n": 32, "alpha": 4.0}, "m", "float32", 1)

@@ -305,8 +305,7 @@ class StandInServer:
                 raise HTTPError(400, "The input_ids is empty.")
             if any(t < 0 or t >= VOCAB_SIZE for t in ids):
                 raise HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
-            rid = body.get("rid")
-            rid = (rid[i] if isinstance(rid, list) else (f"{rid}-{i}" if batched and rid else rid)) or uuid.uuid4().hex
+            rid = self._item_rid(body.get("rid"), i, n, batched)
             outs.append(self._generate_one(
                 ids, item("sampling_params", {}, i) or {}, rid=rid, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
@@ -318,6 +317,14 @@ class StandInServer:
             return GenerateAnswer([out for out, _ in outs])
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
+
+    @staticmethod
+    def _item_rid(rid: Any, i: int, n: int, batched: bool) -> str:
+        """Item i's rid as SGLang's `_normalize_rid` makes it (one string for a batch: rid_i; a list of another
+        length: 400)."""
+        if isinstance(rid, list) and batched and len(rid) != n:
+            raise HTTPError(400, "The specified rids length mismatch with the batch_size for batch processing.")
+        return (rid[i] if isinstance(rid, list) else (f"{rid}_{i}" if batched and rid else rid)) or uuid.uuid4().hex
 
     def _session_prompt(self, session: Any, rid: str, ids: list[int], max_new: int) -> tuple[list[int], str]:
         """The ids a request runs on, and an abort message ("" when none)."""

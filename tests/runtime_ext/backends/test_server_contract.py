@@ -333,3 +333,22 @@ def test_unseeded_requests_get_fresh_seeds_which_are_recorded():
         out = SGLangServerBackend(srv.url, srv.tokenizer).run(prompt, p)
         assert "sampling_seed" not in srv.generate_bodies()[0]["sampling_params"]
         assert out.meta_info["sampling_seed"] is None
+
+
+@pytest.mark.parametrize("rid", ["x", ["a", "b"], ["a"], ["a", "b", "c"]])
+def test_a_batchs_rids_are_normalised_as_sglangs_own_normalize_rid_does(rid):
+    """SGLang's `GenerateReqInput._normalize_rid`, run on a stand-in object: one string becomes rid_i, a list of
+    another length than the batch is a ValueError (HTTP 400).  The stand-in answered x-0 / crashed the handler."""
+    normalize = src.compile_function(src.method_def(IO_STRUCT, "GenerateReqInput", "_normalize_rid"),
+                                     {"uuid": __import__("uuid")}, IO_STRUCT)
+    obj = SimpleNamespace(rid=list(rid) if isinstance(rid, list) else rid, batch_size=2)
+    try:
+        normalize(obj, 2)
+        want: typing.Any = obj.rid
+    except ValueError as exc:
+        want = (400, str(exc))
+    with StandInServer() as srv:
+        body = {"input_ids": [[BOS_ID, 5], [BOS_ID, 6]], "rid": rid, "sampling_params": {"max_new_tokens": 1}}
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    got = [o["meta_info"]["id"] for o in resp.json()] if resp.ok else (resp.status_code, resp.json()["error"]["message"])
+    assert got == want

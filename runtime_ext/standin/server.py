@@ -74,6 +74,7 @@ import numpy as np
 from .byte_model import (
     BOS_ID,
     EOS_ID,
+    GREEDY_BELOW,
     VOCAB_SIZE,
     ByteModel,
     Generation,
@@ -81,6 +82,7 @@ from .byte_model import (
     Sampling,
     byte_tokenizer,
     generate,
+    sampling_error,
 )
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
@@ -100,8 +102,6 @@ PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
-GREEDY_BELOW = 1e-6
-"""SamplingParams.__post_init__ (_SAMPLING_EPS): a temperature in [0, 1e-6) is greedy (top_k 1 at temperature 1)."""
 
 
 @dataclass
@@ -414,8 +414,9 @@ class StandInServer:
             min_new_tokens=int(sp.get("min_new_tokens", 0)),
             min_p=float(sp.get("min_p", 0.0)),
         )
-        if not 0.0 <= fields["min_p"] <= 1.0:
-            raise HTTPError(400, f"min_p must be in [0, 1], got {fields['min_p']}.")
+        problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
+        if problem is not None:  # SGLang's verify: HTTP 400
+            raise HTTPError(400, problem)
         penalties = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
         if penalties:  # never ignored silently
             raise HTTPError(400, f"the stand-in server does not implement {', '.join(penalties)}")
@@ -429,8 +430,6 @@ class StandInServer:
         if seed is None:
             with self.lock:
                 seed = int(self._seed_rng.integers(0, 2**62))
-        if fields["temperature"] < 0:
-            raise HTTPError(400, f"temperature must be a non-negative finite number, got {fields['temperature']}.")
         return Sampling(seed=seed, **fields)
 
     def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,

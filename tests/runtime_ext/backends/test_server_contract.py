@@ -352,3 +352,31 @@ def test_a_batchs_rids_are_normalised_as_sglangs_own_normalize_rid_does(rid):
         resp = requests.post(srv.url + "/generate", json=body, timeout=10)
     got = [o["meta_info"]["id"] for o in resp.json()] if resp.ok else (resp.status_code, resp.json()["error"]["message"])
     assert got == want
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
+    (1.0, 0, 1.0, 0.0), (1.0, -5, 1.0, 0.0), (1.0, -1, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 5, 0.0, 0.0),
+    (0.7, 5, 1.5, 0.0), (0.7, 5, 0.9, 0.2), (0.7, 5, 0.9, 1.2), (-1.0, -1, 1.0, 0.0), (1e-7, -3, 1.0, 0.0)])
+def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, top_k, top_p, min_p):
+    """SGLang's __post_init__ normalisation (greedy temperature: top_k 1; top_k -1: all) and its `verify`, run on
+    a stand-in object, decide 200 or 400 and the message; the stand-in accepted top_k 0 and top_p 0 or 1.5."""
+    path = "srt/sampling/sampling_params.py"
+    assert src.line(path, 245) == "if 0 <= self.temperature < _SAMPLING_EPS:"
+    normalise = src.compile_statements(path, 245, 250, "self", {"_SAMPLING_EPS": 1e-6, "TOP_K_ALL": 1 << 30})
+    verify = src.compile_function(src.method_def(path, "SamplingParams", "verify"), {
+        "math": __import__("math"), "get_request_reasoning_end_token_ids": lambda *a, **k: None}, path)
+    sp = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, beam_width=None,
+                         frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                         max_new_tokens=1, logit_bias=None, sampling_seed=None, custom_params=None,
+                         json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    normalise(sp)
+    try:
+        verify(sp, VOCAB_SIZE)
+        want: typing.Any = 200
+    except ValueError as exc:
+        want = (400, str(exc))
+    with StandInServer() as srv:
+        body = {"input_ids": [BOS_ID, 5], "sampling_params": {"max_new_tokens": 1, "temperature": temperature,
+                                                              "top_k": top_k, "top_p": top_p, "min_p": min_p}}
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    assert (200 if resp.ok else (resp.status_code, resp.json()["error"]["message"])) == want

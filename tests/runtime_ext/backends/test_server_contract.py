@@ -380,3 +380,22 @@ def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, to
                                                               "top_k": top_k, "top_p": top_p, "min_p": min_p}}
         resp = requests.post(srv.url + "/generate", json=body, timeout=10)
     assert (200 if resp.ok else (resp.status_code, resp.json()["error"]["message"])) == want
+
+
+@pytest.mark.parametrize("body", [
+    {"input_ids": [BOS_ID, 5], "sampling_params": [1]},
+    {"input_ids": [BOS_ID, 5], "sampling_params": {"temperature": "hot"}},
+    {"input_ids": [BOS_ID, 5], "return_logprob": True, "top_logprobs_num": "a"},
+    {"input_ids": [BOS_ID, 5], "sampling_params": {"stop": 5}},
+    {"input_ids": [True, 5]}])
+def test_a_body_of_the_wrong_json_types_is_answered_400_with_sglangs_contract_text(body):
+    """http_server.generate_request refuses what api_contract's schema decoder rejects (400, its text); the stand-in
+    dropped the connection unanswered on these (the client then retried them as a transient failure)."""
+    assert src.line("srt/entrypoints/http_server.py", 939) == \
+        'return ORJSONResponse(status_code=400, content={"error": contract_error})'
+    api = importlib.import_module("sglang.api.v1.api_types")
+    with pytest.raises(api.JsonContractError) as refused:
+        api.GenerateRequest.from_json_value(body)
+    with StandInServer() as srv:
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    assert (resp.status_code, resp.json()) == (400, {"error": str(refused.value)})

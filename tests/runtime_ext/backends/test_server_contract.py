@@ -399,3 +399,31 @@ def test_a_body_of_the_wrong_json_types_is_answered_400_with_sglangs_contract_te
     with StandInServer() as srv:
         resp = requests.post(srv.url + "/generate", json=body, timeout=10)
     assert (resp.status_code, resp.json()) == (400, {"error": str(refused.value)})
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_under_priority_scheduling_a_background_request_queues_behind_a_normal_one(low_first):
+    """SGLang's own `_set_or_validate_priority` and `_sort_by_priority_and_fcfs`, run on the bodies the client sent:
+    the normal request (arrived second) is scheduled before the background one (priority -1).  The client used to
+    send no priority for a normal request, which SGLang ranks last (-2**63), behind every pre-position."""
+    from forerun.runtime_ext.backends.server_client import SGLangServerClient
+
+    set_priority = src.compile_function(src.method_def(SCHEDULER, "Scheduler", "_set_or_validate_priority"),
+                                        {"sys": __import__("sys")}, SCHEDULER)
+    policy = "srt/managers/schedule_policy.py"
+    sort = src.compile_function(src.method_def(policy, "SchedulePolicy", "_sort_by_priority_and_fcfs"), {}, policy)
+    with StandInServer() as srv:
+        info = srv.server_info
+        srv.server_info = lambda: dict(info(), enable_priority_scheduling=True,
+                                       schedule_low_priority_values_first=low_first)
+        client = SGLangServerClient(srv.url, tokenizer=srv.tokenizer)
+        client.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1), priority=-1)  # a pre-position
+        client.generate([BOS_ID, 2], SamplingParams(max_new_tokens=1))  # a user request
+        bodies = srv.generate_bodies()
+    sched = SimpleNamespace(enable_priority_scheduling=True, schedule_low_priority_values_first=low_first,
+                            abort_on_priority_when_disabled=False)
+    queue = [SimpleNamespace(priority=b.get("priority"), ids=b["input_ids"],
+                             time_stats=SimpleNamespace(wait_queue_entry_time=t)) for t, b in enumerate(bodies)]
+    assert all(set_priority(sched, r) for r in queue)
+    sort(queue, 1 if low_first else -1)
+    assert [r.ids for r in queue] == [[BOS_ID, 2], [BOS_ID, 1]]

@@ -137,9 +137,9 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, sid)
 
     def _close_session(self, body: dict[str, Any]) -> None:
-        sid = body.get("session_id")
-        if not self.standin.sessions.close(sid):
-            raise HTTPError(400, f"session id {sid} does not exist")
+        """200 whether or not the session exists: SGLang only sends the close to the scheduler, which logs a
+        warning for an unknown id (session_controller.close)."""
+        self.standin.sessions.close(body.get("session_id"))
         self._send(200, b"", "text/plain")
 
     def _generate(self, body: Any) -> None:

@@ -427,3 +427,19 @@ def test_under_priority_scheduling_a_background_request_queues_behind_a_normal_o
     assert all(set_priority(sched, r) for r in queue)
     sort(queue, 1 if low_first else -1)
     assert [r.ids for r in queue] == [[BOS_ID, 2], [BOS_ID, 1]]
+
+
+def test_closing_an_unknown_or_closed_session_answers_200_as_sglang_does():
+    """http_server.close_session answers 200 once tokenizer_manager has sent the close to the scheduler, which only
+    logs a warning for an id it does not know; the stand-in answered 400 (a second close raised in the client)."""
+    http = src.source_lines("srt/entrypoints/http_server.py")
+    at = http.index("        await _global_state.tokenizer_manager.close_session(obj, request)")
+    assert http[at + 1].strip() == "return Response(status_code=200)"
+    assert "does not exist, cannot delete" in src.line(SESSIONS, 410) and "logger.warning" in src.line(SESSIONS, 410)
+    with StandInServer() as srv:
+        backend = SGLangServerBackend(srv.url)
+        sid = backend.engine.open_session(64)
+        backend.engine.close_session(sid)
+        backend.engine.close_session(sid)  # already closed: no error
+        resp = requests.post(srv.url + "/close_session", json={"session_id": "never-opened"}, timeout=10)
+    assert resp.status_code == 200

@@ -9,13 +9,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..backends.sglang_frontend import generate_contract_error
 from .sessions import SchedulerCrash
 from .stream import write_event_stream
-
-try:  # SGLang's own /generate JSON contract gate (http_server.generate_request -> api_contract)
-    from sglang.api.v1.api_types import GenerateRequest as _Contract, JsonContractError as _ContractError
-except ImportError:  # pragma: no cover - sglang is installed with forerun (--no-deps on CPU machines)
-    _Contract = None
 
 
 class HTTPError(Exception):
@@ -144,12 +140,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: Any) -> None:
         server = self.standin
-        if _Contract is not None:  # a body of the wrong JSON types: 400 with the schema's text, as SGLang answers
-            try:
-                _Contract.from_json_value(body)
-            except _ContractError as exc:
-                self._send(400, {"error": str(exc)})
-                return
+        refused = generate_contract_error(body)  # SGLang's own JSON schema gate (http_server.generate_request)
+        if refused is not None:
+            self._send(400, {"error": refused})
+            return
         mode = server.take_failure()
         if mode in ("500", "429", "400", "503"):
             raise HTTPError(int(mode), f"injected failure {mode}")

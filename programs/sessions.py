@@ -433,6 +433,8 @@ class AgenticSession(_Session):
             pending = self._pending
             if pending is None:
                 raise RuntimeError("tool_result without a preceding emit_tool_call")
+            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens must be an integer >= 1 (a turn answers), got {max_new_tokens!r}")
             entry = self.result_entry(payload)
             end = self.encode(self.fmt.turn_end)
             self._check_room(len(entry) + max_new_tokens + len(end), "the tool result and its answer")

@@ -73,6 +73,7 @@ from .server_wire import (
     generate_body,
     logp0_from_score,
     plugin_fields,
+    wire_priority,
 )
 
 __all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE",
@@ -356,7 +357,7 @@ class SGLangServerClient(ServerStreamingMixin):
             p = dataclasses.replace(p, seed=fresh_seed())  # else the server samples it with seed 42
         # SGLang's min_new_tokens penalty masks the logits the plugin reads: log p0 then comes from pass 2
         plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0 and p.min_new_tokens == 0
-        return WireRequest([int(t) for t in ids], p, rid, session, priority or None, plugin)
+        return WireRequest([int(t) for t in ids], p, rid, session, wire_priority(priority, self.capabilities), plugin)
 
     def _generate_many(self, reqs: Sequence[tuple[Sequence[int], SamplingParams]], *, rids: Sequence[str | None],
                        priority: int, session_params: dict[str, Any] | None, batched: bool) -> list[GenerateOutput]:

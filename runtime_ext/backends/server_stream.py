@@ -87,9 +87,14 @@ class ServerStreamingMixin:
                     ids = tuple(int(t) for t in chunk.get("output_ids") or ())
                     if not (chunk.get("meta_info") or {}).get("finish_reason"):
                         listener([RowEvent(item.rid, ids)])
-            if stop.is_set() or last is None:
+            if stop.is_set():
                 listener([RowEvent(item.rid, ids, finished=True, output=_aborted(item, ids))])
                 return
+            if last is None or not (last.get("meta_info") or {}).get("finish_reason"):
+                # SGLang's last chunk always carries the finish_reason: the stream was cut (server gone)
+                raise SGLangServerError(f"SGLang server {url} ended stream rid={item.rid} before it finished "
+                                        f"({len(ids)} tokens received, no finish_reason)", url=url,
+                                        rids=[item.rid], prompt_lens=[len(item.ids)])
             check_generate_response(url, last, [last], [item.rid], [len(item.ids)])
             out = self._to_output(item, last, self._score_stream(item, last))
             listener([RowEvent(item.rid, out.output_ids, finished=True, output=out)])

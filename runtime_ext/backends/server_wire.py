@@ -79,13 +79,31 @@ class ServerCapabilities:
     """`sampling_backend` (deterministic inference forces "pytorch"; overrides.py)."""
     plugin: dict[str, Any] | None
     """The forerun sampler plugin's /server_info entry, None without the plugin."""
+    priority_scheduling: bool = False
+    """`--enable-priority-scheduling`: a request without a priority then ranks below every one with a priority."""
+    low_priority_values_first: bool = False
+    """`--schedule-low-priority-values-first`: the scheduler runs lower priority values first."""
 
     @classmethod
     def from_info(cls, info: dict[str, Any]) -> "ServerCapabilities":
         plugin = info.get(PLUGIN_INFO_KEY)
         return cls(deterministic=bool(info.get("enable_deterministic_inference")),
                    sampling_backend=info.get("sampling_backend"),
-                   plugin=plugin if isinstance(plugin, dict) else None)
+                   plugin=plugin if isinstance(plugin, dict) else None,
+                   priority_scheduling=bool(info.get("enable_priority_scheduling")),
+                   low_priority_values_first=bool(info.get("schedule_low_priority_values_first")))
+
+
+def wire_priority(priority: int, caps: ServerCapabilities) -> int | None:
+    """The `priority` to send for forerun's `priority` (higher runs first; background work is < 0).
+
+    Under priority scheduling every request carries one: SGLang gives a request without a priority the last rank
+    (-2**63, or 2**63 - 1 with low values first; scheduler._set_or_validate_priority), which would put normal
+    requests behind the background pre-positions.  With low values first the sign is flipped.  Without it, only a
+    non-zero priority is sent (the server ignores it)."""
+    if not caps.priority_scheduling:
+        return priority or None
+    return -int(priority) if caps.low_priority_values_first else int(priority)
 
 
 class WireRequest(NamedTuple):
@@ -212,7 +230,7 @@ def generate_body(items: Sequence[WireRequest], batched: bool) -> dict[str, Any]
             raise ValueError("session_params cannot be sent in a batched /generate; use batch_mode='concurrent'")
         body["session_params"] = sessions[0]
     priorities = [it.priority for it in items]
-    if any(p for p in priorities):
+    if any(p is not None for p in priorities):
         if batched and len(set(priorities)) > 1:
             raise ValueError("a batched /generate carries one priority; use batch_mode='concurrent'")
         body["priority"] = int(priorities[0] or 0)

@@ -65,6 +65,21 @@ def hook_registry() -> tuple[type, type]:
     return HookRegistry, HookType
 
 
+def generate_contract_error(body: object) -> str | None:
+    """What SGLang's HTTP server refuses in a parsed `/generate` body before anything runs (its JSON schema gate,
+    `srt/entrypoints/api_contract.py`, answered 400 {"error": <this text>}), None when the body passes or this
+    sglang has no such gate."""
+    try:
+        from sglang.api.v1.api_types import GenerateRequest, JsonContractError
+    except ImportError:  # an sglang without the contract module
+        return None
+    try:
+        GenerateRequest.from_json_value(body)
+    except JsonContractError as exc:
+        return str(exc)
+    return None
+
+
 function = sgl.function
 gen = sgl.gen
 select = sgl.select
@@ -83,6 +98,7 @@ __all__ = [
     "assistant",
     "function",
     "gen",
+    "generate_contract_error",
     "runtime_installed",
     "select",
     "set_default_backend",

@@ -149,8 +149,6 @@ class Prepositioner:
         entry was installed (inline); an entry over the budget B is skipped when the job runs.
         """
         self._raise_for(session)
-        if self._closed:
-            raise RuntimeError("prepositioner is closed")
         jobs: list[tuple[tuple[int, ...], Role]] = []
         head = None if header is None else self._ids(header, "header")
         for e in entries:
@@ -164,12 +162,14 @@ class Prepositioner:
         self._track(session)
         version, _ = session.snapshot()
         job = next(self._job_ids)
-        with self._idle:
+        with self._idle:  # checked and queued under the lock close() takes: never queued behind its sentinel
+            if self._closed:
+                raise RuntimeError("prepositioner is closed")
             self._latest[id(session)] = job
             self._pending += 1
-        if self.config.background:
-            self._queue.put((job, session, version, tuple(jobs)))
-            return True
+            if self.config.background:
+                self._queue.put((job, session, version, tuple(jobs)))
+                return True
         installed = self._run_job(job, session, version, tuple(jobs))
         self._raise_for(session)
         return installed > 0
@@ -447,10 +447,10 @@ class Prepositioner:
 
     def close(self) -> None:
         """Stop the worker (queued jobs are dropped)."""
-        if self._closed:
-            return
-        self._closed = True
         with self._idle:
+            if self._closed:
+                return
+            self._closed = True
             self._latest.clear()
         if self._worker is not None:
             self._queue.put(None)

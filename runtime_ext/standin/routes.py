@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..backends.sglang_frontend import generate_contract_error
 from .sessions import SchedulerCrash
 from .stream import write_event_stream
 
@@ -132,13 +133,17 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, sid)
 
     def _close_session(self, body: dict[str, Any]) -> None:
-        sid = body.get("session_id")
-        if not self.standin.sessions.close(sid):
-            raise HTTPError(400, f"session id {sid} does not exist")
+        """200 whether or not the session exists: SGLang only sends the close to the scheduler, which logs a
+        warning for an unknown id (session_controller.close)."""
+        self.standin.sessions.close(body.get("session_id"))
         self._send(200, b"", "text/plain")
 
     def _generate(self, body: Any) -> None:
         server = self.standin
+        refused = generate_contract_error(body)  # SGLang's own JSON schema gate (http_server.generate_request)
+        if refused is not None:
+            self._send(400, {"error": refused})
+            return
         mode = server.take_failure()
         if mode in ("500", "429", "400", "503"):
             raise HTTPError(int(mode), f"injected failure {mode}")

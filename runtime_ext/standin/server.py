@@ -74,6 +74,7 @@ import numpy as np
 from .byte_model import (
     BOS_ID,
     EOS_ID,
+    GREEDY_BELOW,
     VOCAB_SIZE,
     ByteModel,
     Generation,
@@ -81,6 +82,7 @@ from .byte_model import (
     Sampling,
     byte_tokenizer,
     generate,
+    sampling_error,
 )
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
@@ -100,8 +102,6 @@ PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
-GREEDY_BELOW = 1e-6
-"""SamplingParams.__post_init__ (_SAMPLING_EPS): a temperature in [0, 1e-6) is greedy (top_k 1 at temperature 1)."""
 
 
 @dataclass
@@ -305,8 +305,7 @@ class StandInServer:
                 raise HTTPError(400, "The input_ids is empty.")
             if any(t < 0 or t >= VOCAB_SIZE for t in ids):
                 raise HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
-            rid = body.get("rid")
-            rid = (rid[i] if isinstance(rid, list) else (f"{rid}-{i}" if batched and rid else rid)) or uuid.uuid4().hex
+            rid = self._item_rid(body.get("rid"), i, n, batched)
             outs.append(self._generate_one(
                 ids, item("sampling_params", {}, i) or {}, rid=rid, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
@@ -318,6 +317,14 @@ class StandInServer:
             return GenerateAnswer([out for out, _ in outs])
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
+
+    @staticmethod
+    def _item_rid(rid: Any, i: int, n: int, batched: bool) -> str:
+        """Item i's rid as SGLang's `_normalize_rid` makes it (one string for a batch: rid_i; a list of another
+        length: 400)."""
+        if isinstance(rid, list) and batched and len(rid) != n:
+            raise HTTPError(400, "The specified rids length mismatch with the batch_size for batch processing.")
+        return (rid[i] if isinstance(rid, list) else (f"{rid}_{i}" if batched and rid else rid)) or uuid.uuid4().hex
 
     def _session_prompt(self, session: Any, rid: str, ids: list[int], max_new: int) -> tuple[list[int], str]:
         """The ids a request runs on, and an abort message ("" when none)."""
@@ -407,8 +414,9 @@ class StandInServer:
             min_new_tokens=int(sp.get("min_new_tokens", 0)),
             min_p=float(sp.get("min_p", 0.0)),
         )
-        if not 0.0 <= fields["min_p"] <= 1.0:
-            raise HTTPError(400, f"min_p must be in [0, 1], got {fields['min_p']}.")
+        problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
+        if problem is not None:  # SGLang's verify: HTTP 400
+            raise HTTPError(400, problem)
         penalties = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
         if penalties:  # never ignored silently
             raise HTTPError(400, f"the stand-in server does not implement {', '.join(penalties)}")
@@ -422,8 +430,6 @@ class StandInServer:
         if seed is None:
             with self.lock:
                 seed = int(self._seed_rng.integers(0, 2**62))
-        if fields["temperature"] < 0:
-            raise HTTPError(400, f"temperature must be a non-negative finite number, got {fields['temperature']}.")
         return Sampling(seed=seed, **fields)
 
     def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,

@@ -281,6 +281,20 @@ def test_agentic_protocol_errors_are_clear():
     a.user("hello")
 
 
+@pytest.mark.parametrize("bad", [0, -3, 1.0, True])
+def test_tool_result_with_no_room_for_an_answer_is_rejected_before_anything_runs(bad):
+    """max_new_tokens < 1 used to serve and commit one token anyway; now nothing is served or committed."""
+    eng = PinningHashEngine()
+    a = AgenticSession(_pp(eng), system="sys")
+    a.emit_tool_call("f()")
+    version, tokens, calls = a.state.version, a.state.tokens, list(eng.calls)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        a.tool_result("1", max_new_tokens=bad)
+    assert (a.state.version, a.state.tokens, eng.calls) == (version, tokens, calls)
+    turn = a.tool_result("1", max_new_tokens=1)  # the call is still pending: the retry applies it once
+    assert len(turn.output_ids) == 1
+
+
 def test_bad_format_rejected():
     with pytest.raises(ValueError, match="query template"):
         SessionFormat(query="no placeholder")

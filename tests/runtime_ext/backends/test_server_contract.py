@@ -333,3 +333,113 @@ def test_unseeded_requests_get_fresh_seeds_which_are_recorded():
         out = SGLangServerBackend(srv.url, srv.tokenizer).run(prompt, p)
         assert "sampling_seed" not in srv.generate_bodies()[0]["sampling_params"]
         assert out.meta_info["sampling_seed"] is None
+
+
+@pytest.mark.parametrize("rid", ["x", ["a", "b"], ["a"], ["a", "b", "c"]])
+def test_a_batchs_rids_are_normalised_as_sglangs_own_normalize_rid_does(rid):
+    """SGLang's `GenerateReqInput._normalize_rid`, run on a stand-in object: one string becomes rid_i, a list of
+    another length than the batch is a ValueError (HTTP 400).  The stand-in answered x-0 / crashed the handler."""
+    normalize = src.compile_function(src.method_def(IO_STRUCT, "GenerateReqInput", "_normalize_rid"),
+                                     {"uuid": __import__("uuid")}, IO_STRUCT)
+    obj = SimpleNamespace(rid=list(rid) if isinstance(rid, list) else rid, batch_size=2)
+    try:
+        normalize(obj, 2)
+        want: typing.Any = obj.rid
+    except ValueError as exc:
+        want = (400, str(exc))
+    with StandInServer() as srv:
+        body = {"input_ids": [[BOS_ID, 5], [BOS_ID, 6]], "rid": rid, "sampling_params": {"max_new_tokens": 1}}
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    got = [o["meta_info"]["id"] for o in resp.json()] if resp.ok else (resp.status_code, resp.json()["error"]["message"])
+    assert got == want
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
+    (1.0, 0, 1.0, 0.0), (1.0, -5, 1.0, 0.0), (1.0, -1, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 5, 0.0, 0.0),
+    (0.7, 5, 1.5, 0.0), (0.7, 5, 0.9, 0.2), (0.7, 5, 0.9, 1.2), (-1.0, -1, 1.0, 0.0), (1e-7, -3, 1.0, 0.0)])
+def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, top_k, top_p, min_p):
+    """SGLang's __post_init__ normalisation (greedy temperature: top_k 1; top_k -1: all) and its `verify`, run on
+    a stand-in object, decide 200 or 400 and the message; the stand-in accepted top_k 0 and top_p 0 or 1.5."""
+    path = "srt/sampling/sampling_params.py"
+    assert src.line(path, 245) == "if 0 <= self.temperature < _SAMPLING_EPS:"
+    normalise = src.compile_statements(path, 245, 250, "self", {"_SAMPLING_EPS": 1e-6, "TOP_K_ALL": 1 << 30})
+    verify = src.compile_function(src.method_def(path, "SamplingParams", "verify"), {
+        "math": __import__("math"), "get_request_reasoning_end_token_ids": lambda *a, **k: None}, path)
+    sp = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, beam_width=None,
+                         frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                         max_new_tokens=1, logit_bias=None, sampling_seed=None, custom_params=None,
+                         json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    normalise(sp)
+    try:
+        verify(sp, VOCAB_SIZE)
+        want: typing.Any = 200
+    except ValueError as exc:
+        want = (400, str(exc))
+    with StandInServer() as srv:
+        body = {"input_ids": [BOS_ID, 5], "sampling_params": {"max_new_tokens": 1, "temperature": temperature,
+                                                              "top_k": top_k, "top_p": top_p, "min_p": min_p}}
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    assert (200 if resp.ok else (resp.status_code, resp.json()["error"]["message"])) == want
+
+
+@pytest.mark.parametrize("body", [
+    {"input_ids": [BOS_ID, 5], "sampling_params": [1]},
+    {"input_ids": [BOS_ID, 5], "sampling_params": {"temperature": "hot"}},
+    {"input_ids": [BOS_ID, 5], "return_logprob": True, "top_logprobs_num": "a"},
+    {"input_ids": [BOS_ID, 5], "sampling_params": {"stop": 5}},
+    {"input_ids": [True, 5]}])
+def test_a_body_of_the_wrong_json_types_is_answered_400_with_sglangs_contract_text(body):
+    """http_server.generate_request refuses what api_contract's schema decoder rejects (400, its text); the stand-in
+    dropped the connection unanswered on these (the client then retried them as a transient failure)."""
+    assert src.line("srt/entrypoints/http_server.py", 939) == \
+        'return ORJSONResponse(status_code=400, content={"error": contract_error})'
+    api = importlib.import_module("sglang.api.v1.api_types")
+    with pytest.raises(api.JsonContractError) as refused:
+        api.GenerateRequest.from_json_value(body)
+    with StandInServer() as srv:
+        resp = requests.post(srv.url + "/generate", json=body, timeout=10)
+    assert (resp.status_code, resp.json()) == (400, {"error": str(refused.value)})
+
+
+@pytest.mark.parametrize("low_first", [False, True])
+def test_under_priority_scheduling_a_background_request_queues_behind_a_normal_one(low_first):
+    """SGLang's own `_set_or_validate_priority` and `_sort_by_priority_and_fcfs`, run on the bodies the client sent:
+    the normal request (arrived second) is scheduled before the background one (priority -1).  The client used to
+    send no priority for a normal request, which SGLang ranks last (-2**63), behind every pre-position."""
+    from forerun.runtime_ext.backends.server_client import SGLangServerClient
+
+    set_priority = src.compile_function(src.method_def(SCHEDULER, "Scheduler", "_set_or_validate_priority"),
+                                        {"sys": __import__("sys")}, SCHEDULER)
+    policy = "srt/managers/schedule_policy.py"
+    sort = src.compile_function(src.method_def(policy, "SchedulePolicy", "_sort_by_priority_and_fcfs"), {}, policy)
+    with StandInServer() as srv:
+        info = srv.server_info
+        srv.server_info = lambda: dict(info(), enable_priority_scheduling=True,
+                                       schedule_low_priority_values_first=low_first)
+        client = SGLangServerClient(srv.url, tokenizer=srv.tokenizer)
+        client.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1), priority=-1)  # a pre-position
+        client.generate([BOS_ID, 2], SamplingParams(max_new_tokens=1))  # a user request
+        bodies = srv.generate_bodies()
+    sched = SimpleNamespace(enable_priority_scheduling=True, schedule_low_priority_values_first=low_first,
+                            abort_on_priority_when_disabled=False)
+    queue = [SimpleNamespace(priority=b.get("priority"), ids=b["input_ids"],
+                             time_stats=SimpleNamespace(wait_queue_entry_time=t)) for t, b in enumerate(bodies)]
+    assert all(set_priority(sched, r) for r in queue)
+    sort(queue, 1 if low_first else -1)
+    assert [r.ids for r in queue] == [[BOS_ID, 2], [BOS_ID, 1]]
+
+
+def test_closing_an_unknown_or_closed_session_answers_200_as_sglang_does():
+    """http_server.close_session answers 200 once tokenizer_manager has sent the close to the scheduler, which only
+    logs a warning for an id it does not know; the stand-in answered 400 (a second close raised in the client)."""
+    http = src.source_lines("srt/entrypoints/http_server.py")
+    at = http.index("        await _global_state.tokenizer_manager.close_session(obj, request)")
+    assert http[at + 1].strip() == "return Response(status_code=200)"
+    assert "does not exist, cannot delete" in src.line(SESSIONS, 410) and "logger.warning" in src.line(SESSIONS, 410)
+    with StandInServer() as srv:
+        backend = SGLangServerBackend(srv.url)
+        sid = backend.engine.open_session(64)
+        backend.engine.close_session(sid)
+        backend.engine.close_session(sid)  # already closed: no error
+        resp = requests.post(srv.url + "/close_session", json={"session_id": "never-opened"}, timeout=10)
+    assert resp.status_code == 200

@@ -114,3 +114,54 @@ def test_streaming_presto_on_a_server_gives_the_sequential_chain():
             assert all(c.max_rows <= 6 for c in res.mh_calls)
         streamed = [b["input_ids"] for b in srv.generate_bodies() if b.get("stream")]
         assert streamed and all(s[: len(ids)] == ids for s in streamed)
+
+
+def test_a_stream_cut_before_its_last_chunk_is_an_error_not_a_short_answer():
+    """The server goes away after two cumulative chunks (no finish_reason, no [DONE]): the row finishes with
+    an error, never with the two tokens as if the request had completed."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from forerun.runtime_ext.backends.server_client import SGLangServerClient
+    from forerun.runtime_ext.standin.server import byte_tokenizer
+
+    class Cut(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # the body ends when the connection closes
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"model_path": "m"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for k in (1, 2):
+                chunk = {"text": "ab"[:k], "output_ids": [97, 98][:k], "meta_info": {"id": "r", "finish_reason": None}}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = SGLangServerClient(f"http://127.0.0.1:{srv.server_port}", tokenizer=byte_tokenizer())
+        events, done = [], threading.Event()
+
+        def listen(batch):
+            events.extend(batch)
+            if any(e.finished for e in batch):
+                done.set()
+
+        client.submit_stream([1, 2, 3], SamplingParams(max_new_tokens=10, temperature=0.0), rid="r", listener=listen)
+        assert done.wait(10)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    last = events[-1]
+    assert last.finished and last.output is None
+    assert "before it finished" in str(last.error)

@@ -431,3 +431,20 @@ def test_a_certain_distribution_from_top_logprobs_is_served_not_a_background_err
         assert pp.preposition(s, [4]) is False  # held already: nothing to compute, and no kept error raised
         assert s.counters.discarded == 0
         pp.close()
+
+
+def test_a_preposition_racing_close_is_refused_not_left_pending_for_ever():
+    """close() lands between preposition's closed-check and its queue.put (forced here from inside snapshot): the
+    job used to be queued behind the worker's stop sentinel, never ran, and wait_idle() blocked for ever."""
+    pp = Prepositioner(HashEngine(), PrepositionConfig())
+
+    class ClosedMidway(SessionState):
+        def snapshot(self):
+            closer = threading.Thread(target=pp.close)
+            closer.start()
+            closer.join()
+            return super().snapshot()
+
+    with pytest.raises(RuntimeError, match="closed"):
+        pp.preposition(ClosedMidway([1, 2, 3]), [4, 5])
+    assert pp.wait_idle(2)

@@ -152,7 +152,8 @@ def test_info_health_sessions(srv):
     assert _post(srv, "/open_session", {"capacity_of_str_len": 100, "session_id": sid}).status_code == 400
     assert _post(srv, "/open_session", {}).status_code == 422
     assert _post(srv, "/close_session", {"session_id": sid}).status_code == 200
-    assert _post(srv, "/close_session", {"session_id": sid}).status_code == 400
+    assert sid not in srv.sessions
+    assert _post(srv, "/close_session", {"session_id": sid}).status_code == 200  # SGLang only logs a warning
 
 
 def test_failure_injection_and_recording(srv):

@@ -99,10 +99,10 @@ def wire_priority(priority: int, caps: ServerCapabilities) -> int | None:
 
     Under priority scheduling every request carries one: SGLang gives a request without a priority the last rank
     (-2**63, or 2**63 - 1 with low values first; scheduler._set_or_validate_priority), which would put normal
-    requests behind the background pre-positions.  With low values first the sign is flipped.  Without it, only a
-    non-zero priority is sent (the server ignores it)."""
+    requests behind the background pre-positions.  With low values first the sign is flipped.  Without it none is
+    sent: the server would ignore it, or, launched with --abort-on-priority-when-disabled, abort the request."""
     if not caps.priority_scheduling:
-        return priority or None
+        return None
     return -int(priority) if caps.low_priority_values_first else int(priority)
 
 

@@ -224,15 +224,24 @@ def test_cached_tokens_and_flush(srv, backend):
     assert m["sglang:cached_tokens_total"] == len(ids)
 
 
-def test_client_is_an_engine_and_passes_priority(srv, backend):
+def test_client_is_an_engine_and_sends_priority_only_to_a_priority_scheduling_server(srv, backend):
+    """Without --enable-priority-scheduling SGLang ignores a priority, or aborts the request under
+    --abort-on-priority-when-disabled (every background pre-position lost): none is sent.  With it, every request
+    carries one (test_server_contract checks the order SGLang's scheduler then gives them)."""
+    from forerun.runtime_ext.backends.server_client import SGLangServerClient
     from forerun.runtime_ext.protocol import Engine
 
     assert isinstance(backend.engine, Engine)
     backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1), priority=-1)
     backend.engine.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1))
-    b1, b2 = srv.generate_bodies()
-    assert b1["priority"] == -1 and "priority" not in b2
+    assert ["priority" in b for b in srv.generate_bodies()] == [False, False]
     _assert_wire_ok(srv)
+    info = srv.server_info
+    srv.server_info = lambda: dict(info(), enable_priority_scheduling=True)
+    client = SGLangServerClient(srv.url, tokenizer=srv.tokenizer)
+    client.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1), priority=-1)
+    client.generate([BOS_ID, 1], SamplingParams(max_new_tokens=1))
+    assert [b.get("priority") for b in srv.generate_bodies()[2:]] == [-1, 0]
 
 
 def test_server_info_and_model_name(srv, backend):

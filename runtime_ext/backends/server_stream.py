@@ -48,14 +48,17 @@ class ServerStreamingMixin:
     def submit_stream(self: Any, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
                       listener: RowListener, share_from: str | None = None) -> None:
         item = self._wire_request(input_ids, params, rid, None, 0)
-        if not hasattr(self, "_stream_aborts"):
-            self._stream_aborts = {}
-        self._stream_aborts[rid] = threading.Event()
-        threading.Thread(target=self._read_stream, args=(item, listener), name=f"sglang-stream-{rid}",
+        stop = self._abort_events()[rid] = threading.Event()
+        threading.Thread(target=self._read_stream, args=(item, listener, stop), name=f"sglang-stream-{rid}",
                          daemon=True).start()
 
+    def _abort_events(self: Any) -> dict[str, threading.Event]:
+        """rid -> the abort event of its running stream; made once (dict.setdefault is atomic: two threads
+        starting the first streams at once used to make two dicts, and one stream's thread then failed)."""
+        return self.__dict__.setdefault("_stream_aborts", {})
+
     def abort(self: Any, rid: str) -> None:
-        stop = getattr(self, "_stream_aborts", {}).get(rid)
+        stop = self._abort_events().get(rid)
         if stop is not None:
             stop.set()
         try:
@@ -64,8 +67,7 @@ class ServerStreamingMixin:
         except requests.exceptions.RequestException:
             pass  # closing the stream aborts it too
 
-    def _read_stream(self: Any, item: WireRequest, listener: RowListener) -> None:
-        stop = self._stream_aborts[item.rid]
+    def _read_stream(self: Any, item: WireRequest, listener: RowListener, stop: threading.Event) -> None:
         url = self.base_url + "/generate"
         body = generate_body([item], False)
         body["stream"] = True
@@ -100,8 +102,10 @@ class ServerStreamingMixin:
             listener([RowEvent(item.rid, out.output_ids, finished=True, output=out)])
         except Exception as exc:  # reported to the consumer, never raised on this thread
             listener([RowEvent(item.rid, ids, finished=True, error=exc)])
-        finally:
-            self._stream_aborts.pop(item.rid, None)
+        finally:  # this stream's entry only: the rid may already name a newer stream (resubmitted on finishing)
+            events = self._abort_events()
+            if events.get(item.rid) is stop:
+                del events[item.rid]
 
     def _score_stream(self: Any, item: WireRequest, out: dict[str, Any]) -> dict[str, Any] | None:
         """Pass 2 of the exact recipe for a finished stream (as `_generate_many` does for a plain request)."""

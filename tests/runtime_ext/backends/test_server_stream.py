@@ -99,6 +99,34 @@ def test_abort_stops_a_streamed_row():
         assert "row" in srv.aborted_rids
 
 
+def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
+    """A consumer may start the next stream of a rid from the finished event of the last one (the listener runs
+    before that stream's thread ends): the ending thread must not take the new stream's abort event with it, or
+    abort(rid) would no longer stop the new stream on the client."""
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as runtime:
+        srv.stream_step_s = 0.02
+        client = runtime.engine
+        events, done = [], threading.Event()
+        params = SamplingParams(max_new_tokens=50, seed=1, ignore_eos=True)
+
+        def second(batch):
+            events.extend(batch)
+            if any(len(e.output_ids) == 2 and not e.finished for e in batch):
+                client.abort("row")
+            if any(e.finished for e in batch):
+                done.set()
+
+        def first(batch):
+            if any(e.finished for e in batch):
+                client.submit_stream(srv.tokenizer.encode("y"), params, rid="row", listener=second)
+
+        client.submit_stream(srv.tokenizer.encode("x"), SamplingParams(max_new_tokens=1, seed=1, ignore_eos=True),
+                             rid="row", listener=first)
+        assert done.wait(20)
+        last = events[-1]
+        assert last.finished and last.aborted and len(last.output_ids) < 50
+
+
 def test_streaming_presto_on_a_server_gives_the_sequential_chain():
     from forerun.programs.proposals import proposal_model_for
 

@@ -73,6 +73,7 @@ from .server_wire import (
     generate_body,
     logp0_from_score,
     plugin_fields,
+    top_logprobs_read,
     wire_priority,
 )
 
@@ -423,6 +424,9 @@ class SGLangServerClient(ServerStreamingMixin):
     def _to_output(self, item: WireRequest, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
         ids, p, rid = item.ids, item.params, item.rid
         meta = dict(out["meta_info"])
+        for key in ("output_top_logprobs", "input_top_logprobs"):
+            if key in meta:
+                meta[key] = top_logprobs_read(meta[key])
         output_ids = tuple(int(t) for t in out["output_ids"])
         text = out.get("text")
         if text is None:

@@ -15,6 +15,7 @@ test_server_contract.py` validates both against SGLang's own models).
                                                                arg_groups/overrides.py; the check guards a
                                                                server whose info says otherwise)
     orjson (the server's JSON encoder) writes NaN as null      `finite_logprobs`: null or NaN -> error
+    ... and -inf as null (a masked top-k entry)                `top_logprobs_read`: null -> -inf there
     srt/sampling/sampling_params.py CustomParamValue           `plugin_params`: flat custom_params keys
     srt/managers/tokenizer_manager.py SessionParams(**params)  `check_session`: only SessionParams' keys
     srt/session/session_controller.py Session.create_req       `check_session`: replace=True without rid is
@@ -268,6 +269,17 @@ def finite_logprobs(values: Sequence[Any], what: str, where: Where) -> tuple[flo
     return tuple(out)
 
 
+def top_logprobs_read(per_token: Any) -> Any:
+    """SGLang's `*_top_logprobs` ([position][rank] = [logprob, id, text]) with orjson's null read back as -inf: a
+    top-k entry is null on the wire only for a token of probability 0 (a grammar's or top-k / top-p's mask) - a
+    NaN there comes with a NaN logprob of the token itself, which `finite_logprobs` refuses.  The embedded engine
+    reports those entries as -inf."""
+    if not isinstance(per_token, list):
+        return per_token
+    return [[[-math.inf if e[0] is None else e[0], *e[1:]] for e in pos] if isinstance(pos, list) else pos
+            for pos in per_token]
+
+
 def logp0_from_score(p: SamplingParams, meta: dict[str, Any], output_ids: tuple[int, ...],
                      smeta: dict[str, Any], where: Where) -> tuple[float, ...]:
     """log p0 of the output from the scoring pass's prompt logprobs (SGLang shift: entries [1:]); moves the
@@ -283,7 +295,7 @@ def logp0_from_score(p: SamplingParams, meta: dict[str, Any], output_ids: tuple[
     if p.top_logprobs_num > 0 and smeta.get("input_top_logprobs") is not None:
         if "output_top_logprobs" in meta:
             meta["output_top_logprobs_q"] = meta["output_top_logprobs"]
-        meta["output_top_logprobs"] = list(smeta["input_top_logprobs"][1:])
+        meta["output_top_logprobs"] = top_logprobs_read(list(smeta["input_top_logprobs"][1:]))
     meta["logp0_pass"] = {"cached_tokens": smeta.get("cached_tokens"),
                           "prompt_tokens": smeta.get("prompt_tokens"), "id": smeta.get("id")}
     return finite_logprobs([e[0] for e in shifted], "log p0 (scoring pass)", where)

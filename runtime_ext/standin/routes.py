@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..backends.sglang_frontend import generate_contract_error
 from .sessions import SchedulerCrash
-from .stream import write_event_stream
+from .stream import sglang_json, write_event_stream
 
 
 class HTTPError(Exception):
@@ -33,7 +33,7 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
         data = payload if isinstance(payload, bytes) else (
             payload.encode() if isinstance(payload, str) and content_type != "application/json"
-            else json.dumps(payload).encode())
+            else sglang_json(payload))
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))

@@ -15,8 +15,23 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from typing import Any, Iterator, Sequence
+
+
+def sglang_json(payload: Any) -> bytes:
+    """`payload` as SGLang's server writes it (orjson): strict JSON, NaN and ±inf as null (a top-k entry of a token
+    a grammar masks is -inf in the server and null on the wire)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(payload), allow_nan=False).encode()
 
 
 def stream_chunks(out: dict[str, Any], sends: Sequence[tuple[int, str]]) -> Iterator[dict[str, Any]]:
@@ -54,9 +69,9 @@ def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str,
             if aborted(rid):
                 chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason={
                     "type": "abort", "message": "Abort request", "status_code": None, "err_type": None}))
-                handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
                 break
-            handler.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
             handler.wfile.flush()
             if step_s > 0 and k < len(chunks) - 1:
                 time.sleep(step_s)

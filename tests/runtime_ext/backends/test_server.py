@@ -244,6 +244,20 @@ def test_client_is_an_engine_and_sends_priority_only_to_a_priority_scheduling_se
     assert [b.get("priority") for b in srv.generate_bodies()[2:]] == [-1, 0]
 
 
+def test_a_masked_top_logprob_sent_as_null_reads_back_as_minus_inf(srv, backend):
+    """SGLang writes a -inf top-k entry (a token the grammar masks) as null (orjson): the client reads it back as
+    -inf, as the embedded engine reports it, so meta_info holds numbers only."""
+    out = backend.engine.generate([BOS_ID, 65], SamplingParams(max_new_tokens=1, temperature=1.0, seed=3,
+                                                               regex="[0-9]", return_logprob=True,
+                                                               top_logprobs_num=20))
+    meta = out.meta_info
+    q_top = meta.get("output_top_logprobs_q", meta["output_top_logprobs"])[0]
+    values = [v for v, _, _ in q_top]
+    assert all(isinstance(v, float) for v in values)
+    assert sorted(i for v, i, _ in q_top if v > -np.inf) == list(range(ord("0"), ord("9") + 1))
+    assert values[10:] == [-np.inf] * 10
+
+
 def test_server_info_and_model_name(srv, backend):
     info = backend.get_server_info()
     assert info["model_path"] == srv.model_path

@@ -75,7 +75,26 @@ def test_reported_logprobs_are_of_the_masked_logits(srv):
     lq, _, _ = out["meta_info"]["output_token_logprobs"][0]
     assert lq == pytest.approx(masked[DIGITS.index(t)], abs=1e-12)
     top = out["meta_info"]["output_top_logprobs"][0]
-    assert sorted(i for _, i, _ in top[:10]) == DIGITS and all(v == -np.inf for v, _, _ in top[10:])
+    assert sorted(i for _, i, _ in top[:10]) == DIGITS and all(v is None for v, _, _ in top[10:])  # orjson: null
+
+
+def test_the_json_is_strict_with_minus_inf_as_null_as_orjson_writes_it(srv):
+    """SGLang's responses are orjson's: -inf (a masked top-k entry) is null, never the non-JSON -Infinity."""
+    def refuse(constant):
+        raise AssertionError(f"non-strict JSON constant {constant}")
+
+    resp = _generate(srv, {"max_new_tokens": 2, "temperature": 1.0, "sampling_seed": 3, "regex": "[0-9]{2}"},
+                     return_logprob=True, top_logprobs_num=20)
+    top = json.loads(resp.content, parse_constant=refuse)["meta_info"]["output_top_logprobs"]
+    assert [sum(v is None for v, _, _ in pos) for pos in top] == [10, 10]
+    streamed = requests.post(srv.url + "/generate", json={"input_ids": [BOS_ID, 65], "stream": True,
+                             "return_logprob": True, "top_logprobs_num": 20, "sampling_params": {
+                                 "max_new_tokens": 2, "temperature": 1.0, "sampling_seed": 3, "regex": "[0-9]{2}"}},
+                             timeout=30)
+    chunks = [json.loads(line[5:], parse_constant=refuse) for line in streamed.text.splitlines()
+              if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    assert chunks and all(v is None for c in chunks for pos in c["meta_info"]["output_top_logprobs"]
+                          for v, _, _ in pos[10:])
 
 
 def test_a_terminated_grammar_stops_the_request_under_ignore_eos(srv):

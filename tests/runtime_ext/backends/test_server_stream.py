@@ -78,19 +78,23 @@ def test_client_streams_rows_and_a_child_from_the_parents_tokens():
         assert child_prompt[len(ids):] == list(alone.output_ids[:3])
 
 
+def _aborting_listener(client, rid, events, done):
+    """A stream listener that keeps the events, aborts `rid` at its second token and sets `done` when it ends."""
+    def listen(batch):
+        events.extend(batch)
+        if any(len(e.output_ids) == 2 and not e.finished for e in batch):
+            client.abort(rid)
+        if any(e.finished for e in batch):
+            done.set()
+    return listen
+
+
 def test_abort_stops_a_streamed_row():
     with StandInServer() as srv, open_runtime(backend_url=srv.url) as runtime:
         srv.stream_step_s = 0.02
         client = runtime.engine
         events, done = [], threading.Event()
-
-        def listen(batch):
-            events.extend(batch)
-            if any(len(e.output_ids) == 2 and not e.finished for e in batch):
-                client.abort("row")
-            if any(e.finished for e in batch):
-                done.set()
-
+        listen = _aborting_listener(client, "row", events, done)
         client.submit_stream(srv.tokenizer.encode("x"), SamplingParams(max_new_tokens=50, seed=1, ignore_eos=True),
                              rid="row", listener=listen)
         assert done.wait(20)
@@ -108,13 +112,7 @@ def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
         client = runtime.engine
         events, done = [], threading.Event()
         params = SamplingParams(max_new_tokens=50, seed=1, ignore_eos=True)
-
-        def second(batch):
-            events.extend(batch)
-            if any(len(e.output_ids) == 2 and not e.finished for e in batch):
-                client.abort("row")
-            if any(e.finished for e in batch):
-                done.set()
+        second = _aborting_listener(client, "row", events, done)
 
         def first(batch):
             if any(e.finished for e in batch):

@@ -382,3 +382,10 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
     assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
+
+
+def test_a_signalling_nan_in_the_output_is_a_wrong_answer_not_a_grader_crash():
+    """Decimal("sNaN") raises InvalidOperation when compared: a program that prints it (or a test that expects a
+    number where it prints one) gets a wrong answer, and the grader goes on."""
+    assert not stdout_matches("sNaN", "1") and not stdout_matches("1", "sNaN")
+    assert not stdout_matches("2 sNaN", "2 3") and stdout_matches("sNaN", "sNaN")

@@ -23,7 +23,7 @@ Guarantees (isolation "namespaces": Linux, root or unprivileged user namespaces;
     cleared environment             the program sees PATH, LANG, HOME, TMPDIR and nothing else
     no network                      a new network namespace (loopback only, down)
     no writes outside the workdir   a private mount namespace in which every mount but the workdir is
-                                    read-only (EROFS even for root)
+                                    read-only (EROFS even for root); the workdir is a tmpfs of `disk_bytes`
     other processes unseen          a new pid namespace with a fresh /proc
     CPU, memory, files, processes   rlimits (CPU s, address space, file size, open files, processes, no core);
                                     privileges dropped to a uid of the run's own (or every capability dropped inside a user
@@ -101,9 +101,12 @@ class SandboxLimits:
     """RLIMIT_NPROC for the unprivileged user, and the watchdog's limit on the session's processes."""
     output_bytes: int = 1 << 20
     """stdout / stderr kept (each)."""
+    disk_bytes: int = 64 << 20
+    """Size of the work directory (a tmpfs of its own in the mount namespace): all files together."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "wall_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_bytes"):
+        for name in ("cpu_s", "wall_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_bytes",
+                     "disk_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
 
@@ -290,7 +293,8 @@ class _Session:
                 "allow_uncontained": self.allow, "uid": self.uid, "gid": self.uid,
                 "tester_uid": self.tester_uid, "tester_gid": self.tester_uid, "fds": fds, "grader_pid": os.getpid(),
                 "limits": {"cpu_s": max(1, int(round(lim.cpu_s))), "as_bytes": lim.memory_bytes,
-                           "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes}}
+                           "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes,
+                           "disk_bytes": lim.disk_bytes}}
 
     def launch(self, mode: str, stdin: bytes, extra_fds: dict[str, int]) -> tuple[dict[str, Any], int, float, str | None]:
         """Run the launcher; returns (status, exit code, wall seconds, killed_for)."""

@@ -363,6 +363,16 @@ def test_output_is_capped_by_the_file_size_limit():
     assert len(res.stdout) <= 1 << 20
 
 
+def test_the_workdir_is_capped_as_a_whole_not_only_file_by_file():
+    """RLIMIT_FSIZE caps one file; many files under it must not fill the host's disk: the workdir holds at most
+    `disk_bytes` (the program counts what it managed to write until ENOSPC)."""
+    prog = ("n = 0\ntry:\n    for i in range(32):\n        open(f'f{i}', 'wb').write(b'x' * (1 << 20)); n += 1\n"
+            "except OSError as e:\n    print(e.errno)\nprint(n)")
+    res = run_sandboxed(prog, limits=SandboxLimits(cpu_s=2, wall_s=10, disk_bytes=8 << 20))
+    out = res.stdout.split()
+    assert res.completed and out[0] == "28" and int(out[-1]) <= 8, res.stdout  # ENOSPC after at most 8 MiB
+
+
 # ------------------------------------------------------------------------------- filesystem, network, env
 
 def test_writing_and_deleting_outside_the_workdir_lands_nowhere(canary_dir):

@@ -112,8 +112,11 @@ def _timeout() -> int | None:
     return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-_WITH_UNITS = re.compile(r"\s*([-+]?\d[\d,]*(?:\.\d+)?)\s+((?:[A-Za-z]{2,}(?:\^\d)?\s*)+)\.?\s*")
-"""A number followed by unit words ("12 cm^2", "5 meters"), which math-verify reads as a product of symbols."""
+_UNIT = r"[A-Za-z]{2,}(?:\^\d)?"
+_WITH_UNITS = re.compile(rf"\s*([-+]?\d[\d,]*(?:\.\d+)?)\s+({_UNIT}(?:(?:\s+|(?<=\d)){_UNIT})*)\s*\.?\s*")
+"""A number followed by unit words ("12 cm^2", "5 meters"), which math-verify reads as a product of symbols.
+Words are split at spaces (or after an exponent) only: one way to read a run of letters, so a long one that
+does not match fails at once (a word that may split anywhere made "1 aaaa...a!" backtrack for hours)."""
 _NOT_UNITS = {"pi", "sin", "cos", "tan", "log", "ln", "exp", "sqrt", "or", "and", "to", "times", "plus", "minus"}
 
 

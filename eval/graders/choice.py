@@ -30,7 +30,8 @@ LETTERS = "ABCDEFGHIJ"
 _ANSWER = (r"(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)|right\s+answer|"
            r"my\s+(?:answer|choice)|answer)")
 _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|is\s+clearly|=))?"
-_OPEN = r"[\s:：=]*(?:\*\*|__)?\s*(?:\$\s*)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*"
+_OPEN = r"[\s:：=]*+(?:\*\*|__)?\s*+(?:\$\s*+)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+"
+"""Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
 _EXPLICIT = [
     r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",

@@ -46,12 +46,17 @@ _INLINE_MATH = re.compile(r"\$|\\\(")
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none."""
     starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    closing, open_at = {}, []  # each "{" -> its matching "}", in one pass (a scan per \boxed was quadratic)
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            open_at.append(m.start())
+        elif open_at:
+            closing[open_at.pop()] = m.start()
     for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
+        if start - 1 in closing:
+            return text[start:closing[start - 1]].strip()
     return None
 
 

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..runtime_ext.protocol import as_finite, as_integer
 from .completions import CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import SELECT_RULES
@@ -61,6 +62,9 @@ class BaselineConfig:
     """Run seed.  Table 6: `PAPER_SEED` = 10086."""
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "samples", "seed"):  # a float count failed deep inside a run
+            object.__setattr__(self, name, as_integer(name, getattr(self, name)))
+        object.__setattr__(self, "alpha", as_finite("alpha", self.alpha))  # α = inf sampled at τ = 0
         if self.kind not in BASELINE_KINDS:
             raise ValueError(f"kind must be one of {BASELINE_KINDS}, got {self.kind!r}")
         if self.max_new_tokens < 1:

@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import logsumexp
 
+from ..runtime_ext.protocol import as_finite, as_integer
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import FINAL_RULES
@@ -82,6 +83,11 @@ class PowerSMCConfig:
     """Run seed.  Table 6: `PAPER_SEED` = 10086."""
 
     def __post_init__(self) -> None:
+        # Types first (as SamplerConfig): a float count failed deep inside a run, α = inf or seed 1.5 ran silently.
+        for name in ("particles", "max_new_tokens", "block_size", "ramp_tokens", "seed"):
+            object.__setattr__(self, name, as_integer(name, getattr(self, name)))
+        for name in ("alpha", "ess_threshold"):
+            object.__setattr__(self, name, as_finite(name, getattr(self, name)))
         if not self.alpha >= 1:
             raise ValueError(f"alpha must be >= 1 (a sharpening power), got {self.alpha}")
         for name in ("particles", "max_new_tokens", "block_size"):

@@ -162,6 +162,9 @@ class PrefetchConfig:
     as the round-based and sequential samplers do."""
 
     def __post_init__(self) -> None:
+        if self.budget is not None:  # a float N_pf (2.5), True or NaN used to pass or fail deep inside a round
+            object.__setattr__(self, "budget", as_integer("budget N_pf", self.budget))
+        object.__setattr__(self, "max_nodes", as_integer("max_nodes", self.max_nodes))
         if self.budget is not None and self.budget < 1:
             raise ValueError(f"budget N_pf must be >= 1, got {self.budget}")
         if self.budget_unit not in BUDGET_UNITS:

@@ -7,9 +7,11 @@ means):
     explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}),       "The answer is (b)."
                "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
                is X" / "the answer must be X", "option X is correct", "X is (the)   "Final answer: B"
-               correct (answer)", "I choose X", and a final line that starts with   "B) 42 is the only
-               the letter as a label ("B) ...", "(B)", "B.", "**B**", "B"; not the  value that works."
-               last item of a restated option list, "C. 7" then "D. 8")
+               correct (answer)", "I choose X", "I'd go with X", the letter quoted   "B) 42 is the only
+               or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
+               line that starts with the letter as a label ("B) ...", "(B)", "B.",
+               "**B**", "B"; not the last item of a restated option list, "C. 7"
+               then "D. 8")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
@@ -28,13 +30,15 @@ LETTERS = "ABCDEFGHIJ"
 _ANSWER = (r"(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)|right\s+answer|"
            r"my\s+(?:answer|choice)|answer)")
 _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|is\s+clearly|=))?"
-_OPEN = r"[\s:：=]*(?:\*\*|__)?\s*(?:\$\s*)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*"
+_OPEN = r"[\s:：=]*+(?:\*\*|__)?\s*+(?:\$\s*+)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+"
+"""Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
 _EXPLICIT = [
     r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
+    rf"(?i:\b{_ANSWER}{_VERB})[\s:：=]*(?:\*\*)?[\"'“‘\[]\s*(?P<l>[A-Za-z])\s*[\"'”’\]]",  # "C", 'D', [B]
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
     r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+(?:the\s+)?(?:correct|right|best)(?:\s+(?:answer|option|choice))?\b)",
-    r"(?i:\bI\s*(?:'ll|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
+    r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
 _MENTIONS = [r"\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)", r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b",

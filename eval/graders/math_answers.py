@@ -46,12 +46,17 @@ _INLINE_MATH = re.compile(r"\$|\\\(")
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none."""
     starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    closing, open_at = {}, []  # each "{" -> its matching "}", in one pass (a scan per \boxed was quadratic)
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            open_at.append(m.start())
+        elif open_at:
+            closing[open_at.pop()] = m.start()
     for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
+        if start - 1 in closing:
+            return text[start:closing[start - 1]].strip()
     return None
 
 
@@ -112,8 +117,11 @@ def _timeout() -> int | None:
     return PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-_WITH_UNITS = re.compile(r"\s*([-+]?\d[\d,]*(?:\.\d+)?)\s+((?:[A-Za-z]{2,}(?:\^\d)?\s*)+)\.?\s*")
-"""A number followed by unit words ("12 cm^2", "5 meters"), which math-verify reads as a product of symbols."""
+_UNIT = r"[A-Za-z]{2,}(?:\^\d)?"
+_WITH_UNITS = re.compile(rf"\s*([-+]?\d[\d,]*(?:\.\d+)?)\s+({_UNIT}(?:(?:\s+|(?<=\d)){_UNIT})*)\s*\.?\s*")
+"""A number followed by unit words ("12 cm^2", "5 meters"), which math-verify reads as a product of symbols.
+Words are split at spaces (or after an exponent) only: one way to read a run of letters, so a long one that
+does not match fails at once (a word that may split anywhere made "1 aaaa...a!" backtrack for hours)."""
 _NOT_UNITS = {"pi", "sin", "cos", "tan", "log", "ln", "exp", "sqrt", "or", "and", "to", "times", "plus", "minus"}
 
 

@@ -23,9 +23,10 @@ Guarantees (isolation "namespaces": Linux, root or unprivileged user namespaces;
     cleared environment             the program sees PATH, LANG, HOME, TMPDIR and nothing else
     no network                      a new network namespace (loopback only, down)
     no writes outside the workdir   a private mount namespace in which every mount but the workdir is
-                                    read-only (EROFS even for root)
+                                    read-only (EROFS even for root); the workdir is a tmpfs of `disk_bytes`
     other processes unseen          a new pid namespace with a fresh /proc
     CPU, memory, files, processes   rlimits (CPU s, address space, file size, open files, processes, no core);
+                                    the watchdog sums the run's resident memory (`total_memory_bytes`);
                                     privileges dropped to a uid of the run's own (or every capability dropped inside a user
                                     namespace), no_new_privs; a watchdog counts the session's processes
     wall-clock timeout              the grader kills everything after `wall_s`
@@ -42,6 +43,7 @@ The sandbox defends against model mistakes and hostile programs, not against ker
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -101,9 +103,14 @@ class SandboxLimits:
     """RLIMIT_NPROC for the unprivileged user, and the watchdog's limit on the session's processes."""
     output_bytes: int = 1 << 20
     """stdout / stderr kept (each)."""
+    total_memory_bytes: int = 2 << 30
+    """Resident memory of all the run's processes together (the watchdog's check, every 0.1 s)."""
+    disk_bytes: int = 64 << 20
+    """Size of the work directory (a tmpfs of its own in the mount namespace): all files together."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "wall_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_bytes"):
+        for name in ("cpu_s", "wall_s", "memory_bytes", "file_bytes", "open_files", "processes", "output_bytes",
+                     "total_memory_bytes", "disk_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
 
@@ -119,7 +126,7 @@ class SandboxResult:
     stderr: str
     wall_s: float
     killed_for: str | None = None
-    """"wall-clock timeout" or "process limit" when the grader killed the run."""
+    """"wall-clock timeout", "process limit" or "memory limit" when the grader killed the run."""
     isolation: dict[str, Any] = field(default_factory=dict)
     """What took effect (network, filesystem, pids, user, interpreter, not_contained), as pid 1 reported it."""
 
@@ -205,6 +212,29 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
+def _resident_bytes(sid: int, uids: tuple[int, ...]) -> int:
+    """Resident memory of the run: the launcher's session and (as root) every process of the run's uids, a
+    process that left the session with setsid() included (its real uid, from status: a non-dumpable process's
+    /proc entry belongs to root)."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+            fields = text[text.rfind(")") + 2:].split()
+            ours = int(fields[3]) == sid
+            if not ours and uids:
+                status = Path(f"/proc/{entry}/status").read_text()
+                uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+                ours = int(uid) in uids
+            if ours:
+                total += int(fields[21]) * page
+        except (OSError, IndexError, ValueError, StopIteration):
+            continue
+    return total
+
+
 def _kill_all(sid: int) -> None:
     try:
         os.killpg(sid, signal.SIGKILL)
@@ -217,10 +247,11 @@ def _kill_all(sid: int) -> None:
             pass
 
 
-def _watch(proc: subprocess.Popen, limits: SandboxLimits) -> str | None:
-    """Wait for the launcher; returns why it was killed (None: it exited by itself)."""
+def _watch(proc: subprocess.Popen, limits: SandboxLimits, uids: tuple[int, ...] = ()) -> str | None:
+    """Wait for the launcher; returns why it was killed (None: it exited by itself).  Every 0.1 s it also sums
+    the run's resident memory: RLIMIT_AS bounds each process, not `processes` of them together."""
     deadline = time.monotonic() + limits.wall_s
-    while True:
+    for tick in itertools.count():
         try:
             proc.wait(timeout=0.02)
             return None
@@ -230,6 +261,9 @@ def _watch(proc: subprocess.Popen, limits: SandboxLimits) -> str | None:
             return "wall-clock timeout"
         if len(_session_members(proc.pid)) > limits.processes + 4:  # + launcher, pid 1, tester, program
             return "process limit"
+        if tick % 5 == 4 and _resident_bytes(proc.pid, uids) > limits.total_memory_bytes:
+            return "memory limit"
+    return None
 
 
 def _read(path: Path, limit: int) -> str:
@@ -290,7 +324,8 @@ class _Session:
                 "allow_uncontained": self.allow, "uid": self.uid, "gid": self.uid,
                 "tester_uid": self.tester_uid, "tester_gid": self.tester_uid, "fds": fds, "grader_pid": os.getpid(),
                 "limits": {"cpu_s": max(1, int(round(lim.cpu_s))), "as_bytes": lim.memory_bytes,
-                           "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes}}
+                           "fsize_bytes": lim.file_bytes, "nofile": lim.open_files, "nproc": lim.processes,
+                           "disk_bytes": lim.disk_bytes}}
 
     def launch(self, mode: str, stdin: bytes, extra_fds: dict[str, int]) -> tuple[dict[str, Any], int, float, str | None]:
         """Run the launcher; returns (status, exit code, wall seconds, killed_for)."""
@@ -309,7 +344,7 @@ class _Session:
                 for f in fds.values():
                     os.close(f)
             try:
-                killed_for = _watch(proc, self.limits)
+                killed_for = _watch(proc, self.limits, (self.uid, self.tester_uid) if self.root else ())
             finally:
                 _kill_all(proc.pid)
                 proc.wait()

@@ -40,7 +40,7 @@ exec'ing the sandboxed interpreter(s).  In order:
     allow_uncontained  run even when step 4 finds something not contained
     uid, gid        the program's unprivileged ids when running as root (null: do not drop)
     tester_uid, tester_gid  the tester's
-    limits          cpu_s, as_bytes, fsize_bytes, nofile, nproc
+    limits          cpu_s, as_bytes, fsize_bytes, nofile, nproc, disk_bytes (the work directory's tmpfs)
     fds             status (write end of the status pipe); mode "tests": job, verdict, tester_out, tester_err
     grader_pid      the grader's pid (step 0)
 """
@@ -140,12 +140,12 @@ def _remount_readonly(point: str, options: set[str]) -> None:
     _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
 
 
-def protect_filesystem(workdir: str, expose_paths: list[str], stage: str, status: dict) -> None:
+def protect_filesystem(workdir: str, expose_paths: list[str], stage: str, status: dict, cfg: dict) -> None:
     """Private mounts (nothing below propagates to the host), the interpreter exposed, the work directory
-    writable, every other mount read-only."""
+    a writable tmpfs of its own, every other mount read-only."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     expose(expose_paths, stage, status)
-    _mount(workdir, workdir, None, MS_BIND | MS_REC)
+    private_workdir(workdir, cfg.get("uid"), cfg["limits"]["disk_bytes"])
     failed = []
     for point, options in _mount_points():
         if point == workdir or point.startswith(workdir + "/") or "ro" in options:
@@ -156,6 +156,22 @@ def protect_filesystem(workdir: str, expose_paths: list[str], stage: str, status
             failed.append(point)
     status["filesystem"] = "read-only outside the work directory" + (f" (not remounted: {failed})" if failed else "")
     status["readonly_failed"] = failed
+
+
+def private_workdir(workdir: str, owner: int | None, size: int) -> None:
+    """Cover the work directory with a tmpfs of `size` bytes holding a copy of its files (owned by `owner`):
+    RLIMIT_FSIZE caps each file, this caps them all, so a program cannot fill the host's disk."""
+    below = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    _mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},nr_inodes=4096,mode=700")
+    for name in os.listdir(below):
+        with open(name, "rb", opener=lambda n, f: os.open(n, f, dir_fd=below)) as src, \
+                open(os.path.join(workdir, name), "wb") as dst:
+            dst.write(src.read())
+        if owner is not None:
+            os.chown(os.path.join(workdir, name), owner, owner)
+    if owner is not None:
+        os.chown(workdir, owner, owner)
+    os.close(below)
 
 
 def _blocking_ancestor(path: str) -> str | None:
@@ -452,7 +468,7 @@ def main() -> None:
     flags = enter_namespaces(status) if cfg["isolation"] == "namespaces" else 0
     if flags & CLONE_NEWNS:
         try:
-            protect_filesystem(os.path.realpath(cfg["workdir"]), cfg["expose"], cfg["stage"], status)
+            protect_filesystem(os.path.realpath(cfg["workdir"]), cfg["expose"], cfg["stage"], status, cfg)
         except OSError as e:
             status["filesystem"] = ""
             status["filesystem_error"] = str(e)

@@ -215,3 +215,22 @@ def test_best_of_n_records_its_rule_and_logq_is_logp0_plus_the_normalizer_bonus(
         assert bonus >= 0.0
         assert math.fsum(c.logq) == pytest.approx(alpha * math.fsum(c.logp0) + bonus)
     assert picks["logq"] != picks["logp0"]
+
+
+@pytest.mark.parametrize("make, bad, match", [
+    (PowerSMCConfig, dict(particles=2.5), "particles must be an integer"),
+    (PowerSMCConfig, dict(block_size=1.5), "block_size must be an integer"),
+    (PowerSMCConfig, dict(particles=True), "particles must be an integer"),
+    (PowerSMCConfig, dict(seed=1.5), "seed must be an integer"),
+    (PowerSMCConfig, dict(alpha=math.inf), "alpha must be finite"),
+    (BaselineConfig, dict(kind="best-of-n", samples=2.5), "samples must be an integer"),
+    (BaselineConfig, dict(max_new_tokens=2.5), "max_new_tokens must be an integer"),
+    (BaselineConfig, dict(seed=0.5), "seed must be an integer"),
+    (BaselineConfig, dict(alpha=math.inf), "alpha must be finite"),
+])
+def test_ill_typed_smc_and_baseline_configs_are_refused_at_construction(make, bad, match):
+    """A float count failed deep inside a run ('float' object cannot be interpreted as an integer); α = inf
+    (τ = 0) and a float seed ran silently: refused by name, as SamplerConfig does."""
+    with pytest.raises(ValueError, match=match):
+        make(**bad)
+    assert make(max_new_tokens=np.int64(8), seed=np.int64(3)).max_new_tokens == 8

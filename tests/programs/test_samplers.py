@@ -196,6 +196,16 @@ def test_ill_typed_configs_are_refused_at_construction(bad, match):
     assert SamplerConfig(response_length=np.int64(8), block_size=np.int64(4)).num_blocks == 2
 
 
+@pytest.mark.parametrize("bad", [dict(budget=2.5), dict(budget=True), dict(budget=float("nan")), dict(budget="20"),
+                                 dict(max_nodes=2.5), dict(max_nodes=float("nan"))])
+def test_ill_typed_prefetch_configs_are_refused_at_construction(bad):
+    """N_pf = 2.5 or True ran (as 2.5 / 1), NaN failed at the first round, max_nodes = NaN ended in 'prefetch round
+    collected no request': each is refused by name when the config is built."""
+    with pytest.raises(ValueError, match=f"{next(iter(bad))}.* must be an integer"):
+        PrefetchConfig(**bad)
+    assert PrefetchConfig(budget=np.int64(7), max_nodes=np.int64(50)).budget == 7
+
+
 def test_multitry_needs_tempered_logprobs():
     model = LogitTableModel(4, seed=1)  # no tempered temperatures
     cfg = SamplerConfig(kind="multitry-mh", response_length=4, block_size=4, steps_per_block=2)

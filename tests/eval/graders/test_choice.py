@@ -24,6 +24,11 @@ CASES = [
     ("So the answer is: **(c)**", "C"),
     ("Answer: (A) 3.2 eV", "A"),
     ("I'll go with B.", "B"),
+    ("I'd go with C.", "C"),
+    ("The answer is \"C\".", "C"),
+    ("So the answer is 'd'.", "D"),
+    ("Answer: [B]", "B"),
+    ("The answer is “A”, not B.", "A"),
     ("Option A is wrong because the sign flips. So I'd say C is the correct answer.", "C"),
     ("Reasoning about the reaction...\nC", "C"),
     ("...hence\n\n**D**", "D"),
@@ -74,3 +79,17 @@ def test_five_option_questions_and_grading():
     assert grade_choice("The answer is (b).", "B") == (True, "B", "letter")
     assert grade_choice("The answer is (b).", "C")[0] is False
     assert grade_choice("Option A is wrong.", "A") == (False, None, "no letter")  # a negation is not a choice
+
+
+def test_a_long_run_of_spaces_after_an_answer_phrase_is_read_at_once():
+    """'The answer is' then thousands of spaces (a degenerate generation) took cubic time (30 s for 2000
+    spaces); read in a subprocess that must end in 20 s, and the letter after the spaces still counts."""
+    import subprocess
+    import sys
+    code = ("from forerun.eval.graders.choice import extract_choice\n"
+            "print(extract_choice('The answer is' + ' ' * 4000 + '!'), extract_choice('Answer:' + ' ' * 4000 + 'C'))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading 'The answer is' + 4000 spaces did not end within 20 s")
+    assert out.returncode == 0 and out.stdout.split() == ["None", "C"], out.stderr

@@ -370,6 +370,17 @@ def test_helpers_written_in_another_block_come_with_the_solution():
     assert extract_code(alone, "f") == "def f(x):\n    return x\n"
 
 
+def test_a_response_too_deep_for_the_parser_fails_in_the_sandbox_instead_of_crashing_the_grader():
+    """A degenerate generation ("x+x+...+x" a few thousand times) makes ast.parse raise RecursionError or
+    MemoryError, not SyntaxError: the program is graded as it is (failed), and the grader goes on."""
+    for tail in ("+".join(["x"] * 5000), "-" * 20000 + "1"):
+        response = f"```python\ndef f(x):\n    return x\n```\n```python\ndef g(x):\n    return f(x)\nq = {tail}\n```"
+        assert extract_code(response, "g").endswith(f"q = {tail}\n")
+        extra = {"test_list": ["assert g(1) == 1"], "test_setup_code": ""}
+        ok, _, detail, _ = grade_code(response, "mbpp", extra)
+        assert not ok and "when loaded" in detail
+
+
 def test_stdout_is_compared_as_livecodebench_does():
     """Lines equal as text or as Decimal numbers, with no tolerance (LiveCodeBench's grade_stdio): an off-by-one
     integer is wrong at any size, a real number must be the expected one, equal values written differently
@@ -382,3 +393,10 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
     assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
+
+
+def test_a_signalling_nan_in_the_output_is_a_wrong_answer_not_a_grader_crash():
+    """Decimal("sNaN") raises InvalidOperation when compared: a program that prints it (or a test that expects a
+    number where it prints one) gets a wrong answer, and the grader goes on."""
+    assert not stdout_matches("sNaN", "1") and not stdout_matches("1", "sNaN")
+    assert not stdout_matches("2 sNaN", "2 3") and stdout_matches("sNaN", "sNaN")

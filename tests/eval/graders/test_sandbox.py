@@ -356,11 +356,46 @@ def test_memory_bomb_fails(mode):
     assert "MemoryError" in res.stderr or res.exit_code != 0
 
 
+@pytest.mark.parametrize("leave_session", [False, True])
+def test_memory_of_many_processes_together_is_capped(leave_session):
+    """RLIMIT_AS bounds one process; `processes` children under it each hold their share: the watchdog sums the
+    run's resident memory (a child that left the session with setsid() too, as root) and kills the run."""
+    if leave_session and os.geteuid() != 0:
+        pytest.skip("processes that leave the session are counted by the run's own uid (grader as root)")
+    prog = textwrap.dedent(f"""
+        import os, time
+        for i in range(4):
+            if os.fork() == 0:
+                {'os.setsid()' if leave_session else 'pass'}
+                b = bytearray(200 << 20)
+                for j in range(0, len(b), 4096):
+                    b[j] = 1
+                os.write(1, b"held\\n")
+                time.sleep(6)
+                os._exit(0)
+        for i in range(4):
+            os.wait()
+    """)
+    res = run_sandboxed(prog, limits=SandboxLimits(cpu_s=5, wall_s=15, total_memory_bytes=384 << 20))
+    assert not res.completed and res.killed_for == "memory limit", (res.killed_for, res.stdout, res.stderr[-300:])
+    assert res.stdout.count("held") < 4 and res.wall_s < 10
+
+
 def test_output_is_capped_by_the_file_size_limit():
     res = run_sandboxed("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
                         limits=SandboxLimits(cpu_s=2, wall_s=5, file_bytes=1 << 20))
     assert not res.completed
     assert len(res.stdout) <= 1 << 20
+
+
+def test_the_workdir_is_capped_as_a_whole_not_only_file_by_file():
+    """RLIMIT_FSIZE caps one file; many files under it must not fill the host's disk: the workdir holds at most
+    `disk_bytes` (the program counts what it managed to write until ENOSPC)."""
+    prog = ("n = 0\ntry:\n    for i in range(32):\n        open(f'f{i}', 'wb').write(b'x' * (1 << 20)); n += 1\n"
+            "except OSError as e:\n    print(e.errno)\nprint(n)")
+    res = run_sandboxed(prog, limits=SandboxLimits(cpu_s=2, wall_s=10, disk_bytes=8 << 20))
+    out = res.stdout.split()
+    assert res.completed and out[0] == "28" and int(out[-1]) <= 8, res.stdout  # ENOSPC after at most 8 MiB
 
 
 # ------------------------------------------------------------------------------- filesystem, network, env

@@ -115,22 +115,31 @@ class ItemRunner:
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
         forced = {k: out.pop(k) for k in ("forced_ids", "forced_wall_s") if k in out}
-        if "error" in out:
-            rec.update(error=out["error"], attempts=out.get("attempts"), correct=False, grade=None)
-            if self.settings.forced_answer:  # a wrong forced answer too (none for code)
-                rec["forced_correct"] = False if forced_pass.forced_answer_for(item.prompt.category) else None
-        else:
+        if "error" not in out:
             out["response_ids"] = cut_at_eos(out["response_ids"], rt.eos_token_ids)
             text = rt.tokenizer.decode(out["response_ids"], skip_special_tokens=True)
             start = time.perf_counter()
-            g = grade(item.prompt, text)
-            rec.update(out, response=text, grade=g.to_json(), correct=g.correct, grade_s=time.perf_counter() - start)
-            if self.settings.forced_answer:
-                rec.update(self._forced_record(item, text, forced, rt))
-            if g.grader == "code":
-                iso = isolation_report()
-                rec["sandbox"] = {k: iso.get(k) for k in ("network", "filesystem", "pids", "user", "interpreter",
-                                                          "not_contained")}
+            try:
+                g = grade(item.prompt, text)
+                rec.update(out, response=text, grade=g.to_json(), correct=g.correct,
+                           grade_s=time.perf_counter() - start)
+                if self.settings.forced_answer:
+                    rec.update(self._forced_record(item, text, forced, rt))
+            except Exception as exc:  # a grader's failure: this item's error line (--resume retries it), not the run's
+                reason = " ".join(str(exc).split())
+                out = dict(out, response=text, error=f"grading failed: {type(exc).__name__}: {reason}")
+            else:
+                if g.grader == "code":
+                    iso = isolation_report()
+                    rec["sandbox"] = {k: iso.get(k) for k in ("network", "filesystem", "pids", "user", "interpreter",
+                                                              "not_contained")}
+        if "error" in out:
+            rec.update(out, correct=False, grade=None)
+            if self.settings.forced_answer:  # a wrong forced answer too (none for code)
+                rec["forced_correct"] = False if forced_pass.forced_answer_for(item.prompt.category) else None
+        return self._stamped(rec)
+
+    def _stamped(self, rec: dict[str, Any]) -> dict[str, Any]:
         rec["load_avg"] = os.getloadavg()[0]
         rec["command"] = self.command
         return rec

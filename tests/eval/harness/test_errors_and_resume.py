@@ -69,6 +69,37 @@ def test_errors_are_retried_counted_and_resumed(tmp_path, capsys, monkeypatch):
     assert len(final_records(read_run(run)[1])) == 4
 
 
+def test_a_grader_that_fails_is_that_items_error_line_not_the_runs_end(tmp_path, capsys, monkeypatch):
+    """A grader raising on one response (a bug, a pathological text) used to end the whole eval with a traceback,
+    losing the items in flight: it is that item's error line (response kept), the other items are graded, the run
+    exits 1, and --resume retries it."""
+    from forerun.eval.harness import items
+
+    real = items.grade
+
+    def fragile(prompt, text):
+        if prompt.id == first:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(prompt, text)
+
+    run = tmp_path / "run.jsonl"
+    small = [*SMALL[:6], "greedy", *SMALL[7:]]
+    assert main([*small, "--out", str(tmp_path / "ok.jsonl")]) == 0
+    first = read_run(tmp_path / "ok.jsonl")[1][0]["prompt_id"]
+    capsys.readouterr()
+    monkeypatch.setattr(items, "grade", fragile)
+    assert main([*small, "--out", str(run)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    recs = {r["prompt_id"]: r for r in read_run(run)[1]}
+    bad = recs[first]
+    assert bad["error"] == "grading failed: RecursionError: maximum recursion depth exceeded"
+    assert bad["correct"] is False and bad["grade"] is None and isinstance(bad["response"], str)
+    assert all("error" not in r and r["grade"] is not None for pid, r in recs.items() if pid != first)
+    monkeypatch.setattr(items, "grade", real)
+    assert main([*small, "--out", str(run), "--resume"]) == 0
+    assert all("error" not in r for r in final_records(read_run(run)[1]))
+
+
 def test_samples_give_pass_at_k_and_maj_at_k(tmp_path, capsys):
     run = tmp_path / "run.jsonl"
     assert main([*SMALL, "--methods", "low-temp", "--samples", "3", "--out", str(run), "--json"]) == 0

@@ -20,8 +20,8 @@ EOS (`SamplerConfig.stop_at_eos`, forerun's eval default).  Proposals stay fixed
 with e the first EOS of x and g the proposal's own law of the tokens after it (q_τ; MultiTryMH: the mixture over
 𝒯 of q_τ' of the whole tail): cut at its first EOS, x then has law ∝ p0(x_{0:e})^α, π_α over EOS-terminated
 responses, the references' target (their proposals stop at EOS).  In Eq. 6 the tail's g cancels against the
-proposal's q_τ, so every position after the first EOS counts 0 in log q and log p0 (`_through_eos`); scoring the
-tail too would make the cut response's law ∝ p0(x_{0:e})^α Σ_tail p0(tail | x_{0:e})^α instead.  Without an
+proposal's q_τ, so every position after the first EOS counts 0 in log q and log p0 (`_through_eos`; in the early-
+rejection bound too); scoring the tail too would make the cut response's law ∝ p0(x_{0:e})^α Σ_tail p0(tail | x_{0:e})^α instead.  Without an
 EOS in either state the sums are the plain Eq. 6 ones, bit for bit.
 """
 
@@ -169,17 +169,22 @@ class PowerMHKernel(UniformCut):
     @property
     def rejects_early(self) -> bool:
         """Whether a rejection can be decided before the proposal is complete: τ = 1/α, α ≥ 1, where each proposal
-        token can only lower log r (`acceptance.log_mh_ratio_bound`); not with EOS ids (the bound scores a tail
-        after the proposal's EOS that counts 0)."""
-        return self.alpha >= 1.0 and abs(self.alpha * self.tau - 1.0) <= 1e-12 and not self.eos
+        token can only lower log r (`acceptance.log_mh_ratio_bound`; a token after the first EOS adds 0)."""
+        return self.alpha >= 1.0 and abs(self.alpha * self.tau - 1.0) <= 1e-12
 
     def log_ratio_bound(self, state: ChainState, cut: int, head_logq: Sequence[float],
-                        head_logp0: Sequence[float]) -> float | None:
-        """An upper bound of log r given the proposal's first tokens (their log q_τ and log p0), or None when this
-        kernel has none (`rejects_early`)."""
-        if not self.rejects_early:
+                        head_logp0: Sequence[float], head_ids: Sequence[int] = ()) -> float | None:
+        """An upper bound of log r given the proposal's first tokens (their log q_τ and log p0; with EOS ids also
+        their ids, as `log_ratio` counts only the tokens through the first EOS), or None when this kernel has none
+        (`rejects_early`, or EOS ids without the head's ids)."""
+        if not self.rejects_early or (self.eos and len(head_ids) != len(head_logq)):
             return None
-        return log_mh_ratio_bound(state.logq, state.logp0, head_logq, head_logp0, cut, self.alpha,
+        hq, hp = np.asarray(head_logq, dtype=np.float64), np.asarray(head_logp0, dtype=np.float64)
+        if self.eos:
+            keep = through_first_eos(np.concatenate([state.tokens[:cut], np.asarray(head_ids, dtype=np.int64)]),
+                                     self.eos)[cut:]
+            hq, hp = np.where(keep, hq, 0.0), np.where(keep, hp, 0.0)
+        return log_mh_ratio_bound(*_through_eos(state, self.eos), hq, hp, cut, self.alpha,
                                   state.length - cut - len(head_logq))
 
     def decide(self, state, cut, suffixes, j, stream):

@@ -99,7 +99,8 @@ class DecisionStream:
         return keyed_generator(self.seed, self.prompt_key, self.block, transition, int(purpose), slot)
 
     def cut_uniform(self, transition: int) -> float:
-        """U_j ~ Unif[0, 1): the cut is a function of it (uniform cut: floor(U_j T); EntropyCut: inverse CDF)."""
+        """U_j ~ Unif[0, 1): the uniform cut floor(U_j T) of PowerMH and MultiTryMH (EntropyCut draws from
+        `cut_gumbels` instead)."""
         return float(self._gen(transition, Purpose.CUT).random())
 
     def cut_gumbels(self, transition: int, horizon: int) -> np.ndarray:

@@ -72,7 +72,9 @@ class SamplerConfig:
     """End-of-sequence token ids of the references' horizon (Karan & Du; the EntropyCut reference): at the end
     of each block a chain whose state contains one of them is cut after the first and stops growing.  Empty
     (default): PreSTO Table 6's fixed horizon, n tokens with EOS ignored.  Proposals inside a block are still
-    fixed-length here (the references let them end early: not implemented)."""
+    generated to the block's end (the references let them end early), but the MH ratio counts a state's tokens
+    only through its first EOS, so the response cut there is a draw of π_α ∝ p0(response)^α, the references'
+    target (`transitions` module docstring)."""
 
     def __post_init__(self) -> None:
         # Types first: a float block size or an infinite α used to pass here and fail deep inside a run.

@@ -48,10 +48,11 @@ from .traversal import plan_prefetch
 
 def make_kernel(cfg: SamplerConfig) -> TransitionKernel:
     if cfg.kind == "power-mh":
-        return PowerMHKernel(alpha=cfg.alpha, tau=cfg.tau)
+        return PowerMHKernel(alpha=cfg.alpha, tau=cfg.tau, eos=cfg.stop_at_eos)
     if cfg.kind == "entropy-cut":
-        return EntropyCutKernel(alpha=cfg.alpha, tau=cfg.tau, beta=cfg.beta)
-    return MultiTryKernel(alpha=cfg.alpha, temperatures=cfg.mtm_temperatures, candidates=cfg.mtm_candidates)
+        return EntropyCutKernel(alpha=cfg.alpha, tau=cfg.tau, beta=cfg.beta, eos=cfg.stop_at_eos)
+    return MultiTryKernel(alpha=cfg.alpha, temperatures=cfg.mtm_temperatures, candidates=cfg.mtm_candidates,
+                          eos=cfg.stop_at_eos)
 
 
 # -- results -----------------------------------------------------------------------------------------

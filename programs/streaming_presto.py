@@ -279,7 +279,7 @@ class _BlockRun:
         (row,) = rows
         if row is None or not row.logq or len(row.logq) != len(row.ids):
             return False
-        bound = bound_of(state, cut, row.logq, row.logp0)
+        bound = bound_of(state, cut, row.logq, row.logp0, row.ids)
         if bound is None or accept_decision(self.stream.accept_log_uniform(j), min(0.0, bound)):
             return False
         self.abort(row)  # read up to here; no node asks for transition j's request again

@@ -13,6 +13,16 @@ samplers (`samplers`) drive the same kernels, which is what keeps their chains i
     log A(y, x)                             Decision.log_accept
     log r ≤ bound, proposal still decoding  kernel.log_ratio_bound(state, cut, head log q, head log p0)
     M candidates + M − 1 references         MultiTryKernel.requests (2M − 1 requests, one prefix x_{0:c})
+    e, the first EOS of a state (eos set)   through_first_eos(tokens, eos): positions t ≤ e
+
+EOS (`SamplerConfig.stop_at_eos`, forerun's eval default).  Proposals stay fixed-length, but the kernels target
+    π̃(x) = p0(x_{0:e})^α · g(x_{e+1:T} | x_{0:e})
+with e the first EOS of x and g the proposal's own law of the tokens after it (q_τ; MultiTryMH: the mixture over
+𝒯 of q_τ' of the whole tail): cut at its first EOS, x then has law ∝ p0(x_{0:e})^α, π_α over EOS-terminated
+responses, the references' target (their proposals stop at EOS).  In Eq. 6 the tail's g cancels against the
+proposal's q_τ, so every position after the first EOS counts 0 in log q and log p0 (`_through_eos`; in the early-
+rejection bound too); scoring the tail too would make the cut response's law ∝ p0(x_{0:e})^α Σ_tail p0(tail | x_{0:e})^α instead.  Without an
+EOS in either state the sums are the plain Eq. 6 ones, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
+from scipy.special import logsumexp
 
 from .acceptance import (
     cut_by_gumbel_max,
@@ -89,6 +100,23 @@ class Decision:
     proposal: ChainState
 
 
+def through_first_eos(tokens: np.ndarray, eos: Sequence[int]) -> np.ndarray:
+    """[t ≤ e]: the positions up to and including the first EOS (every position when there is none)."""
+    hits = np.flatnonzero(np.isin(tokens, np.asarray(eos, dtype=np.int64))) if len(eos) else ()
+    keep = np.ones(len(tokens), dtype=bool)
+    if len(hits):
+        keep[int(hits[0]) + 1:] = False
+    return keep
+
+
+def _through_eos(state: ChainState, eos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(log q, log p0) of `state` with 0 after its first EOS: the per-position terms of log π̃ − log q_τ."""
+    if not len(eos):
+        return state.logq, state.logp0
+    keep = through_first_eos(state.tokens, eos)
+    return np.where(keep, state.logq, 0.0), np.where(keep, state.logp0, 0.0)
+
+
 # -- kernels -----------------------------------------------------------------------------------------
 class TransitionKernel(Protocol):
     state_dependent_cut: bool
@@ -129,26 +157,34 @@ class PowerMHKernel(UniformCut):
     alpha: float
     tau: float
     state_dependent_cut: bool = False
+    eos: tuple[int, ...] = ()
+    """EOS ids (`SamplerConfig.stop_at_eos`): positions after a state's first EOS count 0 (module docstring)."""
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         return [SuffixRequest(prefix_ids, horizon - cut, self.tau, stream.suffix_seed(j))]
 
     def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
-        return log_mh_ratio(state.logq, state.logp0, proposal.logq, proposal.logp0, cut, self.alpha)
+        return log_mh_ratio(*_through_eos(state, self.eos), *_through_eos(proposal, self.eos), cut, self.alpha)
 
     @property
     def rejects_early(self) -> bool:
         """Whether a rejection can be decided before the proposal is complete: τ = 1/α, α ≥ 1, where each proposal
-        token can only lower log r (`acceptance.log_mh_ratio_bound`)."""
+        token can only lower log r (`acceptance.log_mh_ratio_bound`; a token after the first EOS adds 0)."""
         return self.alpha >= 1.0 and abs(self.alpha * self.tau - 1.0) <= 1e-12
 
     def log_ratio_bound(self, state: ChainState, cut: int, head_logq: Sequence[float],
-                        head_logp0: Sequence[float]) -> float | None:
-        """An upper bound of log r given the proposal's first tokens (their log q_τ and log p0), or None when this
-        kernel has none (`rejects_early`)."""
-        if not self.rejects_early:
+                        head_logp0: Sequence[float], head_ids: Sequence[int] = ()) -> float | None:
+        """An upper bound of log r given the proposal's first tokens (their log q_τ and log p0; with EOS ids also
+        their ids, as `log_ratio` counts only the tokens through the first EOS), or None when this kernel has none
+        (`rejects_early`, or EOS ids without the head's ids)."""
+        if not self.rejects_early or (self.eos and len(head_ids) != len(head_logq)):
             return None
-        return log_mh_ratio_bound(state.logq, state.logp0, head_logq, head_logp0, cut, self.alpha,
+        hq, hp = np.asarray(head_logq, dtype=np.float64), np.asarray(head_logp0, dtype=np.float64)
+        if self.eos:
+            keep = through_first_eos(np.concatenate([state.tokens[:cut], np.asarray(head_ids, dtype=np.int64)]),
+                                     self.eos)[cut:]
+            hq, hp = np.where(keep, hq, 0.0), np.where(keep, hp, 0.0)
+        return log_mh_ratio_bound(*_through_eos(state, self.eos), hq, hp, cut, self.alpha,
                                   state.length - cut - len(head_logq))
 
     def decide(self, state, cut, suffixes, j, stream):
@@ -188,8 +224,8 @@ class EntropyCutKernel(PowerMHKernel):
         return False  # (the cut-law correction is not bounded here)
 
     def log_ratio(self, state: ChainState, proposal: ChainState, cut: int) -> float:
-        return entropy_cut_log_ratio(state.logq, state.logp0, state.entropy, proposal.logq, proposal.logp0,
-                                     proposal.entropy, cut, self.alpha, self.beta)
+        (xq, xp), (yq, yp) = _through_eos(state, self.eos), _through_eos(proposal, self.eos)
+        return entropy_cut_log_ratio(xq, xp, state.entropy, yq, yp, proposal.entropy, cut, self.alpha, self.beta)
 
 
 @dataclass(frozen=True)
@@ -200,6 +236,18 @@ class MultiTryKernel(UniformCut):
     temperatures: tuple[float, ...]
     candidates: int = 4
     state_dependent_cut: bool = False
+    eos: tuple[int, ...] = ()
+    """EOS ids (`SamplerConfig.stop_at_eos`): π̃ of the module docstring in the weights."""
+
+    def log_weight(self, y: ChainState, cut: int) -> float:
+        """log w(y) = log π̃(y) − log Q(y_{c:T} | x_{0:c}) up to a constant of the transition: `mtm_log_weight` with
+        log p0 counted through the first EOS e, plus log g(y_{e+1:T}), g the mixture over 𝒯 of the tail."""
+        logp0 = _through_eos(y, self.eos)[1]
+        keep = through_first_eos(y.tokens, self.eos)
+        tail = 0.0
+        if not keep.all():
+            tail = float(logsumexp(np.sum(y.logq_by_temp[:, ~keep], axis=1)) - np.log(y.logq_by_temp.shape[0]))
+        return mtm_log_weight(logp0, y.logq_by_temp, cut, self.alpha) + tail
 
     def requests(self, prefix_ids, cut, horizon, j, stream):
         n = len(self.temperatures)
@@ -218,8 +266,8 @@ class MultiTryKernel(UniformCut):
             raise ValueError("MultiTryMH states need log q per temperature")
         cands = [state.splice(cut, s) for s in suffixes[:m]]
         refs = [state.splice(cut, s) for s in suffixes[m:]]
-        lw = [mtm_log_weight(y.logp0, y.logq_by_temp, cut, self.alpha) for y in cands]
+        lw = [self.log_weight(y, cut) for y in cands]
         chosen = mtm_select(lw, stream.select_uniform(j))
-        ref_lw = [mtm_log_weight(r.logp0, r.logq_by_temp, cut, self.alpha) for r in refs]
-        ref_lw.append(mtm_log_weight(state.logp0, state.logq_by_temp, cut, self.alpha))
+        ref_lw = [self.log_weight(r, cut) for r in refs]
+        ref_lw.append(self.log_weight(state, cut))
         return Decision(log_acceptance(mtm_log_ratio(lw, ref_lw)), cands[chosen])

@@ -133,3 +133,24 @@ def test_no_early_rejection_without_token_quantities_a_bound_or_the_switch(how):
         assert_same_chain(seq, res, f"{how}, seed {seed}")
         assert not any(n.extra.get("log_accept_is_bound") for c in res.mh_calls for n in c.nodes)
         assert res.requests.used_tokens == sum(c.generated_tokens for c in seq.mh_calls)
+
+
+def test_with_eos_ids_the_bound_holds_for_the_ratio_through_the_first_eos():
+    """`stop_at_eos`: log r counts the tokens only through a state's first EOS (`transitions` docstring); the bound
+    over a head masks the head the same way (its EOS may be in the head or in the kept prefix), so it still never
+    falls below the complete proposal's log r and equals it once the proposal is complete."""
+    model, eos, alpha = LogitTableModel(4, seed=1, scale=1.0), (0,), 4.0
+    kernel = PowerMHKernel(alpha=alpha, tau=1 / alpha, eos=eos)
+    assert kernel.rejects_early and kernel.log_ratio_bound(ChainState.empty(), 0, [0.0], [0.0]) is None  # no ids
+    masked = 0
+    for seed in range(60):
+        T, cut = 8, seed % 8
+        state, suffix = _state_and_proposal(model, T, cut, 1.0 / alpha, seed)
+        proposal = state.splice(cut, suffix)
+        full = kernel.log_ratio(state, proposal, cut)
+        masked += int(0 in proposal.tokens[:-1])
+        bounds = [kernel.log_ratio_bound(state, cut, suffix.logq[:m], suffix.logp0[:m], suffix.ids[:m])
+                  for m in range(T - cut + 1)]
+        assert all(b >= full - 1e-12 for b in bounds), seed
+        assert bounds[-1] == pytest.approx(full, abs=1e-9)
+    assert masked > 10

@@ -55,6 +55,7 @@ class StreamBatch:
 
     updates: list[RowUpdate] = field(default_factory=list)
     steps: int = 0
+    """Engine decode steps among them: an abort's or a failure's own report is no step."""
 
 
 class ProposalStreams(Protocol):
@@ -93,7 +94,8 @@ class EngineStreams:
         self.stall_timeout_s = stall_timeout_s
         self.lockstep_timeout_s = lockstep_timeout_s
         self._cv = threading.Condition()
-        self._queue: deque[list[RowEvent]] = deque()
+        self._queue: deque[tuple[list[RowEvent], bool]] = deque()
+        """Event batches as the engine posted them, each with whether it reports a decode step."""
         self._posted = self._taken = self._processed = 0
         self._listening = False
         self._requests: dict[str, SuffixRequest] = {}
@@ -112,7 +114,7 @@ class EngineStreams:
         """Engine side (its worker thread): queue the events; in lockstep wait until the consumer reacted."""
         step = any(not (e.aborted or e.error is not None) for e in events)
         with self._cv:
-            self._queue.append(events)
+            self._queue.append((events, step))
             self._posted += 1
             n = self._posted
             self._cv.notify_all()
@@ -129,8 +131,8 @@ class EngineStreams:
             batches = list(self._queue)
             self._queue.clear()
             self._taken += len(batches)
-        out = StreamBatch(steps=len(batches))
-        for events in batches:
+        out = StreamBatch(steps=sum(step for _, step in batches))  # an abort's own report is no decode step
+        for events, _ in batches:
             out.updates.extend(self._update(e) for e in events)
         return out
 

@@ -33,12 +33,12 @@ send at the realized state (same prefix ids, length, τ, seed of transition j); 
 shared KV, returns the suffix that request returns in any call.  Speculation only decides *which* rows run.
 
 Windows.  A window is the streaming counterpart of a call: at most T engine decode steps (the longest a
-round-based call or a sequential step can take), and a new one also opens when the walk needs a request no
-row was running (a restart: the engine starts it from scratch, as a new call would).  Windows partition the
-MH phase, so their wall times add up to the model-call time of Eq. 20 (block extensions excluded), and
-transitions per window compare with transitions per call; within one the walk crosses any number of
-acceptances.  Each window is one `CallRecord` (kind "mh") with the rows started and aborted in it, the
-wasted tokens (of rows the walk never used), its decode steps and Σ rows over them.  (On a server, whose
+round-based call or a sequential step can take) once it realized a transition, and a new one also opens when
+the walk needs a request no row was running (a restart: the engine starts it from scratch, as a new call
+would).  Windows partition the MH phase, so their wall times add up to the model-call time of Eq. 20 (block
+extensions excluded), and transitions per window compare with transitions per call; within one the walk
+crosses any number of acceptances.  Each window is one `CallRecord` (kind "mh") with the rows started and
+aborted in it, the wasted tokens (of rows the walk never used), its decode steps and Σ rows over them.  (On a server, whose
 events are not decode steps, only restarts open windows.)
 
     paper / notion                             code
@@ -215,7 +215,9 @@ class _BlockRun:
     def consume(self) -> None:
         batch = self.io.updates()
         window = self.windows[-1]
-        if self.lockstep and window.steps and window.steps + batch.steps > self.T:  # at most T steps a window
+        # at most T steps a window once it realized a transition (rows a step apart can take more: a window
+        # has at least one transition, as a call does)
+        if self.lockstep and window.decisions and window.steps + batch.steps > self.T:
             self.open_window()
             window = self.windows[-1]
         window.steps += batch.steps

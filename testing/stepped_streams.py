@@ -43,6 +43,10 @@ class SteppedStreams:
     (False: as a server stream, tokens only)."""
     resumed: list[SuffixRequest] = field(default_factory=list)
     """Requests started whose prefix extends an aborted row's prefix by the tokens it decoded."""
+    late_every: int = 0
+    """Every late_every-th row started decodes from one step later than the others (0: none), as on the
+    embedded engine a row submitted while the engine runs joins at its next pass."""
+    _late: set[str] = field(default_factory=set)
     _gone: list[RowUpdate] = field(default_factory=list)
     _aborted_rows: list[_Running] = field(default_factory=list)
 
@@ -56,6 +60,8 @@ class SteppedStreams:
         (suffix,) = self.model.generate([request])
         self.rows[rid] = _Running(request, suffix)
         self.started.append(request)
+        if self.late_every and len(self.started) % self.late_every == 0:
+            self._late.add(rid)
         if any(_continues(request, a) for a in self._aborted_rows):
             self.resumed.append(request)
 
@@ -79,7 +85,10 @@ class SteppedStreams:
         self.max_rows = max(self.max_rows, len(self.rows))
         out = StreamBatch(steps=1, updates=list(self._gone))
         self._gone.clear()
+        late, self._late = self._late, set()
         for rid, row in list(self.rows.items()):
+            if rid in late:
+                continue
             row.shown += 1
             ids = tuple(int(t) for t in row.suffix.ids[: row.shown])
             if row.shown >= len(row.suffix.ids):

@@ -221,6 +221,13 @@ def own(r: Request) -> int:
     return r.kv_len - r.prefix_len
 
 
+def private_kv(r: Request, share_prefix: bool) -> int:
+    """KV tokens running row r holds outside the radix tree: all its KV when its prefix was copied into the row,
+    else all but the cached prefix it matched (read in place; what its prefill computed is the row's own tensor,
+    the tree holding a clone)."""
+    return r.kv_len - (r.cached_tokens if share_prefix else 0)
+
+
 def own_after_join(r: Request, segs: Sequence[torch.Tensor], share_prefix: bool) -> int:
     """Buffer columns a joining row needs: none when its prefix is read in place, else all its KV."""
     return 0 if share_prefix else r.kv_len

@@ -40,7 +40,7 @@ from ..protocol import EngineError, GenerateOutput, SamplingParams
 from ..shutdown import close_at_exit
 from .admission import check_fits_budget, take_admissible
 from .admission import release as release_reservation
-from .batch import RunningBatch, batch_pair
+from .batch import RunningBatch, batch_pair, private_kv
 from .config import EngineConfig
 from .forward import TOKEN_AXIS, all_finite, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
@@ -157,8 +157,8 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             out["cache_hit_rate"] = self.radix.hit_rate
             out.update(self.grammars.stats())
             out["active_rows"] = len(self._normal) + len(self._background)
-            out["active_kv_tokens"] = self._active_kv_tokens()
-            out["kv_pool_tokens"] = self.radix.total_tokens + out["active_kv_tokens"]
+            out["active_kv_tokens"] = sum(r.kv_len for b in (self._normal, self._background) for r in b.rows)
+            out["kv_pool_tokens"] = self._note_pool()
             out["queued"] = len(self._waiting)
             out["pins"] = len(self._pins)
             out["yielding_pins"] = len(self._yielding)
@@ -309,13 +309,12 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             creq.error = EngineError("engine closed")
             creq.done.set()
 
-    def _active_kv_tokens(self) -> int:
-        return sum(r.kv_len for r in self._normal.rows) + sum(r.kv_len for r in self._background.rows)
-
-    def _note_pool(self) -> None:
-        use = self.radix.total_tokens + self._active_kv_tokens()
-        if use > self._counters["peak_kv_pool_tokens"]:
-            self._counters["peak_kv_pool_tokens"] = use
+    def _note_pool(self) -> int:
+        """KV the engine holds, each token once (the tree's, each row's `private_kv`), noted in the peak."""
+        use = self.radix.total_tokens + sum(private_kv(r, b.share_prefix) for b in (self._normal, self._background)
+                                            for r in b.rows)
+        self._counters["peak_kv_pool_tokens"] = max(self._counters["peak_kv_pool_tokens"], use)
+        return use
 
     # ------------------------------------------------------------------------------------- finishing
     def _release(self, req: Request) -> None:

@@ -224,3 +224,20 @@ def test_an_aborted_row_resumes_where_it_stopped(kind):
             generated = sum(c.generated_tokens for c in res.mh_calls)
             assert generated == res.requests.generated_tokens
     assert resumed > 0 and restarted > 0
+
+
+@pytest.mark.parametrize("kind,npf", [("power-mh", 1), ("multitry-mh", 1), ("entropy-cut", 3)])
+def test_every_window_realizes_a_transition_when_rows_start_a_step_apart(kind, npf):
+    """Rows of one window that join the engine a step apart (admitted at different passes) take more than T
+    steps: the window runs on until its transition instead of closing with none (a call with no transition)."""
+    for seed in range(10):
+        model = toy(kind, 3, 4)
+        cfg = SamplerConfig(kind=kind, response_length=4, block_size=4, steps_per_block=6, seed=seed,
+                            mtm_candidates=2)
+        seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
+        streams = SteppedStreams(model, late_every=2)
+        res = StreamingPrestoSampler(model, cfg, PrefetchConfig(budget=npf, streaming=True),
+                                     streams=streams).run([1, 2, 3], prompt_id="p")
+        assert_same_chain(seq, res, f"seed {seed}")
+        assert all(c.transitions >= 1 for c in res.mh_calls), [c.transitions for c in res.mh_calls]
+        assert sum(c.decode_steps for c in res.mh_calls) == streams.steps

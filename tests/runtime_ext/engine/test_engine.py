@@ -660,6 +660,23 @@ def _pool_tokens(eng):
     return cached + sum(r.kv_len for b in (eng._normal, eng._background) for r in b.rows)
 
 
+def test_kv_pool_use_counts_a_prefix_rows_read_in_place_once():
+    """Rows that read one cached prefix in place hold one copy of it: the pool use (the tree's KV plus each row's
+    KV outside it) is the pinned root + the rows' generated tokens, within the budget - not the root once per row."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=200)) as eng:
+        if not eng._normal.share_prefix:
+            pytest.skip("rows copy their prefix without the native forward")
+        root = [(7 * i) % 250 for i in range(150)]
+        handle = eng.pin(root)
+        outs = eng.generate_batch([(root + [k], SamplingParams(max_new_tokens=10, seed=k, ignore_eos=True))
+                                   for k in range(4)])
+        assert [o.meta_info["cached_tokens"] for o in outs] == [150] * 4
+        st = eng.stats()
+        assert st["peak_kv_pool_tokens"] == 150 + 4 * 10 <= st["radix_max_total_tokens"]
+        assert st["kv_pool_tokens"] == st["radix_total_tokens"] == 150 + 4 * 10  # the rows' KV went to the tree
+        eng.unpin(handle)
+
+
 def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
     """8 threads of 50-370-token requests under a 600-token budget: the KV held (prefixes + running rows)
     never exceeds it, requests queue instead, and every request finishes."""

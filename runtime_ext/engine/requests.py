@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..protocol import EngineError, SamplingParams
+from ..protocol import EngineError, SamplingParams, as_integer
 from .radix_cache import RadixNode
 
 
@@ -149,5 +149,9 @@ def make_request(input_ids: Sequence[int], params: SamplingParams, *, rid: str |
         raise EngineError(
             f"request {rid}: logprob_start_len {params.logprob_start_len} must be < the prompt length {len(ids)}"
         )
+    try:
+        priority = as_integer("priority", priority)  # 1.7 is refused, not truncated
+    except ValueError as exc:
+        raise EngineError(f"request {rid}: {exc}") from None
     seed = params.seed if params.seed is not None else secrets.randbits(63)
-    return Request(rid=rid, input_ids=ids, params=params, priority=int(priority), seed=int(seed), mode=mode)
+    return Request(rid=rid, input_ids=ids, params=params, priority=priority, seed=int(seed), mode=mode)

@@ -307,6 +307,8 @@ def test_through_the_sglang_server_backend_and_programs():
     from forerun.runtime_ext.backends.server import SGLangServerBackend
 
     with StandInServer() as srv:
+        info = srv.server_info  # a server that schedules by priority: the client then sends them
+        srv.server_info = lambda: dict(info(), enable_priority_scheduling=True)
         backend = SGLangServerBackend(srv.url, tokenizer=byte_tokenizer())
         model = srv.model
         for engine in (backend.engine, ProgramEngine(backend)):

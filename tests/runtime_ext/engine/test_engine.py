@@ -351,6 +351,9 @@ def test_bad_input(engine):
         EngineConfig(max_total_tokens=0)
     with pytest.raises(EngineError, match="input_ids must be integers"):
         engine.generate([1.7, 2.2], SamplingParams(max_new_tokens=2))
+    for bad in (1.7, "x", True):  # refused as the request's error, never truncated to an int or raised raw
+        with pytest.raises(EngineError, match="priority must be an integer"):
+            engine.generate([1, 2], SamplingParams(max_new_tokens=1), priority=bad)
 
 
 @pytest.mark.parametrize("bad, match", [

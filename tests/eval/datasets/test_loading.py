@@ -273,3 +273,20 @@ def test_an_empty_dataset_file_is_refused_not_a_zero_item_run(tmp_path, name, fn
     (tmp_path / fname).write_text("")
     with pytest.raises(DatasetError, match="holds no prompts"):
         load_prompts(name, data_dir=tmp_path)
+
+
+def test_a_repeated_prompt_id_is_refused_naming_both_lines(tmp_path):
+    """Items are keyed by (dataset, method, prompt id, seed): two rows with one id ran twice and the report kept
+    only the last line, silently dropping the other row's result."""
+    rows = [{"problem": "1+1?", "answer": "2", "unique_id": "test/algebra/1.json"},
+            {"problem": "2+2?", "answer": "4", "unique_id": "test/algebra/2.json"},
+            {"problem": "3+3?", "answer": "6", "unique_id": "test/algebra/1.json"}]
+    _write(tmp_path / "math500.jsonl", [json.dumps(r) for r in rows])
+    with pytest.raises(DatasetError, match=r"math500\.jsonl:3: prompt id 'test/algebra/1\.json' repeats the one "
+                                           r"at .*math500\.jsonl:1"):
+        load_prompts("math500", data_dir=tmp_path)
+    a24 = {"ID": "2024-I-1", "Problem": "p", "Answer": 1}
+    _write(tmp_path / "aime2024.jsonl", [json.dumps(a24)])
+    _write(tmp_path / "aime2025.jsonl", [json.dumps({"id": "2024-I-1", "problem": "q", "answer": "2"})])
+    with pytest.raises(DatasetError, match=r"aime2025\.jsonl:1: prompt id '2024-I-1' repeats .*aime2024\.jsonl:1"):
+        load_prompts("aime", data_dir=tmp_path)

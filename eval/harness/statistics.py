@@ -8,7 +8,8 @@ prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, see
     pass@k               mean over prompts of 1 − C(n−c, k) / C(n, k), n samples, c correct  Chen et al. 2021
                          (the unbiased estimator, as lighteval and the HumanEval harness)
     maj@k                mean over prompts: the most frequent extracted answer among the first k
-                         samples (ties: the earliest) is a correct one                     lighteval maj@n
+                         samples (ties: the earliest; correct answers vote as one, being equal
+                         to the gold) is a correct one                                     lighteval maj@n
     ci95                 percentile bootstrap over prompts of pass@1                       scipy.stats.bootstrap
     forced_ci95          the same, of the forced-answer pass's accuracy (--forced-answer)  scipy.stats.bootstrap
     McNemar p            exact McNemar test on per-(prompt, seed) correctness, method vs
@@ -28,6 +29,8 @@ import numpy as np
 from scipy.stats import bootstrap
 from statsmodels.stats.contingency_tables import mcnemar
 
+from ..graders.math_answers import normalize
+
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 """Fixed: a report of the same run file prints the same intervals."""
@@ -44,8 +47,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def majority_correct(samples: Sequence[tuple[str | None, bool]]) -> bool:
     """Whether the most frequent extracted answer (ties: the earliest) of (answer, correct) samples is correct;
-    samples with no answer do not vote (all without one: False)."""
-    votes = [(a, ok) for a, ok in samples if a is not None]
+    samples with no answer do not vote (all without one: False).  Equal answers vote together: the correct ones
+    as ONE answer (each equals the gold, so they equal one another: "\\frac12" and "1/2"), the others by their
+    normalized text (`graders.math_answers.normalize`)."""
+    votes = [(("correct",) if ok else ("wrong", normalize(a)), ok) for a, ok in samples if a is not None]
     if not votes:
         return False
     counts = Counter(a for a, _ in votes)

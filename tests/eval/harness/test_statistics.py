@@ -35,6 +35,15 @@ def test_majority_vote_ties_go_to_the_earliest_answer_and_no_answer_does_not_vot
     assert majority_correct([(None, True)]) is False
 
 
+def test_majority_vote_counts_equal_answers_written_differently_as_one():
+    """Votes were grouped by raw text: "\\frac12" and "1/2" (both the gold 1/2) split their two votes and lost
+    the tie to "3"; two ways of writing the wrong 2/3 likewise lost to one correct answer."""
+    got = [(r"\boxed{3}", False), (r"\boxed{\frac12}", True), (r"\boxed{1/2}", True)]
+    recs = [_rec("p", s, ok, answer=text[len(r"\boxed{"):-1]) for s, (text, ok) in enumerate(got)]
+    assert sample_statistics(recs)["maj_at_k"] == {"3": 1.0}  # 2 of 3 samples answer the gold
+    assert majority_correct([(r"\frac12", True), (r"\dfrac{2}{3}", False), (r"\frac{2}{3}", False)]) is False
+
+
 def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():
     recs = [_rec("a", 1, True, "4"), _rec("a", 2, False, "5"), _rec("a", 3, True, "4"),
             _rec("b", 1, False, "1"), _rec("b", 2, False, "2"), _rec("b", 3, True, "3"),

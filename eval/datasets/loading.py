@@ -163,8 +163,9 @@ def _parsed(spec: DatasetSpec, path: Path, gpqa_seed: int) -> Iterator[tuple[Pro
             if p.extra["task_id"] in MBPP_TEST_IDS:
                 yield p, f"{path}:{ln}"
     else:
-        parse = {"math500": parse_math500, "humaneval": parse_humaneval}.get(spec.name) or (
-            parse_aime2024 if path.name.startswith("aime2024") else parse_aime2025)
+        year = spec.name if spec.name != "aime" else path.name.removesuffix(".jsonl")  # aime: its two files
+        parse = {"math500": parse_math500, "humaneval": parse_humaneval, "aime2024": parse_aime2024,
+                 "aime2025": parse_aime2025}[spec.name if spec.name != "aime" else year]
         yield from ((parse(row, f"{path}:{ln}"), f"{path}:{ln}") for ln, row in rows)
 
 

@@ -339,3 +339,14 @@ def test_aime_gold_answers_are_integers():
     assert parse_aime2025({"id": "2025-II-5", "problem": "p", "answer": "336^\\circ"}, "f:1").answer == "336"
     assert parse_aime2024({"ID": "2024-I-1", "Problem": "p", "Answer": "042"}, "f:1").answer == "42"
     assert parse_aime2024({"ID": "2024-I-1", "Problem": "p", "Answer": 7}, "f:1").answer == "7"
+
+
+def test_an_aime_year_read_from_a_file_of_any_name_uses_that_years_schema(tmp_path):
+    """`--dataset-file aime2024=PATH` picked the parser by the file's name: any name not starting "aime2024" was
+    read in AIME 2025's schema and refused ("missing field 'id'")."""
+    _write(tmp_path / "mine.jsonl", [json.dumps({"ID": "2024-I-1", "Problem": "p", "Answer": 33})])
+    (p,) = load_prompts("aime2024", file=tmp_path / "mine.jsonl")
+    assert (p.id, p.answer, p.extra["year"]) == ("2024-I-1", "33", 2024)
+    _write(tmp_path / "aime2024_copy.jsonl", [json.dumps({"id": "2025-I-1", "problem": "q", "answer": "7"})])
+    (p,) = load_prompts("aime2025", file=tmp_path / "aime2024_copy.jsonl")
+    assert (p.id, p.answer, p.extra["year"]) == ("2025-I-1", "7", 2025)

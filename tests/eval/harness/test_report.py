@@ -100,19 +100,21 @@ def test_every_sampler_table_per_dataset_and_over_shared_datasets(tmp_path):
     for ds in ("math500", "gpqa"):
         for i in range(4):  # greedy: fast, 2/4; power-mh: slow, 3/4 (math500) and 1/4 (gpqa); best-of-n: slow, 1/4
             recs.append(dict(_rec(ds, "greedy", f"p{i}", i < 2, 1.0, 1, -0.5), tokens_decoded=10))
-            recs.append(dict(_rec(ds, "power-mh", f"p{i}", i < (3 if ds == "math500" else 1), 9.0, 9, -0.4),
-                             tokens_decoded=100))
+            if ds == "math500" and i == 3:  # an error: counts as a wrong answer
+                recs.append(dict(_rec(ds, "power-mh", f"p{i}", False, 1.0, 1, -0.5), error="boom"))
+            else:
+                recs.append(dict(_rec(ds, "power-mh", f"p{i}", i < (3 if ds == "math500" else 1), 9.0, 9, -0.4),
+                                 tokens_decoded=100))
             recs.append(dict(_rec(ds, "best-of-n", f"p{i}", i < 1, 4.0, 1, -0.3), tokens_decoded=40 + i))
     recs.append(dict(_rec("mmlu", "greedy", "p0", True, 1.0, 1, -0.5), tokens_decoded=5))  # only greedy ran mmlu
-    recs.append(dict(_rec("math500", "power-mh", "p9", False, 1.0, 1, -0.5), error="boom"))  # counts as wrong
     s = summarize(recs)
     assert s["sampler_datasets"] == ["math500", "gpqa"]
     rows = {(r["scope"], r["method"]): r for r in s["samplers"]}
     assert [r["scope"] for r in s["samplers"]][:3] == ["all"] * 3
-    assert rows[("math500", "power-mh")]["answers"] == 5 and rows[("math500", "power-mh")]["errors"] == 1
-    assert rows[("math500", "power-mh")]["pass_at_1"] == pytest.approx(3 / 5)
+    assert rows[("math500", "power-mh")]["answers"] == 4 and rows[("math500", "power-mh")]["errors"] == 1
+    assert rows[("math500", "power-mh")]["pass_at_1"] == pytest.approx(3 / 4)
     assert rows[("math500", "power-mh")]["wall_s"] == pytest.approx(9.1)  # graded items only (the error has none)
-    assert rows[("all", "power-mh")]["pass_at_1"] == pytest.approx(4 / 9)  # mmlu is not shared: left out of "all"
+    assert rows[("all", "power-mh")]["pass_at_1"] == pytest.approx(4 / 8)  # mmlu is not shared: left out of "all"
     assert rows[("all", "greedy")]["answers"] == 8 and rows[("mmlu", "greedy")]["answers"] == 1
     assert rows[("all", "best-of-n")]["tokens_decoded"] == pytest.approx(41.5)
     lo, hi = rows[("all", "greedy")]["ci95"]
@@ -121,12 +123,25 @@ def test_every_sampler_table_per_dataset_and_over_shared_datasets(tmp_path):
     front = {k: r["frontier"] for k, r in rows.items()}
     assert front[("math500", "greedy")] and front[("math500", "power-mh")] and not front[("math500", "best-of-n")]
     assert front[("gpqa", "greedy")] and not front[("gpqa", "power-mh")] and not front[("gpqa", "best-of-n")]
-    assert front[("all", "greedy")] and not front[("all", "power-mh")]  # 4/9 < 1/2
+    assert front[("all", "greedy")] and not front[("all", "power-mh")]  # 4/8 = 1/2, and slower
     _, files = write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="forerun eval report run.jsonl")
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Every sampler" in text and "| all | greedy | 8 | 50 [" in text and "Pareto frontier" in text
     assert json.loads((tmp_path / "rep" / "summary.json").read_text())["samplers"][0]["scope"] == "all"
     assert (tmp_path / "rep" / "accuracy_vs_latency.png").stat().st_size > 0
+
+
+def test_every_sampler_table_of_a_cut_run_compares_the_items_every_method_has():
+    """A run killed part-way: greedy finished 4 prompts, power-mh only the easy p0.  The table ("Same prompts for
+    every method") showed power-mh at 1/1 against greedy's 1/4 and put it on the frontier; on the shared p0 both
+    are right and greedy is faster."""
+    recs = [dict(_rec("math500", "greedy", f"p{i}", i == 0, 1.0, 1, -0.5), tokens_decoded=10) for i in range(4)]
+    recs.append(dict(_rec("math500", "power-mh", "p0", True, 9.0, 9, -0.4), tokens_decoded=100))
+    rows = {(r["scope"], r["method"]): r for r in summarize(recs)["samplers"]}
+    for scope in ("all", "math500"):
+        assert rows[(scope, "greedy")]["answers"] == rows[(scope, "power-mh")]["answers"] == 1
+        assert rows[(scope, "greedy")]["pass_at_1"] == rows[(scope, "power-mh")]["pass_at_1"] == 1.0
+        assert rows[(scope, "greedy")]["frontier"] and not rows[(scope, "power-mh")]["frontier"]
 
 
 def test_report_names_the_selection_rules_with_their_bias(tmp_path):

@@ -383,7 +383,7 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
         for c in out["comparisons"]:
             lo, hi = c["diff_ci95"]
             print(f"  {c['dataset']:<10} {c['method']} vs {c['baseline']}: Δ pass@1 {100 * c['diff']:+.1f} pts "
-                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], exact McNemar p = {c['mcnemar_p']:.3g} ({c['pairs']} pairs)")
+                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {c['test']} p = {c['p_value']:.3g} ({c['pairs']} pairs)")
     if failed:
         print(f"forerun eval: {failed} item(s) failed after retries (error lines in {args.out}); rerun with "
               "--resume to retry them", file=sys.stderr)

@@ -10,8 +10,9 @@
                             --forced-answer runs: the forced pass's accuracy and interval (forced_accuracy,
                             forced_ci95; None for code and runs without it), its tokens apart (forced_tokens)
     comparisons             each method against its baseline (PreSTO: its sequential sampler; the rest:
-                            greedy, else low-temp): exact McNemar p on (prompt, seed) correctness, paired
-                            bootstrap interval of the pass@1 difference over prompts          `statistics`
+                            greedy, else low-temp): exact McNemar p on per-prompt correctness (several
+                            seeds: a sign-flip test over prompts), paired bootstrap interval of the
+                            pass@1 difference over prompts                                    `statistics`
     cost                    mean wall time, model-call time, calls, transitions/call
     Table 7 (per sampler)   sequential / PreSTO: total call time (mean ± sd), transitions per call, time per
                             call, Eq. 20 speedup = mean call time (seq) / mean call time (PreSTO), the

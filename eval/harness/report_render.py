@@ -63,9 +63,9 @@ def forced_cell(cell: dict[str, Any]) -> str:
 def comparison_table(summary: dict[str, Any]) -> list[str]:
     rows = [[c["dataset"], c["method"], c["baseline"], str(c["pairs"]), _f(100 * c["diff"], "+.1f"),
              f"[{_f(100 * c['diff_ci95'][0], '+.1f')}, {_f(100 * c['diff_ci95'][1], '+.1f')}]",
-             _f(c["mcnemar_p"], ".3g")] for c in summary["comparisons"]]
+             f"{_f(c['p_value'], '.3g')} ({c['test']})"] for c in summary["comparisons"]]
     return _table(["dataset", "method", "baseline", "pairs", "Δ pass@1 (pts)", "paired bootstrap 95 %",
-                   "McNemar p (exact)"], rows)
+                   "p (test: exact McNemar; several seeds: sign-flip over prompts)"], rows)
 
 
 def cost_table(summary: dict[str, Any]) -> list[str]:

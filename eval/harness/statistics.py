@@ -12,8 +12,10 @@ prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, see
                          to the gold) is a correct one                                     lighteval maj@n
     ci95                 percentile bootstrap over prompts of pass@1                       scipy.stats.bootstrap
     forced_ci95          the same, of the forced-answer pass's accuracy (--forced-answer)  scipy.stats.bootstrap
-    McNemar p            exact McNemar test on per-(prompt, seed) correctness, method vs
-                         baseline (the EntropyCut reference's test)                        statsmodels mcnemar
+    p (test)             one seed per prompt: exact McNemar test on per-prompt correctness,
+                         method vs baseline (the EntropyCut reference's test)              statsmodels mcnemar
+                         several seeds: paired sign-flip test over prompts of the
+                         per-prompt accuracy difference (seeds are not independent pairs)  scipy.stats.permutation_test
     diff_ci95            paired bootstrap over prompts of pass@1(method) − pass@1(baseline) scipy.stats.bootstrap
     speedup_ci95         paired bootstrap over (prompt, seed) pairs of Eq. 20's ratio of
                          mean call times                                                   scipy.stats.bootstrap
@@ -26,7 +28,7 @@ from collections import Counter, defaultdict
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import bootstrap, permutation_test
 from statsmodels.stats.contingency_tables import mcnemar
 
 from ..graders.math_answers import normalize
@@ -131,21 +133,51 @@ def forced_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "forced_ci95": percentile_ci(per_prompt)}
 
 
+SIGN_FLIPS = 9999
+"""Sign flips of the prompt-level test (exact, every flip, up to 13 prompts)."""
+
+
+def paired_p(pairs_by_prompt: dict[str, list[tuple[bool, bool]]]) -> tuple[float, str]:
+    """(two-sided p, test) of method vs baseline from each prompt's (baseline, method) correctness pairs.  One pair
+    per prompt: the exact McNemar test.  Several (seeds): the seeds of a prompt are not independent pairs, so the
+    test is a paired sign-flip permutation test over prompts of the per-prompt accuracy difference (with one pair
+    per prompt it is the exact McNemar test: the same conditional binomial)."""
+    groups = [g for g in pairs_by_prompt.values() if g]
+    if not groups:
+        return math.nan, "none"
+    if all(len(g) == 1 for g in groups):
+        table = [[sum(a and b for (a, b), in groups), sum(a and not b for (a, b), in groups)],
+                 [sum(b and not a for (a, b), in groups), sum(not a and not b for (a, b), in groups)]]
+        return float(mcnemar(table, exact=True).pvalue), "exact McNemar"
+    d = np.array([np.mean([float(b) - float(a) for a, b in g]) for g in groups])
+    if np.all(d == 0):
+        return 1.0, "sign-flip over prompts"
+    res = permutation_test((d,), np.mean, permutation_type="samples", n_resamples=SIGN_FLIPS,
+                           alternative="two-sided", random_state=BOOTSTRAP_SEED)
+    return float(min(1.0, res.pvalue)), "sign-flip over prompts"
+
+
 def compare(method: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """A method against its baseline on the (prompt, seed) items both have: exact McNemar p-value and the paired
-    bootstrap interval over prompts of the pass@1 difference (method − baseline)."""
+    """A method against its baseline on the (prompt, seed) items both have: the McNemar table, the p-value of
+    `paired_p` (exact McNemar with one seed per prompt; several seeds: a sign-flip test over prompts) and the
+    paired bootstrap interval over prompts of the pass@1 difference (method − baseline)."""
     base = {(r["prompt_id"], r["seed"]): bool(r.get("correct")) for r in baseline}
     pairs = [(base[(r["prompt_id"], r["seed"])], bool(r.get("correct"))) for r in method
              if (r["prompt_id"], r["seed"]) in base]
+    per_prompt: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for r in method:
+        if (r["prompt_id"], r["seed"]) in base:
+            per_prompt[r["prompt_id"]].append((base[(r["prompt_id"], r["seed"])], bool(r.get("correct"))))
     table = [[sum(a and b for a, b in pairs), sum(a and not b for a, b in pairs)],
              [sum(b and not a for a, b in pairs), sum(not a and not b for a, b in pairs)]]
-    p_value = float(mcnemar(table, exact=True).pvalue) if pairs else math.nan
+    p_value, test = paired_p(per_prompt)
     m_groups, b_groups = by_prompt(method), by_prompt(baseline)
     shared = [p for p in m_groups if p in b_groups]
     acc = lambda rs: float(np.mean([bool(r.get("correct")) for r in rs]))  # noqa: E731
     a = [acc(b_groups[p]) for p in shared]
     b = [acc(m_groups[p]) for p in shared]
-    return {"pairs": len(pairs), "prompts": len(shared), "mcnemar_table": table, "mcnemar_p": p_value,
+    return {"pairs": len(pairs), "prompts": len(shared), "mcnemar_table": table, "p_value": p_value, "test": test,
+            "mcnemar_p": p_value if test == "exact McNemar" else None,
             "diff": float(np.mean(b) - np.mean(a)) if shared else math.nan,
             "diff_ci95": paired_ci(a, b, lambda x, y: float(np.mean(y) - np.mean(x)))}
 

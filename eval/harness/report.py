@@ -171,8 +171,11 @@ def tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
 
 
 def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
-    """Per PreSTO method and statistic: TOST of the standardized differences pooled over datasets."""
+    """Per PreSTO method and statistic: TOST of the standardized differences pooled over datasets.  A dataset with
+    no spread under the sequential sampler cannot be standardized: left out when PreSTO matches it there, else the
+    pooled row cannot decide (equivalent None, the dataset named in its note)."""
     pooled: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    unpooled: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for ds, seq_m, pre_m in pairs(table):
         pp = _paired(table[(ds, seq_m)], table[(ds, pre_m)])
         for stat in TOST_STATS:
@@ -181,12 +184,19 @@ def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]
             sd = float(np.std([a for a, _ in vals], ddof=1)) if len(vals) > 1 else 0.0
             if sd > 0:
                 pooled[(seq_m, pre_m, stat)] += [(a / sd, b / sd) for a, b in vals]
+            elif vals and not np.allclose([b - a for a, b in vals], 0):
+                unpooled[(seq_m, pre_m, stat)].append(ds)
     rows = []
-    for (seq_m, pre_m, stat), vals in pooled.items():
+    for key in dict.fromkeys([*pooled, *unpooled]):
+        (seq_m, pre_m, stat), vals = key, pooled.get(key, [])
         diffs = np.array([b - a for a, b in vals])
         row = {"sampler": seq_m, "presto": pre_m, "statistic": stat, "n": len(vals),
-               "mean_diff_sd": float(diffs.mean()) if len(diffs) else math.nan, "delta_sd": TOST_MARGIN_SD}
-        if len(vals) > 1 and not np.allclose(diffs, 0):
+               "mean_diff_sd": float(diffs.mean()) if len(diffs) else math.nan, "delta_sd": TOST_MARGIN_SD,
+               "note": ""}
+        if unpooled.get(key):
+            row.update(p_eq=math.nan, equivalent=None, note=f"not pooled, no spread under the sequential sampler "
+                       f"but PreSTO differs: {', '.join(unpooled[key])}")
+        elif len(vals) > 1 and not np.allclose(diffs, 0):
             p, _, _ = ttost_paired(np.array([b for _, b in vals]), np.array([a for a, _ in vals]),
                                    -TOST_MARGIN_SD, TOST_MARGIN_SD)
             row.update(p_eq=float(p), equivalent=bool(p < TOST_LEVEL))

@@ -156,3 +156,17 @@ def test_report_names_the_selection_rules_with_their_bias(tmp_path):
     write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="c")
     text = (tmp_path / "rep" / "report.md").read_text()
     assert FINAL_RULES["max"] in text and SELECT_RULES["logp0"] in text
+
+
+def test_pooled_tost_does_not_drop_a_dataset_where_presto_differs_and_sequential_has_no_spread():
+    """aime: sequential always wrong (sd 0, nothing to standardize by), PreSTO always right.  The pooled row left
+    aime out silently and called the samplers equivalent on accuracy from math500 alone."""
+    recs = []
+    for i in range(10):  # math500: identical chains, accuracy varies
+        recs += [_rec("math500", m, f"p{i}", i % 2 == 0, 1.0, 1, -0.5 - i) for m in ("power-mh", "presto-power-mh")]
+    for i in range(6):
+        recs += [_rec("aime", "power-mh", f"a{i}", False, 1.0, 1, -1.0 - i),
+                 _rec("aime", "presto-power-mh", f"a{i}", True, 1.0, 1, -1.0 - i)]
+    pooled = {r["statistic"]: r for r in summarize(recs)["tost_pooled"]}
+    assert pooled["correct"]["equivalent"] is None and "aime" in pooled["correct"]["note"]
+    assert pooled["log_likelihood"]["equivalent"] is True  # identical there: nothing left out

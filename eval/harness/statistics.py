@@ -17,8 +17,8 @@ prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, see
                          several seeds: paired sign-flip test over prompts of the
                          per-prompt accuracy difference (seeds are not independent pairs)  scipy.stats.permutation_test
     diff_ci95            paired bootstrap over prompts of pass@1(method) − pass@1(baseline) scipy.stats.bootstrap
-    speedup_ci95         paired bootstrap over (prompt, seed) pairs of Eq. 20's ratio of
-                         mean call times                                                   scipy.stats.bootstrap
+    speedup_ci95         paired bootstrap over prompts (each its seeds' mean call times) of
+                         Eq. 20's ratio of mean call times                                 scipy.stats.bootstrap
 """
 
 from __future__ import annotations

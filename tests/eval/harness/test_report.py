@@ -170,3 +170,22 @@ def test_pooled_tost_does_not_drop_a_dataset_where_presto_differs_and_sequential
     pooled = {r["statistic"]: r for r in summarize(recs)["tost_pooled"]}
     assert pooled["correct"]["equivalent"] is None and "aime" in pooled["correct"]["note"]
     assert pooled["log_likelihood"]["equivalent"] is True  # identical there: nothing left out
+
+
+def test_speedup_interval_resamples_prompts_not_seeds():
+    """--samples 8: a prompt's seeds take almost the same time, prompts differ a lot.  The interval resampled the
+    32 (prompt, seed) pairs as independent, about sqrt(8) times too narrow."""
+    rng = np.random.default_rng(5)
+    recs, seq_by_prompt, pre_by_prompt = [], [], []
+    for i, (s_t, p_t) in enumerate([(10.0, 2.0), (10.0, 9.0), (30.0, 5.0), (12.0, 11.0)]):
+        seq_t, pre_t = s_t + rng.normal(0, 0.01, 8), p_t + rng.normal(0, 0.01, 8)
+        seq_by_prompt.append(seq_t.mean())
+        pre_by_prompt.append(pre_t.mean())
+        for seed in range(8):
+            for m, t in (("power-mh", seq_t[seed]), ("presto-power-mh", pre_t[seed])):
+                recs.append(dict(_rec("math500", m, f"p{i}", True, float(t), 4, -1.0), seed=seed,
+                                 key=f"math500|{m}|p{i}|{seed}"))
+    (row,) = summarize(recs)["table7"]
+    want = stats.bootstrap((np.array(seq_by_prompt), np.array(pre_by_prompt)), lambda x, y: np.mean(x) / np.mean(y),
+                           paired=True, vectorized=False, n_resamples=2000, method="percentile", random_state=0)
+    assert row["speedup_ci95"] == pytest.approx([want.confidence_interval.low, want.confidence_interval.high])

@@ -18,7 +18,7 @@
                             call, Eq. 20 speedup = mean call time (seq) / mean call time (PreSTO), the
                             reduction in calls and increase in time per call (ratios of means), identical chains,
                             and a paired bootstrap interval of the speedup
-    TOST (Eq. 23)           paired two one-sided t-tests of PreSTO − sequential per (prompt, seed), margin
+    TOST (Eq. 23)           paired two one-sided t-tests of PreSTO − sequential per prompt (its seeds' mean), margin
                             δ = 0.2 sd of the sequential statistic across prompts, equivalent when
                             p_eq < 0.05; for accuracy, log-likelihood (Eq. 21) and confidence (Eq. 22);
                             pooled per sampler over datasets on standardized differences     statsmodels ttost_paired
@@ -171,14 +171,25 @@ def tost(seq_values: Sequence[float], pre_values: Sequence[float]) -> dict[str, 
     return out
 
 
+def _prompt_values(pp: list[tuple[dict[str, Any], dict[str, Any]]], stat: str) -> list[tuple[float, float]]:
+    """Per prompt, the (sequential, PreSTO) means of `stat` over its seeds where both are finite: TOST's units (a
+    prompt's seeds are not independent pairs; δ is an sd across prompts)."""
+    get = (lambda r: float(bool(r["correct"]))) if stat == "correct" else (lambda r: r.get(stat))
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for a, b in pp:
+        x, y = get(a), get(b)
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y)):
+            groups[a["prompt_id"]].append((float(x), float(y)))
+    return [(float(np.mean([x for x, _ in g])), float(np.mean([y for _, y in g]))) for g in groups.values()]
+
+
 def tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
+    """Per dataset, PreSTO method and statistic: `tost` over prompts."""
     rows = []
     for ds, seq_m, pre_m in pairs(table):
         pp = _paired(table[(ds, seq_m)], table[(ds, pre_m)])
         for stat in TOST_STATS:
-            vals = [(float(bool(a[stat])) if stat == "correct" else a.get(stat),
-                     float(bool(b[stat])) if stat == "correct" else b.get(stat)) for a, b in pp]
-            vals = [(float(a), float(b)) for a, b in vals if a is not None and b is not None]
+            vals = _prompt_values(pp, stat)
             res = tost([a for a, _ in vals], [b for _, b in vals])
             rows.append(dict(res, dataset=ds, sampler=seq_m, presto=pre_m, statistic=stat))
     return rows
@@ -193,8 +204,7 @@ def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]
     for ds, seq_m, pre_m in pairs(table):
         pp = _paired(table[(ds, seq_m)], table[(ds, pre_m)])
         for stat in TOST_STATS:
-            get = (lambda r: float(bool(r["correct"]))) if stat == "correct" else (lambda r: r.get(stat))
-            vals = [(get(a), get(b)) for a, b in pp if get(a) is not None and get(b) is not None]
+            vals = _prompt_values(pp, stat)
             sd = float(np.std([a for a, _ in vals], ddof=1)) if len(vals) > 1 else 0.0
             if sd > 0:
                 pooled[(seq_m, pre_m, stat)] += [(a / sd, b / sd) for a, b in vals]

@@ -189,3 +189,25 @@ def test_speedup_interval_resamples_prompts_not_seeds():
     want = stats.bootstrap((np.array(seq_by_prompt), np.array(pre_by_prompt)), lambda x, y: np.mean(x) / np.mean(y),
                            paired=True, vectorized=False, n_resamples=2000, method="percentile", random_state=0)
     assert row["speedup_ci95"] == pytest.approx([want.confidence_interval.low, want.confidence_interval.high])
+
+
+def test_tost_takes_prompts_as_its_units_not_seeds():
+    """--samples 8: each prompt's 8 seeds give nearly the same log-likelihood.  TOST counted the 40 (prompt, seed)
+    pairs as independent and its δ was an sd across items; the units are the 5 prompts (their seeds' means)."""
+    rng = np.random.default_rng(7)
+    recs, seq_m, pre_m = [], [], []
+    for i in range(5):
+        base, shift = rng.normal(-1.0, 1.0), rng.normal(0.0, 0.15)
+        seq_ll, pre_ll = base + rng.normal(0, 0.01, 8), base + shift + rng.normal(0, 0.01, 8)
+        seq_m.append(seq_ll.mean())
+        pre_m.append(pre_ll.mean())
+        for seed in range(8):
+            for m, ll in (("power-mh", seq_ll[seed]), ("presto-power-mh", pre_ll[seed])):
+                recs.append(dict(_rec("math500", m, f"p{i}", True, 1.0, 1, float(ll)), seed=seed,
+                                 key=f"math500|{m}|p{i}|{seed}"))
+    row = next(r for r in summarize(recs)["tost"] if r["statistic"] == "log_likelihood")
+    d = np.array(pre_m) - np.array(seq_m)
+    delta = 0.2 * np.std(seq_m, ddof=1)
+    se = np.std(d, ddof=1) / math.sqrt(len(d))
+    p_eq = max(stats.t.sf((d.mean() + delta) / se, len(d) - 1), stats.t.cdf((d.mean() - delta) / se, len(d) - 1))
+    assert row["n"] == 5 and row["delta"] == pytest.approx(delta) and row["p_eq"] == pytest.approx(p_eq)

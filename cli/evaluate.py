@@ -230,6 +230,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
         seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
+    stray = [f"{ds}={n}" for ds, n in args.n[1] if ds not in names]  # would be ignored: the run has no such dataset
+    if stray:
+        raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:

@@ -161,7 +161,8 @@ def decode_lcb_tests(raw: str | list, where: str, field: str) -> list[dict[str, 
         if not isinstance(t["input"], str) or not isinstance(t["output"], str):
             raise DatasetError(f"{where}: {field} test {i}: input and output must be strings")
         if t.get("testtype", "stdin") not in ("stdin", "functional"):
-            raise DatasetError(f"{where}: {field} test {i}: testtype must be stdin or functional, got {t['testtype']!r}")
+            raise DatasetError(f"{where}: {field} test {i}: testtype must be stdin or functional, "
+                               f"got {t['testtype']!r}")
         if t.get("testtype") == "functional":  # the grader reads each input line and the output as JSON
             try:
                 [json.loads(line) for line in t["input"].split("\n") if line.strip()] + [json.loads(t["output"])]

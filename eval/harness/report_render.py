@@ -95,7 +95,8 @@ def tost_table(summary: dict[str, Any]) -> list[str]:
              _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], r.get("note", "")]
             for r in summary["tost"]]
     rows += [["pooled", r["presto"], r["statistic"], str(r["n"]), _f(r["mean_diff_sd"], ".4f") + " sd",
-              "0.2 sd", _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], r.get("note", "")]
+              "0.2 sd", _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]],
+              r.get("note", "")]
              for r in summary["tost_pooled"]]
     return _table(["dataset", "PreSTO vs sequential", "statistic", "prompts", "mean diff", "δ", "p_eq", "equivalent",
                    "note"], rows)

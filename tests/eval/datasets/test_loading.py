@@ -299,7 +299,8 @@ def _refused(tmp_path: Path, name: str, fname: str, row: dict, match: str) -> No
         load_prompts(name, data_dir=tmp_path)
 
 
-MBPP_ROW = {"task_id": 11, "text": "Add.", "code": "def add(a, b): return a + b", "test_list": ["assert add(1, 2) == 3"]}
+MBPP_ROW = {"task_id": 11, "text": "Add.", "code": "def add(a, b): return a + b",
+            "test_list": ["assert add(1, 2) == 3"]}
 MMLU_ROW = {"question": "q", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 1}
 LCB_TEST = {"input": "[1]\n[2]", "output": "3", "testtype": "functional"}
 LCB_ROW = {"question_content": "Add.", "starter_code": "class Solution:\n    def add(self, a, b):\n",
@@ -319,7 +320,8 @@ LCB_ROW = {"question_content": "Add.", "starter_code": "class Solution:\n    def
     ("aime2024", "aime2024.jsonl", {"ID": "2024-I-1", "Problem": "p", "Answer": True}, "field 'Answer' must be"),
     ("aime2024", "aime2024.jsonl", {"ID": "2024-I-1", "Problem": "p", "Answer": "twelve"},
      "field 'Answer' must be an AIME answer"),
-    ("aime2025", "aime2025.jsonl", {"id": "2025-I-1", "problem": "p", "answer": 1000}, "field 'answer' must be an AIME"),
+    ("aime2025", "aime2025.jsonl", {"id": "2025-I-1", "problem": "p", "answer": 1000},
+     "field 'answer' must be an AIME"),
     ("humaneval", "humaneval.jsonl", {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": " 1",
                                       "test": "def check(c): pass", "entry_point": "f()"}, "field 'entry_point'"),
     ("lcb", "lcb.jsonl", dict(LCB_ROW, starter_code=""), "functional tests need a function name"),

@@ -11,7 +11,7 @@
                             forced_ci95; None for code and runs without it), its tokens apart (forced_tokens)
     comparisons             each method against its baseline (PreSTO: its sequential sampler; the rest:
                             greedy, else low-temp): exact McNemar p on per-prompt correctness (several
-                            seeds: a sign-flip test over prompts), paired bootstrap interval of the
+                            seeds: a sign test over prompts), paired bootstrap interval of the
                             pass@1 difference over prompts                                    `statistics`
     cost                    mean wall time, model-call time, calls, transitions/call
     Table 7 (per sampler)   sequential / PreSTO: total call time (mean ± sd), transitions per call, time per

@@ -65,7 +65,7 @@ def comparison_table(summary: dict[str, Any]) -> list[str]:
              f"[{_f(100 * c['diff_ci95'][0], '+.1f')}, {_f(100 * c['diff_ci95'][1], '+.1f')}]",
              f"{_f(c['p_value'], '.3g')} ({c['test']})"] for c in summary["comparisons"]]
     return _table(["dataset", "method", "baseline", "pairs", "Δ pass@1 (pts)", "paired bootstrap 95 %",
-                   "p (test: exact McNemar; several seeds: sign-flip over prompts)"], rows)
+                   "p (test: exact McNemar; several seeds: sign test over prompts)"], rows)
 
 
 def cost_table(summary: dict[str, Any]) -> list[str]:

@@ -233,6 +233,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     stray = [f"{ds}={n}" for ds, n in args.n[1] if ds not in names]  # would be ignored: the run has no such dataset
     if stray:
         raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
+    for ds in names:  # --block must divide every dataset's n: refused before any item runs, not half-way
+        settings.for_dataset(ds)
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:

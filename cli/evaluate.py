@@ -230,6 +230,11 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
         seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
+    stray = [f"{ds}={n}" for ds, n in args.n[1] if ds not in names]  # would be ignored: the run has no such dataset
+    if stray:
+        raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
+    for ds in names:  # --block must divide every dataset's n: refused before any item runs, not half-way
+        settings.for_dataset(ds)
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
@@ -383,7 +388,7 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
         for c in out["comparisons"]:
             lo, hi = c["diff_ci95"]
             print(f"  {c['dataset']:<10} {c['method']} vs {c['baseline']}: Δ pass@1 {100 * c['diff']:+.1f} pts "
-                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], exact McNemar p = {c['mcnemar_p']:.3g} ({c['pairs']} pairs)")
+                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {c['test']} p = {c['p_value']:.3g} ({c['pairs']} pairs)")
     if failed:
         print(f"forerun eval: {failed} item(s) failed after retries (error lines in {args.out}); rerun with "
               "--resume to retry them", file=sys.stderr)

@@ -142,35 +142,46 @@ def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from e
 
 
+def _parsed(spec: DatasetSpec, path: Path, gpqa_seed: int) -> Iterator[tuple[Prompt, str]]:
+    """(prompt, "file:line") of every row of one file, in the order the dataset uses."""
+    if spec.name == "gpqa":
+        yield from ((parse_gpqa(row, f"{path}:{ln}", gpqa_seed), f"{path}:{ln}") for ln, row in _iter_csv(path))
+        return
+    rows = _iter_jsonl(path)
+    if spec.name in ("lcb-v5", "lcb-v6"):
+        yield from ((parse_lcb(row, f"{path}:{ln}", i, spec.name), f"{path}:{ln}") for i, (ln, row) in enumerate(rows))
+    elif spec.name == "mmlu":
+        # HF cais/mmlu "all" order: subjects alphabetical, source order within a subject (stable sort)
+        parsed = [(row, ln) for ln, row in rows]
+        for ln_row in parsed:
+            require_field(ln_row[0], "subject", str, f"{path}:{ln_row[1]}")
+        parsed.sort(key=lambda rl: rl[0]["subject"])
+        yield from ((parse_mmlu(row, f"{path}:{ln}", i), f"{path}:{ln}") for i, (row, ln) in enumerate(parsed))
+    elif spec.name == "mbpp":
+        for ln, row in rows:
+            p = parse_mbpp(row, f"{path}:{ln}")
+            if p.extra["task_id"] in MBPP_TEST_IDS:
+                yield p, f"{path}:{ln}"
+    else:
+        year = spec.name if spec.name != "aime" else path.name.removesuffix(".jsonl")  # aime: its two files
+        parse = {"math500": parse_math500, "humaneval": parse_humaneval, "aime2024": parse_aime2024,
+                 "aime2025": parse_aime2025}[spec.name if spec.name != "aime" else year]
+        yield from ((parse(row, f"{path}:{ln}"), f"{path}:{ln}") for ln, row in rows)
+
+
 def _read_dir(spec: DatasetSpec, folder: Path, names: tuple[str, ...], gpqa_seed: int) -> list[Prompt]:
     out: list[Prompt] = []
+    seen: dict[str, str] = {}
     for fname in names:
         path = folder / fname
         if not path.is_file():
             hint = f" ({spec.note})" if not spec.size else ""
             raise DatasetError(f"dataset {spec.name!r}: file {path} not found{hint}")
-        if spec.name == "gpqa":
-            out.extend(parse_gpqa(row, f"{path}:{ln}", gpqa_seed) for ln, row in _iter_csv(path))
-            continue
-        rows = _iter_jsonl(path)
-        if spec.name in ("lcb-v5", "lcb-v6"):
-            out.extend(parse_lcb(row, f"{path}:{ln}", i, spec.name) for i, (ln, row) in enumerate(rows))
-        elif spec.name == "mmlu":
-            # HF cais/mmlu "all" order: subjects alphabetical, source order within a subject (stable sort)
-            parsed = [(row, ln) for ln, row in rows]
-            for ln_row in parsed:
-                require_field(ln_row[0], "subject", str, f"{path}:{ln_row[1]}")
-            parsed.sort(key=lambda rl: rl[0]["subject"])
-            out.extend(parse_mmlu(row, f"{path}:{ln}", i) for i, (row, ln) in enumerate(parsed))
-        elif spec.name == "mbpp":
-            for ln, row in rows:
-                p = parse_mbpp(row, f"{path}:{ln}")
-                if p.extra["task_id"] in MBPP_TEST_IDS:
-                    out.append(p)
-        else:
-            parse = {"math500": parse_math500, "humaneval": parse_humaneval}.get(spec.name) or (
-                parse_aime2024 if fname.startswith("aime2024") else parse_aime2025)
-            out.extend(parse(row, f"{path}:{ln}") for ln, row in rows)
+        for p, where in _parsed(spec, path, gpqa_seed):
+            if p.id in seen:  # one key per (dataset, method, prompt, seed): a repeated id would overwrite a result
+                raise DatasetError(f"{where}: prompt id {p.id!r} repeats the one at {seen[p.id]}")
+            seen[p.id] = where
+            out.append(p)
     if spec.name == "aime":
         out = [as_aime(p) for p in out]
     if not out:  # an empty (or truncated) copy: no run over it means anything

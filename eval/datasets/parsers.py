@@ -30,10 +30,37 @@ def require_field(row: dict[str, Any], key: str, kind: type | tuple[type, ...], 
     if key not in row or row[key] is None:
         raise DatasetError(f"{where}: missing field {key!r}")
     val = row[key]
-    if not isinstance(val, kind):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(val, kinds) or isinstance(val, bool) and bool not in kinds:  # JSON true is not an int
+        names = "/".join(k.__name__ for k in kinds)
         raise DatasetError(f"{where}: field {key!r} must be {names}, got {type(val).__name__}")
+    if isinstance(val, str) and not val.strip():
+        raise DatasetError(f"{where}: field {key!r} is empty")
     return val
+
+
+def strings(row: dict[str, Any], key: str, where: str, *, required: bool = True) -> list[str]:
+    """`row[key]`, a list of strings (absent or null: [] unless `required`); otherwise a `DatasetError`."""
+    if not required and row.get(key) is None:
+        return []
+    val = require_field(row, key, list, where)
+    bad = [v for v in val if not isinstance(v, str)]
+    if bad:
+        raise DatasetError(f"{where}: field {key!r} must hold strings, got {type(bad[0]).__name__}")
+    return list(val)
+
+
+_AIME_ANSWER = re.compile(r"\s*(\d{1,3})\s*(?:\^\s*\{?\s*\\circ\s*\}?)?\s*")
+"""An AIME answer: an integer 0-999 (upstream writes 2025-II-5's as "336^\\circ")."""
+
+
+def aime_answer(row: dict[str, Any], key: str, where: str) -> str:
+    """The AIME gold answer as its integer's digits ("042" -> "42"); anything else is a `DatasetError`."""
+    val = require_field(row, key, (str, int), where)
+    m = _AIME_ANSWER.fullmatch(str(val))
+    if m is None:
+        raise DatasetError(f"{where}: field {key!r} must be an AIME answer, an integer 0-999, got {val!r}")
+    return str(int(m.group(1)))
 
 
 def parse_math500(row: dict, where: str) -> Prompt:
@@ -44,28 +71,34 @@ def parse_math500(row: dict, where: str) -> Prompt:
 
 def parse_aime2024(row: dict, where: str) -> Prompt:
     return Prompt("aime2024", require_field(row, "ID", str, where), require_field(row, "Problem", str, where),
-                  str(require_field(row, "Answer", (int, str), where)), extra={"year": 2024})
+                  aime_answer(row, "Answer", where), extra={"year": 2024})
 
 
 def parse_aime2025(row: dict, where: str) -> Prompt:
     return Prompt("aime2025", require_field(row, "id", str, where), require_field(row, "problem", str, where),
-                  str(require_field(row, "answer", (str, int), where)), extra={"year": 2025})
+                  aime_answer(row, "answer", where), extra={"year": 2025})
 
 
 def parse_humaneval(row: dict, where: str) -> Prompt:
     prompt = require_field(row, "prompt", str, where)
+    entry = require_field(row, "entry_point", str, where)
+    if not entry.isidentifier():
+        raise DatasetError(f"{where}: field 'entry_point' must be a function name, got {entry!r}")
     return Prompt("humaneval", require_field(row, "task_id", str, where), prompt,
                   require_field(row, "canonical_solution", str, where),
-                  extra={"prompt": prompt, "entry_point": require_field(row, "entry_point", str, where),
+                  extra={"prompt": prompt, "entry_point": entry,
                          "test": require_field(row, "test", str, where)})
 
 
 def parse_mbpp(row: dict, where: str) -> Prompt:
     tid = require_field(row, "task_id", int, where)
-    tests = require_field(row, "test_list", list, where)
+    tests = strings(row, "test_list", where)
+    setup = row.get("test_setup_code") or ""
+    if not isinstance(setup, str):
+        raise DatasetError(f"{where}: field 'test_setup_code' must be str, got {type(setup).__name__}")
     return Prompt("mbpp", str(tid), require_field(row, "text", str, where), require_field(row, "code", str, where),
-                  extra={"task_id": tid, "test_list": list(tests), "test_setup_code": row.get("test_setup_code") or "",
-                         "challenge_test_list": list(row.get("challenge_test_list") or [])})
+                  extra={"task_id": tid, "test_list": tests, "test_setup_code": setup,
+                         "challenge_test_list": strings(row, "challenge_test_list", where, required=False)})
 
 
 _FUNC_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
@@ -124,6 +157,18 @@ def decode_lcb_tests(raw: str | list, where: str, field: str) -> list[dict[str, 
                 raise DatasetError(f"{where}: {field} does not hold JSON ({e})") from e
     if not isinstance(tests, list) or not all(isinstance(t, dict) and {"input", "output"} <= set(t) for t in tests):
         raise DatasetError(f"{where}: {field} must be a list of {{input, output, testtype}} objects")
+    for i, t in enumerate(tests, 1):
+        if not isinstance(t["input"], str) or not isinstance(t["output"], str):
+            raise DatasetError(f"{where}: {field} test {i}: input and output must be strings")
+        if t.get("testtype", "stdin") not in ("stdin", "functional"):
+            raise DatasetError(f"{where}: {field} test {i}: testtype must be stdin or functional, "
+                               f"got {t['testtype']!r}")
+        if t.get("testtype") == "functional":  # the grader reads each input line and the output as JSON
+            try:
+                [json.loads(line) for line in t["input"].split("\n") if line.strip()] + [json.loads(t["output"])]
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{where}: {field} test {i}: a functional test's input lines and output must be "
+                                   f"JSON ({e})") from e
     return tests
 
 
@@ -145,6 +190,9 @@ def parse_lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt
             meta = {}
     if isinstance(meta, dict) and isinstance(meta.get("func_name"), str):
         func = meta["func_name"]
+    if func is None and any(t.get("testtype") == "functional" for t in tests + private):
+        raise DatasetError(f"{where}: functional tests need a function name (metadata func_name or a def in "
+                           "starter_code)")
     return Prompt(name, f"{name}-{index}", require_field(row, "question_content", str, where), None,
                   extra={"tests": tests, "private_tests": private, "starter_code": starter, "func_name": func,
                          "testtype": tests[0].get("testtype") if tests else None,
@@ -152,7 +200,9 @@ def parse_lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt
 
 
 def parse_mmlu(row: dict, where: str, index: int) -> Prompt:
-    choices = require_field(row, "choices", list, where)
+    choices = strings(row, "choices", where)
+    if not 2 <= len(choices) <= len(LETTERS):
+        raise DatasetError(f"{where}: field 'choices' must hold 2 to {len(LETTERS)} options, got {len(choices)}")
     ans = require_field(row, "answer", int, where)
     if not 0 <= ans < len(choices):
         raise DatasetError(f"{where}: answer index {ans} outside the {len(choices)} choices")

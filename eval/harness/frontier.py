@@ -9,6 +9,8 @@ lies on the accuracy / time Pareto frontier of its scope.
     wall time per answer            mean `wall_s` (the item's whole generation: harness.methods)
     Pareto frontier                 pareto_front: no other method is at least as accurate AND at least as fast,
                                     and strictly better in one of the two
+    items compared                  per dataset, the (prompt, seed) items every method ran on it (a cut run
+                                    compares the same items)
     scope "all"                     the datasets every method of the run has: the same prompts for each
 """
 
@@ -57,12 +59,24 @@ def common_datasets(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def sampler_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The every-sampler rows of final records: scope "all" first (prompt ids namespaced by dataset, so the
-    bootstrap resamples each (dataset, prompt) as one cluster), then each dataset; `frontier` per scope."""
+    """The every-sampler rows of final records, over the (prompt, seed) items every method of a dataset has (a cut
+    run compares the same items): scope "all" first (prompt ids namespaced by dataset, so the bootstrap resamples
+    each (dataset, prompt) as one cluster), then each dataset; `frontier` per scope."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     common = set(common_datasets(records))
+    items: dict[str, list[set[tuple[str, Any]]]] = defaultdict(list)  # per dataset, each method's (prompt, seed)s
+    for m in methods:
+        by_ds: dict[str, set[tuple[str, Any]]] = defaultdict(set)
+        for r in records:
+            if r["method"] == m:
+                by_ds[r["dataset"]].add((r["prompt_id"], r["seed"]))
+        for ds, got in by_ds.items():
+            items[ds].append(got)
+    shared = {ds: set.intersection(*sets) for ds, sets in items.items()}
     scopes: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
+        if (r["prompt_id"], r["seed"]) not in shared[r["dataset"]]:  # a cut run: only items every method of the
+            continue                                                # dataset has are compared
         scopes[r["dataset"]][r["method"]].append(r)
         if r["dataset"] in common:
             scopes[ALL_SCOPE][r["method"]].append(dict(r, prompt_id=f"{r['dataset']}/{r['prompt_id']}"))

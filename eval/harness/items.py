@@ -89,7 +89,8 @@ class ItemRunner:
             return {}
         prefix = forced_pass.forced_prefix(prompt_ids, response_ids, rt.eos_token_ids, self.forcing_ids[kind])
         start = time.perf_counter()
-        ids = forced_pass.greedy_continuation(rt.backend, prefix, how.max_tokens)
+        room = forced_pass.room_left(how, len(prefix), getattr(rt.loaded, "max_context", None))
+        ids = forced_pass.greedy_continuation(rt.backend, prefix, room) if room > 0 else []
         return {"forced_ids": ids, "forced_wall_s": time.perf_counter() - start}
 
     def _forced_record(self, item: WorkItem, response: str, forced: dict[str, Any], rt: Any) -> dict[str, Any]:

@@ -10,14 +10,15 @@
                             --forced-answer runs: the forced pass's accuracy and interval (forced_accuracy,
                             forced_ci95; None for code and runs without it), its tokens apart (forced_tokens)
     comparisons             each method against its baseline (PreSTO: its sequential sampler; the rest:
-                            greedy, else low-temp): exact McNemar p on (prompt, seed) correctness, paired
-                            bootstrap interval of the pass@1 difference over prompts          `statistics`
+                            greedy, else low-temp): exact McNemar p on per-prompt correctness (several
+                            seeds: a sign test over prompts), paired bootstrap interval of the
+                            pass@1 difference over prompts                                    `statistics`
     cost                    mean wall time, model-call time, calls, transitions/call
     Table 7 (per sampler)   sequential / PreSTO: total call time (mean ± sd), transitions per call, time per
                             call, Eq. 20 speedup = mean call time (seq) / mean call time (PreSTO), the
                             reduction in calls and increase in time per call (ratios of means), identical chains,
                             and a paired bootstrap interval of the speedup
-    TOST (Eq. 23)           paired two one-sided t-tests of PreSTO − sequential per (prompt, seed), margin
+    TOST (Eq. 23)           paired two one-sided t-tests of PreSTO − sequential per prompt (its seeds' mean), margin
                             δ = 0.2 sd of the sequential statistic across prompts, equivalent when
                             p_eq < 0.05; for accuracy, log-likelihood (Eq. 21) and confidence (Eq. 22);
                             pooled per sampler over datasets on standardized differences     statsmodels ttost_paired
@@ -105,11 +106,25 @@ def _paired(seq: Cell, pre: Cell) -> list[tuple[dict[str, Any], dict[str, Any]]]
     return [(by_item[(r["prompt_id"], r["seed"])], r) for r in pre.records if (r["prompt_id"], r["seed"]) in by_item]
 
 
+def _prompt_times(paired: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[list[float], list[float]]:
+    """Per prompt, the mean call time of its (sequential, PreSTO) seeds where both are finite: the clusters the
+    speedup interval resamples (a prompt's seeds are not independent pairs)."""
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for a, b in paired:
+        s, p = ChainTiming.of_record(a).call_time_s, ChainTiming.of_record(b).call_time_s
+        if math.isfinite(s) and math.isfinite(p):
+            groups[a["prompt_id"]].append((s, p))
+    return [float(np.mean([s for s, _ in g])) for g in groups.values()], [float(np.mean([p for _, p in g]))
+                                                                         for g in groups.values()]
+
+
 def table7_row(seq: Cell, pre: Cell) -> dict[str, Any]:
-    """Table 7 columns (`presto.table7`) of one sampler on one dataset, over its paired items."""
-    pp = [(ChainTiming.of_record(a), ChainTiming.of_record(b)) for a, b in _paired(seq, pre)]
+    """Table 7 columns (`presto.table7`) of one sampler on one dataset, over its paired items; the speedup's
+    interval resamples prompts (their seeds' mean call times)."""
+    paired = _paired(seq, pre)
+    pp = [(ChainTiming.of_record(a), ChainTiming.of_record(b)) for a, b in paired]
     return {"dataset": seq.dataset, "sampler": seq.method, "presto": pre.method, **table7_columns(pp),
-            "speedup_ci95": speedup_ci([a.call_time_s for a, _ in pp], [b.call_time_s for _, b in pp])}
+            "speedup_ci95": speedup_ci(*_prompt_times(paired))}
 
 
 def baseline_of(method: str, ran: set[str]) -> str | None:
@@ -156,36 +171,56 @@ def tost(seq_values: Sequence[float], pre_values: Sequence[float]) -> dict[str, 
     return out
 
 
+def _prompt_values(pp: list[tuple[dict[str, Any], dict[str, Any]]], stat: str) -> list[tuple[float, float]]:
+    """Per prompt, the (sequential, PreSTO) means of `stat` over its seeds where both are finite: TOST's units (a
+    prompt's seeds are not independent pairs; δ is an sd across prompts)."""
+    get = (lambda r: float(bool(r["correct"]))) if stat == "correct" else (lambda r: r.get(stat))
+    groups: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for a, b in pp:
+        x, y = get(a), get(b)
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y)):
+            groups[a["prompt_id"]].append((float(x), float(y)))
+    return [(float(np.mean([x for x, _ in g])), float(np.mean([y for _, y in g]))) for g in groups.values()]
+
+
 def tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
+    """Per dataset, PreSTO method and statistic: `tost` over prompts."""
     rows = []
     for ds, seq_m, pre_m in pairs(table):
         pp = _paired(table[(ds, seq_m)], table[(ds, pre_m)])
         for stat in TOST_STATS:
-            vals = [(float(bool(a[stat])) if stat == "correct" else a.get(stat),
-                     float(bool(b[stat])) if stat == "correct" else b.get(stat)) for a, b in pp]
-            vals = [(float(a), float(b)) for a, b in vals if a is not None and b is not None]
+            vals = _prompt_values(pp, stat)
             res = tost([a for a, _ in vals], [b for _, b in vals])
             rows.append(dict(res, dataset=ds, sampler=seq_m, presto=pre_m, statistic=stat))
     return rows
 
 
 def pooled_tost_rows(table: dict[tuple[str, str], Cell]) -> list[dict[str, Any]]:
-    """Per PreSTO method and statistic: TOST of the standardized differences pooled over datasets."""
+    """Per PreSTO method and statistic: TOST of the standardized differences pooled over datasets.  A dataset with
+    no spread under the sequential sampler cannot be standardized: left out when PreSTO matches it there, else the
+    pooled row cannot decide (equivalent None, the dataset named in its note)."""
     pooled: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
+    unpooled: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for ds, seq_m, pre_m in pairs(table):
         pp = _paired(table[(ds, seq_m)], table[(ds, pre_m)])
         for stat in TOST_STATS:
-            get = (lambda r: float(bool(r["correct"]))) if stat == "correct" else (lambda r: r.get(stat))
-            vals = [(get(a), get(b)) for a, b in pp if get(a) is not None and get(b) is not None]
+            vals = _prompt_values(pp, stat)
             sd = float(np.std([a for a, _ in vals], ddof=1)) if len(vals) > 1 else 0.0
             if sd > 0:
                 pooled[(seq_m, pre_m, stat)] += [(a / sd, b / sd) for a, b in vals]
+            elif vals and not np.allclose([b - a for a, b in vals], 0):
+                unpooled[(seq_m, pre_m, stat)].append(ds)
     rows = []
-    for (seq_m, pre_m, stat), vals in pooled.items():
+    for key in dict.fromkeys([*pooled, *unpooled]):
+        (seq_m, pre_m, stat), vals = key, pooled.get(key, [])
         diffs = np.array([b - a for a, b in vals])
         row = {"sampler": seq_m, "presto": pre_m, "statistic": stat, "n": len(vals),
-               "mean_diff_sd": float(diffs.mean()) if len(diffs) else math.nan, "delta_sd": TOST_MARGIN_SD}
-        if len(vals) > 1 and not np.allclose(diffs, 0):
+               "mean_diff_sd": float(diffs.mean()) if len(diffs) else math.nan, "delta_sd": TOST_MARGIN_SD,
+               "note": ""}
+        if unpooled.get(key):
+            row.update(p_eq=math.nan, equivalent=None, note=f"not pooled, no spread under the sequential sampler "
+                       f"but PreSTO differs: {', '.join(unpooled[key])}")
+        elif len(vals) > 1 and not np.allclose(diffs, 0):
             p, _, _ = ttost_paired(np.array([b for _, b in vals]), np.array([a for a, _ in vals]),
                                    -TOST_MARGIN_SD, TOST_MARGIN_SD)
             row.update(p_eq=float(p), equivalent=bool(p < TOST_LEVEL))

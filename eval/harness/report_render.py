@@ -63,9 +63,9 @@ def forced_cell(cell: dict[str, Any]) -> str:
 def comparison_table(summary: dict[str, Any]) -> list[str]:
     rows = [[c["dataset"], c["method"], c["baseline"], str(c["pairs"]), _f(100 * c["diff"], "+.1f"),
              f"[{_f(100 * c['diff_ci95'][0], '+.1f')}, {_f(100 * c['diff_ci95'][1], '+.1f')}]",
-             _f(c["mcnemar_p"], ".3g")] for c in summary["comparisons"]]
+             f"{_f(c['p_value'], '.3g')} ({c['test']})"] for c in summary["comparisons"]]
     return _table(["dataset", "method", "baseline", "pairs", "Δ pass@1 (pts)", "paired bootstrap 95 %",
-                   "McNemar p (exact)"], rows)
+                   "p (test: exact McNemar; several seeds: sign test over prompts)"], rows)
 
 
 def cost_table(summary: dict[str, Any]) -> list[str]:
@@ -95,9 +95,10 @@ def tost_table(summary: dict[str, Any]) -> list[str]:
              _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], r.get("note", "")]
             for r in summary["tost"]]
     rows += [["pooled", r["presto"], r["statistic"], str(r["n"]), _f(r["mean_diff_sd"], ".4f") + " sd",
-              "0.2 sd", _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]], ""]
+              "0.2 sd", _f(r["p_eq"], ".3g"), {True: "yes", False: "no", None: "n/a"}[r["equivalent"]],
+              r.get("note", "")]
              for r in summary["tost_pooled"]]
-    return _table(["dataset", "PreSTO vs sequential", "statistic", "pairs", "mean diff", "δ", "p_eq", "equivalent",
+    return _table(["dataset", "PreSTO vs sequential", "statistic", "prompts", "mean diff", "δ", "p_eq", "equivalent",
                    "note"], rows)
 
 

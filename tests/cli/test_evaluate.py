@@ -265,3 +265,24 @@ def test_mh_settings_apply_to_a_run_of_streaming_methods_only(tmp_path, capsys):
         capsys.readouterr().err
     (rec,) = load_run(run, repair=False)
     assert (rec["settings"]["K"], rec["settings"]["block"], rec["settings"]["streaming"]) == (2, 2, True)
+
+
+def test_a_budget_for_a_dataset_the_run_does_not_have_is_refused(tmp_path, capsys):
+    """`--n aime=8 --datasets aime2024` ran AIME 2024 at its default budget (214), the override silently unused."""
+    run = tmp_path / "run.jsonl"
+    rc = main(["eval", "--model", "tiny", "--datasets", "aime2024", "--methods", "greedy", "--limit", "1",
+               "--n", "aime=8", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--n aime=8: aime is not among --datasets (aime2024)" in err and err.count("\n") == 1
+    assert not run.exists()
+
+
+def test_a_block_that_does_not_divide_a_datasets_budget_is_refused_before_any_item(tmp_path, capsys):
+    """--block 8 divides math500's n = 32 but not AIME's default 214: the run wrote math500's items, then stopped
+    at the first AIME item (exit 2, a half-done run file)."""
+    run = tmp_path / "run.jsonl"
+    rc = main(["eval", "--model", "tiny", "--datasets", "math500,aime", "--methods", "power-mh", "--limit", "1",
+               "--n", "math500=32", "--block", "8", "--K", "2", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "block B=8 does not divide n=214 of aime" in err and err.count("\n") == 1
+    assert not run.exists()

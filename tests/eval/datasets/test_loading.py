@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,81 @@ def test_an_empty_dataset_file_is_refused_not_a_zero_item_run(tmp_path, name, fn
     (tmp_path / fname).write_text("")
     with pytest.raises(DatasetError, match="holds no prompts"):
         load_prompts(name, data_dir=tmp_path)
+
+
+def test_a_repeated_prompt_id_is_refused_naming_both_lines(tmp_path):
+    """Items are keyed by (dataset, method, prompt id, seed): two rows with one id ran twice and the report kept
+    only the last line, silently dropping the other row's result."""
+    rows = [{"problem": "1+1?", "answer": "2", "unique_id": "test/algebra/1.json"},
+            {"problem": "2+2?", "answer": "4", "unique_id": "test/algebra/2.json"},
+            {"problem": "3+3?", "answer": "6", "unique_id": "test/algebra/1.json"}]
+    _write(tmp_path / "math500.jsonl", [json.dumps(r) for r in rows])
+    with pytest.raises(DatasetError, match=r"math500\.jsonl:3: prompt id 'test/algebra/1\.json' repeats the one "
+                                           r"at .*math500\.jsonl:1"):
+        load_prompts("math500", data_dir=tmp_path)
+    a24 = {"ID": "2024-I-1", "Problem": "p", "Answer": 1}
+    _write(tmp_path / "aime2024.jsonl", [json.dumps(a24)])
+    _write(tmp_path / "aime2025.jsonl", [json.dumps({"id": "2024-I-1", "problem": "q", "answer": "2"})])
+    with pytest.raises(DatasetError, match=r"aime2025\.jsonl:1: prompt id '2024-I-1' repeats .*aime2024\.jsonl:1"):
+        load_prompts("aime", data_dir=tmp_path)
+
+
+def _refused(tmp_path: Path, name: str, fname: str, row: dict, match: str) -> None:
+    _write(tmp_path / fname, [json.dumps(row)])
+    with pytest.raises(DatasetError, match=re.escape(f"{fname}:1: ") + match):
+        load_prompts(name, data_dir=tmp_path)
+
+
+MBPP_ROW = {"task_id": 11, "text": "Add.", "code": "def add(a, b): return a + b",
+            "test_list": ["assert add(1, 2) == 3"]}
+MMLU_ROW = {"question": "q", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": 1}
+LCB_TEST = {"input": "[1]\n[2]", "output": "3", "testtype": "functional"}
+LCB_ROW = {"question_content": "Add.", "starter_code": "class Solution:\n    def add(self, a, b):\n",
+           "public_test_cases": json.dumps([LCB_TEST])}
+
+
+@pytest.mark.parametrize("name, fname, row, match", [
+    # each used to load and then crash the run with a traceback (TypeError, IndexError, AttributeError; LCB: a
+    # ValueError at grading, after the generation) or to run an item against a wrong gold / option text
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_list=[1, 2]), "field 'test_list' must hold strings, got int"),
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_setup_code=5), "field 'test_setup_code' must be str"),
+    ("mmlu", "mmlu_test.jsonl", dict(MMLU_ROW, choices=[str(i) for i in range(12)], answer=11),
+     "field 'choices' must hold 2 to 10 options, got 12"),
+    ("mmlu", "mmlu_test.jsonl", dict(MMLU_ROW, choices=["a", None, "c", "d"]), "field 'choices' must hold strings"),
+    ("mmlu", "mmlu_test.jsonl", dict(MMLU_ROW, answer=True), "field 'answer' must be int, got bool"),
+    ("math500", "math500.jsonl", {"problem": "1+1?", "answer": " ", "unique_id": "u"}, "field 'answer' is empty"),
+    ("aime2024", "aime2024.jsonl", {"ID": "2024-I-1", "Problem": "p", "Answer": True}, "field 'Answer' must be"),
+    ("aime2024", "aime2024.jsonl", {"ID": "2024-I-1", "Problem": "p", "Answer": "twelve"},
+     "field 'Answer' must be an AIME answer"),
+    ("aime2025", "aime2025.jsonl", {"id": "2025-I-1", "problem": "p", "answer": 1000},
+     "field 'answer' must be an AIME"),
+    ("humaneval", "humaneval.jsonl", {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": " 1",
+                                      "test": "def check(c): pass", "entry_point": "f()"}, "field 'entry_point'"),
+    ("lcb", "lcb.jsonl", dict(LCB_ROW, starter_code=""), "functional tests need a function name"),
+    ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases=json.dumps([dict(LCB_TEST, input="[1")])),
+     "public_test_cases test 1: a functional test's input lines and output must be JSON"),
+    ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases=json.dumps([dict(LCB_TEST, output=3)])),
+     "public_test_cases test 1: input and output must be strings"),
+])
+def test_a_malformed_field_is_refused_naming_file_and_line(tmp_path, name, fname, row, match):
+    _refused(tmp_path, name, fname, row, match)
+
+
+def test_aime_gold_answers_are_integers():
+    """AIME is graded as integers: upstream's "336^\\circ" (2025-II-5) and "042" become their integer's digits."""
+    from forerun.eval.datasets.parsers import parse_aime2024, parse_aime2025
+
+    assert parse_aime2025({"id": "2025-II-5", "problem": "p", "answer": "336^\\circ"}, "f:1").answer == "336"
+    assert parse_aime2024({"ID": "2024-I-1", "Problem": "p", "Answer": "042"}, "f:1").answer == "42"
+    assert parse_aime2024({"ID": "2024-I-1", "Problem": "p", "Answer": 7}, "f:1").answer == "7"
+
+
+def test_an_aime_year_read_from_a_file_of_any_name_uses_that_years_schema(tmp_path):
+    """`--dataset-file aime2024=PATH` picked the parser by the file's name: any name not starting "aime2024" was
+    read in AIME 2025's schema and refused ("missing field 'id'")."""
+    _write(tmp_path / "mine.jsonl", [json.dumps({"ID": "2024-I-1", "Problem": "p", "Answer": 33})])
+    (p,) = load_prompts("aime2024", file=tmp_path / "mine.jsonl")
+    assert (p.id, p.answer, p.extra["year"]) == ("2024-I-1", "33", 2024)
+    _write(tmp_path / "aime2024_copy.jsonl", [json.dumps({"id": "2025-I-1", "problem": "q", "answer": "7"})])
+    (p,) = load_prompts("aime2025", file=tmp_path / "aime2024_copy.jsonl")
+    assert (p.id, p.answer, p.extra["year"]) == ("2025-I-1", "7", 2025)

@@ -100,19 +100,21 @@ def test_every_sampler_table_per_dataset_and_over_shared_datasets(tmp_path):
     for ds in ("math500", "gpqa"):
         for i in range(4):  # greedy: fast, 2/4; power-mh: slow, 3/4 (math500) and 1/4 (gpqa); best-of-n: slow, 1/4
             recs.append(dict(_rec(ds, "greedy", f"p{i}", i < 2, 1.0, 1, -0.5), tokens_decoded=10))
-            recs.append(dict(_rec(ds, "power-mh", f"p{i}", i < (3 if ds == "math500" else 1), 9.0, 9, -0.4),
-                             tokens_decoded=100))
+            if ds == "math500" and i == 3:  # an error: counts as a wrong answer
+                recs.append(dict(_rec(ds, "power-mh", f"p{i}", False, 1.0, 1, -0.5), error="boom"))
+            else:
+                recs.append(dict(_rec(ds, "power-mh", f"p{i}", i < (3 if ds == "math500" else 1), 9.0, 9, -0.4),
+                                 tokens_decoded=100))
             recs.append(dict(_rec(ds, "best-of-n", f"p{i}", i < 1, 4.0, 1, -0.3), tokens_decoded=40 + i))
     recs.append(dict(_rec("mmlu", "greedy", "p0", True, 1.0, 1, -0.5), tokens_decoded=5))  # only greedy ran mmlu
-    recs.append(dict(_rec("math500", "power-mh", "p9", False, 1.0, 1, -0.5), error="boom"))  # counts as wrong
     s = summarize(recs)
     assert s["sampler_datasets"] == ["math500", "gpqa"]
     rows = {(r["scope"], r["method"]): r for r in s["samplers"]}
     assert [r["scope"] for r in s["samplers"]][:3] == ["all"] * 3
-    assert rows[("math500", "power-mh")]["answers"] == 5 and rows[("math500", "power-mh")]["errors"] == 1
-    assert rows[("math500", "power-mh")]["pass_at_1"] == pytest.approx(3 / 5)
+    assert rows[("math500", "power-mh")]["answers"] == 4 and rows[("math500", "power-mh")]["errors"] == 1
+    assert rows[("math500", "power-mh")]["pass_at_1"] == pytest.approx(3 / 4)
     assert rows[("math500", "power-mh")]["wall_s"] == pytest.approx(9.1)  # graded items only (the error has none)
-    assert rows[("all", "power-mh")]["pass_at_1"] == pytest.approx(4 / 9)  # mmlu is not shared: left out of "all"
+    assert rows[("all", "power-mh")]["pass_at_1"] == pytest.approx(4 / 8)  # mmlu is not shared: left out of "all"
     assert rows[("all", "greedy")]["answers"] == 8 and rows[("mmlu", "greedy")]["answers"] == 1
     assert rows[("all", "best-of-n")]["tokens_decoded"] == pytest.approx(41.5)
     lo, hi = rows[("all", "greedy")]["ci95"]
@@ -121,12 +123,25 @@ def test_every_sampler_table_per_dataset_and_over_shared_datasets(tmp_path):
     front = {k: r["frontier"] for k, r in rows.items()}
     assert front[("math500", "greedy")] and front[("math500", "power-mh")] and not front[("math500", "best-of-n")]
     assert front[("gpqa", "greedy")] and not front[("gpqa", "power-mh")] and not front[("gpqa", "best-of-n")]
-    assert front[("all", "greedy")] and not front[("all", "power-mh")]  # 4/9 < 1/2
+    assert front[("all", "greedy")] and not front[("all", "power-mh")]  # 4/8 = 1/2, and slower
     _, files = write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="forerun eval report run.jsonl")
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## Every sampler" in text and "| all | greedy | 8 | 50 [" in text and "Pareto frontier" in text
     assert json.loads((tmp_path / "rep" / "summary.json").read_text())["samplers"][0]["scope"] == "all"
     assert (tmp_path / "rep" / "accuracy_vs_latency.png").stat().st_size > 0
+
+
+def test_every_sampler_table_of_a_cut_run_compares_the_items_every_method_has():
+    """A run killed part-way: greedy finished 4 prompts, power-mh only the easy p0.  The table ("Same prompts for
+    every method") showed power-mh at 1/1 against greedy's 1/4 and put it on the frontier; on the shared p0 both
+    are right and greedy is faster."""
+    recs = [dict(_rec("math500", "greedy", f"p{i}", i == 0, 1.0, 1, -0.5), tokens_decoded=10) for i in range(4)]
+    recs.append(dict(_rec("math500", "power-mh", "p0", True, 9.0, 9, -0.4), tokens_decoded=100))
+    rows = {(r["scope"], r["method"]): r for r in summarize(recs)["samplers"]}
+    for scope in ("all", "math500"):
+        assert rows[(scope, "greedy")]["answers"] == rows[(scope, "power-mh")]["answers"] == 1
+        assert rows[(scope, "greedy")]["pass_at_1"] == rows[(scope, "power-mh")]["pass_at_1"] == 1.0
+        assert rows[(scope, "greedy")]["frontier"] and not rows[(scope, "power-mh")]["frontier"]
 
 
 def test_report_names_the_selection_rules_with_their_bias(tmp_path):
@@ -141,3 +156,58 @@ def test_report_names_the_selection_rules_with_their_bias(tmp_path):
     write_report(recs, tmp_path / "rep", run_path="run.jsonl", command="c")
     text = (tmp_path / "rep" / "report.md").read_text()
     assert FINAL_RULES["max"] in text and SELECT_RULES["logp0"] in text
+
+
+def test_pooled_tost_does_not_drop_a_dataset_where_presto_differs_and_sequential_has_no_spread():
+    """aime: sequential always wrong (sd 0, nothing to standardize by), PreSTO always right.  The pooled row left
+    aime out silently and called the samplers equivalent on accuracy from math500 alone."""
+    recs = []
+    for i in range(10):  # math500: identical chains, accuracy varies
+        recs += [_rec("math500", m, f"p{i}", i % 2 == 0, 1.0, 1, -0.5 - i) for m in ("power-mh", "presto-power-mh")]
+    for i in range(6):
+        recs += [_rec("aime", "power-mh", f"a{i}", False, 1.0, 1, -1.0 - i),
+                 _rec("aime", "presto-power-mh", f"a{i}", True, 1.0, 1, -1.0 - i)]
+    pooled = {r["statistic"]: r for r in summarize(recs)["tost_pooled"]}
+    assert pooled["correct"]["equivalent"] is None and "aime" in pooled["correct"]["note"]
+    assert pooled["log_likelihood"]["equivalent"] is True  # identical there: nothing left out
+
+
+def test_speedup_interval_resamples_prompts_not_seeds():
+    """--samples 8: a prompt's seeds take almost the same time, prompts differ a lot.  The interval resampled the
+    32 (prompt, seed) pairs as independent, about sqrt(8) times too narrow."""
+    rng = np.random.default_rng(5)
+    recs, seq_by_prompt, pre_by_prompt = [], [], []
+    for i, (s_t, p_t) in enumerate([(10.0, 2.0), (10.0, 9.0), (30.0, 5.0), (12.0, 11.0)]):
+        seq_t, pre_t = s_t + rng.normal(0, 0.01, 8), p_t + rng.normal(0, 0.01, 8)
+        seq_by_prompt.append(seq_t.mean())
+        pre_by_prompt.append(pre_t.mean())
+        for seed in range(8):
+            for m, t in (("power-mh", seq_t[seed]), ("presto-power-mh", pre_t[seed])):
+                recs.append(dict(_rec("math500", m, f"p{i}", True, float(t), 4, -1.0), seed=seed,
+                                 key=f"math500|{m}|p{i}|{seed}"))
+    (row,) = summarize(recs)["table7"]
+    want = stats.bootstrap((np.array(seq_by_prompt), np.array(pre_by_prompt)), lambda x, y: np.mean(x) / np.mean(y),
+                           paired=True, vectorized=False, n_resamples=2000, method="percentile", random_state=0)
+    assert row["speedup_ci95"] == pytest.approx([want.confidence_interval.low, want.confidence_interval.high])
+
+
+def test_tost_takes_prompts_as_its_units_not_seeds():
+    """--samples 8: each prompt's 8 seeds give nearly the same log-likelihood.  TOST counted the 40 (prompt, seed)
+    pairs as independent and its δ was an sd across items; the units are the 5 prompts (their seeds' means)."""
+    rng = np.random.default_rng(7)
+    recs, seq_m, pre_m = [], [], []
+    for i in range(5):
+        base, shift = rng.normal(-1.0, 1.0), rng.normal(0.0, 0.15)
+        seq_ll, pre_ll = base + rng.normal(0, 0.01, 8), base + shift + rng.normal(0, 0.01, 8)
+        seq_m.append(seq_ll.mean())
+        pre_m.append(pre_ll.mean())
+        for seed in range(8):
+            for m, ll in (("power-mh", seq_ll[seed]), ("presto-power-mh", pre_ll[seed])):
+                recs.append(dict(_rec("math500", m, f"p{i}", True, 1.0, 1, float(ll)), seed=seed,
+                                 key=f"math500|{m}|p{i}|{seed}"))
+    row = next(r for r in summarize(recs)["tost"] if r["statistic"] == "log_likelihood")
+    d = np.array(pre_m) - np.array(seq_m)
+    delta = 0.2 * np.std(seq_m, ddof=1)
+    se = np.std(d, ddof=1) / math.sqrt(len(d))
+    p_eq = max(stats.t.sf((d.mean() + delta) / se, len(d) - 1), stats.t.cdf((d.mean() - delta) / se, len(d) - 1))
+    assert row["n"] == 5 and row["delta"] == pytest.approx(delta) and row["p_eq"] == pytest.approx(p_eq)

@@ -35,6 +35,15 @@ def test_majority_vote_ties_go_to_the_earliest_answer_and_no_answer_does_not_vot
     assert majority_correct([(None, True)]) is False
 
 
+def test_majority_vote_counts_equal_answers_written_differently_as_one():
+    """Votes were grouped by raw text: "\\frac12" and "1/2" (both the gold 1/2) split their two votes and lost
+    the tie to "3"; two ways of writing the wrong 2/3 likewise lost to one correct answer."""
+    got = [(r"\boxed{3}", False), (r"\boxed{\frac12}", True), (r"\boxed{1/2}", True)]
+    recs = [_rec("p", s, ok, answer=text[len(r"\boxed{"):-1]) for s, (text, ok) in enumerate(got)]
+    assert sample_statistics(recs)["maj_at_k"] == {"3": 1.0}  # 2 of 3 samples answer the gold
+    assert majority_correct([(r"\frac12", True), (r"\dfrac{2}{3}", False), (r"\frac{2}{3}", False)]) is False
+
+
 def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():
     recs = [_rec("a", 1, True, "4"), _rec("a", 2, False, "5"), _rec("a", 3, True, "4"),
             _rec("b", 1, False, "1"), _rec("b", 2, False, "2"), _rec("b", 3, True, "3"),
@@ -60,6 +69,28 @@ def test_mcnemar_is_an_exact_binomial_test_on_the_discordant_pairs():
     assert out["diff"] == pytest.approx((13 - 10) / 30)
     lo, hi = out["diff_ci95"]
     assert lo < out["diff"] < hi
+
+
+def test_several_seeds_per_prompt_are_tested_over_prompts_not_as_independent_pairs():
+    """--samples 8, greedy (the same answer every seed) against a method that wins 4 prompts, loses 1, ties 1.
+    The 'exact McNemar' p counted 48 (prompt, seed) pairs as independent: 1.8e-4; the evidence is 4 prompts to 1."""
+    outcome = {"p0": (0, 1), "p1": (0, 1), "p2": (0, 1), "p3": (0, 1), "p4": (1, 0), "p5": (1, 1)}
+    base = [_rec(p, s, bool(b)) for p, (b, _) in outcome.items() for s in range(8)]
+    method = [_rec(p, s, bool(m)) for p, (_, m) in outcome.items() for s in range(8)]
+    out = compare(method, base)
+    assert out["test"] == "sign test over prompts" and out["mcnemar_p"] is None
+    assert out["p_value"] == pytest.approx(stats.binomtest(4, 5, 0.5).pvalue)  # 0.375
+    # seeds that disagree within a prompt: the signs of the per-prompt accuracy differences
+    rng = np.random.default_rng(3)
+    base = [_rec(f"p{i}", s, bool(rng.random() < 0.4)) for i in range(9) for s in range(3)]
+    method = [_rec(f"p{i}", s, bool(rng.random() < 0.7)) for i in range(9) for s in range(3)]
+    d = np.array([np.mean([float(m["correct"]) - float(b["correct"]) for m, b in zip(method, base)
+                           if m["prompt_id"] == f"p{i}"]) for i in range(9)])
+    wins, losses = int(np.sum(d > 0)), int(np.sum(d < 0))  # prompts the method is better / worse on
+    assert compare(method, base)["p_value"] == pytest.approx(stats.binomtest(wins, wins + losses, 0.5).pvalue)
+    one = compare([_rec(f"p{i}", 1, i < 3 or 10 <= i < 20) for i in range(30)],
+                  [_rec(f"p{i}", 1, i < 10) for i in range(30)])
+    assert one["test"] == "exact McNemar" and one["p_value"] == pytest.approx(stats.binomtest(7, 17, 0.5).pvalue)
 
 
 def test_speedup_interval_holds_eq20_and_survives_nan():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +29,12 @@ class Prompt:
     """Answer options in presentation order (multiple-choice only)."""
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     """Dataset-specific fields graders need (tests, entry_point, subject, answer_index, ...)."""
+
+    def fingerprint(self) -> str:
+        """16 hex digits of sha256 over the question, answer, choices and extra: what a run file's results were
+        graded against, so that `eval --resume` with another dataset file under the same ids is refused."""
+        content = json.dumps([self.question, self.answer, self.choices, self.extra], sort_keys=True, default=repr)
+        return hashlib.sha256(content.encode()).hexdigest()[:16]
 
     @property
     def category(self) -> str:

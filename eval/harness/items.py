@@ -110,7 +110,8 @@ class ItemRunner:
         rt = out.pop("runtime")
         rec: dict[str, Any] = {
             "key": item.key, "dataset": item.dataset, "method": item.method, "prompt_id": item.prompt.id,
-            "prompt_index": item.prompt_index, "seed": item.seed, "category": item.prompt.category,
+            "prompt_index": item.prompt_index, "prompt_sha": item.prompt.fingerprint(), "seed": item.seed,
+            "category": item.prompt.category,
             "model": rt.name, "dtype": rt.dtype, "backend": rt.location,
             "settings": self.settings.for_dataset(item.dataset).for_method(item.method),
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),

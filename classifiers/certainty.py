@@ -316,7 +316,7 @@ class CertaintyClassifier:
             raise bad(f"field 'format' must be {MODEL_FORMAT!r}, got {data.get('format')!r}")
         if data.get("version") != _MODEL_VERSION:
             raise bad(f"unsupported field 'version' {data.get('version')!r} (expected {_MODEL_VERSION})")
-        if list(data.get("classes", [])) != list(CLASSES):
+        if not isinstance(data.get("classes"), list) or data["classes"] != list(CLASSES):
             raise bad(f"field 'classes' must be {list(CLASSES)}, got {data.get('classes')!r}")
         for key in ("epsilon", "features", "l2_penalty", "feature_mean", "feature_scale", "coef", "intercept"):
             if key not in data:
@@ -336,6 +336,8 @@ class CertaintyClassifier:
                     raise ValueError(f"field {key!r} must have shape {shape}")
             if len(intercept) != 3:
                 raise ValueError("field 'intercept' must have 3 entries")
+            if not isinstance(data.get("class_counts", {}), Mapping):
+                raise ValueError("field 'class_counts' must be an object of class counts")
             return model._set(
                 data["feature_mean"],
                 data["feature_scale"],
@@ -345,7 +347,7 @@ class CertaintyClassifier:
                 int(data.get("training_size", 0)),
                 str(data.get("model", "logistic_regression")),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int() of an infinite count
             raise bad(str(exc)) from None
 
     def save(self, path: str | Path) -> Path:
@@ -367,6 +369,8 @@ class CertaintyClassifier:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        except RecursionError:
+            raise ValueError(f"{path}: not a classifier file (JSON nested too deeply)") from None
         return cls.from_dict(data, source=str(path))
 
     def __repr__(self) -> str:

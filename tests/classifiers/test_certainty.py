@@ -123,6 +123,29 @@ def test_load_rejects_bad_files(tmp_path, fitted):
         CertaintyClassifier.load(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("field, value, text", [
+    ("class_counts", [1, 2, 3], None),  # a list where an object belongs (was AttributeError)
+    ("classes", None, None),  # null classes (was TypeError outside the checks)
+    ("training_size", None, '1e999'),  # JSON's 1e999 reads as inf (was OverflowError)
+    ("class_counts", None, '{"reject": 1e999}'),
+])
+def test_load_reports_hostile_fields_as_value_errors(tmp_path, fitted, field, value, text):
+    """Every malformed field is a ValueError naming the file (the CLI's one-line usage error), never another type."""
+    bad = tmp_path / "hostile.json"
+    data = fitted.to_dict()
+    data[field] = value if text is None else "@@"
+    bad.write_text(json.dumps(data).replace('"@@"', text or '"@@"'))
+    with pytest.raises(ValueError, match=f"hostile.json.*{field}|hostile.json: cannot convert"):
+        CertaintyClassifier.load(bad)
+
+
+def test_load_reports_deeply_nested_json_as_value_error(tmp_path):
+    bad = tmp_path / "deep.json"
+    bad.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match="deep.json.*nested too deeply"):
+        CertaintyClassifier.load(bad)
+
+
 def test_uniform_prior_and_class_prior(records):
     uni = CertaintyClassifier.uniform_prior()
     assert uni.predict_proba(0.3) == pytest.approx((1 / 3, 1 / 3, 1 / 3))

@@ -71,8 +71,30 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     quiet = lambda *a, **k: None  # noqa: E731 - its prints and progress bars
     ns: dict[str, Any] = {"torch": torch, "F": torch.nn.functional, "np": np, "random": random,
                           "tqdm": lambda it, *a, **k: it, "print": quiet}
-    exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)
+    try:
+        exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - its own code: a name it lacks, a class body exit()
+        raise ValueError(f"{path}: its {', '.join(REFERENCE_NAMES)} do not load on their own "
+                         f"({type(exc).__name__}: {exc}); expected the reference's power_samp_utils.py") from None
+    _check_calls(ns, path)
     return ns
+
+
+_CALLS = {"AutoregressiveSampler": ((None, None, "cpu"), {}), "naive_temp": ((None, None, 1.0, 1), {}),
+          "mcmc_power_samp": ((None, [], 1.0, 1, 1), {"block_num": 1})}
+"""How `_reference_steps` calls each definition (its arguments' shapes)."""
+
+
+def _check_calls(ns: dict[str, Any], path: str | Path) -> None:
+    """A ValueError, before any model loads, when a definition cannot take the call `_reference_steps` makes."""
+    import inspect
+
+    for name, (args, kwargs) in _CALLS.items():
+        try:
+            inspect.signature(ns[name]).bind(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {name} does not take the reference's arguments ({exc}); expected the "
+                             "reference's power_samp_utils.py") from None
 
 
 class _NoEos:

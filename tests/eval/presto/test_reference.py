@@ -40,3 +40,46 @@ def test_load_reference_takes_the_three_definitions_only(tmp_path):
 def test_fitted_step_reads_the_least_squares_line():
     steps = [(0.1 + 0.01 * n, n) for n in (1, 10, 30, 64)]
     assert fitted_step(steps, 32.5) == pytest.approx(0.1 + 0.325)
+
+
+@pytest.mark.parametrize("source, message", [
+    # a name from the module's other lines, read when the definitions run (was an internal error, exit 1)
+    ("DEVICE = 'cpu'\nclass AutoregressiveSampler:\n    def __init__(self, model, tokenizer, device=DEVICE): pass\n"
+     "def naive_temp(p, context, temp, seq_len): pass\n"
+     "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16): pass\n",
+     "do not load on their own .NameError"),
+    ("class AutoregressiveSampler:\n    raise SystemExit(0)\n"
+     "def naive_temp(p, context, temp, seq_len): pass\n"
+     "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16): pass\n",
+     "do not load on their own .SystemExit"),
+    # other signatures: found before the model loads (was a TypeError inside the run, exit 1)
+    ("class AutoregressiveSampler:\n    def __init__(self, model): pass\n"
+     "def naive_temp(p, context, temp, seq_len): pass\n"
+     "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16): pass\n",
+     "AutoregressiveSampler does not take"),
+    ("class AutoregressiveSampler:\n    def __init__(self, model, tokenizer, device): pass\n"
+     "def naive_temp(p, context, temp, seq_len): pass\n"
+     "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens): pass\n",
+     "mcmc_power_samp does not take"),
+    ("class naive_temp: pass\n"
+     "def AutoregressiveSampler(model, tokenizer, device): pass\n"
+     "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16): pass\n",
+     "naive_temp does not take"),
+])
+def test_an_incompatible_reference_is_a_value_error_before_any_model_loads(tmp_path, source, message):
+    path = tmp_path / "power_samp_utils.py"
+    path.write_text(source)
+    with pytest.raises(ValueError, match=message):
+        load_reference(path)
+
+
+def test_the_command_reports_an_incompatible_reference_in_one_line(tmp_path, capsys):
+    from forerun.cli.main import main
+
+    path = tmp_path / "power_samp_utils.py"
+    path.write_text("class AutoregressiveSampler:\n    x = undefined_name\n"
+                    "def naive_temp(p, context, temp, seq_len): pass\n"
+                    "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16): pass\n")
+    assert main(["bench", "reference", "--reference", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "internal error" not in err and "NameError" in err

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ...programs.prompts import chat_prompt_ids
 from ...programs.sampler_config import CPU_SAMPLER, PrefetchConfig, SamplerConfig
 from ...runtime_ext import launch as launcher
+from ...runtime_ext.protocol import EngineError
 from ..datasets.loading import load_prompts
 
 STANDIN_SERVER = "forerun.runtime_ext.standin.server"
@@ -111,8 +112,14 @@ def sticky_fraction(counts_per_worker: Sequence[dict[str, int]]) -> float | None
 
 
 def _routing_counts(url: str) -> dict[str, int]:
-    with urllib.request.urlopen(url + "/forerun_standin/routing", timeout=10) as resp:
-        return dict(json.loads(resp.read())["counts"])
+    """A worker's per-routing-key call counts; EngineError (a failure, exit 1) naming the worker when it no longer
+    answers: it died mid-run (the gateway moved its chains elsewhere) and its counters went with it."""
+    try:
+        with urllib.request.urlopen(url + "/forerun_standin/routing", timeout=10) as resp:
+            return dict(json.loads(resp.read())["counts"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineError(f"stand-in worker {url} no longer answers after the chains ({exc}): it died during the "
+                          "run, so its routing counters are lost") from None
 
 
 def run_scaleout(cfg: ScaleoutConfig, log_dir: str, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

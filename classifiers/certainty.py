@@ -144,6 +144,12 @@ class CertaintyClassifier:
             raise ValueError("intercept entries must be finite or -inf (absent class)")
         if np.all(self.intercept == -np.inf):
             raise ValueError("at least one class must have a finite intercept")
+        with np.errstate(over="ignore", invalid="ignore"):  # weights on the raw features: coef / scale, its offset
+            raw = self.coef / self.feature_scale
+            offset = raw @ self.feature_mean
+        if not (np.all(np.isfinite(raw)) and np.all(np.isfinite(offset))):
+            raise ValueError("coef / feature_scale overflows (coefficients too large or scales too small for "
+                             "finite class probabilities)")
         self.class_counts = {c: int(counts.get(c, 0)) for c in CLASSES}
         self.training_size = int(size)
         self.kind = kind
@@ -229,8 +235,14 @@ class CertaintyClassifier:
         X = np.asarray(X, dtype=float)
         if X.ndim != 2 or X.shape[1] != len(self.features):
             raise ValueError(f"X must have shape (n, {len(self.features)}) for features {self.features}, got {X.shape}")
-        Z = (X - self.feature_mean) / self.feature_scale
-        return _softmax(Z @ self.coef.T + self.intercept)
+        with np.errstate(over="ignore", invalid="ignore"):
+            logits = ((X - self.feature_mean) / self.feature_scale) @ self.coef.T + self.intercept
+        bad = np.isnan(logits) | (logits == np.inf)
+        if np.any(bad):
+            row = X[np.flatnonzero(bad.any(axis=1))[0]].tolist()
+            raise ValueError(f"certainty classifier: its logits overflow at features {dict(zip(self.features, row))} "
+                             "(coefficients too large for these values)")
+        return _softmax(logits)
 
     def predict_proba_records(self, records: Sequence[NodeRecord]) -> np.ndarray:
         """Class probabilities (n × 3) for records."""

@@ -342,3 +342,24 @@ def test_predictive_rule_realizes_more_transitions_than_bfs_in_a_toy_world():
         pred_total += walk(pred.expanded, A, U)
         bfs_total += walk(bfs.expanded, A, U)  # the walk stops at a deferred node by itself
     assert pred_total > 1.03 * bfs_total, (pred_total, bfs_total)
+
+
+def test_coefficients_that_overflow_are_refused_at_load_not_nan_at_prediction(tmp_path, fitted):
+    """Finite but huge weights on the raw features (coef / feature_scale = inf): refused when the file loads,
+    naming it, instead of NaN probabilities (a ValueError about p_reject) in the middle of a run."""
+    bad = tmp_path / "huge.json"
+    data = fitted.to_dict()
+    data["coef"], data["feature_scale"] = [[-1e308], [1e308], [0.0]], [1e-300]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="huge.json.*overflows"):
+        CertaintyClassifier.load(bad)
+
+
+def test_logits_that_overflow_on_large_features_are_a_clear_error(records):
+    """Weights finite on their own whose sum overflows at some feature values: a ValueError naming the values,
+    never NaN probabilities."""
+    model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "parent_cut")))
+    model._set([0.0, 0.0], [1.0, 1.0], [[1e308, -1e308], [0.0, 0.0], [0.0, 0.0]], [0.0, 0.0, 0.0], {}, 1, "test")
+    np.testing.assert_allclose(model.predict_proba_matrix(np.array([[0.5, 0.5]])).sum(), 1.0)
+    with pytest.raises(ValueError, match="overflow at features"):
+        model.predict_proba_matrix(np.array([[1.0, -1.0]]) * 1e10)

@@ -45,6 +45,8 @@ __all__ = [
 
 MODEL_FORMAT = "forerun.certainty_classifier"
 _MODEL_VERSION = 1
+MAX_FILE_BYTES = 16 << 20
+"""Largest classifier file `load` reads (a fitted model with every E.7 feature is a few KB)."""
 
 
 @dataclass(frozen=True)
@@ -374,9 +376,13 @@ class CertaintyClassifier:
         """Read a model written by ``save``."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as fh:  # bounded: /dev/zero or a huge file must not fill the memory
+                raw = fh.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise ValueError(f"{path}: cannot read classifier file ({exc.strerror or exc})") from exc
+        if len(raw) > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, not a classifier file (one is a few KB)")
+        text = raw.decode("utf-8")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

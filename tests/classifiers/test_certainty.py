@@ -363,3 +363,20 @@ def test_logits_that_overflow_on_large_features_are_a_clear_error(records):
     np.testing.assert_allclose(model.predict_proba_matrix(np.array([[0.5, 0.5]])).sum(), 1.0)
     with pytest.raises(ValueError, match="overflow at features"):
         model.predict_proba_matrix(np.array([[1.0, -1.0]]) * 1e10)
+
+
+def test_load_reads_a_bounded_amount(tmp_path, fitted, monkeypatch):
+    """An endless or huge file is refused after MAX_FILE_BYTES, not read into memory whole (/dev/zero: MemoryError)."""
+    import forerun.classifiers.certainty as certainty
+
+    path = fitted.save(tmp_path / "padded.json")
+    data = json.loads(path.read_text())
+    data["padding"] = "x" * 4096
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(certainty, "MAX_FILE_BYTES", 2048, raising=False)
+    with pytest.raises(ValueError, match="padded.json: larger than"):
+        CertaintyClassifier.load(path)
+    monkeypatch.setattr(certainty, "MAX_FILE_BYTES", 1 << 20)
+    assert CertaintyClassifier.load(path).training_size == fitted.training_size
+    with pytest.raises(ValueError, match="/dev/zero: larger than"):
+        CertaintyClassifier.load("/dev/zero")

@@ -31,6 +31,8 @@ import numpy as np
 from ...programs.sampler_config import SamplerConfig
 
 REFERENCE_NAMES = ("AutoregressiveSampler", "naive_temp", "mcmc_power_samp")
+MAX_REFERENCE_BYTES = 4 << 20
+"""Largest reference file read (power_samp_utils.py is a few KB)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,12 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     """The reference's three definitions, executed from its file with only the globals they use."""
     import torch
 
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    with Path(path).open("rb") as fh:  # bounded: /dev/zero or a huge file must not fill the memory
+        source = fh.read(MAX_REFERENCE_BYTES + 1)
+    if len(source) > MAX_REFERENCE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_REFERENCE_BYTES >> 20} MiB, not the reference's "
+                         "power_samp_utils.py (a few KB)")
+    tree = ast.parse(source.decode("utf-8"))
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in REFERENCE_NAMES]
     missing = set(REFERENCE_NAMES) - {n.name for n in defs}
     if missing:

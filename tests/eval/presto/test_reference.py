@@ -83,3 +83,17 @@ def test_the_command_reports_an_incompatible_reference_in_one_line(tmp_path, cap
     assert main(["bench", "reference", "--reference", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "internal error" not in err and "NameError" in err
+
+
+def test_an_endless_reference_file_is_refused_after_a_bounded_read(tmp_path, monkeypatch):
+    import forerun.eval.presto.reference as reference
+
+    path = tmp_path / "power_samp_utils.py"
+    path.write_text(FAKE + "#" * 4096 + "\n")
+    monkeypatch.setattr(reference, "MAX_REFERENCE_BYTES", 2048, raising=False)
+    with pytest.raises(ValueError, match="larger than"):
+        load_reference(path)
+    monkeypatch.setattr(reference, "MAX_REFERENCE_BYTES", 1 << 20)
+    assert "mcmc_power_samp" in load_reference(path)
+    with pytest.raises(ValueError, match="/dev/zero: larger than"):
+        load_reference("/dev/zero")

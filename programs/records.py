@@ -197,6 +197,8 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                except RecursionError:
+                    raise RecordError(f"{path}:{lineno}: not a node record (JSON nested too deeply)") from None
                 try:
                     records.append(parse_node_record(obj, epsilon=epsilon))
                 except ValueError as exc:

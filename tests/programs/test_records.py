@@ -132,3 +132,10 @@ def test_a_line_with_no_end_is_refused_after_a_bounded_read(tmp_path, monkeypatc
     assert len(read_node_records(path)) == n  # a blank last line, within the bound, is skipped as before
     with pytest.raises(ValueError, match="/dev/zero:1: a line longer than"):
         read_node_records("/dev/zero")
+
+
+def test_a_deeply_nested_line_names_file_and_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match="deep.jsonl:1: not a node record"):
+        read_node_records(path)

@@ -68,8 +68,18 @@ class ScaleoutConfig:
                               alpha=CPU_SAMPLER.alpha, seed=CPU_SAMPLER.seed) for k in self.samplers]
 
 
+def _free_block(count: int, tries: int = 50) -> int:
+    """A port P with P .. P + count - 1 all free: the launcher puts the gateway and the workers on consecutive
+    ports, and a neighbour of one free port can be taken (bench scaleout has no --port to pick another)."""
+    for _ in range(tries):
+        port = launcher.free_port()
+        if all(launcher.port_is_free("127.0.0.1", port + i) for i in range(count)):
+            return port
+    raise launcher.LaunchError(f"found no {count} consecutive free ports in {tries} tries")
+
+
 def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, log_dir: str):
-    port = cfg.port or launcher.free_port()
+    port = cfg.port or _free_block(workers + 1)
     argv = ["--port", str(port), "--workers", str(workers), "--timeout", str(int(cfg.timeout_s)),
             "--log", f"{log_dir}/w{workers}-{'gw' if gateway else 'direct'}-{port}.log"]
     args, extra = launcher.parse_args(argv + (["--gateway"] if gateway else []))

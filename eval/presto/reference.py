@@ -134,8 +134,14 @@ def _reference_steps(ns: dict[str, Any], model: Any, tok: Any, ids: list[int], c
         sampler = ns["AutoregressiveSampler"](model, _NoEos(tok), "cpu")
         with torch.inference_mode():
             ns["mcmc_power_samp"](sampler, list(ids), 1.0 / cfg.alpha, cfg.K, cfg.n, block_num=1)
+    except Exception as exc:  # noqa: BLE001 - the file's own code, not forerun's: one line naming the file
+        raise ValueError(f"{cfg.reference}: its code failed while it ran ({type(exc).__name__}: {exc}); expected "
+                         "the reference's power_samp_utils.py") from exc
     finally:
         ns["naive_temp"] = inner
+    if len(calls) < 2:
+        raise ValueError(f"{cfg.reference}: its mcmc_power_samp called naive_temp {len(calls)} time(s) for K = "
+                         f"{cfg.K} MH steps (the reference's: once to extend the block, then once per step)")
     return calls[1:]  # the first call extends the block
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from forerun.eval.presto.reference import _NoEos, fitted_step, load_reference
+from forerun.eval.presto.reference import ReferenceConfig, _NoEos, _reference_steps, fitted_step, load_reference
 
 FAKE = '''
 import module_that_does_not_exist
@@ -97,3 +97,27 @@ def test_an_endless_reference_file_is_refused_after_a_bounded_read(tmp_path, mon
     assert "mcmc_power_samp" in load_reference(path)
     with pytest.raises(ValueError, match="/dev/zero: larger than"):
         load_reference("/dev/zero")
+
+
+class _Tok:
+    eos_token_id = 2
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    return p.model.no_such_method(context)\n", "its code failed while it ran .AttributeError"),
+    ("    return context\n", None),  # runs, but mcmc_power_samp below never calls it
+])
+def test_a_reference_that_fails_or_never_steps_while_it_runs_is_a_value_error(tmp_path, body, message):
+    """Its code failing inside the run names the file (not an internal error of forerun's), and a run without MH
+    steps is refused (not a StatisticsError about an empty mean)."""
+    source = ("class AutoregressiveSampler:\n    def __init__(self, model, tokenizer, device):\n"
+              "        self.model = model\n"
+              f"def naive_temp(p, context, temp, seq_len):\n{body}"
+              "def mcmc_power_samp(p, context, temp, mcmc_steps, max_new_tokens, block_num=16):\n"
+              + ("    return naive_temp(p, context, temp, len(context) + max_new_tokens)\n" if message else
+                 "    return context\n"))
+    path = tmp_path / "power_samp_utils.py"
+    path.write_text(source)
+    cfg = ReferenceConfig(reference=str(path), K=3, n=4)
+    with pytest.raises(ValueError, match=message or "called naive_temp 0 time"):
+        _reference_steps(load_reference(path), object(), _Tok(), [1, 2], cfg)

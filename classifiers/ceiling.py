@@ -61,12 +61,20 @@ def recorded_rounds(records: Iterable[NodeRecord]) -> list[RecordedRound]:
                 raise ValueError(f"round {key}: depth {r.depth} has cuts {cuts[r.depth]} and {r.cut}")
         if sorted(cuts) != list(range(len(cuts))):
             raise ValueError(f"round {key}: depths {sorted(cuts)} are not 0, 1, ...")
+        accept: dict[int, float] = {}
+        for r in recs:
+            if r.node_id % 2 == 0:
+                raise ValueError(f"round {key}: node_id {r.node_id} is even; a record's node_id is the accept child "
+                                 "v+ = 2v + 1 of its expanded node")
+            if accept.setdefault((r.node_id - 1) // 2, r.accept_prob) != r.accept_prob:
+                raise ValueError(f"round {key}: node_id {r.node_id} recorded with A = {accept[(r.node_id - 1) // 2]} "
+                                 f"and {r.accept_prob}: records of different runs mixed in one file? pass one run's")
         first: dict[int, NodeRecord] = {}  # per depth, its first node's record (the features are the root state's)
         for r in sorted(recs, key=lambda r: r.node_id):
             first.setdefault(r.depth, r)
         names = set.intersection(*({k for k, v in first[d].extra.items() if isinstance(v, (int, float))
                                     and not isinstance(v, bool)} for d in range(len(cuts))))
-        rounds.append(RecordedRound(key, {(r.node_id - 1) // 2: float(r.accept_prob) for r in recs},
+        rounds.append(RecordedRound(key, {v: float(a) for v, a in sorted(accept.items())},
                                     tuple(cuts[d] for d in range(len(cuts))), int(root.parent_cut),
                                     {k: tuple(float(first[d].extra[k]) for d in range(len(cuts))) for k in sorted(names)}))
     return rounds

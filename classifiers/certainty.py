@@ -45,6 +45,8 @@ __all__ = [
 
 MODEL_FORMAT = "forerun.certainty_classifier"
 _MODEL_VERSION = 1
+MAX_FILE_BYTES = 16 << 20
+"""Largest classifier file `load` reads (a fitted model with every E.7 feature is a few KB)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,12 @@ class CertaintyClassifier:
             raise ValueError("intercept entries must be finite or -inf (absent class)")
         if np.all(self.intercept == -np.inf):
             raise ValueError("at least one class must have a finite intercept")
+        with np.errstate(over="ignore", invalid="ignore"):  # weights on the raw features: coef / scale, its offset
+            raw = self.coef / self.feature_scale
+            offset = raw @ self.feature_mean
+        if not (np.all(np.isfinite(raw)) and np.all(np.isfinite(offset))):
+            raise ValueError("coef / feature_scale overflows (coefficients too large or scales too small for "
+                             "finite class probabilities)")
         self.class_counts = {c: int(counts.get(c, 0)) for c in CLASSES}
         self.training_size = int(size)
         self.kind = kind
@@ -229,8 +237,14 @@ class CertaintyClassifier:
         X = np.asarray(X, dtype=float)
         if X.ndim != 2 or X.shape[1] != len(self.features):
             raise ValueError(f"X must have shape (n, {len(self.features)}) for features {self.features}, got {X.shape}")
-        Z = (X - self.feature_mean) / self.feature_scale
-        return _softmax(Z @ self.coef.T + self.intercept)
+        with np.errstate(over="ignore", invalid="ignore"):
+            logits = ((X - self.feature_mean) / self.feature_scale) @ self.coef.T + self.intercept
+        bad = np.isnan(logits) | (logits == np.inf)
+        if np.any(bad):
+            row = X[np.flatnonzero(bad.any(axis=1))[0]].tolist()
+            raise ValueError(f"certainty classifier: its logits overflow at features {dict(zip(self.features, row))} "
+                             "(coefficients too large for these values)")
+        return _softmax(logits)
 
     def predict_proba_records(self, records: Sequence[NodeRecord]) -> np.ndarray:
         """Class probabilities (n × 3) for records."""
@@ -316,7 +330,7 @@ class CertaintyClassifier:
             raise bad(f"field 'format' must be {MODEL_FORMAT!r}, got {data.get('format')!r}")
         if data.get("version") != _MODEL_VERSION:
             raise bad(f"unsupported field 'version' {data.get('version')!r} (expected {_MODEL_VERSION})")
-        if list(data.get("classes", [])) != list(CLASSES):
+        if not isinstance(data.get("classes"), list) or data["classes"] != list(CLASSES):
             raise bad(f"field 'classes' must be {list(CLASSES)}, got {data.get('classes')!r}")
         for key in ("epsilon", "features", "l2_penalty", "feature_mean", "feature_scale", "coef", "intercept"):
             if key not in data:
@@ -336,6 +350,8 @@ class CertaintyClassifier:
                     raise ValueError(f"field {key!r} must have shape {shape}")
             if len(intercept) != 3:
                 raise ValueError("field 'intercept' must have 3 entries")
+            if not isinstance(data.get("class_counts", {}), Mapping):
+                raise ValueError("field 'class_counts' must be an object of class counts")
             return model._set(
                 data["feature_mean"],
                 data["feature_scale"],
@@ -345,7 +361,7 @@ class CertaintyClassifier:
                 int(data.get("training_size", 0)),
                 str(data.get("model", "logistic_regression")),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int() of an infinite count
             raise bad(str(exc)) from None
 
     def save(self, path: str | Path) -> Path:
@@ -360,13 +376,19 @@ class CertaintyClassifier:
         """Read a model written by ``save``."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as fh:  # bounded: /dev/zero or a huge file must not fill the memory
+                raw = fh.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise ValueError(f"{path}: cannot read classifier file ({exc.strerror or exc})") from exc
+        if len(raw) > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, not a classifier file (one is a few KB)")
+        text = raw.decode("utf-8")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        except RecursionError:
+            raise ValueError(f"{path}: not a classifier file (JSON nested too deeply)") from None
         return cls.from_dict(data, source=str(path))
 
     def __repr__(self) -> str:

@@ -59,11 +59,18 @@ def load_shipped() -> ShippedClassifier:
                              dict(training))
 
 
+def _model_id(name: str) -> str:
+    """A model name without its hub organisation or folder: SGLang serves the model under its --model-path
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "/models/SmolLM2-135M-Instruct/"), forerun's own runtime under its
+    folder's name ("SmolLM2-135M-Instruct")."""
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
 def mismatch_note(shipped: ShippedClassifier, model: str | None, samplers: Iterable[str]) -> str | None:
     """One line when `model` (a runtime's name; None: unknown) or any of `samplers` differs from what the
     shipped classifier was trained on, else None."""
     parts = []
-    if model is not None and model != shipped.model:
+    if model is not None and _model_id(model) != _model_id(shipped.model):
         parts.append(f"model {model}")
     other = sorted(set(samplers) - set(shipped.samplers))
     if other:

@@ -86,14 +86,16 @@ def bench_scaleout_command(args: argparse.Namespace) -> int:
 
     from ..eval.presto.scaleout import format_scaleout, run_scaleout
     from ..runtime_ext.launch import LaunchError
+    from ..runtime_ext.protocol import EngineError
 
     cfg = ScaleoutConfig(workers=tuple(args.workers), gateway=args.gateway, prompts=args.prompts, n=args.n, K=args.K,
                          npf=args.npf, step_ms=args.step_ms)
     with tempfile.TemporaryDirectory(prefix="forerun-scaleout-") as logs:
         try:
             out = run_scaleout(cfg, logs, progress=lambda line: print(f"bench scaleout: {line}", file=sys.stderr))
-        except LaunchError as exc:
-            raise CommandError(str(exc).splitlines()[0]) from None
+        except LaunchError as exc:  # code 2: something missing (smg, a free port); else a worker that failed
+            line = str(exc).splitlines()[0]
+            raise (CommandError(line) if exc.code == 2 else EngineError(line)) from None
     if args.json:
         print_json(out)
         return 0

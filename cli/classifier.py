@@ -10,6 +10,7 @@ Records are the JSONL scored-node lines the PreSTO samplers write (programs/reco
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -159,8 +160,9 @@ def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> Certain
     )
 
 
-def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
-    """Records from --records (filtered by --sampler), and how many --drop-unreachable removed."""
+def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int, int]:
+    """Records from --records (filtered by --sampler, each node once), how many --drop-unreachable removed and how
+    many duplicates were dropped."""
     with naming_undecodable(args.records, "--records"):
         records = read_node_records(args.records, epsilon=args.epsilon)
     if args.sampler is not None:
@@ -168,10 +170,26 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int]:
         records = [r for r in records if r.sampler == args.sampler]
         if not records:
             raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
+    records, duplicates = _unique(records)
     _warn_bounds(records)
     if not args.drop_unreachable:
-        return records, 0
+        return records, 0, duplicates
     kept = drop_unreachable(records)
+    return kept, len(records) - len(kept), duplicates
+
+
+def _unique(records: list[NodeRecord]) -> tuple[list[NodeRecord], int]:
+    """Each record once (the first), and how many identical copies were dropped: a file passed twice, or the
+    bfs and predictive variants of `bench presto --traversals bfs predictive` scoring the same node of the same
+    round.  A copy would weigh the node twice in the fit and, with --no-group, sit in the training fold of its
+    own test node."""
+    seen: set[str] = set()
+    kept = []
+    for r in records:
+        key = json.dumps(r.to_json(), sort_keys=True, default=repr)
+        if key not in seen:
+            seen.add(key)
+            kept.append(r)
     return kept, len(records) - len(kept)
 
 
@@ -191,7 +209,7 @@ def train_command(args: argparse.Namespace) -> int:
     # bad input raises ValueError: one line on stderr, exit 2 (cli/errors.py)
     out = output_file(args.out, "--out")
     config = _config(args, allow_missing=args.allow_missing_classes)
-    records, dropped = _read(args)
+    records, dropped, duplicates = _read(args)
     model = CertaintyClassifier(config).fit(records)
     path = model.save(out)
     summary = {
@@ -200,6 +218,7 @@ def train_command(args: argparse.Namespace) -> int:
         "class_counts": model.class_counts,
         "features": list(model.features),
         "dropped_unreachable": dropped,
+        "dropped_duplicates": duplicates,
         "branch_prob_accept_at": {
             f"{cf:.2f}": float(h)
             for cf, h in zip((0.0, 0.25, 0.5, 0.75, 1.0), _branch_grid(model))
@@ -213,6 +232,8 @@ def train_command(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
         if args.drop_unreachable:
             print(f"dropped {dropped} unreachable records")
+        if duplicates:
+            print(f"dropped {duplicates} duplicate records")
         print(f"trained on {model.training_size} records ({counts}); features: {', '.join(model.features)}")
         if summary["branch_prob_accept_at"] is not None:
             grid = "  ".join(f"c/T={k}: {v:.3f}" for k, v in summary["branch_prob_accept_at"].items())
@@ -228,14 +249,16 @@ def _branch_grid(model: CertaintyClassifier) -> list[float]:
 @reports_errors("classifier cv")
 def cv_command(args: argparse.Namespace) -> int:
     config = _config(args)
-    records, dropped = _read(args)
+    records, dropped, duplicates = _read(args)
     report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
                                       group_by_prompt=not args.no_group, progress=bars_enabled())
     if args.json:
-        print_json({**report.to_dict(), "dropped_unreachable": dropped}, indent=2)
+        print_json({**report.to_dict(), "dropped_unreachable": dropped, "dropped_duplicates": duplicates}, indent=2)
     else:
         if args.drop_unreachable:
             print(f"dropped {dropped} unreachable records")
+        if duplicates:
+            print(f"dropped {duplicates} duplicate records")
         print(format_cv_table(report))
     return 0
 

@@ -38,6 +38,10 @@ class RecordError(ValueError):
     """A malformed node record; the message names the file and line."""
 
 
+MAX_LINE_CHARS = 1 << 20
+"""Longest line `read_node_records` reads (a node record is about 1 KB)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodeRecord:
     """One scored node of a prefetched subtree (one JSONL line).  Fields with a default are written by the
@@ -183,13 +187,18 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
         except OSError as exc:
             raise RecordError(f"{path}: cannot read records file ({exc.strerror or exc})") from exc
         with handle:
-            for lineno, line in enumerate(handle, start=1):
+            for lineno, line in enumerate(iter(lambda: handle.readline(MAX_LINE_CHARS + 1), ""), start=1):
+                if len(line) > MAX_LINE_CHARS:  # /dev/zero or a file with no newlines: never read whole
+                    raise RecordError(f"{path}:{lineno}: a line longer than {MAX_LINE_CHARS >> 20} Mi characters, "
+                                      "not a node record (one is about 1 KB)")
                 if not line.strip():
                     continue
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                except RecursionError:
+                    raise RecordError(f"{path}:{lineno}: not a node record (JSON nested too deeply)") from None
                 try:
                     records.append(parse_node_record(obj, epsilon=epsilon))
                 except ValueError as exc:

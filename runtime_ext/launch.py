@@ -227,14 +227,18 @@ def launch_gateway(host: str, port: int, worker_urls: Sequence[str], log: Path, 
     proc = start_process(argv, log)
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
-    while not gateway_ready(url, len(worker_urls)):
-        if proc.poll() is not None:
-            raise LaunchError(f"the gateway exited before becoming ready; last lines of {log}:\n{_log_tail(log)}")
-        if time.monotonic() >= deadline:
-            proc.kill()
-            raise LaunchError(f"the gateway {url} did not list {len(worker_urls)} healthy workers within "
-                              f"{timeout:g}s; last lines of {log}:\n{_log_tail(log)}")
-        time.sleep(0.3)
+    try:
+        while not gateway_ready(url, len(worker_urls)):
+            if proc.poll() is not None:
+                raise LaunchError(f"the gateway exited before becoming ready; last lines of {log}:\n{_log_tail(log)}")
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"the gateway {url} did not list {len(worker_urls)} healthy workers within "
+                                  f"{timeout:g}s; last lines of {log}:\n{_log_tail(log)}")
+            time.sleep(0.3)
+    except BaseException:  # a timeout or Ctrl-C while it starts: no gateway left behind (its own session)
+        _stop(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     return Launched(proc.pid, url, log)
 
 

@@ -31,6 +31,8 @@ import numpy as np
 from ...programs.sampler_config import SamplerConfig
 
 REFERENCE_NAMES = ("AutoregressiveSampler", "naive_temp", "mcmc_power_samp")
+MAX_REFERENCE_BYTES = 4 << 20
+"""Largest reference file read (power_samp_utils.py is a few KB)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,12 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     """The reference's three definitions, executed from its file with only the globals they use."""
     import torch
 
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    with Path(path).open("rb") as fh:  # bounded: /dev/zero or a huge file must not fill the memory
+        source = fh.read(MAX_REFERENCE_BYTES + 1)
+    if len(source) > MAX_REFERENCE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_REFERENCE_BYTES >> 20} MiB, not the reference's "
+                         "power_samp_utils.py (a few KB)")
+    tree = ast.parse(source.decode("utf-8"))
     defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in REFERENCE_NAMES]
     missing = set(REFERENCE_NAMES) - {n.name for n in defs}
     if missing:
@@ -71,8 +78,30 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     quiet = lambda *a, **k: None  # noqa: E731 - its prints and progress bars
     ns: dict[str, Any] = {"torch": torch, "F": torch.nn.functional, "np": np, "random": random,
                           "tqdm": lambda it, *a, **k: it, "print": quiet}
-    exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)
+    try:
+        exec(compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec"), ns)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - its own code: a name it lacks, a class body exit()
+        raise ValueError(f"{path}: its {', '.join(REFERENCE_NAMES)} do not load on their own "
+                         f"({type(exc).__name__}: {exc}); expected the reference's power_samp_utils.py") from None
+    _check_calls(ns, path)
     return ns
+
+
+_CALLS = {"AutoregressiveSampler": ((None, None, "cpu"), {}), "naive_temp": ((None, None, 1.0, 1), {}),
+          "mcmc_power_samp": ((None, [], 1.0, 1, 1), {"block_num": 1})}
+"""How `_reference_steps` calls each definition (its arguments' shapes)."""
+
+
+def _check_calls(ns: dict[str, Any], path: str | Path) -> None:
+    """A ValueError, before any model loads, when a definition cannot take the call `_reference_steps` makes."""
+    import inspect
+
+    for name, (args, kwargs) in _CALLS.items():
+        try:
+            inspect.signature(ns[name]).bind(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {name} does not take the reference's arguments ({exc}); expected the "
+                             "reference's power_samp_utils.py") from None
 
 
 class _NoEos:
@@ -105,8 +134,14 @@ def _reference_steps(ns: dict[str, Any], model: Any, tok: Any, ids: list[int], c
         sampler = ns["AutoregressiveSampler"](model, _NoEos(tok), "cpu")
         with torch.inference_mode():
             ns["mcmc_power_samp"](sampler, list(ids), 1.0 / cfg.alpha, cfg.K, cfg.n, block_num=1)
+    except Exception as exc:  # noqa: BLE001 - the file's own code, not forerun's: one line naming the file
+        raise ValueError(f"{cfg.reference}: its code failed while it ran ({type(exc).__name__}: {exc}); expected "
+                         "the reference's power_samp_utils.py") from exc
     finally:
         ns["naive_temp"] = inner
+    if len(calls) < 2:
+        raise ValueError(f"{cfg.reference}: its mcmc_power_samp called naive_temp {len(calls)} time(s) for K = "
+                         f"{cfg.K} MH steps (the reference's: once to extend the block, then once per step)")
     return calls[1:]  # the first call extends the block
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ...programs.prompts import chat_prompt_ids
 from ...programs.sampler_config import CPU_SAMPLER, PrefetchConfig, SamplerConfig
 from ...runtime_ext import launch as launcher
+from ...runtime_ext.protocol import EngineError
 from ..datasets.loading import load_prompts
 
 STANDIN_SERVER = "forerun.runtime_ext.standin.server"
@@ -67,8 +68,18 @@ class ScaleoutConfig:
                               alpha=CPU_SAMPLER.alpha, seed=CPU_SAMPLER.seed) for k in self.samplers]
 
 
+def _free_block(count: int, tries: int = 50) -> int:
+    """A port P with P .. P + count - 1 all free: the launcher puts the gateway and the workers on consecutive
+    ports, and a neighbour of one free port can be taken (bench scaleout has no --port to pick another)."""
+    for _ in range(tries):
+        port = launcher.free_port()
+        if all(launcher.port_is_free("127.0.0.1", port + i) for i in range(count)):
+            return port
+    raise launcher.LaunchError(f"found no {count} consecutive free ports in {tries} tries")
+
+
 def _launch(cfg: ScaleoutConfig, workers: int, gateway: bool, step_ms: float, log_dir: str):
-    port = cfg.port or launcher.free_port()
+    port = cfg.port or _free_block(workers + 1)
     argv = ["--port", str(port), "--workers", str(workers), "--timeout", str(int(cfg.timeout_s)),
             "--log", f"{log_dir}/w{workers}-{'gw' if gateway else 'direct'}-{port}.log"]
     args, extra = launcher.parse_args(argv + (["--gateway"] if gateway else []))
@@ -111,8 +122,14 @@ def sticky_fraction(counts_per_worker: Sequence[dict[str, int]]) -> float | None
 
 
 def _routing_counts(url: str) -> dict[str, int]:
-    with urllib.request.urlopen(url + "/forerun_standin/routing", timeout=10) as resp:
-        return dict(json.loads(resp.read())["counts"])
+    """A worker's per-routing-key call counts; EngineError (a failure, exit 1) naming the worker when it no longer
+    answers: it died mid-run (the gateway moved its chains elsewhere) and its counters went with it."""
+    try:
+        with urllib.request.urlopen(url + "/forerun_standin/routing", timeout=10) as resp:
+            return dict(json.loads(resp.read())["counts"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineError(f"stand-in worker {url} no longer answers after the chains ({exc}): it died during the "
+                          "run, so its routing counters are lost") from None
 
 
 def run_scaleout(cfg: ScaleoutConfig, log_dir: str, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

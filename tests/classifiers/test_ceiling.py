@@ -112,3 +112,17 @@ def test_the_command_prints_strict_json(tmp_path, capsys):
     assert "no records with sampler 'presto-multitry-mh'" in capsys.readouterr().err
     assert main(["classifier", "ceiling", "--records", str(path), "--sampler", "power-mh"]) == 2
     assert "round-based PreSTO" in capsys.readouterr().err
+
+
+def test_a_node_recorded_twice_with_other_a_or_an_even_node_id_is_refused():
+    """Two runs' records of one round (say a second run appended to the file) disagree on A at a node: refused,
+    not the last line's A silently taking the node; an identical duplicate (one file passed twice) is fine."""
+    recs = node_records()
+    again = NodeRecord(**{**recs[0].__dict__, "accept_prob": 0.5, "certainty_class": epsilon_class(0.5)})
+    with pytest.raises(ValueError, match="recorded with A = 0.9 and 0.5"):
+        recorded_rounds(recs + [again])
+    (rnd,) = recorded_rounds(recs + recs)
+    assert rnd.accept == A
+    even = NodeRecord(**{**recs[-1].__dict__, "node_id": 2})  # would read as node 0's request
+    with pytest.raises(ValueError, match="node_id 2 is even"):
+        recorded_rounds(recs + [even])

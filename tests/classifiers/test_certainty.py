@@ -123,6 +123,29 @@ def test_load_rejects_bad_files(tmp_path, fitted):
         CertaintyClassifier.load(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("field, value, text", [
+    ("class_counts", [1, 2, 3], None),  # a list where an object belongs (was AttributeError)
+    ("classes", None, None),  # null classes (was TypeError outside the checks)
+    ("training_size", None, '1e999'),  # JSON's 1e999 reads as inf (was OverflowError)
+    ("class_counts", None, '{"reject": 1e999}'),
+])
+def test_load_reports_hostile_fields_as_value_errors(tmp_path, fitted, field, value, text):
+    """Every malformed field is a ValueError naming the file (the CLI's one-line usage error), never another type."""
+    bad = tmp_path / "hostile.json"
+    data = fitted.to_dict()
+    data[field] = value if text is None else "@@"
+    bad.write_text(json.dumps(data).replace('"@@"', text or '"@@"'))
+    with pytest.raises(ValueError, match=f"hostile.json.*{field}|hostile.json: cannot convert"):
+        CertaintyClassifier.load(bad)
+
+
+def test_load_reports_deeply_nested_json_as_value_error(tmp_path):
+    bad = tmp_path / "deep.json"
+    bad.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match="deep.json.*nested too deeply"):
+        CertaintyClassifier.load(bad)
+
+
 def test_uniform_prior_and_class_prior(records):
     uni = CertaintyClassifier.uniform_prior()
     assert uni.predict_proba(0.3) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
@@ -319,3 +342,41 @@ def test_predictive_rule_realizes_more_transitions_than_bfs_in_a_toy_world():
         pred_total += walk(pred.expanded, A, U)
         bfs_total += walk(bfs.expanded, A, U)  # the walk stops at a deferred node by itself
     assert pred_total > 1.03 * bfs_total, (pred_total, bfs_total)
+
+
+def test_coefficients_that_overflow_are_refused_at_load_not_nan_at_prediction(tmp_path, fitted):
+    """Finite but huge weights on the raw features (coef / feature_scale = inf): refused when the file loads,
+    naming it, instead of NaN probabilities (a ValueError about p_reject) in the middle of a run."""
+    bad = tmp_path / "huge.json"
+    data = fitted.to_dict()
+    data["coef"], data["feature_scale"] = [[-1e308], [1e308], [0.0]], [1e-300]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="huge.json.*overflows"):
+        CertaintyClassifier.load(bad)
+
+
+def test_logits_that_overflow_on_large_features_are_a_clear_error(records):
+    """Weights finite on their own whose sum overflows at some feature values: a ValueError naming the values,
+    never NaN probabilities."""
+    model = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "parent_cut")))
+    model._set([0.0, 0.0], [1.0, 1.0], [[1e308, -1e308], [0.0, 0.0], [0.0, 0.0]], [0.0, 0.0, 0.0], {}, 1, "test")
+    np.testing.assert_allclose(model.predict_proba_matrix(np.array([[0.5, 0.5]])).sum(), 1.0)
+    with pytest.raises(ValueError, match="overflow at features"):
+        model.predict_proba_matrix(np.array([[1.0, -1.0]]) * 1e10)
+
+
+def test_load_reads_a_bounded_amount(tmp_path, fitted, monkeypatch):
+    """An endless or huge file is refused after MAX_FILE_BYTES, not read into memory whole (/dev/zero: MemoryError)."""
+    import forerun.classifiers.certainty as certainty
+
+    path = fitted.save(tmp_path / "padded.json")
+    data = json.loads(path.read_text())
+    data["padding"] = "x" * 4096
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(certainty, "MAX_FILE_BYTES", 2048, raising=False)
+    with pytest.raises(ValueError, match="padded.json: larger than"):
+        CertaintyClassifier.load(path)
+    monkeypatch.setattr(certainty, "MAX_FILE_BYTES", 1 << 20)
+    assert CertaintyClassifier.load(path).training_size == fitted.training_size
+    with pytest.raises(ValueError, match="/dev/zero: larger than"):
+        CertaintyClassifier.load("/dev/zero")

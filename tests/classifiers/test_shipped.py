@@ -63,3 +63,13 @@ def test_a_broken_shipped_file_is_refused(monkeypatch):
     monkeypatch.setattr("forerun.classifiers.shipped.shipped_text", lambda: json.dumps(data))
     with pytest.raises(ValueError, match="training"):
         load_shipped()
+
+
+def test_the_same_model_served_by_sglang_under_its_path_is_no_mismatch():
+    """SGLang's served_model_name defaults to --model-path (scripts/launch_runtime: the hub id): the shipped model
+    served that way is the one it was trained on, no warning; another model under a path still is one."""
+    shipped = load_shipped()
+    assert shipped.model == "SmolLM2-135M-Instruct"
+    for served in ("HuggingFaceTB/SmolLM2-135M-Instruct", "/models/SmolLM2-135M-Instruct/"):
+        assert mismatch_note(shipped, served, ["power-mh"]) is None
+    assert "model Qwen/Qwen2.5-Math-1.5B" in mismatch_note(shipped, "Qwen/Qwen2.5-Math-1.5B", ["power-mh"])

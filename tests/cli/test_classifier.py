@@ -144,3 +144,15 @@ def test_sampler_filter(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["training_size"] == len(recs) // 2
     assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "nope"]) == 2
     assert "samplers found: presto-entropy-cut, presto-power-mh" in capsys.readouterr().err
+
+
+def test_a_node_recorded_twice_counts_once(record_files, capsys):
+    """The same records twice (a file passed twice; bfs and predictive scoring one round's node) give the fit and
+    the cross-validation of the records once: no node weighs double, no test node has its copy in training."""
+    files, n = record_files
+    assert run(["classifier", "cv", "--records", *files, "--folds", "3", "--no-group", "--json"]) == 0
+    once = json.loads(capsys.readouterr().out)
+    assert run(["classifier", "cv", "--records", *files, *files, "--folds", "3", "--no-group", "--json"]) == 0
+    twice = json.loads(capsys.readouterr().out)
+    assert twice["n_records"] == once["n_records"] == n and twice["dropped_duplicates"] == n
+    assert twice["classifier"] == once["classifier"]

@@ -111,3 +111,31 @@ def test_a_failed_write_names_the_file():
     with pytest.raises(OSError) as caught:
         RecordWriter("/dev/full").write_calls(res.calls)
     assert caught.value.errno == errno.ENOSPC and "/dev/full" in str(caught.value)
+
+
+def test_a_line_with_no_end_is_refused_after_a_bounded_read(tmp_path, monkeypatch):
+    """/dev/zero, or a file with no newlines, is one error naming file and line, not read whole into memory."""
+    import forerun.programs.records as records
+
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=6, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=5)).run([1, 2], prompt_id="p0")
+    path = tmp_path / "nodes.jsonl"
+    RecordWriter(path).write_calls(res.calls)
+    n = len(read_node_records(path))
+    with path.open("a") as fh:
+        fh.write(" " * 5000)  # a last line of 5000 characters, no newline
+    monkeypatch.setattr(records, "MAX_LINE_CHARS", 4096, raising=False)
+    with pytest.raises(ValueError, match=rf"nodes.jsonl:{n + 1}: a line longer than"):
+        read_node_records(path)
+    monkeypatch.setattr(records, "MAX_LINE_CHARS", 1 << 20)
+    assert len(read_node_records(path)) == n  # a blank last line, within the bound, is skipped as before
+    with pytest.raises(ValueError, match="/dev/zero:1: a line longer than"):
+        read_node_records("/dev/zero")
+
+
+def test_a_deeply_nested_line_names_file_and_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match="deep.jsonl:1: not a node record"):
+        read_node_records(path)

@@ -105,3 +105,31 @@ def test_no_runtime_interpreter_is_one_line_and_exit_2(tmp_path):
         pytest.skip("the SGLang runtime is installed here")
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and "SGLang runtime" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_ctrl_c_while_the_gateway_starts_leaves_no_gateway_running(tmp_path, monkeypatch):
+    """The gateway runs in a session of its own (Ctrl-C does not reach it): launch_gateway must stop it itself."""
+    fake = tmp_path / "smg"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    started = []
+    real_start = launch.start_process
+    monkeypatch.setattr(launch, "smg_binary", lambda: str(fake))
+    monkeypatch.setattr(launch, "start_process", lambda *a, **k: started.append(real_start(*a, **k)) or started[-1])
+    polls = iter([False, False])
+
+    def ready(url, workers):
+        if next(polls, None) is None:
+            raise KeyboardInterrupt
+        return False
+
+    monkeypatch.setattr(launch, "gateway_ready", ready)
+    with pytest.raises(KeyboardInterrupt):
+        launch.launch_gateway("127.0.0.1", launch.free_port(), ["http://127.0.0.1:9"], tmp_path / "gw.log", 60)
+    (proc,) = started
+    try:
+        assert proc.poll() is not None, "the gateway process outlived the interrupted launch"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -34,8 +34,8 @@ __all__ = ["RecordedRound", "recorded_rounds", "reach_probabilities", "expected_
 class RecordedRound:
     """One prefetch round's scored tree: A of each expanded node's request, the cut per depth, the horizon T."""
 
-    key: tuple[str, int | None, int]
-    """(prompt_id, block, call_index)."""
+    key: tuple[str, str | None, int | None, int]
+    """(prompt_id, traversal, block, call_index)."""
     accept: Mapping[int, float]
     """Expanded node v -> A(v+, v)."""
     request_cuts: tuple[int, ...]
@@ -47,9 +47,9 @@ class RecordedRound:
 
 def recorded_rounds(records: Iterable[NodeRecord]) -> list[RecordedRound]:
     """The rounds of scored-node records, in file order (a round needs its root request, node_id 1)."""
-    groups: dict[tuple[str, int | None, int], list[NodeRecord]] = defaultdict(list)
+    groups: dict[tuple[str, str | None, int | None, int], list[NodeRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.prompt_id, r.block, r.call_index)].append(r)
+        groups[(r.prompt_id, r.traversal, r.block, r.call_index)].append(r)
     rounds = []
     for key, recs in groups.items():
         root = next((r for r in recs if r.node_id == 1), None)

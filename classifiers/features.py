@@ -56,20 +56,21 @@ def class_index(name: str) -> int:
 def drop_unreachable(records: Sequence[NodeRecord]) -> list[NodeRecord]:
     """Keep the records the MH walk of their call could reach, as in the E.7 dataset.
 
-    Within one (prompt_id, call_index), the expanded nodes are the parents v of the scored
+    Within one (prompt_id, traversal, call_index), the expanded nodes are the parents v of the scored
     proposals v+ (``node_id``); a record is kept iff every strict ancestor of its v was expanded too.
     This drops the requests BFS places below the rejection child of a node whose own request it
     deferred (§3.2). Order is preserved.
     """
-    expanded: dict[tuple[str, int], set[int]] = {}
+    expanded: dict[tuple[str, str | None, int], set[int]] = {}
     for r in records:
         if not is_accept_child(r.node_id):
             raise ValueError(
                 f"record (prompt {r.prompt_id}, call {r.call_index}) has node_id {r.node_id}: node_id must be "
                 "the heap index of an acceptance child v+ (odd)"
             )
-        expanded.setdefault((r.prompt_id, r.call_index), set()).add(parent_of(r.node_id))
-    return [r for r in records if ancestors_in(parent_of(r.node_id), expanded[(r.prompt_id, r.call_index)])]
+        expanded.setdefault((r.prompt_id, r.traversal, r.call_index), set()).add(parent_of(r.node_id))
+    return [r for r in records
+            if ancestors_in(parent_of(r.node_id), expanded[(r.prompt_id, r.traversal, r.call_index)])]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -170,23 +170,21 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int, int]:
         records = [r for r in records if r.sampler == args.sampler]
         if not records:
             raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
-    records, duplicates = _unique(records)
     _warn_bounds(records)
-    if not args.drop_unreachable:
-        return records, 0, duplicates
-    kept = drop_unreachable(records)
-    return kept, len(records) - len(kept), duplicates
+    kept = drop_unreachable(records) if args.drop_unreachable else records  # reachability: per traversal's call
+    unique, duplicates = _unique(kept)
+    return unique, len(records) - len(kept), duplicates
 
 
 def _unique(records: list[NodeRecord]) -> tuple[list[NodeRecord], int]:
     """Each record once (the first), and how many identical copies were dropped: a file passed twice, or the
     bfs and predictive variants of `bench presto --traversals bfs predictive` scoring the same node of the same
     round.  A copy would weigh the node twice in the fit and, with --no-group, sit in the training fold of its
-    own test node."""
+    own test node.  The traversal is not part of the comparison: both variants' copies are one example."""
     seen: set[str] = set()
     kept = []
     for r in records:
-        key = json.dumps(r.to_json(), sort_keys=True, default=repr)
+        key = json.dumps({k: v for k, v in r.to_json().items() if k != "traversal"}, sort_keys=True, default=repr)
         if key not in seen:
             seen.add(key)
             kept.append(r)

@@ -53,6 +53,9 @@ class NodeRecord:
     """Sampler that scored the node, e.g. "presto-power-mh"."""
     model: str | None = None
     """Model the chain ran on (stamped by `RecordWriter(path, model=...)`)."""
+    traversal: str | None = None
+    """PreSTO traversal that prefetched the node's call ("bfs", "predictive"; None: sequential or older lines):
+    one `bench presto` run records each traversal's calls under the same prompt and call numbers."""
     block: int | None = None
     """Block ℓ (1-based) of the blockwise sampler."""
     call_index: int
@@ -114,7 +117,8 @@ class NodeRecord:
 
 # name -> (kind, required); every schema field except `extra`
 _FIELDS: dict[str, tuple[str, bool]] = {
-    "prompt_id": ("id", True), "sampler": ("str", False), "model": ("str", False), "block": ("int", False),
+    "prompt_id": ("id", True), "sampler": ("str", False), "model": ("str", False), "traversal": ("str", False),
+    "block": ("int", False),
     "call_index": ("int", True), "node_id": ("int", True), "depth": ("int", True), "transition": ("int", False),
     "cut": ("int", True), "parent_cut": ("int", True), "cut_fraction": ("float", True),
     "accepts_on_path": ("int", True), "accept_prob": ("float", True), "log_accept": ("logprob", False),

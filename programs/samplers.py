@@ -224,7 +224,10 @@ class BlockwiseSampler:
                      root: ChainState) -> NodeRecord:
         """The record of a scored node; Features 3/4 are the ROOT state's statistics at the cut."""
         a = math.exp(log_a)
-        return NodeRecord(prompt_id=result.prompt_id, sampler=self.name, block=block, call_index=call_index,
+        prefetch = getattr(self, "prefetch", None)  # PreSTO samplers; the sequential one has none
+        return NodeRecord(prompt_id=result.prompt_id, sampler=self.name,
+                          traversal=prefetch.traversal if prefetch is not None else None, block=block,
+                          call_index=call_index,
                           node_id=node, depth=node_depth(parent_of(node)), transition=j, cut=cut,
                           parent_cut=parent_cut, cut_fraction=cut / result.state.length,
                           accepts_on_path=accepts_on_path(parent_of(node)), accept_prob=a, log_accept=log_a,

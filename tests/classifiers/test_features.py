@@ -160,3 +160,27 @@ def test_reads_the_sampler_record_format(tmp_path):
     (r,) = read_node_records(path)
     assert r.sampler == "presto-power-mh" and r.log_accept == float("-inf") and r.extra == {}
     assert r.certainty_class == "reject"
+
+
+def test_records_of_two_traversals_of_one_prompt_stay_apart():
+    """One `bench presto` run records BFS's and the predictive rule's calls under the same prompt and call
+    numbers; each record names its traversal, so the reachability filter and the ceiling's rounds see each
+    traversal's trees alone (merged, a node unreachable in its own call was kept because the other traversal
+    expanded its parent, and rounds mixed two trees)."""
+    from forerun.classifiers.ceiling import recorded_rounds
+    from forerun.classifiers.features import drop_unreachable
+    from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+    from forerun.programs.sampler_factory import make_sampler
+    from forerun.testing.logit_table_model import LogitTableModel
+
+    model = LogitTableModel(4, seed=3)
+    cfg = SamplerConfig(response_length=8, block_size=8, steps_per_block=12, seed=5)
+    runs = {}
+    for traversal in ("bfs", "predictive"):
+        pf = PrefetchConfig(budget=5, traversal=traversal, branch_prob=lambda node: 0.2 + 0.6 * node.cut_fraction)
+        res = make_sampler(model, cfg, presto=True, prefetch=pf).run([1, 2], prompt_id="p0")
+        runs[traversal] = [n for call in res.calls for n in call.nodes]
+        assert {n.traversal for n in runs[traversal]} == {traversal}
+    both = runs["bfs"] + runs["predictive"]
+    assert drop_unreachable(both) == drop_unreachable(runs["bfs"]) + drop_unreachable(runs["predictive"])
+    assert len(recorded_rounds(both)) == len(recorded_rounds(runs["bfs"])) + len(recorded_rounds(runs["predictive"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from forerun.eval.graders.choice import extract_choice, grade_choice
+from forerun.testing.time_bound import stdout_within
 
 CASES = [
     # explicit final-answer statements, in the phrasings the issue found unread (3 of 8) and others
@@ -84,12 +85,6 @@ def test_five_option_questions_and_grading():
 def test_a_long_run_of_spaces_after_an_answer_phrase_is_read_at_once():
     """'The answer is' then thousands of spaces (a degenerate generation) took cubic time (30 s for 2000
     spaces); read in a subprocess that must end in 20 s, and the letter after the spaces still counts."""
-    import subprocess
-    import sys
     code = ("from forerun.eval.graders.choice import extract_choice\n"
             "print(extract_choice('The answer is' + ' ' * 4000 + '!'), extract_choice('Answer:' + ' ' * 4000 + 'C'))")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        pytest.fail("reading 'The answer is' + 4000 spaces did not end within 20 s")
-    assert out.returncode == 0 and out.stdout.split() == ["None", "C"], out.stderr
+    assert stdout_within(code, 20, "reading 'The answer is' + 4000 spaces").split() == ["None", "C"]

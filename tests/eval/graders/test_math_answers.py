@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from forerun.eval.graders.math_answers import extract_final_answer, grade_math
+from forerun.testing.time_bound import stdout_within
 
 RIGHT = [
     (r"... so the area is $\boxed{\dfrac{9}{2}}$.", r"\frac{9}{2}"),
@@ -102,26 +103,14 @@ def test_aime_commas_are_thousands_separators_only():
 def test_a_long_word_after_a_number_is_graded_at_once():
     """'1 aaaa...a!' (a number, then a run of letters that is not a unit) used to backtrack exponentially in the
     unit reading (about 25 s at 40 letters, doubling with each); graded in a subprocess that must end in 30 s."""
-    import subprocess
-    import sys
     code = ("from forerun.eval.graders.math_answers import grade_math\n"
             "print(grade_math('The answer is \\\\boxed{1 ' + 'a' * 60 + '!}', '5')[0])")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        pytest.fail("grading '1 aaa...a!' did not end within 30 s")
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+    assert stdout_within(code, 30, "grading '1 aaa...a!'").strip() == "False"
 
 
 def test_many_unclosed_boxes_are_read_in_linear_time():
     """A degenerate response of 20000 unclosed '\\boxed{' scanned to the end once per box (quadratic: 5 s at
     3000, minutes at 20000); read in a subprocess that must end in 20 s, the last closed box still wins."""
-    import subprocess
-    import sys
     code = ("from forerun.eval.graders.math_answers import last_boxed\n"
             "print(last_boxed('\\\\boxed{7} ' + '\\\\boxed{' * 20000), last_boxed('\\\\boxed{' * 20000))")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        pytest.fail("20000 unclosed \\boxed{ did not end within 20 s")
-    assert out.returncode == 0 and out.stdout.split() == ["7", "None"], out.stderr
+    assert stdout_within(code, 20, "20000 unclosed \\boxed{").split() == ["7", "None"]

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import requests
 
-from ..protocol import GenerateOutput, SamplingParams
+from ..protocol import GenerateOutput, RowListener, SamplingParams
 from .server_client import ServerConfig, SGLangServerClient, SGLangServerError
 from .token_exact import TokenExactBackend
 
@@ -26,8 +26,11 @@ class SGLangServerBackend(TokenExactBackend):
 
     `SGLangServerBackend("http://127.0.0.1:30000")` loads the tokenizer the server reports
     (`tokenizer_path`, else `model_path`) with `transformers.AutoTokenizer`; pass `tokenizer=` (an object
-    or a path) to skip that.  `backend.engine` is the same server as a forerun `Engine`.
+    or a path) to skip that.  `backend.engine` is the same server as a forerun `Engine`.  A streamed gen
+    (`.run(stream=True)`) is one streamed server request (`server_stream`), chunked as `token_exact.StreamChunks`.
     """
+
+    streams = True
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  memory_size: int = 4096, add_special_tokens: bool = True,
@@ -48,6 +51,10 @@ class SGLangServerBackend(TokenExactBackend):
     def run(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
             priority: int = 0, session_params: dict[str, Any] | None = None) -> GenerateOutput:
         return self.engine.generate(input_ids, params, rid=rid, priority=priority, session_params=session_params)
+
+    def run_stream(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
+                   listener: RowListener) -> None:
+        self.engine.submit_stream(input_ids, params, rid=rid, listener=listener)
 
     def run_batch(self, requests_: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
         return self.engine.generate_batch(requests_)

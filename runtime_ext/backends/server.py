@@ -16,6 +16,7 @@ import requests
 
 from ..protocol import GenerateOutput, RowListener, SamplingParams
 from .server_client import ServerConfig, SGLangServerClient, SGLangServerError
+from .sglang_frontend import sgl
 from .token_exact import TokenExactBackend
 
 __all__ = ["SGLangServerBackend", "ServerConfig", "SGLangServerError"]  # the config and error its users meet
@@ -28,18 +29,23 @@ class SGLangServerBackend(TokenExactBackend):
     (`tokenizer_path`, else `model_path`) with `transformers.AutoTokenizer`; pass `tokenizer=` (an object
     or a path) to skip that.  `backend.engine` is the same server as a forerun `Engine`.  A streamed gen
     (`.run(stream=True)`) is one streamed server request (`server_stream`), chunked as `token_exact.StreamChunks`.
+    The roles (`sgl.system/user/assistant`) use SGLang's chat template as `RuntimeEndpoint` picks it:
+    `chat_template_name` if given, else matched by the server's `model_path`.
     """
 
     streams = True
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  memory_size: int = 4096, add_special_tokens: bool = True,
-                 http: requests.Session | None = None) -> None:
+                 http: requests.Session | None = None, chat_template_name: str | None = None) -> None:
         client = SGLangServerClient(base_url, tokenizer, config=config, http=http)
         super().__init__(client.tokenizer, memory_size=memory_size, add_special_tokens=add_special_tokens)
         self.engine = client
         self.base_url = client.base_url
         self.config = client.config
+        templates = sgl.lang.chat_template  # loaded by sglang_frontend (BaseBackend imports it)
+        self.chat_template = (templates.get_chat_template(chat_template_name) if chat_template_name else
+                              templates.get_chat_template_by_model_path(client.capabilities.model_path or ""))
 
     def with_routing_key(self, key: str | None) -> "SGLangServerBackend":
         """This backend whose engine is `engine.with_routing_key(key)` (one per chain; see `ROUTING_KEY_HEADER`)."""

@@ -319,6 +319,8 @@ class TokenExactBackend(BaseBackend):
                 out.extend(seg.ids)
             elif seg.text:
                 out.extend(self._tokenize(seg.text, at_start=not out))
+        if not out:  # a program that starts with a gen: SGLang tokenizes "" (a BOS where the tokenizer adds one)
+            out = self._tokenize("", at_start=True)
         return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------

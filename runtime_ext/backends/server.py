@@ -33,7 +33,10 @@ class SGLangServerBackend(TokenExactBackend):
     `chat_template_name` if given, else matched by the server's `model_path`.
     """
 
-    streams = True
+    @property
+    def streams(self) -> bool:  # type: ignore[override]
+        """Stream unless inside `session_params` (the server's session mirror follows non-streamed requests)."""
+        return self.engine.default_session_params is None
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  memory_size: int = 4096, add_special_tokens: bool = True,

@@ -220,3 +220,21 @@ def test_a_streamed_program_gen_on_the_server_backend_arrives_in_chunks():
     assert "".join(text for text, _ in chunks) == state["x"]
     entries = [e for _, meta in chunks for e in meta.get("output_token_logprobs", [])]
     assert entries == state.get_meta_info("x")["output_token_logprobs"] and len(entries) == 12
+
+
+def test_a_rejected_stream_names_the_servers_reason():
+    """A stream the server refuses (HTTP 400) fails with the server's message, as a plain request does."""
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as rt:
+        errors = []
+        done = threading.Event()
+
+        def listener(events):
+            errors.extend(e.error for e in events if e.error is not None)
+            if any(e.finished for e in events):
+                done.set()
+
+        ids = srv.tokenizer.encode("hi")
+        rt.engine.submit_stream(ids, SamplingParams(max_new_tokens=2, return_logprob=True, logprob_start_len=50),
+                                rid="bad", listener=listener)
+        assert done.wait(10)
+    assert len(errors) == 1 and "is higher than the number of input tokens" in str(errors[0])

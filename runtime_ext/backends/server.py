@@ -14,8 +14,9 @@ from typing import Any, Sequence
 
 import requests
 
-from ..protocol import GenerateOutput, SamplingParams
+from ..protocol import GenerateOutput, RowListener, SamplingParams
 from .server_client import ServerConfig, SGLangServerClient, SGLangServerError
+from .sglang_frontend import sgl
 from .token_exact import TokenExactBackend
 
 __all__ = ["SGLangServerBackend", "ServerConfig", "SGLangServerError"]  # the config and error its users meet
@@ -26,17 +27,28 @@ class SGLangServerBackend(TokenExactBackend):
 
     `SGLangServerBackend("http://127.0.0.1:30000")` loads the tokenizer the server reports
     (`tokenizer_path`, else `model_path`) with `transformers.AutoTokenizer`; pass `tokenizer=` (an object
-    or a path) to skip that.  `backend.engine` is the same server as a forerun `Engine`.
+    or a path) to skip that.  `backend.engine` is the same server as a forerun `Engine`.  A streamed gen
+    (`.run(stream=True)`) is one streamed server request (`server_stream`), chunked as `token_exact.StreamChunks`.
+    The roles (`sgl.system/user/assistant`) use SGLang's chat template as `RuntimeEndpoint` picks it:
+    `chat_template_name` if given, else matched by the server's `model_path`.
     """
+
+    @property
+    def streams(self) -> bool:  # type: ignore[override]
+        """Stream unless inside `session_params` (the server's session mirror follows non-streamed requests)."""
+        return self.engine.default_session_params is None
 
     def __init__(self, base_url: str, tokenizer: Any = None, *, config: ServerConfig | None = None,
                  memory_size: int = 4096, add_special_tokens: bool = True,
-                 http: requests.Session | None = None) -> None:
+                 http: requests.Session | None = None, chat_template_name: str | None = None) -> None:
         client = SGLangServerClient(base_url, tokenizer, config=config, http=http)
         super().__init__(client.tokenizer, memory_size=memory_size, add_special_tokens=add_special_tokens)
         self.engine = client
         self.base_url = client.base_url
         self.config = client.config
+        templates = sgl.lang.chat_template  # loaded by sglang_frontend (BaseBackend imports it)
+        self.chat_template = (templates.get_chat_template(chat_template_name) if chat_template_name else
+                              templates.get_chat_template_by_model_path(client.capabilities.model_path or ""))
 
     def with_routing_key(self, key: str | None) -> "SGLangServerBackend":
         """This backend whose engine is `engine.with_routing_key(key)` (one per chain; see `ROUTING_KEY_HEADER`)."""
@@ -48,6 +60,10 @@ class SGLangServerBackend(TokenExactBackend):
     def run(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str | None = None,
             priority: int = 0, session_params: dict[str, Any] | None = None) -> GenerateOutput:
         return self.engine.generate(input_ids, params, rid=rid, priority=priority, session_params=session_params)
+
+    def run_stream(self, input_ids: Sequence[int], params: SamplingParams, *, rid: str,
+                   listener: RowListener) -> None:
+        self.engine.submit_stream(input_ids, params, rid=rid, listener=listener)
 
     def run_batch(self, requests_: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[GenerateOutput]:
         return self.engine.generate_batch(requests_)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import requests
 
 from ..protocol import GenerateOutput, RowEvent, RowListener, SamplingParams
-from .server_wire import SGLangServerError, WireRequest, check_generate_response, generate_body
+from .server_wire import SGLangServerError, WireRequest, check_generate_response, error_text, generate_body
 
 
 def sse_payloads(lines: Any) -> Any:
@@ -78,7 +78,8 @@ class ServerStreamingMixin:
                                  timeout=(self.config.connect_timeout_s, self.config.timeout_s)) as resp:
                 if resp.status_code >= 400:
                     raise SGLangServerError(f"SGLang server {url} rejected stream rid={item.rid}: HTTP "
-                                            f"{resp.status_code}", url=url, rids=[item.rid], status=resp.status_code)
+                                            f"{resp.status_code}: {error_text(resp)}", url=url, rids=[item.rid],
+                                            status=resp.status_code)
                 for chunk in sse_payloads(resp.iter_lines()):
                     if stop.is_set():
                         break

@@ -84,6 +84,8 @@ class ServerCapabilities:
     """`--enable-priority-scheduling`: a request without a priority then ranks below every one with a priority."""
     low_priority_values_first: bool = False
     """`--schedule-low-priority-values-first`: the scheduler runs lower priority values first."""
+    model_path: str | None = None
+    """`model_path`: `RuntimeEndpoint` picks the programs' chat template by it."""
 
     @classmethod
     def from_info(cls, info: dict[str, Any]) -> "ServerCapabilities":
@@ -92,7 +94,8 @@ class ServerCapabilities:
                    sampling_backend=info.get("sampling_backend"),
                    plugin=plugin if isinstance(plugin, dict) else None,
                    priority_scheduling=bool(info.get("enable_priority_scheduling")),
-                   low_priority_values_first=bool(info.get("schedule_low_priority_values_first")))
+                   low_priority_values_first=bool(info.get("schedule_low_priority_values_first")),
+                   model_path=info.get("model_path") or None)
 
 
 def wire_priority(priority: int, caps: ServerCapabilities) -> int | None:

@@ -107,7 +107,8 @@ class StreamChunks:
         self.text = ""
         """Text sent so far."""
         self.tokens = 0
-        """Tokens whose meta entries were sent so far."""
+        """Tokens whose meta entries were sent so far (progress events without per-token entries - a server's
+        stream reports ids only - leave theirs to the last chunk)."""
 
     def _printable(self, ids: Sequence[int]) -> str:
         text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -144,7 +145,9 @@ class StreamChunks:
         if event.output_top_logprobs is not None:
             meta["output_top_logprobs"] = list(event.output_top_logprobs[self.tokens:])
         chunk = text[len(self.text):]
-        self.text, self.tokens = text, n
+        self.text = text
+        if event.output_logq is not None or event.output_top_logprobs is not None:
+            self.tokens = n
         return chunk, meta
 
     def final(self, out: GenerateOutput) -> tuple[str, dict[str, Any]]:
@@ -316,6 +319,8 @@ class TokenExactBackend(BaseBackend):
                 out.extend(seg.ids)
             elif seg.text:
                 out.extend(self._tokenize(seg.text, at_start=not out))
+        if not out:  # a program that starts with a gen: SGLang tokenizes "" (a BOS where the tokenizer adds one)
+            out = self._tokenize("", at_start=True)
         return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------

@@ -229,4 +229,8 @@ def _meta_info(r: Request, tokenizer: Any) -> dict[str, Any]:
         meta["input_token_entropy"] = list(r.input_entropy)
         if p.top_logprobs_num > 0:
             meta["input_top_logprobs"] = list(r.input_top)
+    elif p.return_logprob:  # start -1 or n: SGLang's scheduler makes -1 n, and n scores no prompt position
+        meta["input_token_logprobs"], meta["input_token_entropy"] = [], []
+        if p.top_logprobs_num > 0:
+            meta["input_top_logprobs"] = []
     return meta

@@ -85,8 +85,9 @@ class Request:
 
     @property
     def input_logprob_start(self) -> int:
+        """s, or -1 when no prompt position is scored (also at s = n: SGLang then returns empty input lists)."""
         p = self.params
-        return p.logprob_start_len if (p.return_logprob and p.logprob_start_len >= 0) else -1
+        return p.logprob_start_len if (p.return_logprob and 0 <= p.logprob_start_len < len(self.input_ids)) else -1
 
     @property
     def decodes(self) -> bool:
@@ -145,9 +146,9 @@ def make_request(input_ids: Sequence[int], params: SamplingParams, *, rid: str |
             f"request {rid}: prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
             f"exceeds the model context {max_context}"
         )
-    if params.return_logprob and params.logprob_start_len >= len(ids):
+    if params.return_logprob and params.logprob_start_len > len(ids):  # SGLang's scheduler: only beyond it aborts
         raise EngineError(
-            f"request {rid}: logprob_start_len {params.logprob_start_len} must be < the prompt length {len(ids)}"
+            f"request {rid}: logprob_start_len {params.logprob_start_len} must be <= the prompt length {len(ids)}"
         )
     try:
         priority = as_integer("priority", priority)  # 1.7 is refused, not truncated

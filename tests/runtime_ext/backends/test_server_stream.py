@@ -191,3 +191,50 @@ def test_a_stream_cut_before_its_last_chunk_is_an_error_not_a_short_answer():
     last = events[-1]
     assert last.finished and last.output is None
     assert "before it finished" in str(last.error)
+
+
+def test_a_streamed_program_gen_on_the_server_backend_arrives_in_chunks():
+    """`.run(stream=True)` on SGLangServerBackend streams the gen as SGLang's RuntimeEndpoint does (one server
+    request, several chunks), not the whole text at once; the chunks' text and merged per-token entries are the
+    final ones."""
+    import asyncio
+
+    from forerun.runtime_ext.backends.server import SGLangServerBackend
+    from forerun.runtime_ext.backends.sglang_frontend import sgl
+
+    async def read_chunks(state):
+        return [chunk async for chunk in state.text_async_iter("x", return_meta_data=True)]
+
+    @sgl.function
+    def prog(s):
+        s += "Hello there"
+        s += sgl.gen("x", max_tokens=12, temperature=0, return_logprob=True, ignore_eos=True)
+
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.05
+        backend = SGLangServerBackend(srv.url, tokenizer=srv.tokenizer)
+        state = prog.run(stream=True, backend=backend)
+        chunks = asyncio.run(read_chunks(state))
+        streamed = [body for path, body in srv.requests if path == "/generate" and body.get("stream")]
+    assert len(streamed) == 1 and len(chunks) > 1
+    assert "".join(text for text, _ in chunks) == state["x"]
+    entries = [e for _, meta in chunks for e in meta.get("output_token_logprobs", [])]
+    assert entries == state.get_meta_info("x")["output_token_logprobs"] and len(entries) == 12
+
+
+def test_a_rejected_stream_names_the_servers_reason():
+    """A stream the server refuses (HTTP 400) fails with the server's message, as a plain request does."""
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as rt:
+        errors = []
+        done = threading.Event()
+
+        def listener(events):
+            errors.extend(e.error for e in events if e.error is not None)
+            if any(e.finished for e in events):
+                done.set()
+
+        ids = srv.tokenizer.encode("hi")
+        rt.engine.submit_stream(ids, SamplingParams(max_new_tokens=2, return_logprob=True, logprob_start_len=50),
+                                rid="bad", listener=listener)
+        assert done.wait(10)
+    assert len(errors) == 1 and "is higher than the number of input tokens" in str(errors[0])

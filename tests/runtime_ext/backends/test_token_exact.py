@@ -149,3 +149,23 @@ def test_ids_before_a_long_stop_string_are_replayed_exactly():
     backend = LongStopBackend()
     answer_then_follow_up.run(first_tokens=20, backend=backend).sync()
     assert backend.requests[1][0] == list(b"Q:") + [0xC3, ord("a")] + list(b"!")
+
+
+def test_a_program_that_starts_with_a_gen_sends_the_empty_texts_ids():
+    """SGLang's RuntimeEndpoint sends the text "" and its server tokenizes it: a BOS where the tokenizer adds one
+    (the stand-in's byte tokenizer, Llama's), so such a program runs there; forerun sent no ids at all."""
+    from forerun.runtime_ext.standin.server import BOS_ID, byte_tokenizer
+
+    class BosBackend(RecordingBackend):
+        def __init__(self):
+            super().__init__()
+            self.tokenizer, self.add_special_tokens = byte_tokenizer(), True
+
+    @function
+    def prog(s):
+        s += gen("x", max_tokens=2)
+
+    backend = BosBackend()
+    assert backend.tokenizer.encode("") == [BOS_ID]
+    state = prog.run(backend=backend)
+    assert state["x"] == "aa" and backend.requests[0][0] == [BOS_ID]

@@ -345,8 +345,8 @@ def test_bad_input(engine):
         engine.generate([1, 10_000], SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
-    with pytest.raises(EngineError, match="logprob_start_len"):
-        engine.generate([1, 2], SamplingParams(max_new_tokens=0, return_logprob=True, logprob_start_len=2))
+    with pytest.raises(EngineError, match="logprob_start_len"):  # beyond the prompt (SGLang aborts only that)
+        engine.generate([1, 2], SamplingParams(max_new_tokens=0, return_logprob=True, logprob_start_len=3))
     with pytest.raises(ValueError, match="max_total_tokens"):
         EngineConfig(max_total_tokens=0)
     with pytest.raises(EngineError, match="input_ids must be integers"):

@@ -1346,7 +1346,8 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, cons
 
 // ------------------------------------------------------------------------------------------ vocabulary
 
-// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite.
+// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite (m = +0 when the
+// largest logit is a zero of either sign; a row with a NaN or an infinity: finite = false, m, log S, H NaN).
 template <typename A>
 void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& finite) {
   m = -std::numeric_limits<A>::infinity();
@@ -1372,7 +1373,14 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
     finite = finite && std::isfinite(l[c0]);
     m = std::max(m, l[c0]);
   }
-  if (!finite) return;
+  if (!finite) {  // defined outputs (the vector and scalar max disagree over NaN): the caller skips the row
+    m = std::numeric_limits<A>::quiet_NaN();
+    log_s = ent = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  // A max of signed zeros is +0: max() keeps the first of two equal values, and the vector code (lane-wise, then
+  // across lanes) sees -0 and +0 in another order than the scalar loop; -0 + +0 = +0 in both.
+  m = m + A(0);
   c0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {

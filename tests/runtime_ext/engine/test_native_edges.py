@@ -1,0 +1,61 @@
+"""The native kernels at their edges: signed zeros and non-finite rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forerun.runtime_ext.engine import native
+
+K = native.kernels()
+pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
+
+
+def both_paths(fn):
+    """fn() with the vectorized code, then with the portable definition."""
+    K.set_portable(False)
+    try:
+        fast = fn()
+        K.set_portable(True)
+        slow = fn()
+    finally:
+        K.set_portable(False)
+    return fast, slow
+
+
+def bits(t: torch.Tensor) -> list[int]:
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_max_of_signed_zeros_is_plus_zero_on_both_paths(dtype):
+    """-0 first, +0 later in the same vector lane (tokens 0 and 16): the scalar max kept the first (-0), the vector
+    one the later (+0), so `vocab_stats` returned different bits on the two paths.  The max is now +0 on both."""
+    logits = torch.full((3, 40), -1.0, dtype=dtype)
+    logits[0, 0], logits[0, 16] = -0.0, 0.0
+    logits[1, 3], logits[1, 35] = 0.0, -0.0
+    logits[2, 5] = -0.0  # the only zero: still +0
+    fast, slow = both_paths(lambda: K.vocab_stats(logits))
+    plus_zero = bits(torch.zeros(3, dtype=dtype))
+    assert bits(fast[0]) == bits(slow[0]) == plus_zero
+    for a, b in zip(fast[1:], slow[1:]):
+        assert torch.equal(a, b)
+
+
+def test_a_non_finite_row_gets_nan_statistics_not_leftover_memory():
+    """A row with a NaN or an infinity returned its log S and entropy uninitialized (whatever torch.empty held:
+    different from call to call), and a max that depends on the code path.  Now all three are NaN, the finite rows
+    are untouched, and the bits are the same on both paths and from call to call."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 100, generator=g)
+    logits[0, 16], logits[1, 7], logits[2, 99] = float("nan"), float("inf"), float("-inf")
+    for _ in range(3):
+        torch.full((4 * 100,), 1e30).sum()  # leave something in the allocator's memory
+        fast, slow = both_paths(lambda: K.vocab_stats(logits))
+        assert fast[3].tolist() == slow[3].tolist() == [False, False, False, True]
+        for out in (fast, slow):
+            for t in out[:3]:
+                assert torch.isnan(t[:3]).all()
+        alone = K.vocab_stats(logits[3:].contiguous())
+        for t, u in zip(fast[:3], alone[:3]):
+            assert torch.equal(t[3:], u)

@@ -860,7 +860,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "silu_mul", [&] {
     const scalar_t* g = gu.data_ptr<scalar_t>();
     scalar_t* out = y.data_ptr<scalar_t>();
-    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / (8 * I)), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, 8 * I)), [&](int64_t r0, int64_t r1) {
       std::vector<scalar_t> e(I);
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* gr = g + r * 2 * I;
@@ -1408,7 +1408,8 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
 }
 
 std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "vocab_stats: logits [B, V] contiguous");
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 1,
+              "vocab_stats: logits [B, V] contiguous, V >= 1");
   const int64_t B = logits.size(0), V = logits.size(1);
   auto opt = logits.options();
   auto mx = torch::empty({B}, opt);
@@ -1479,8 +1480,18 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
 // index the logits again (an indexing in Python cost ~0.2 ms per step, its code cold after the weights' stream).
 std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& mx, const torch::Tensor& rows,
                                 const torch::Tensor& taus, const torch::Tensor& us) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "draw: logits [B, V] contiguous");
-  const int64_t R = rows.numel(), V = logits.size(1);
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 1, "draw: logits [B, V] contiguous, V >= 1");
+  const int64_t R = rows.numel(), B = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(mx.numel() == B && mx.is_contiguous() && mx.scalar_type() == logits.scalar_type(),
+              "draw: m [B] in the logits' dtype");
+  TORCH_CHECK(rows.scalar_type() == torch::kLong && rows.is_contiguous(), "draw: rows int64, contiguous");
+  TORCH_CHECK(taus.numel() == R && us.numel() == R && taus.scalar_type() == torch::kDouble &&
+                  us.scalar_type() == torch::kDouble && taus.is_contiguous() && us.is_contiguous(),
+              "draw: taus and us [R] float64, contiguous");
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t r = rows.data_ptr<int64_t>()[i];
+    TORCH_CHECK(r >= 0 && r < B, "draw: row ", r, " outside the logits' ", B, " rows");
+  }
   auto tok = torch::empty({R}, rows.options());
   auto log_t = torch::empty({R}, taus.options());
   auto drawn = torch::empty({R}, taus.options());

@@ -1,6 +1,14 @@
-"""The native kernels at their edges: signed zeros and non-finite rows."""
+"""The native kernels at their edges: signed zeros, non-finite rows, empty widths and rows out of range.
+
+Each call that used to end the process (an integer division by zero, a read past the logits) runs in a child
+process, so a regression fails this test instead of killing the test run."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -59,3 +67,40 @@ def test_a_non_finite_row_gets_nan_statistics_not_leftover_memory():
         alone = K.vocab_stats(logits[3:].contiguous())
         for t, u in zip(fast[:3], alone[:3]):
             assert torch.equal(t[3:], u)
+
+
+def run_child(code: str) -> subprocess.CompletedProcess:
+    prelude = "import torch\nfrom forerun.runtime_ext.engine import native\nK = native.kernels()\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+CALLS = {
+    "silu_mul of zero width": "print(tuple(K.silu_mul(torch.empty(3, 0)).shape))",
+    "vocab_stats of an empty vocabulary": "K.vocab_stats(torch.empty(2, 0))",
+    "draw from an empty vocabulary": "K.draw(torch.empty(2, 0), torch.zeros(2), torch.tensor([0]), "
+                                     "torch.ones(1, dtype=torch.float64), torch.full((1,), 0.5, dtype=torch.float64))",
+    "draw from a row past the logits": "K.draw(torch.randn(2, 40), torch.zeros(2), torch.tensor([5_000_000]), "
+                                       "torch.ones(1, dtype=torch.float64), torch.full((1,), 0.5, dtype=torch.float64))",
+    "draw with fewer temperatures than rows": "K.draw(torch.randn(2, 40), torch.zeros(2), torch.tensor([0, 1]), "
+                                              "torch.ones(1, dtype=torch.float64), "
+                                              "torch.full((1,), 0.5, dtype=torch.float64))",
+}
+
+
+@pytest.mark.parametrize("what", sorted(CALLS))
+def test_degenerate_calls_raise_or_return_instead_of_ending_the_process(what):
+    """Each of these ended the process (SIGFPE: a grain divided by a width of 0; SIGSEGV: a row index read past
+    the logits) or read past an argument.  Now each returns (silu_mul: an empty result) or raises a
+    RuntimeError that names the kernel."""
+    done = run_child(f"""
+        try:
+            {CALLS[what]}
+        except RuntimeError as exc:
+            print("raised:", exc)
+    """)
+    assert done.returncode == 0, (what, done.returncode, done.stderr[-2000:])
+    if what.startswith("silu_mul"):
+        assert "(3, 0)" in done.stdout
+    else:
+        assert "raised:" in done.stdout, done.stdout

@@ -1325,8 +1325,16 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, cons
   TORCH_CHECK(kc.dim() == 4 && vc.dim() == 4 && kc.stride(3) == 1 && vc.stride(3) == 1, "attention: cache layout");
   TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous(), "attention: starts int64");
   const int64_t B = kc.size(0), D = kc.size(3);
-  TORCH_CHECK(qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D && Hq % Hkv == 0, "attention: qkv shape");
-  TORCH_CHECK(length + T <= kc.size(2) && starts.numel() == B, "attention: cache too small");
+  TORCH_CHECK(Hkv >= 1 && Hq >= 1 && T >= 0 && length >= 0 && Hq % Hkv == 0,
+              "attention: Hq a positive multiple of Hkv >= 1, T >= 0, length >= 0");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D, "attention: qkv shape");
+  TORCH_CHECK(kc.size(1) == Hkv && vc.size(0) == B && vc.size(1) == Hkv && vc.size(3) == D,
+              "attention: kc and vc [B, Hkv, cap, D]");
+  TORCH_CHECK(cos.numel() == B * T * D && sin.numel() == B * T * D, "attention: cos and sin [B * T, D]");
+  TORCH_CHECK(length + T <= kc.size(2) && length + T <= vc.size(2) && starts.numel() == B, "attention: cache too small");
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(starts.data_ptr<int64_t>()[b] >= 0 && starts.data_ptr<int64_t>()[b] <= length,
+                "attention: starts[", b, "] outside [0, length]");
   const bool segmented = seg_off.numel() > 0;
   TORCH_CHECK(!segmented || (seg_off.numel() == B + 1 && seg_off.scalar_type() == torch::kLong &&
                              seg.scalar_type() == torch::kLong && seg.is_contiguous() && seg_off.is_contiguous()),

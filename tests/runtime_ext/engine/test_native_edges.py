@@ -1,4 +1,4 @@
-"""The native kernels at their edges: signed zeros, non-finite rows, empty widths and rows out of range.
+"""The native kernels at their edges: signed zeros, non-finite rows, empty widths and arguments out of range.
 
 Each call that used to end the process (an integer division by zero, a read past the logits) runs in a child
 process, so a regression fails this test instead of killing the test run."""
@@ -17,6 +17,7 @@ from forerun.runtime_ext.engine import native
 
 K = native.kernels()
 pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
+NONE = torch.empty(0, dtype=torch.long)
 
 
 def both_paths(fn):
@@ -85,13 +86,16 @@ CALLS = {
     "draw with fewer temperatures than rows": "K.draw(torch.randn(2, 40), torch.zeros(2), torch.tensor([0, 1]), "
                                               "torch.ones(1, dtype=torch.float64), "
                                               "torch.full((1,), 0.5, dtype=torch.float64))",
+    "attention with no KV heads": "K.attention(torch.randn(2, 16), torch.randn(2, 8), torch.randn(2, 8), "
+                                  "torch.randn(2, 1, 4, 8), torch.randn(2, 1, 4, 8), torch.tensor([0, 0]), 0, 1, 2, 0, "
+                                  "0.1, torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), 0)",
 }
 
 
 @pytest.mark.parametrize("what", sorted(CALLS))
 def test_degenerate_calls_raise_or_return_instead_of_ending_the_process(what):
-    """Each of these ended the process (SIGFPE: a grain divided by a width of 0; SIGSEGV: a row index read past
-    the logits) or read past an argument.  Now each returns (silu_mul: an empty result) or raises a
+    """Each of these ended the process (SIGFPE: a grain divided by a width of 0, or Hq % 0; SIGSEGV: a row index
+    read past the logits) or read past an argument.  Now each returns (silu_mul: an empty result) or raises a
     RuntimeError that names the kernel."""
     done = run_child(f"""
         try:
@@ -104,3 +108,24 @@ def test_degenerate_calls_raise_or_return_instead_of_ending_the_process(what):
         assert "(3, 0)" in done.stdout
     else:
         assert "raised:" in done.stdout, done.stdout
+
+
+def test_attention_rejects_caches_and_starts_that_do_not_fit_its_arguments():
+    """A key cache with fewer KV heads than Hkv (its writes went past the cache), a value cache with fewer, and a
+    row start past `length` (a negative key count) are refused before anything is read or written."""
+    g = torch.Generator().manual_seed(4)
+    B, T, Hq, Hkv, D, length = 2, 1, 4, 2, 16, 3
+    qkv = torch.randn(B * T, (Hq + 2 * Hkv) * D, generator=g)
+    cos, sin = torch.randn(B * T, D, generator=g), torch.randn(B * T, D, generator=g)
+    good = torch.zeros(B, Hkv, length + T, D)
+    starts = torch.tensor([0, 1])
+    K.attention(qkv, cos, sin, good.clone(), good.clone(), starts, length, T, Hq, Hkv, 0.2, NONE, NONE, 0)
+    with pytest.raises(RuntimeError, match="attention"):
+        few = torch.zeros(B, 1, length + T, D)
+        K.attention(qkv, cos, sin, few, few.clone(), starts, length, T, Hq, Hkv, 0.2, NONE, NONE, 0)
+    with pytest.raises(RuntimeError, match="attention"):
+        K.attention(qkv, cos, sin, good.clone(), torch.zeros(B, 1, length + T, D), starts, length, T, Hq, Hkv, 0.2,
+                    NONE, NONE, 0)
+    with pytest.raises(RuntimeError, match="attention"):
+        K.attention(qkv, cos, sin, good.clone(), good.clone(), torch.tensor([0, length + 1]), length, T, Hq, Hkv, 0.2,
+                    NONE, NONE, 0)

@@ -1438,6 +1438,12 @@ std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
   return {mx, log_s, ent, fin};
 }
 
+// (l - m) / tau of the draws.  tau = 0 (a temperature below the dtype's smallest positive value, which rounds to 0):
+// the limit tau -> 0, 0 for the tokens of the max (0 / 0 would be NaN: no token drawn) and -inf below them.  Any
+// tau > 0: d / tau, the same bits as always.
+template <typename A>
+inline A scaled_logit(A d, A tau) { return d == A(0) && tau == A(0) ? A(0) : d / tau; }
+
 // Inverse-CDF draw from q_tau in token order with one uniform u: e[c] = exp((l[c] - m) / tau); the total T and
 // the CDF follow the block scheme (blocks by tree16, accumulated in double; inside the chosen block, sequential
 // double sums from the block's start).  Returns the token and log T.
@@ -1450,7 +1456,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   int64_t b0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
-    if (!g_portable) {
+    if (!g_portable && tau > A(0)) {  // tau = 0: the scalar code below (scaled_logit)
       const V16 mv = vset1(m), tv = vset1(tau);
       for (; (b0 + 1) * LANES <= V; ++b0) {
         s += double(hsum_tree(exp_det(vdiv(vsub(vload(l + b0 * LANES), mv), tv))));
@@ -1461,7 +1467,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
 #endif
   for (int64_t b = b0; b < nb; ++b) {
     const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
-    for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+    for (int64_t j = 0; j < n; ++j) e[j] = scaled_logit<A>(l[c0 + j] - m, tau);
     exp_inplace<A>(e, n);
     s += block_sum<A>(e, n);
     cum[b] = s;
@@ -1472,7 +1478,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   if (b >= nb) b = nb - 1;
   while (b > 0 && cum[b] == cum[b - 1]) --b;  // never a block of zero mass
   const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
-  for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+  for (int64_t j = 0; j < n; ++j) e[j] = scaled_logit<A>(l[c0 + j] - m, tau);
   exp_inplace<A>(e, n);
   double run = b > 0 ? cum[b - 1] : 0.0;
   token = -1;

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,26 @@ def test_attention_rejects_caches_and_starts_that_do_not_fit_its_arguments():
     with pytest.raises(RuntimeError, match="attention"):
         K.attention(qkv, cos, sin, good.clone(), good.clone(), torch.tensor([0, length + 1]), length, T, Hq, Hkv, 0.2,
                     NONE, NONE, 0)
+
+
+@pytest.mark.parametrize("tau", [1e-50, 1e-300])
+def test_a_temperature_that_underflows_float32_draws_the_max_not_token_minus_one(tau):
+    """A request's temperature is a float64 > 0; the kernel divides in the logits' dtype, where 1e-50 is 0, and
+    (l - m) / 0 was NaN for the max itself: no token drawn, token -1 and log T NaN handed to the sampler.  Now the
+    draw is the limit tau -> 0: the tokens of the max share it (u picks among them in token order), log T = log of
+    their number; the same bits on both code paths."""
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(3, 50, generator=g)
+    logits[1, 7] = logits[1, 40] = logits[1].max() + 1  # two maxima, in different blocks of 16
+    logits[2, 20] = logits[2].max() + 1
+    m = K.vocab_stats(logits)[0]
+    for u, second in ((0.2, False), (0.7, True)):
+        rows = torch.arange(3)
+        taus, us = torch.full((3,), tau, dtype=torch.float64), torch.full((3,), u, dtype=torch.float64)
+        fast, slow = both_paths(lambda: K.draw(logits, m, rows, taus, us))
+        for a, b in zip(fast, slow):
+            assert torch.equal(a, b)
+        tokens, log_t, drawn = fast
+        assert tokens.tolist() == [int(logits[0].argmax()), 40 if second else 7, 20]
+        assert torch.allclose(log_t, torch.tensor([0.0, float(np.log(2)), 0.0], dtype=torch.float64))
+        assert torch.equal(drawn, logits[rows, tokens].double())

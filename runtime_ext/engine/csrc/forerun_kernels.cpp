@@ -1397,7 +1397,7 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
       for (; c0 + LANES <= V; c0 += LANES) {
         const V16 d = vsub(vload(l + c0), mv), e = exp_det(d);
         s += double(hsum_tree(e));
-        sd += double(hsum_tree(vmul(e, d)));
+        sd += double(hsum_tree(vselect(vgreater(e, vzero()), vmul(e, d), vzero())));  // see below
       }
     }
   }
@@ -1407,7 +1407,9 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
     const int64_t n = std::min<int64_t>(LANES, V - c0);
     for (int64_t j = 0; j < n; ++j) d[j] = e[j] = l[c0 + j] - m;
     exp_inplace<A>(e, n);
-    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] * d[j];
+    // e (l - m) is 0 where e is 0: l - m may overflow to -inf (logits 3e38 and -3e38), and 0 * -inf is NaN.  Where
+    // it did not, e * d was -0, now +0: the same sums (x + -0 = x + +0 for x != 0, and sd starts at +0).
+    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] > A(0) ? e[j] * d[j] : A(0);
     s += block_sum<A>(e, n);
     sd += block_sum<A>(ed, n);
   }

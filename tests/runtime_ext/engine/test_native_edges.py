@@ -153,3 +153,24 @@ def test_a_temperature_that_underflows_float32_draws_the_max_not_token_minus_one
         assert tokens.tolist() == [int(logits[0].argmax()), 40 if second else 7, 20]
         assert torch.allclose(log_t, torch.tensor([0.0, float(np.log(2)), 0.0], dtype=torch.float64))
         assert torch.equal(drawn, logits[rows, tokens].double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_logits_whose_differences_overflow_get_a_finite_entropy(dtype):
+    """Finite logits 3e38 and -3e38 (float32) / 1.7e308 and -1.7e308 (float64): l - m overflows to -inf, its
+    exp(l - m) is 0, and e (l - m) was 0 * -inf = NaN, a NaN entropy for a row the kernel calls finite.  The
+    oracle: one token holds all the mass (entropy 0, log S 0); a plain row against float64 softmax; the same bits
+    on both code paths and alone."""
+    big = 3e38 if dtype == torch.float32 else 1.7e308
+    logits = torch.zeros(2, 40, dtype=dtype)
+    logits[0, 3], logits[0, 20] = big, -big
+    logits[1] = torch.linspace(-3, 3, 40, dtype=dtype)
+    fast, slow = both_paths(lambda: K.vocab_stats(logits))
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)
+    assert fast[3].tolist() == [True, True]
+    assert fast[1][0].item() == 0.0 and fast[2][0].item() == 0.0
+    p = torch.softmax(logits[1].double(), 0)
+    assert abs(fast[2][1].item() - float(-(p * p.log()).sum())) < 1e-6
+    alone = K.vocab_stats(logits[1:].contiguous())
+    assert all(torch.equal(a[1:], b) for a, b in zip(fast, alone))

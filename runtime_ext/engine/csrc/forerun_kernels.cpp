@@ -860,7 +860,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
   AT_DISPATCH_FLOATING_TYPES(gu.scalar_type(), "silu_mul", [&] {
     const scalar_t* g = gu.data_ptr<scalar_t>();
     scalar_t* out = y.data_ptr<scalar_t>();
-    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / (8 * I)), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, 8 * I)), [&](int64_t r0, int64_t r1) {
       std::vector<scalar_t> e(I);
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* gr = g + r * 2 * I;
@@ -1325,8 +1325,16 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, cons
   TORCH_CHECK(kc.dim() == 4 && vc.dim() == 4 && kc.stride(3) == 1 && vc.stride(3) == 1, "attention: cache layout");
   TORCH_CHECK(starts.scalar_type() == torch::kLong && starts.is_contiguous(), "attention: starts int64");
   const int64_t B = kc.size(0), D = kc.size(3);
-  TORCH_CHECK(qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D && Hq % Hkv == 0, "attention: qkv shape");
-  TORCH_CHECK(length + T <= kc.size(2) && starts.numel() == B, "attention: cache too small");
+  TORCH_CHECK(Hkv >= 1 && Hq >= 1 && T >= 0 && length >= 0 && Hq % Hkv == 0,
+              "attention: Hq a positive multiple of Hkv >= 1, T >= 0, length >= 0");
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(0) == B * T && qkv.size(1) == (Hq + 2 * Hkv) * D, "attention: qkv shape");
+  TORCH_CHECK(kc.size(1) == Hkv && vc.size(0) == B && vc.size(1) == Hkv && vc.size(3) == D,
+              "attention: kc and vc [B, Hkv, cap, D]");
+  TORCH_CHECK(cos.numel() == B * T * D && sin.numel() == B * T * D, "attention: cos and sin [B * T, D]");
+  TORCH_CHECK(length + T <= kc.size(2) && length + T <= vc.size(2) && starts.numel() == B, "attention: cache too small");
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(starts.data_ptr<int64_t>()[b] >= 0 && starts.data_ptr<int64_t>()[b] <= length,
+                "attention: starts[", b, "] outside [0, length]");
   const bool segmented = seg_off.numel() > 0;
   TORCH_CHECK(!segmented || (seg_off.numel() == B + 1 && seg_off.scalar_type() == torch::kLong &&
                              seg.scalar_type() == torch::kLong && seg.is_contiguous() && seg_off.is_contiguous()),
@@ -1346,7 +1354,8 @@ torch::Tensor attention(const torch::Tensor& qkv, const torch::Tensor& cos, cons
 
 // ------------------------------------------------------------------------------------------ vocabulary
 
-// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite.
+// Per row: max m, log S with S = sum exp(l - m), H = log S - sum e (l - m) / S, all finite (m = +0 when the
+// largest logit is a zero of either sign; a row with a NaN or an infinity: finite = false, m, log S, H NaN).
 template <typename A>
 void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& finite) {
   m = -std::numeric_limits<A>::infinity();
@@ -1372,7 +1381,14 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
     finite = finite && std::isfinite(l[c0]);
     m = std::max(m, l[c0]);
   }
-  if (!finite) return;
+  if (!finite) {  // defined outputs (the vector and scalar max disagree over NaN): the caller skips the row
+    m = std::numeric_limits<A>::quiet_NaN();
+    log_s = ent = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  // A max of signed zeros is +0: max() keeps the first of two equal values, and the vector code (lane-wise, then
+  // across lanes) sees -0 and +0 in another order than the scalar loop; -0 + +0 = +0 in both.
+  m = m + A(0);
   c0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
@@ -1381,7 +1397,7 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
       for (; c0 + LANES <= V; c0 += LANES) {
         const V16 d = vsub(vload(l + c0), mv), e = exp_det(d);
         s += double(hsum_tree(e));
-        sd += double(hsum_tree(vmul(e, d)));
+        sd += double(hsum_tree(vselect(vgreater(e, vzero()), vmul(e, d), vzero())));  // see below
       }
     }
   }
@@ -1391,7 +1407,9 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
     const int64_t n = std::min<int64_t>(LANES, V - c0);
     for (int64_t j = 0; j < n; ++j) d[j] = e[j] = l[c0 + j] - m;
     exp_inplace<A>(e, n);
-    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] * d[j];
+    // e (l - m) is 0 where e is 0: l - m may overflow to -inf (logits 3e38 and -3e38), and 0 * -inf is NaN.  Where
+    // it did not, e * d was -0, now +0: the same sums (x + -0 = x + +0 for x != 0, and sd starts at +0).
+    for (int64_t j = 0; j < n; ++j) ed[j] = e[j] > A(0) ? e[j] * d[j] : A(0);
     s += block_sum<A>(e, n);
     sd += block_sum<A>(ed, n);
   }
@@ -1400,7 +1418,8 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
 }
 
 std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "vocab_stats: logits [B, V] contiguous");
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 1,
+              "vocab_stats: logits [B, V] contiguous, V >= 1");
   const int64_t B = logits.size(0), V = logits.size(1);
   auto opt = logits.options();
   auto mx = torch::empty({B}, opt);
@@ -1421,6 +1440,12 @@ std::vector<torch::Tensor> vocab_stats(const torch::Tensor& logits) {
   return {mx, log_s, ent, fin};
 }
 
+// (l - m) / tau of the draws.  tau = 0 (a temperature below the dtype's smallest positive value, which rounds to 0):
+// the limit tau -> 0, 0 for the tokens of the max (0 / 0 would be NaN: no token drawn) and -inf below them.  Any
+// tau > 0: d / tau, the same bits as always.
+template <typename A>
+inline A scaled_logit(A d, A tau) { return d == A(0) && tau == A(0) ? A(0) : d / tau; }
+
 // Inverse-CDF draw from q_tau in token order with one uniform u: e[c] = exp((l[c] - m) / tau); the total T and
 // the CDF follow the block scheme (blocks by tree16, accumulated in double; inside the chosen block, sequential
 // double sums from the block's start).  Returns the token and log T.
@@ -1433,7 +1458,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   int64_t b0 = 0;
 #if FR_VEC
   if constexpr (std::is_same<A, float>::value) {
-    if (!g_portable) {
+    if (!g_portable && tau > A(0)) {  // tau = 0: the scalar code below (scaled_logit)
       const V16 mv = vset1(m), tv = vset1(tau);
       for (; (b0 + 1) * LANES <= V; ++b0) {
         s += double(hsum_tree(exp_det(vdiv(vsub(vload(l + b0 * LANES), mv), tv))));
@@ -1444,7 +1469,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
 #endif
   for (int64_t b = b0; b < nb; ++b) {
     const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
-    for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+    for (int64_t j = 0; j < n; ++j) e[j] = scaled_logit<A>(l[c0 + j] - m, tau);
     exp_inplace<A>(e, n);
     s += block_sum<A>(e, n);
     cum[b] = s;
@@ -1455,7 +1480,7 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   if (b >= nb) b = nb - 1;
   while (b > 0 && cum[b] == cum[b - 1]) --b;  // never a block of zero mass
   const int64_t c0 = b * LANES, n = std::min<int64_t>(LANES, V - c0);
-  for (int64_t j = 0; j < n; ++j) e[j] = (l[c0 + j] - m) / tau;
+  for (int64_t j = 0; j < n; ++j) e[j] = scaled_logit<A>(l[c0 + j] - m, tau);
   exp_inplace<A>(e, n);
   double run = b > 0 ? cum[b - 1] : 0.0;
   token = -1;
@@ -1471,8 +1496,18 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
 // index the logits again (an indexing in Python cost ~0.2 ms per step, its code cold after the weights' stream).
 std::vector<torch::Tensor> draw(const torch::Tensor& logits, const torch::Tensor& mx, const torch::Tensor& rows,
                                 const torch::Tensor& taus, const torch::Tensor& us) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous(), "draw: logits [B, V] contiguous");
-  const int64_t R = rows.numel(), V = logits.size(1);
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 1, "draw: logits [B, V] contiguous, V >= 1");
+  const int64_t R = rows.numel(), B = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(mx.numel() == B && mx.is_contiguous() && mx.scalar_type() == logits.scalar_type(),
+              "draw: m [B] in the logits' dtype");
+  TORCH_CHECK(rows.scalar_type() == torch::kLong && rows.is_contiguous(), "draw: rows int64, contiguous");
+  TORCH_CHECK(taus.numel() == R && us.numel() == R && taus.scalar_type() == torch::kDouble &&
+                  us.scalar_type() == torch::kDouble && taus.is_contiguous() && us.is_contiguous(),
+              "draw: taus and us [R] float64, contiguous");
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t r = rows.data_ptr<int64_t>()[i];
+    TORCH_CHECK(r >= 0 && r < B, "draw: row ", r, " outside the logits' ", B, " rows");
+  }
   auto tok = torch::empty({R}, rows.options());
   auto log_t = torch::empty({R}, taus.options());
   auto drawn = torch::empty({R}, taus.options());

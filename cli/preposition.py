@@ -295,7 +295,8 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
             pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if plot is not None:
-        plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}")
+        plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}",
+                           tau_marker=args.tau)
     if args.json:
         print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": rep.as_dict(),
                     "sweep": [p.as_dict() for p in points]}, indent=2, reasons=TAU_REASONS)

@@ -267,7 +267,8 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
     calib["fast_tokens"] = top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
     calib["full_tokens"] = top_counts([tokenizer.decode([p.full_token]) for p in pairs])
     if plots_dir:
-        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows")
+        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows",
+                           tau_marker=tau)
     return calib
 
 

@@ -189,3 +189,23 @@ def test_session_demo_default_model(capsys):
     assert cli.main(["session", "demo", "--model", "default", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert any(r["path"] == "fast" for r in out["requests"])
+
+
+def test_figure7_marks_the_reported_tau(fake, capsys, tmp_path, monkeypatch):
+    """Figure 7's τ line is the τ the report is at (--tau), not the paper's 2.0, in both commands."""
+    from forerun.eval.preposition import bench, calibration
+
+    marks = []
+
+    def record(points, path, *, title="", tau_marker=2.0):
+        marks.append(tau_marker)
+        return path
+
+    monkeypatch.setattr(calibration, "plot_risk_coverage", record)
+    monkeypatch.setattr(bench, "plot_risk_coverage", record)
+    assert cli.main(["calibrate", "gate", "--windows", "3", "--tau", "3.5", "--plot", str(tmp_path / "f7.png")]) == 0
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "0", "--calib-windows", "2",
+                     "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0", "--tau", "0.5",
+                     "--plots", str(tmp_path / "figs"), "--json"]) == 0
+    capsys.readouterr()
+    assert marks == [3.5, 0.5]

@@ -310,7 +310,8 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     from ..eval.preposition.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
     from ..eval.preposition.status_task import QUESTION, collect_pairs, make_windows
 
-    calib_w, held_w = make_windows(args.windows, seed=args.seed), make_windows(args.windows, seed=args.seed + 1)
+    calib_w = make_windows(args.windows, seed=args.seed)
+    held_w = make_windows(args.windows, seed=args.seed + 1, exclude=calib_w)  # disjoint from the calibration set
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         with _bar("status windows", 2 * args.windows) as tick:
             calib = collect_pairs(engine, engine.tokenizer, calib_w, progress=tick)

@@ -275,7 +275,7 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
 def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -> dict[str, Any]:
     """The status-feed task: τ calibrated on one set of windows, judged on held-out ones (Wilson 95 %)."""
     calib_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 11)
-    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12)
+    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12, exclude=calib_w)  # disjoint
     with bar("status-feed calibration", 2 * cfg.status_windows) as tick:
         calib = status_task.collect_pairs(engine, tokenizer, calib_w, progress=tick)
         held = status_task.collect_pairs(engine, tokenizer, held_w, progress=tick)

@@ -209,3 +209,20 @@ def test_figure7_marks_the_reported_tau(fake, capsys, tmp_path, monkeypatch):
                      "--plots", str(tmp_path / "figs"), "--json"]) == 0
     capsys.readouterr()
     assert marks == [3.5, 0.5]
+
+
+def test_calibrate_gate_status_held_out_disjoint(fake, capsys, monkeypatch):
+    """The held-out windows never repeat a calibration window (seed 0, 64 windows: the two seeds' draws share one)."""
+    from forerun.eval.preposition import status_task
+
+    seen = []
+
+    def pairs(engine, tok, windows, *, progress=None):
+        seen.append(list(windows))
+        return [status_task.StatusPair(w.truth, 3.0, 0, 3.0, 0, 0, w.truth, None) for w in windows]
+
+    monkeypatch.setattr(status_task, "collect_pairs", pairs)
+    assert cli.main(["calibrate", "gate", "--task", "status", "--windows", "64", "--seed", "0", "--json"]) == 0
+    capsys.readouterr()
+    calib, held = seen
+    assert len(calib) == len(held) == 64 and not set(calib) & set(held)

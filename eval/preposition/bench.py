@@ -32,7 +32,7 @@ import numpy as np
 from scipy.stats import linregress
 
 from . import status_task, trend_task
-from .calibration import calibrate_held_out, gate_point, plot_risk_coverage
+from .calibration import calibrate_held_out, gap_quantiles, gate_point, plot_risk_coverage
 from .energy import Unavailable, detect_meter, preposition_energy, wasted_energy
 from .latency_model import (
     LatencyConstants,
@@ -291,7 +291,7 @@ def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -
         "held_out_accuracy_exact": float(np.mean([p.label == p.truth for p in held])),
         "held_out_accuracy_header": float(np.mean([p.header_label == p.truth for p in held])),
         "held_out_agreement_exact_full": float(np.mean([p.token == p.full_token for p in held])),
-        "held_out_gap_quantiles_exact": [float(q) for q in np.quantile([p.gap for p in held], [0.1, 0.5, 0.9])],
+        "held_out_gap_quantiles_exact": gap_quantiles([p.gap for p in held]),
         "held_out_tokens_exact": top_counts([tokenizer.decode([p.token]) for p in held]),
     }
     return {"report": report, "exact": exact, "held": held}

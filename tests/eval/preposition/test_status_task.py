@@ -139,3 +139,21 @@ def test_make_windows_exclude():
     plain, held = make_windows(64, seed=1), make_windows(64, seed=1, exclude=calib)
     assert set(plain) & set(calib) and not set(held) & set(calib)
     assert [w for w in plain if w not in set(calib)] == held[: len(plain) - len(set(plain) & set(calib))]
+
+
+def test_bench_status_gate_gap_quantiles_with_an_infinite_gap(monkeypatch):
+    """bench preposition's held-out γ quantiles stay numbers when a gap is +inf (numpy's were NaN)."""
+    import contextlib
+
+    from forerun.eval.preposition import bench, status_task
+    from forerun.eval.preposition.config import BenchConfig
+    from forerun.runtime_ext.standin.server import byte_tokenizer
+
+    def pairs(engine, tok, windows, *, progress=None):
+        gaps = [1.0 + i for i in range(len(windows) - 1)] + [float("inf")]
+        return [status_task.StatusPair(w.truth, g, 0, 3.0, 0, 0, w.truth, None) for w, g in zip(windows, gaps)]
+
+    monkeypatch.setattr(status_task, "collect_pairs", pairs)
+    bar = lambda name, total: contextlib.nullcontext(lambda: None)  # noqa: E731
+    out = bench._status_gate(None, byte_tokenizer(), BenchConfig(status_windows=3), bar)
+    assert out["report"]["held_out_gap_quantiles_exact"] == pytest.approx([1.2, 2.0, float("inf")])

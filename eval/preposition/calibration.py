@@ -102,9 +102,10 @@ def gap_quantiles(gaps: Sequence[float], qs: Sequence[float] = (0.1, 0.5, 0.9)) 
 
 
 def default_thresholds(pairs: Sequence[GatePair], extra: Sequence[float] = (0.0, 2.0)) -> list[float]:
-    """Every distinct operating point: just below each measured gap (plus `extra`, e.g. the paper's 2.0)."""
+    """Every distinct operating point: just below each measured gap (plus `extra`, e.g. the paper's 2.0).
+    Never below 0, the gate's domain (GateConfig rejects τ < 0): a tie γ = 0 is accepted at no τ."""
     gaps = sorted({float(p.logit_gap) for p in pairs})
-    taus = {np.nextafter(g, -np.inf) for g in gaps} | {float(x) for x in extra}
+    taus = {max(float(np.nextafter(g, -np.inf)), 0.0) for g in gaps} | {float(x) for x in extra}
     if gaps:
         taus.add(gaps[-1])  # nothing accepted beyond the largest gap
     return sorted(float(t) for t in taus)

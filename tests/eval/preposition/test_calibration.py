@@ -10,6 +10,8 @@ from scipy.stats import binomtest
 
 from forerun.eval.preposition.calibration import (
     GatePair,
+    calibrate_held_out,
+    default_thresholds,
     gate_point,
     pick_threshold,
     plot_risk_coverage,
@@ -120,3 +122,15 @@ def test_trend_report_quantiles_with_an_infinite_gap():
     pairs = [TrendPair(g, 1, True, 1, "up", "up", "up") for g in (1.0, 2.0, np.inf)]
     rep, _ = report(pairs, tau=2.0, r_max=0.1)
     assert rep.gap_quantiles == pytest.approx((1.2, 2.0, np.inf))
+
+
+def test_tied_top_two_gap_gives_a_valid_tau():
+    """γ = 0 (the top two logits tie, common in bf16) is accepted at no τ >= 0: the sweep stays in the
+    gate's domain, so `--tau auto` is a τ GateConfig takes and its coverage is what the gate can serve."""
+    from forerun.runtime_ext.preposition.gate import GateConfig
+
+    calib = [GatePair(0.0, True, True), GatePair(3.0, True, True), GatePair(1.0, True, True)]
+    assert min(default_thresholds(calib)) >= 0
+    cal = calibrate_held_out(calib, calib, r_max=0.05)
+    assert cal.auto_tau >= 0 and GateConfig(threshold=cal.auto_tau).threshold == cal.auto_tau
+    assert cal.calibrated.accepted == 2 and cal.held_out_at_calibrated.coverage == pytest.approx(2 / 3)

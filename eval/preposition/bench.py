@@ -46,7 +46,7 @@ from .latency_model import (
 )
 from .config import BenchConfig
 from .report import top_counts
-from .live_trace import run_agentic_trace, run_status_trace
+from .live_trace import run_agentic_trace, run_status_trace, status_update_cost
 from ...programs.sessions import SessionFormat
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.protocol import SamplingParams
@@ -174,7 +174,7 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
 
     micro = measure_prefill_and_decode(engine, vocab, cfg.prefill_lengths, rng)
     out["microbench"] = micro
-    arms, t_pp = _latency_arms(engine, tokenizer, cfg, rng, bar, out)
+    _latency_arms(engine, tokenizer, cfg, rng, bar, out)
     p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
     consts = LatencyConstants(
         prefill_ms_per_token=max(micro["prefill_ms_per_token"], 0.0), decode_ms=max(micro["decode_ms"], 0.0),
@@ -196,8 +196,9 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     out["gate_fire_probability_g"] = g
     if status is not None:
         out["status_gate"] = status["report"]
-    update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
     if cfg.trace_updates and cfg.rhos:
+        # the trace's own session (few-shot history, 4-batch window) costs far more per update than the arms'
+        update_cost = status_update_cost(engine, tokenizer, rng)
         out["trace"] = _live_traces(engine, tokenizer, cfg, rng, bar, update_cost, tau, g)
     if cfg.agentic_turns:
         with bar("agentic trace", cfg.agentic_turns) as tick:

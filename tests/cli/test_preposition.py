@@ -226,3 +226,20 @@ def test_calibrate_gate_status_held_out_disjoint(fake, capsys, monkeypatch):
     capsys.readouterr()
     calib, held = seen
     assert len(calib) == len(held) == 64 and not set(calib) & set(held)
+
+
+def test_bench_trace_interval_from_the_trace_sessions_update_cost(fake, capsys, monkeypatch):
+    """The live trace's d and mean update interval come from an update of the trace's own session (few-shot
+    history, 4-batch window), not from the latency arms' short state: on the tiny model an arm update cost
+    ~9 ms against ~58 ms on the trace's session, so the trace ran with Eq. 7 violated (interval 35 ms)."""
+    from forerun.eval.preposition import bench, live_trace
+
+    eng = FakeEngine()
+    assert live_trace.status_update_cost(eng, eng.tokenizer, np.random.default_rng(0), n=2) > 0 and eng.pins == {}
+    monkeypatch.setattr(bench, "status_update_cost", lambda engine, tok, rng: 0.0123)
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "2", "--rhos", "1",
+                     "--trace-idle-factor", "2", "--calib-windows", "0", "--status-windows", "0", "--agentic-turns",
+                     "0", "--energy-iterations", "0", "--json"]) == 0
+    tr = json.loads(capsys.readouterr().out)["trace"]
+    assert tr["update_cost_s"] == 0.0123 and tr["interval_s"] == pytest.approx(0.0246)
+    assert tr["points"][0]["closed_form_h_delayed"] == pytest.approx(np.exp(-0.5) * 0.5)

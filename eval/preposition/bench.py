@@ -185,7 +185,9 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     out["restore_residual_ms"] = p50["fall_0"] - micro["decode_ms"]
     out["closed_form"] = {
         "l_cold_ms": float(l_cold(L_entry, consts)), "l_fall0_ms": float(l_fall(0, consts)),
-        "l_fall_entry_ms": float(l_fall(L_entry, consts)), "l_fast_ms": consts.scan_ms,
+        # at the fall_entry arm's measured Δ: its realized query is not the cold arm's length
+        "l_fall_entry_ms": float(l_fall(out["latency"]["fall_entry"]["mean_delta"], consts)),
+        "l_fast_ms": consts.scan_ms,
     }
     calib = _gate_calibration(engine, tokenizer, cfg, bar, plots_dir) if cfg.calib_windows else None
     if calib is not None:

@@ -243,3 +243,15 @@ def test_bench_trace_interval_from_the_trace_sessions_update_cost(fake, capsys, 
     tr = json.loads(capsys.readouterr().out)["trace"]
     assert tr["update_cost_s"] == 0.0123 and tr["interval_s"] == pytest.approx(0.0246)
     assert tr["points"][0]["closed_form_h_delayed"] == pytest.approx(np.exp(-0.5) * 0.5)
+
+
+def test_bench_closed_form_fall_entry_at_the_measured_delta(fake, capsys):
+    """L_fall(Δ) of the fall_entry arm is evaluated at that arm's Δ (its realized query's length), not at
+    the cold arm's L_entry (byte tokenizer: Δ 82 against L_entry 74)."""
+    assert cli.main(["bench", "preposition", "--requests", "2", "--trace-updates", "0", "--calib-windows", "0",
+                     "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    c, delta = res["constants"], res["latency"]["fall_entry"]["mean_delta"]
+    assert delta != res["entry_len"]
+    expected = c["restore_ms"] + c["prefill_ms_per_token"] * delta + c["decode_ms"]
+    assert res["closed_form"]["l_fall_entry_ms"] == pytest.approx(expected)

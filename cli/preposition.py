@@ -295,7 +295,8 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
             pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if plot is not None:
-        plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}")
+        plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}",
+                           tau_marker=args.tau)
     if args.json:
         print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": rep.as_dict(),
                     "sweep": [p.as_dict() for p in points]}, indent=2, reasons=TAU_REASONS)
@@ -309,7 +310,8 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     from ..eval.preposition.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
     from ..eval.preposition.status_task import QUESTION, collect_pairs, make_windows
 
-    calib_w, held_w = make_windows(args.windows, seed=args.seed), make_windows(args.windows, seed=args.seed + 1)
+    calib_w = make_windows(args.windows, seed=args.seed)
+    held_w = make_windows(args.windows, seed=args.seed + 1, exclude=calib_w)  # disjoint from the calibration set
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         with _bar("status windows", 2 * args.windows) as tick:
             calib = collect_pairs(engine, engine.tokenizer, calib_w, progress=tick)

@@ -32,7 +32,7 @@ import numpy as np
 from scipy.stats import linregress
 
 from . import status_task, trend_task
-from .calibration import calibrate_held_out, gate_point, plot_risk_coverage
+from .calibration import calibrate_held_out, gap_quantiles, gate_point, plot_risk_coverage
 from .energy import Unavailable, detect_meter, preposition_energy, wasted_energy
 from .latency_model import (
     LatencyConstants,
@@ -46,7 +46,7 @@ from .latency_model import (
 )
 from .config import BenchConfig
 from .report import top_counts
-from .live_trace import run_agentic_trace, run_status_trace
+from .live_trace import run_agentic_trace, run_status_trace, status_update_cost
 from ...programs.sessions import SessionFormat
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.protocol import SamplingParams
@@ -174,7 +174,7 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
 
     micro = measure_prefill_and_decode(engine, vocab, cfg.prefill_lengths, rng)
     out["microbench"] = micro
-    arms, t_pp = _latency_arms(engine, tokenizer, cfg, rng, bar, out)
+    _latency_arms(engine, tokenizer, cfg, rng, bar, out)
     p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
     consts = LatencyConstants(
         prefill_ms_per_token=max(micro["prefill_ms_per_token"], 0.0), decode_ms=max(micro["decode_ms"], 0.0),
@@ -185,7 +185,9 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     out["restore_residual_ms"] = p50["fall_0"] - micro["decode_ms"]
     out["closed_form"] = {
         "l_cold_ms": float(l_cold(L_entry, consts)), "l_fall0_ms": float(l_fall(0, consts)),
-        "l_fall_entry_ms": float(l_fall(L_entry, consts)), "l_fast_ms": consts.scan_ms,
+        # at the fall_entry arm's measured Δ: its realized query is not the cold arm's length
+        "l_fall_entry_ms": float(l_fall(out["latency"]["fall_entry"]["mean_delta"], consts)),
+        "l_fast_ms": consts.scan_ms,
     }
     calib = _gate_calibration(engine, tokenizer, cfg, bar, plots_dir) if cfg.calib_windows else None
     if calib is not None:
@@ -196,8 +198,9 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     out["gate_fire_probability_g"] = g
     if status is not None:
         out["status_gate"] = status["report"]
-    update_cost = float(np.median(t_pp)) + float(np.median(arms.ingest_s))  # ingest + pre-position
     if cfg.trace_updates and cfg.rhos:
+        # the trace's own session (few-shot history, 4-batch window) costs far more per update than the arms'
+        update_cost = status_update_cost(engine, tokenizer, rng)
         out["trace"] = _live_traces(engine, tokenizer, cfg, rng, bar, update_cost, tau, g)
     if cfg.agentic_turns:
         with bar("agentic trace", cfg.agentic_turns) as tick:
@@ -267,14 +270,15 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
     calib["fast_tokens"] = top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
     calib["full_tokens"] = top_counts([tokenizer.decode([p.full_token]) for p in pairs])
     if plots_dir:
-        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows")
+        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows",
+                           tau_marker=tau)
     return calib
 
 
 def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -> dict[str, Any]:
     """The status-feed task: τ calibrated on one set of windows, judged on held-out ones (Wilson 95 %)."""
     calib_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 11)
-    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12)
+    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12, exclude=calib_w)  # disjoint
     with bar("status-feed calibration", 2 * cfg.status_windows) as tick:
         calib = status_task.collect_pairs(engine, tokenizer, calib_w, progress=tick)
         held = status_task.collect_pairs(engine, tokenizer, held_w, progress=tick)
@@ -290,7 +294,7 @@ def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -
         "held_out_accuracy_exact": float(np.mean([p.label == p.truth for p in held])),
         "held_out_accuracy_header": float(np.mean([p.header_label == p.truth for p in held])),
         "held_out_agreement_exact_full": float(np.mean([p.token == p.full_token for p in held])),
-        "held_out_gap_quantiles_exact": [float(q) for q in np.quantile([p.gap for p in held], [0.1, 0.5, 0.9])],
+        "held_out_gap_quantiles_exact": gap_quantiles([p.gap for p in held]),
         "held_out_tokens_exact": top_counts([tokenizer.decode([p.token]) for p in held]),
     }
     return {"report": report, "exact": exact, "held": held}

@@ -88,10 +88,24 @@ def gate_point(pairs: Sequence[GatePair], threshold: float, confidence: float = 
     )
 
 
+def gap_quantiles(gaps: Sequence[float], qs: Sequence[float] = (0.1, 0.5, 0.9)) -> list[float]:
+    """Linear-interpolation quantiles of γ (numpy's default), right where a gap is +inf (the runner-up is
+    impossible): numpy's interpolation gives NaN next to an inf (inf·0, inf − inf), so infs are clipped to
+    the largest float, and a quantile beyond every finite gap (it interpolated towards an inf) is inf."""
+    g = np.asarray(gaps, dtype=float)
+    if g.size == 0 or np.isnan(g).any() or (g == -np.inf).any():
+        raise ValueError("gap quantiles need at least one gap, none NaN or -inf")
+    finite = g[np.isfinite(g)]
+    q = np.quantile(np.minimum(g, np.finfo(float).max), qs)
+    top = finite.max() if finite.size else -np.inf
+    return [math.inf if x > top else float(x) for x in q]
+
+
 def default_thresholds(pairs: Sequence[GatePair], extra: Sequence[float] = (0.0, 2.0)) -> list[float]:
-    """Every distinct operating point: just below each measured gap (plus `extra`, e.g. the paper's 2.0)."""
+    """Every distinct operating point: just below each measured gap (plus `extra`, e.g. the paper's 2.0).
+    Never below 0, the gate's domain (GateConfig rejects τ < 0): a tie γ = 0 is accepted at no τ."""
     gaps = sorted({float(p.logit_gap) for p in pairs})
-    taus = {np.nextafter(g, -np.inf) for g in gaps} | {float(x) for x in extra}
+    taus = {max(float(np.nextafter(g, -np.inf)), 0.0) for g in gaps} | {float(x) for x in extra}
     if gaps:
         taus.add(gaps[-1])  # nothing accepted beyond the largest gap
     return sorted(float(t) for t in taus)

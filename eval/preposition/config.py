@@ -18,7 +18,8 @@ class BenchConfig:
     rhos: tuple[float, ...] = (0.25, 1.0, 4.0)
     """Query-to-update ratios ρ = λ_q / λ_u of the live trace."""
     trace_interval_s: float | None = None
-    """Mean update interval of the trace (1/λ_u) in seconds; None: `trace_idle_factor` × (ingest + T_pp)."""
+    """Mean update interval of the trace (1/λ_u) in seconds; None: `trace_idle_factor` × (ingest + T_pp) of one
+    update on the trace's own session (`live_trace.status_update_cost`)."""
     trace_idle_factor: float = 4.0
     """Mean update interval as a multiple of the measured ingest + pre-position time (Eq. 7 needs it ≫ 1)."""
     calib_windows: int = 64

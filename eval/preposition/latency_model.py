@@ -160,7 +160,8 @@ def replay_trace(events: Sequence[tuple[float, str]], on_update: Callable[[], ob
                  on_query: Callable[[], object], seconds_per_unit: float) -> float:
     """Replay a trace in real time (`seconds_per_unit` per unit of trace time); returns the lag at the end.
 
-    Events fire at their scheduled wall time, or at once when the previous handler ran late.
+    Events fire at their scheduled wall time, or at once when the previous handler ran late.  The lag is
+    the last event's (0 when it fired on time), not a stale one from an earlier late event.
     """
     if seconds_per_unit < 0:
         raise ValueError("seconds_per_unit must be >= 0")
@@ -169,10 +170,9 @@ def replay_trace(events: Sequence[tuple[float, str]], on_update: Callable[[], ob
     for t, kind in events:
         due = start + t * seconds_per_unit
         now = time.perf_counter()
+        lag = max(now - due, 0.0)
         if due > now:
             time.sleep(due - now)
-        else:
-            lag = now - due
         (on_update if kind == "update" else on_query)()
     return lag
 

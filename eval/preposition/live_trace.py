@@ -17,6 +17,7 @@ real result was pre-positioned, how often the gate then served the first token, 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -74,6 +75,37 @@ def run_status_trace(engine: Any, tokenizer: Any, rho: float, n_updates: int, in
     s.close()
     pp.close()
     return _trace_report(rho, c, served, lag, delay_s / interval_s, gate_coverage)
+
+
+def status_update_cost(engine: Any, tokenizer: Any, rng: np.random.Generator, n: int = 8) -> float:
+    """Median seconds of one trace update on the trace's own session (window shift, batch ingest, and its
+    pre-position run to completion): the trace's d, and the base of its mean update interval (Eq. 7)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    pp = Prepositioner(engine, PrepositionConfig(gate=GateConfig(threshold=float("inf"))), tokenizer=tokenizer)
+    s = status_session(pp, tokenizer, allow_relaxed=False)
+    lengths: list[int] = []
+    times: list[float] = []
+    try:
+        before = s.state.live_end
+        s.append_data(batch_text(rng, str(rng.choice(LABELS))), preposition=False)
+        lengths.append(s.state.live_end - before)
+        s.register_query("status", QUESTION)  # the first update pre-positions through the registration
+        pp.wait_idle(120, session=s.state)
+        for i in range(WINDOW_BATCHES + n):  # the first WINDOW_BATCHES slide the window once (untimed)
+            t0 = time.perf_counter()
+            if len(lengths) >= WINDOW_BATCHES:
+                s.state.shift_window(lengths.pop(0))
+            before = s.state.live_end
+            s.append_data(batch_text(rng, str(rng.choice(LABELS))))
+            lengths.append(s.state.live_end - before)
+            pp.wait_idle(120, session=s.state)
+            if i >= WINDOW_BATCHES:
+                times.append(time.perf_counter() - t0)
+    finally:
+        s.close()
+        pp.close()
+    return float(np.median(times))
 
 
 def _trace_report(rho: float, c: Any, served: list[tuple[str, int, bool]], lag: float, delay: float,

@@ -25,7 +25,7 @@ Two decision points per window, both pre-positioned by the same update:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -86,15 +86,20 @@ class StatusWindow:
         return self.labels[-1]
 
 
-def make_windows(n: int, *, seed: int = 0, max_batches: int = 4) -> list[StatusWindow]:
-    """`n` windows of 1..`max_batches` batches with uniformly drawn labels."""
+def make_windows(n: int, *, seed: int = 0, max_batches: int = 4,
+                 exclude: Collection[StatusWindow] = ()) -> list[StatusWindow]:
+    """`n` windows of 1..`max_batches` batches with uniformly drawn labels; a draw equal to a window of
+    `exclude` (the calibration set, when drawing held-out windows) is redrawn, so the two sets are disjoint."""
     if n < 1 or max_batches < 1:
         raise ValueError(f"need n >= 1 and max_batches >= 1, got {n}, {max_batches}")
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
+    skip = set(exclude)
+    out: list[StatusWindow] = []
+    while len(out) < n:
         labels = tuple(str(rng.choice(LABELS)) for _ in range(int(rng.integers(1, max_batches + 1))))
-        out.append(StatusWindow(tuple(batch_text(rng, lab) for lab in labels), labels))
+        w = StatusWindow(tuple(batch_text(rng, lab) for lab in labels), labels)
+        if w not in skip:
+            out.append(w)
     return out
 
 

@@ -23,7 +23,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from .calibration import GatePair, GatePoint, first_token_labels, gate_point, pick_threshold, sweep_threshold
+from .calibration import (GatePair, GatePoint, first_token_labels, gap_quantiles, gate_point, pick_threshold,
+                          sweep_threshold)
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.preposition.gate import GateConfig
@@ -168,6 +169,6 @@ def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.15,
         agreement=float(np.mean([p.fast_token == p.full_token for p in pairs])),
         full_accuracy=float(np.mean([p.full_label == p.truth for p in pairs])),
         fast_accuracy=float(np.mean([p.fast_label == p.truth for p in pairs])),
-        gap_quantiles=tuple(float(q) for q in np.quantile(gaps, [0.1, 0.5, 0.9])),  # type: ignore[arg-type]
+        gap_quantiles=tuple(gap_quantiles(gaps)),  # type: ignore[arg-type]
     )
     return rep, points

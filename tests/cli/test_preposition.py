@@ -189,3 +189,69 @@ def test_session_demo_default_model(capsys):
     assert cli.main(["session", "demo", "--model", "default", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert any(r["path"] == "fast" for r in out["requests"])
+
+
+def test_figure7_marks_the_reported_tau(fake, capsys, tmp_path, monkeypatch):
+    """Figure 7's τ line is the τ the report is at (--tau), not the paper's 2.0, in both commands."""
+    from forerun.eval.preposition import bench, calibration
+
+    marks = []
+
+    def record(points, path, *, title="", tau_marker=2.0):
+        marks.append(tau_marker)
+        return path
+
+    monkeypatch.setattr(calibration, "plot_risk_coverage", record)
+    monkeypatch.setattr(bench, "plot_risk_coverage", record)
+    assert cli.main(["calibrate", "gate", "--windows", "3", "--tau", "3.5", "--plot", str(tmp_path / "f7.png")]) == 0
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "0", "--calib-windows", "2",
+                     "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0", "--tau", "0.5",
+                     "--plots", str(tmp_path / "figs"), "--json"]) == 0
+    capsys.readouterr()
+    assert marks == [3.5, 0.5]
+
+
+def test_calibrate_gate_status_held_out_disjoint(fake, capsys, monkeypatch):
+    """The held-out windows never repeat a calibration window (seed 0, 64 windows: the two seeds' draws share one)."""
+    from forerun.eval.preposition import status_task
+
+    seen = []
+
+    def pairs(engine, tok, windows, *, progress=None):
+        seen.append(list(windows))
+        return [status_task.StatusPair(w.truth, 3.0, 0, 3.0, 0, 0, w.truth, None) for w in windows]
+
+    monkeypatch.setattr(status_task, "collect_pairs", pairs)
+    assert cli.main(["calibrate", "gate", "--task", "status", "--windows", "64", "--seed", "0", "--json"]) == 0
+    capsys.readouterr()
+    calib, held = seen
+    assert len(calib) == len(held) == 64 and not set(calib) & set(held)
+
+
+def test_bench_trace_interval_from_the_trace_sessions_update_cost(fake, capsys, monkeypatch):
+    """The live trace's d and mean update interval come from an update of the trace's own session (few-shot
+    history, 4-batch window), not from the latency arms' short state: on the tiny model an arm update cost
+    ~9 ms against ~58 ms on the trace's session, so the trace ran with Eq. 7 violated (interval 35 ms)."""
+    from forerun.eval.preposition import bench, live_trace
+
+    eng = FakeEngine()
+    assert live_trace.status_update_cost(eng, eng.tokenizer, np.random.default_rng(0), n=2) > 0 and eng.pins == {}
+    monkeypatch.setattr(bench, "status_update_cost", lambda engine, tok, rng: 0.0123)
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "2", "--rhos", "1",
+                     "--trace-idle-factor", "2", "--calib-windows", "0", "--status-windows", "0", "--agentic-turns",
+                     "0", "--energy-iterations", "0", "--json"]) == 0
+    tr = json.loads(capsys.readouterr().out)["trace"]
+    assert tr["update_cost_s"] == 0.0123 and tr["interval_s"] == pytest.approx(0.0246)
+    assert tr["points"][0]["closed_form_h_delayed"] == pytest.approx(np.exp(-0.5) * 0.5)
+
+
+def test_bench_closed_form_fall_entry_at_the_measured_delta(fake, capsys):
+    """L_fall(Δ) of the fall_entry arm is evaluated at that arm's Δ (its realized query's length), not at
+    the cold arm's L_entry (byte tokenizer: Δ 82 against L_entry 74)."""
+    assert cli.main(["bench", "preposition", "--requests", "2", "--trace-updates", "0", "--calib-windows", "0",
+                     "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    c, delta = res["constants"], res["latency"]["fall_entry"]["mean_delta"]
+    assert delta != res["entry_len"]
+    expected = c["restore_ms"] + c["prefill_ms_per_token"] * delta + c["decode_ms"]
+    assert res["closed_form"]["l_fall_entry_ms"] == pytest.approx(expected)

@@ -10,6 +10,8 @@ from scipy.stats import binomtest
 
 from forerun.eval.preposition.calibration import (
     GatePair,
+    calibrate_held_out,
+    default_thresholds,
     gate_point,
     pick_threshold,
     plot_risk_coverage,
@@ -99,3 +101,36 @@ def test_calibrate_held_out_picks_on_one_set_and_judges_on_the_other():
     never = calibrate_held_out([GatePair(1.0, True, False)], held, r_max=0.0)
     assert never.calibrated is None and never.auto_tau == math.inf and never.held_out_at_calibrated is None
     assert set(res.as_dict()) >= {"auto_tau", "held_out_at_calibrated", "calibrated"}
+
+
+def test_gap_quantiles_with_an_infinite_gap():
+    """γ = +inf (runner-up impossible) is a valid gap: numpy's quantile gives NaN beside it; ours does not."""
+    from forerun.eval.preposition.calibration import gap_quantiles
+
+    finite = [0.3, 1.0, 2.5, 4.0, 7.5]
+    assert np.allclose(gap_quantiles(finite), np.quantile(finite, [0.1, 0.5, 0.9]))  # numpy's on finite gaps
+    assert gap_quantiles([1.0, 2.0, np.inf]) == [1.2, 2.0, np.inf]  # median exact; 0.9 lies between 2 and inf
+    assert gap_quantiles([np.inf, np.inf]) == [np.inf] * 3
+    assert gap_quantiles([5.0, np.inf], [0.0, 1.0]) == [5.0, np.inf]
+    with pytest.raises(ValueError):
+        gap_quantiles([1.0, np.nan])
+
+
+def test_trend_report_quantiles_with_an_infinite_gap():
+    from forerun.eval.preposition.trend_task import TrendPair, report
+
+    pairs = [TrendPair(g, 1, True, 1, "up", "up", "up") for g in (1.0, 2.0, np.inf)]
+    rep, _ = report(pairs, tau=2.0, r_max=0.1)
+    assert rep.gap_quantiles == pytest.approx((1.2, 2.0, np.inf))
+
+
+def test_tied_top_two_gap_gives_a_valid_tau():
+    """γ = 0 (the top two logits tie, common in bf16) is accepted at no τ >= 0: the sweep stays in the
+    gate's domain, so `--tau auto` is a τ GateConfig takes and its coverage is what the gate can serve."""
+    from forerun.runtime_ext.preposition.gate import GateConfig
+
+    calib = [GatePair(0.0, True, True), GatePair(3.0, True, True), GatePair(1.0, True, True)]
+    assert min(default_thresholds(calib)) >= 0
+    cal = calibrate_held_out(calib, calib, r_max=0.05)
+    assert cal.auto_tau >= 0 and GateConfig(threshold=cal.auto_tau).threshold == cal.auto_tau
+    assert cal.calibrated.accepted == 2 and cal.held_out_at_calibrated.coverage == pytest.approx(2 / 3)

@@ -128,3 +128,18 @@ def test_hit_rate_delayed_matches_monte_carlo():
     assert hit_rate_delayed(1.0, 0.0) == hit_rate(1.0)
     with pytest.raises(ValueError, match="delay"):
         hit_rate_delayed(1.0, -1.0)
+
+
+def test_replay_trace_final_lag_is_the_last_events():
+    """A late event early in the trace does not stick: the last event fired on time, so the lag is ~0."""
+    import time
+
+    def slow():
+        time.sleep(0.05)
+
+    events = [(0.0, "update"), (0.0, "query"), (10.0, "update")]  # the query runs 50 ms late; the last is on time
+    calls = iter([slow, lambda: None])
+    lag = replay_trace(events, lambda: next(calls, lambda: None)(), lambda: None, seconds_per_unit=0.02)
+    assert lag < 0.02
+    # and a trace that ends late reports that lag
+    assert replay_trace([(0.0, "update"), (0.0, "query")], slow, lambda: None, 1.0) >= 0.04

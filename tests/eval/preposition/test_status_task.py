@@ -108,3 +108,52 @@ class StatusEngineForTools(StatusEngine):
         meta = {"output_top_logprobs": [[[float(lp[i]), int(i), None] for i in top]], "cached_tokens": 0}
         out = tuple([int(top[0])] * params.max_new_tokens)
         return GenerateOutput(tuple(input_ids), out, TOK.decode(list(out)), meta)
+
+
+def test_bench_status_gate_held_out_disjoint(monkeypatch):
+    """bench preposition's held-out status windows are disjoint from its calibration windows (seed 5: the
+    two seeds' draws share one window)."""
+    import contextlib
+
+    from forerun.eval.preposition import bench, status_task
+    from forerun.eval.preposition.config import BenchConfig
+    from forerun.runtime_ext.standin.server import byte_tokenizer
+
+    seen = []
+
+    def pairs(engine, tok, windows, *, progress=None):
+        seen.append(list(windows))
+        return [status_task.StatusPair(w.truth, 3.0, 0, 3.0, 0, 0, w.truth, None) for w in windows]
+
+    monkeypatch.setattr(status_task, "collect_pairs", pairs)
+    bar = lambda name, total: contextlib.nullcontext(lambda: None)  # noqa: E731
+    bench._status_gate(None, byte_tokenizer(), BenchConfig(status_windows=64, seed=5), bar)
+    calib, held = seen
+    assert len(calib) == len(held) == 64 and not set(calib) & set(held)
+
+
+def test_make_windows_exclude():
+    from forerun.eval.preposition.status_task import make_windows
+
+    calib = make_windows(64, seed=0)
+    plain, held = make_windows(64, seed=1), make_windows(64, seed=1, exclude=calib)
+    assert set(plain) & set(calib) and not set(held) & set(calib)
+    assert [w for w in plain if w not in set(calib)] == held[: len(plain) - len(set(plain) & set(calib))]
+
+
+def test_bench_status_gate_gap_quantiles_with_an_infinite_gap(monkeypatch):
+    """bench preposition's held-out γ quantiles stay numbers when a gap is +inf (numpy's were NaN)."""
+    import contextlib
+
+    from forerun.eval.preposition import bench, status_task
+    from forerun.eval.preposition.config import BenchConfig
+    from forerun.runtime_ext.standin.server import byte_tokenizer
+
+    def pairs(engine, tok, windows, *, progress=None):
+        gaps = [1.0 + i for i in range(len(windows) - 1)] + [float("inf")]
+        return [status_task.StatusPair(w.truth, g, 0, 3.0, 0, 0, w.truth, None) for w, g in zip(windows, gaps)]
+
+    monkeypatch.setattr(status_task, "collect_pairs", pairs)
+    bar = lambda name, total: contextlib.nullcontext(lambda: None)  # noqa: E731
+    out = bench._status_gate(None, byte_tokenizer(), BenchConfig(status_windows=3), bar)
+    assert out["report"]["held_out_gap_quantiles_exact"] == pytest.approx([1.2, 2.0, float("inf")])

@@ -11,6 +11,7 @@ import torch
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig, native
 from forerun.runtime_ext.engine.models import build_tiny_model, load_model
 from forerun.runtime_ext.protocol import SamplingParams
+from forerun.testing.native_paths import both_paths as on_both_paths
 
 K = native.kernels()
 pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
@@ -18,14 +19,7 @@ pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: 
 
 def both_paths(fn):
     """fn() with the vectorized code, then with the portable definition."""
-    K.set_portable(False)
-    try:
-        fast = fn()
-        K.set_portable(True)
-        slow = fn()
-    finally:
-        K.set_portable(False)
-    return fast, slow
+    return on_both_paths(K, fn)
 
 
 def test_the_vector_code_is_built_wherever_the_machine_has_avx2_or_avx512():

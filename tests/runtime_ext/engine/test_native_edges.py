@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from forerun.runtime_ext.engine import native
+from forerun.testing.native_paths import both_paths as on_both_paths
 
 K = native.kernels()
 pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
@@ -23,14 +24,7 @@ NONE = torch.empty(0, dtype=torch.long)
 
 def both_paths(fn):
     """fn() with the vectorized code, then with the portable definition."""
-    K.set_portable(False)
-    try:
-        fast = fn()
-        K.set_portable(True)
-        slow = fn()
-    finally:
-        K.set_portable(False)
-    return fast, slow
+    return on_both_paths(K, fn)
 
 
 def bits(t: torch.Tensor) -> list[int]:

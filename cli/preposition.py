@@ -26,6 +26,7 @@ from .args import (
     seed_int,
     thread_count,
 )
+from .applicability import reject_inapplicable
 from .errors import CommandError, reports_errors
 from ..eval.preposition.config import BenchConfig
 from ..runtime_ext.preposition.gate import GateConfig
@@ -117,10 +118,12 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
                    help="trend: the paper's price-trend task; status: the status feed (τ picked on --windows "
                         "windows, judged on as many held-out ones)")
     g.add_argument("--windows", type=positive_int, default=128, help="windows (decision points), 128")
-    g.add_argument("--window-len", type=_window_len, default=12, help="prices per trend window, >= 2 (12)")
+    g.add_argument("--window-len", type=_window_len, default=None,
+                   help="prices per trend window, >= 2 (12; trend only)")
     g.add_argument("--tau", type=gate_threshold, default=_GATE.threshold, help=f"τ to report ({_GATE.threshold:g})")
     g.add_argument("--r-max", type=float, default=_BENCH.r_max, help=f"risk budget r_max, in [0, 1] ({_BENCH.r_max:g})")
-    g.add_argument("--answer-lead", default="", help="text appended to the assistant header, e.g. 'The trend is'")
+    g.add_argument("--answer-lead", default=None,
+                   help="text appended to the assistant header, e.g. 'The trend is' (trend only)")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG/PDF/SVG")
     g.add_argument("--seed", type=seed_int, default=0)
     _engine_arguments(g)
@@ -282,9 +285,15 @@ def bench_preposition_command(args: argparse.Namespace) -> int:
 @reports_errors("calibrate gate")
 def calibrate_gate_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
+    trend = args.task == "trend"
+    reject_inapplicable([  # the status feed's windows and header are its own: these used to be ignored silently
+        ("--window-len", args.window_len is not None, trend, "applies only with --task trend"),
+        ("--answer-lead", args.answer_lead is not None, trend, "applies only with --task trend")])
     plot = output_file(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
-    if args.task == "status":
+    if not trend:
         return _calibrate_status(args, plot)
+    args.window_len = 12 if args.window_len is None else args.window_len
+    args.answer_lead = "" if args.answer_lead is None else args.answer_lead
     from ..eval.preposition.calibration import plot_risk_coverage
     from ..eval.preposition.trend_task import answer_tokens, collect_pairs, make_windows, report
 

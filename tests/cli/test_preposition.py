@@ -183,6 +183,19 @@ def test_calibrate_gate_status_task_held_out(fake, capsys):
     assert "held out at" in capsys.readouterr().out
 
 
+def test_calibrate_gate_refuses_trend_options_with_the_status_task(fake, capsys):
+    """--window-len and --answer-lead shape the trend task's windows and header only; with --task status they used
+    to be ignored silently.  Now one line, exit 2, before any model loads; the trend task still takes them."""
+    for option, value in (("--window-len", "20"), ("--answer-lead", "The status is")):
+        assert cli.main(["calibrate", "gate", "--task", "status", "--windows", "3", option, value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{option} applies only with --task trend" in err
+    assert fake == []
+    assert cli.main(["calibrate", "gate", "--windows", "3", "--window-len", "5", "--answer-lead", "The trend is",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["answer_lead"] == "The trend is"
+
+
 @pytest.mark.slow
 def test_session_demo_default_model(capsys):
     """On SmolLM2 the status feed's standing query clears τ = 2 on 'up' batches (un-forced gate)."""

@@ -380,8 +380,12 @@ class TokenExactBackend(BaseBackend):
                 yield chunk
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
-        """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`."""
+        """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`.  Only
+        greedy: SGLang's RuntimeEndpoint asserts temperature <= 1e-5, so a sampled select is refused, not run greedy."""
         refuse_images(s)
+        if not temperature <= 1e-5:
+            raise ValueError(f"select: temperature {temperature} is not supported: a select is greedy (SGLang's "
+                             "RuntimeEndpoint asserts temperature <= 1e-5)")
         choices_method = choices_method or token_length_normalized
         prompt_ids, seed = self.input_ids_of(s.text_)
         requests = []

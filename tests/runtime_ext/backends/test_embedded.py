@@ -135,6 +135,18 @@ def test_a_program_with_an_image_gets_a_clear_error(backend, tmp_path):
     assert isinstance(st.error(), NotImplementedError) and "sgl.image" in str(st.error())
 
 
+@pytest.mark.filterwarnings("ignore:Error in stream_executor")
+def test_a_sampled_select_is_refused_as_sglangs_runtime_endpoint_refuses_it(backend):
+    """SGLang's RuntimeEndpoint.select asserts temperature <= 1e-5; forerun ran such a select greedily, silently."""
+    @function
+    def pick(s, tau):
+        s += "Answer: " + sgl.select("a", choices=["yes", "no"], temperature=tau)
+
+    assert pick.run(tau=0.0, backend=backend)["a"] in ("yes", "no")
+    st = pick.run(tau=0.7, backend=backend)
+    assert isinstance(st.error(), ValueError) and "temperature 0.7" in str(st.error())
+
+
 def test_chat_template_and_backend_info(backend):
     @function
     def chat(s):

@@ -103,6 +103,13 @@ def normalize(answer: str) -> str:
     return re.sub(r"\s+", "", s)
 
 
+def vote_key(answer: str) -> str:
+    """What equal answers share in a majority vote: the integer an answer writes ("042", "42", "\\text{42}" are one
+    vote), else its `normalize`d text."""
+    n = _as_integer(answer)
+    return f"int:{n}" if n is not None else normalize(answer)
+
+
 def _as_integer(answer: str) -> int | None:
     """The integer an answer writes ("042", "1{,}000", "\\text{7}"), or None; a comma counts only as a
     thousands separator ("2, 5" is two numbers, not 25)."""

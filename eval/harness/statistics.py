@@ -32,7 +32,7 @@ from scipy.stats import bootstrap
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.descriptivestats import sign_test
 
-from ..graders.math_answers import normalize
+from ..graders.math_answers import vote_key
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -54,9 +54,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def majority_correct(samples: Sequence[tuple[str | None, bool]]) -> bool:
     """Whether the most frequent extracted answer (ties: the earliest) of (answer, correct) samples is correct;
     samples with no answer do not vote (all without one: False).  Equal answers vote together: the correct ones
-    as ONE answer (each equals the gold, so they equal one another: "\\frac12" and "1/2"), the others by their
-    normalized text (`graders.math_answers.normalize`)."""
-    votes = [(("correct",) if ok else ("wrong", normalize(a)), ok) for a, ok in samples if a is not None]
+    as ONE answer (each equals the gold, so they equal one another: "\\frac12" and "1/2"), the others by
+    `graders.math_answers.vote_key` (the integer written, "042" = "42", else the normalized text)."""
+    votes = [(("correct",) if ok else ("wrong", vote_key(a)), ok) for a, ok in samples if a is not None]
     if not votes:
         return False
     counts = Counter(a for a, _ in votes)

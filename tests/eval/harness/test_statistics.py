@@ -42,6 +42,10 @@ def test_majority_vote_counts_equal_answers_written_differently_as_one():
     recs = [_rec("p", s, ok, answer=text[len(r"\boxed{"):-1]) for s, (text, ok) in enumerate(got)]
     assert sample_statistics(recs)["maj_at_k"] == {"3": 1.0}  # 2 of 3 samples answer the gold
     assert majority_correct([(r"\frac12", True), (r"\dfrac{2}{3}", False), (r"\frac{2}{3}", False)]) is False
+    # one wrong integer written two ways (AIME's "042" and "42") is one answer with two votes: it ties the correct
+    # answer's two and, earlier, wins; split, it lost and maj@k read the prompt as solved
+    assert majority_correct([("042", False), ("7", True), ("42", False), ("7", True)]) is False
+    assert majority_correct([("42", False), ("7", True), (r"\text{7}", True), ("43", False)]) is True
 
 
 def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():

@@ -4,7 +4,9 @@
 on a thread of its own and reads SGLang 0.5.23's server-sent events (`srt/entrypoints/http_server.py`,
 `serve_generate_request`): one `data: {...}\\n\\n` chunk per detokenizer batch with the request's `output_ids`
 and `meta_info` so far (cumulative: the server's default, `incremental_streaming_output` off), then
-`data: [DONE]`; an error arrives as `data: {"error": {...}}`.  Each chunk becomes a `RowEvent` (tokens so
+`data: [DONE]`; a request the server refuses is still HTTP 200, with one `data: {"error": {...}}` event
+(`stream_error`: the HTTP error a plain request gets), and one the scheduler aborts ends with a chunk whose
+finish_reason is the abort (`check_generate_response` raises it, with its status code).  Each chunk becomes a `RowEvent` (tokens so
 far); the last chunk is the complete response, finished like a `generate` call - the exact two-pass recipe
 scores prompt + output for log p0 unless the plugin served it (`SGLangServerClient._to_output`).
 
@@ -37,6 +39,16 @@ def sse_payloads(lines: Any) -> Any:
         if payload == "[DONE]":
             return
         yield json.loads(payload)
+
+
+def stream_error(url: str, item: WireRequest, error: Any) -> SGLangServerError:
+    """The error event of a stream SGLang refused (`{"error": {"message", "type", "code", "retryable"}}`, HTTP 200),
+    raised as the HTTP error a plain request gets: its message and status code."""
+    message = error.get("message", error) if isinstance(error, dict) else error
+    code = error.get("code") if isinstance(error, dict) else None
+    return SGLangServerError(f"SGLang server {url} rejected stream rid={item.rid}: HTTP {code or 'status unknown'} in "
+                             f"the stream: {message}", url=url, rids=[item.rid], prompt_lens=[len(item.ids)],
+                             status=code if isinstance(code, int) else None)
 
 
 class ServerStreamingMixin:
@@ -83,9 +95,8 @@ class ServerStreamingMixin:
                 for chunk in sse_payloads(resp.iter_lines()):
                     if stop.is_set():
                         break
-                    if "error" in chunk:
-                        raise SGLangServerError(f"SGLang server {url} failed stream rid={item.rid}: "
-                                                f"{chunk['error']}", url=url, rids=[item.rid])
+                    if "error" in chunk:  # a refusal (a ValueError of the server's tokenizer manager)
+                        raise stream_error(url, item, chunk["error"])
                     last = chunk
                     ids = tuple(int(t) for t in chunk.get("output_ids") or ())
                     if not (chunk.get("meta_info") or {}).get("finish_reason"):

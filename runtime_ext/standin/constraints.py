@@ -29,7 +29,7 @@ from typing import Any
 
 from ..protocol import EngineError
 from .byte_model import EOS_ID, VOCAB_SIZE, byte_tokenizer
-from .routes import HTTPError
+from .routes import HTTPError, SchedulerAbort
 
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 """SGLang's mutually exclusive constraint fields, in the order of its check."""
@@ -56,7 +56,7 @@ class ByteGrammar:
         try:
             compiled = _compiler().compile(field, text)
         except EngineError as exc:
-            raise HTTPError(400, f"Failed to compile {field} grammar: {exc.__cause__ or exc}") from None
+            raise SchedulerAbort(400, f"Failed to compile {field} grammar: {exc.__cause__ or exc}") from None
         self.field = field
         self._row = _grammar().RowGrammar(compiled, [EOS_ID], (field, text))
 
@@ -69,11 +69,12 @@ class ByteGrammar:
         try:
             self._row.accept(token)
         except EngineError as exc:
-            raise HTTPError(500, f"Grammar accept_token failed: {exc}") from None
+            raise SchedulerAbort(500, f"Grammar accept_token failed: {exc}", "InternalServerError") from None
 
     def dead_end(self, position: int) -> None:
         """No token is allowed (the grammar allows only EOS, which min_new_tokens masks): HTTP 500."""
-        raise HTTPError(500, f"Grammar accept_token failed: no token is allowed at output position {position}")
+        raise SchedulerAbort(500, f"Grammar accept_token failed: no token is allowed at output position {position}",
+                             "InternalServerError")
 
     @property
     def terminated(self) -> bool:

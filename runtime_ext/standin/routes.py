@@ -11,13 +11,27 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..backends.sglang_frontend import generate_contract_error
 from .sessions import SchedulerCrash
-from .stream import sglang_json, write_event_stream
+from .stream import sglang_json, write_event_stream, write_failed_stream
 
 
 class HTTPError(Exception):
+    """A request SGLang refuses with HTTP `status` and `{"error": {"message": ...}}`.  Streamed (`"stream": true`),
+    a 400 (a ValueError of the tokenizer manager) is an HTTP 200 event stream of one error event, then [DONE]; any
+    other status is an exception the stream's generator does not catch: 200, then the connection closes."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class SchedulerAbort(HTTPError):
+    """A request the scheduler finishes with an abort (`Req.set_finish_with_abort`, `FINISH_ABORT`): a plain /generate
+    answers HTTP `status`; a streamed one ends with a chunk whose finish_reason is the abort, then [DONE]
+    (`tokenizer_manager._handle_abort_finish_reason` returns it to a stream instead of raising)."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+        super().__init__(status, message)
+        self.err_type = err_type
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -124,6 +138,24 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
                         "waiting requests, the operation will not be performed.)\n", "text/plain")
 
+    def _failed_stream(self, body: dict[str, Any], e: HTTPError) -> None:
+        """A streamed /generate that fails, as `serve_generate_request` streams it (see HTTPError, SchedulerAbort).
+        The stand-in decodes a request whole before it streams: an abort after some tokens sends no chunk before
+        the abort's."""
+        if isinstance(e, SchedulerAbort):
+            ids = body.get("input_ids")
+            meta = {"id": body.get("rid") or uuid.uuid4().hex,
+                    "finish_reason": {"type": "abort", "message": str(e), "status_code": e.status,
+                                      "err_type": e.err_type},
+                    "prompt_tokens": len(ids) if isinstance(ids, list) and ids and isinstance(ids[0], int) else 0,
+                    "completion_tokens": 0, "cached_tokens": 0}
+            write_failed_stream(self, {"text": "", "output_ids": [], "meta_info": meta})
+        elif e.status == 400:
+            write_failed_stream(self, {"error": {"message": str(e), "type": "invalid_request_error", "code": 400,
+                                                 "retryable": False}})
+        else:
+            write_failed_stream(self, None)
+
     def _open_session(self, body: dict[str, Any]) -> None:
         if "capacity_of_str_len" not in body:
             raise HTTPError(422, "capacity_of_str_len: field required")
@@ -158,6 +190,11 @@ class Handler(BaseHTTPRequestHandler):
             answer = server.handle_generate(body)
         except SchedulerCrash:  # `server.crashed` is set: this and every later connection closes unanswered
             self._hang_up()
+            return
+        except HTTPError as e:
+            if not (isinstance(body, dict) and body.get("stream")):
+                raise
+            self._failed_stream(body, e)
             return
         out = answer.response
         if answer.chunks is not None:

@@ -48,7 +48,7 @@ The server's modes, as SGLang's:
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
 POST /open_session, POST /close_session, GET /metrics (Prometheus text), POST /abort_request; a /generate
-with `"stream": true` answers with SGLang's server-sent events (`stream`).
+with `"stream": true` answers with SGLang's server-sent events (`stream`), its failures too (routes.HTTPError).
 
 Failure injection (`StandInServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
@@ -86,7 +86,7 @@ from .byte_model import (
 )
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
-from .routes import HTTPError, make_handler
+from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
 from .stopping import StopRules, request_stop_rules
 from .stream import stream_chunks
@@ -331,7 +331,7 @@ class StandInServer:
         if not isinstance(session, dict) or session.get("id") is None:
             return ids, ""
         if session["id"] not in self.sessions:
-            raise HTTPError(400, f"Invalid request: session id {session['id']} does not exist")
+            raise SchedulerAbort(400, f"Invalid request: session id {session['id']} does not exist")
         try:
             full, abort = self.sessions.create(session, rid, ids, max_new)
         except SchedulerCrash as crash:
@@ -356,11 +356,11 @@ class StandInServer:
 
         ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
         if abort:  # an abort with status 400: the server answers HTTP 400 with its message
-            raise HTTPError(400, abort)
+            raise SchedulerAbort(400, abort)
         if return_logprob and logprob_start_len > len(ids):
-            raise HTTPError(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of input "
-                                 f"tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
-                                 "logprob_start_len.")
+            raise SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of "
+                                      f"input tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
+                                      "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
         grammar = request_grammar(sp)
         cached = self.cache.match(ids)

@@ -56,14 +56,30 @@ def _head(key: str, value: Any, t: int, n: int) -> Any:
     return copy.deepcopy(value)
 
 
-def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str, aborted: Any, step_s: float) -> None:
-    """Send `chunks` (`stream_chunks`) as SGLang's event stream on `handler` (a BaseHTTPRequestHandler);
-    `aborted(rid)` stops it."""
+def _start_event_stream(handler: Any) -> None:
     handler.send_response(200)
     handler.send_header("Content-Type", "text/event-stream")
     handler.send_header("Connection", "close")
     handler.end_headers()
     handler.close_connection = True
+
+
+def write_failed_stream(handler: Any, last: dict[str, Any] | None) -> None:
+    """A stream that fails before its first token: `last` (an error event or an aborted output) then [DONE]; None:
+    the headers only, then the connection closes (an exception SGLang's stream generator does not catch)."""
+    _start_event_stream(handler)
+    try:
+        if last is not None:
+            handler.wfile.write(b"data: " + sglang_json(last) + b"\n\ndata: [DONE]\n\n")
+        handler.wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str, aborted: Any, step_s: float) -> None:
+    """Send `chunks` (`stream_chunks`) as SGLang's event stream on `handler` (a BaseHTTPRequestHandler);
+    `aborted(rid)` stops it."""
+    _start_event_stream(handler)
     try:
         for k, chunk in enumerate(chunks):
             if aborted(rid):

@@ -223,7 +223,8 @@ def test_a_streamed_program_gen_on_the_server_backend_arrives_in_chunks():
 
 
 def test_a_rejected_stream_names_the_servers_reason():
-    """A stream the server refuses (HTTP 400) fails with the server's message, as a plain request does."""
+    """A stream the scheduler aborts (its last chunk, status 400) fails with the server's message and status, as a plain
+    request does."""
     with StandInServer() as srv, open_runtime(backend_url=srv.url) as rt:
         errors = []
         done = threading.Event()
@@ -238,3 +239,80 @@ def test_a_rejected_stream_names_the_servers_reason():
                                 rid="bad", listener=listener)
         assert done.wait(10)
     assert len(errors) == 1 and "is higher than the number of input tokens" in str(errors[0])
+    assert errors[0].status == 400
+
+
+def test_sglangs_own_source_streams_a_refusal_as_an_error_event_and_an_abort_as_a_chunk():
+    """The failure wire format the stand-in copies, read from SGLang 0.5.23's source: a streamed request that the
+    tokenizer manager refuses (ValueError) is HTTP 200 with one error event, then [DONE]; a scheduler abort is
+    raised only for a request that does not stream (a stream gets the aborted output as its last chunk)."""
+    root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt"
+    server = (root / "entrypoints" / "http_server.py").read_text()
+    stream_part = server[server.index("async def stream_results"):server.index("return StreamingResponse(")]
+    assert "except ValueError as e:" in stream_part and '"type": "invalid_request_error"' in stream_part
+    assert '"code": getattr(e, "status_code", 400)' in stream_part and '"retryable": False' in stream_part
+    manager = (root / "managers" / "tokenizer_manager.py").read_text()
+    abort = manager[manager.index("async def _handle_abort_finish_reason"):]
+    assert "if not is_stream:" in abort[:abort.index("return out")]
+
+
+def _raw_stream(srv, body):
+    with requests.post(srv.url + "/generate", json=dict(body, stream=True), stream=True, timeout=10) as resp:
+        return resp.status_code, resp.headers.get("Content-Type", ""), [ln.decode() for ln in resp.iter_lines() if ln]
+
+
+def test_the_fake_server_streams_a_refused_request_as_sglang_does():
+    """min_new_tokens above max_new_tokens (SamplingParams.verify, a ValueError): a plain request is HTTP 400 with
+    the message; streamed, HTTP 200, one error event with SGLang's four fields, then [DONE]."""
+    body = {"input_ids": [5, 6, 7], "rid": "r1", "sampling_params": {"max_new_tokens": 2, "min_new_tokens": 3}}
+    with StandInServer() as srv:
+        plain = requests.post(srv.url + "/generate", json=body, timeout=10)
+        status, kind, lines = _raw_stream(srv, body)
+    assert plain.status_code == 400 and "min_new_tokens must be in" in plain.json()["error"]["message"]
+    assert status == 200 and kind.startswith("text/event-stream") and lines[-1] == "data: [DONE]" and len(lines) == 2
+    error = json.loads(lines[0][len("data: "):])["error"]
+    assert error == {"message": plain.json()["error"]["message"], "type": "invalid_request_error", "code": 400,
+                     "retryable": False}
+
+
+def test_the_fake_server_streams_a_scheduler_abort_as_a_last_chunk():
+    """logprob_start_len past the prompt (the scheduler's set_finish_with_abort, status 400): a plain request is
+    HTTP 400; streamed, HTTP 200 and one chunk whose finish_reason is the abort, then [DONE]."""
+    body = {"input_ids": [5, 6, 7], "rid": "r2", "return_logprob": True, "logprob_start_len": 9,
+            "sampling_params": {"max_new_tokens": 2}}
+    with StandInServer() as srv:
+        plain = requests.post(srv.url + "/generate", json=body, timeout=10)
+        status, _, lines = _raw_stream(srv, body)
+    assert plain.status_code == 400
+    assert status == 200 and len(lines) == 2 and lines[-1] == "data: [DONE]"
+    last = json.loads(lines[0][len("data: "):])
+    assert last["output_ids"] == [] and last["meta_info"]["id"] == "r2"
+    assert last["meta_info"]["finish_reason"] == {"type": "abort", "message": plain.json()["error"]["message"],
+                                                  "status_code": 400, "err_type": "BadRequestError"}
+
+
+def test_the_fake_server_cuts_a_stream_whose_request_crashes_the_handler():
+    """An invalid stop_regex raises re.error, not a ValueError: SGLang's stream generator does not catch it, so
+    the stream has its 200 headers and no event."""
+    with StandInServer() as srv:
+        status, _, lines = _raw_stream(srv, {"input_ids": [5, 6], "sampling_params": {"stop_regex": "("}})
+    assert status == 200 and lines == []
+
+
+def test_a_stream_refused_in_an_error_event_fails_with_the_servers_message_and_status():
+    """The client reads the error event as the HTTP error a plain request gets: the message and status 400."""
+    from forerun.runtime_ext.backends.server_wire import SGLangServerError
+
+    with StandInServer() as srv, open_runtime(backend_url=srv.url) as rt:
+        errors, done = [], threading.Event()
+
+        def listener(events):
+            errors.extend(e.error for e in events if e.error is not None)
+            if any(e.finished for e in events):
+                done.set()
+
+        rt.engine.submit_stream([5, 9999], SamplingParams(max_new_tokens=2), rid="oov", listener=listener)
+        assert done.wait(10)
+    assert len(errors) == 1 and isinstance(errors[0], SGLangServerError)
+    assert errors[0].status == 400 and "input_ids contain an id outside" in str(errors[0])
+    assert "{'message'" not in str(errors[0])

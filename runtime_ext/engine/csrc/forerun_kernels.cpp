@@ -83,8 +83,10 @@ bool g_portable = false;  // tests: force the portable code path
 // 41 for a plain read of the same memory and 46-49 for the one-row tile (4 panels: 4 streams).  The calls with K
 // blocks prefetch each block's short slices (48 lines) in one run: there 4 streams were slower (the model's
 // matrices, 25 alternating pairs: 20 rows 33.8 against 33.1 ms, 2 streams 35.9; 12 rows 24.0 against 22.5).
-// Measured on that AVX2 Zen 3 only: the AVX-512 builds (6 x 2 panels at 6 rows: 8 streams) use the same default
-// unmeasured; set_row_tile_schedule(kb, tiles, 1) restores one run for an A/B there.
+// The AVX-512 build on a Zen 4 (2026-12-07, the model's matrices, no K blocks, 1 prefetching tile, medians of 6
+// interleaved runs at 35 GB/s): 1 / 2 / 4 streams 18.19 / 18.01 / 18.37 ms at 6 rows, within the noise of code the
+// streams do not touch (20 rows 29.70 / 29.78 / 29.70), so the same default; set_row_tile_schedule(kb, tiles, 1)
+// restores one run for an A/B.
 constexpr int64_t PREFETCH_STREAMS = 4;
 struct RowTileSchedule {
   int64_t kblock_bytes;

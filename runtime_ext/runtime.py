@@ -43,6 +43,14 @@ class Runtime:
         return self.loaded is not None
 
     @property
+    def max_context(self) -> int | None:
+        """The model's context window in tokens: the embedded model's, or the one the server reports (None:
+        unknown)."""
+        if self.loaded is not None:
+            return self.loaded.max_context
+        return getattr(self.engine, "max_context", None)
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """The model's end-of-sequence ids: the embedded model's EOS set, else the tokenizer's EOS token."""
         if self.loaded is not None:

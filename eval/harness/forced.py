@@ -73,7 +73,7 @@ def forced_prefix(prompt_ids: Sequence[int], response_ids: Sequence[int], eos_to
 
 def room_left(forced: ForcedAnswer, prefix_len: int, max_context: int | None) -> int:
     """Tokens the forced continuation may decode: its budget, cut to what the model context leaves after the
-    prefix (known for the embedded engine); 0: none (the response filled the context, which --n allows), and the
+    prefix (`Runtime.max_context`: the embedded model's, or a server's /v1/models); 0: none (the response filled the context, which --n allows), and the
     forced pass grades the response and forcing text alone, never an engine error that would fail the item."""
     return forced.max_tokens if max_context is None else max(0, min(forced.max_tokens, max_context - prefix_len))
 

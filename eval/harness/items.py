@@ -89,7 +89,7 @@ class ItemRunner:
             return {}
         prefix = forced_pass.forced_prefix(prompt_ids, response_ids, rt.eos_token_ids, self.forcing_ids[kind])
         start = time.perf_counter()
-        room = forced_pass.room_left(how, len(prefix), getattr(rt.loaded, "max_context", None))
+        room = forced_pass.room_left(how, len(prefix), rt.max_context)
         ids = forced_pass.greedy_continuation(rt.backend, prefix, room) if room > 0 else []
         return {"forced_ids": ids, "forced_wall_s": time.perf_counter() - start}
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import time
 import uuid
@@ -207,6 +208,17 @@ class SGLangServerClient(ServerStreamingMixin):
             raise SGLangServerError(f"SGLang server {self.base_url}{path} returned {type(info).__name__}, "
                                     "expected an object", url=self.base_url + path)
         return info
+
+    @functools.cached_property
+    def max_context(self) -> int | None:
+        """The served model's context length in tokens (`max_model_len` of GET /v1/models: SGLang refuses a request
+        longer than that), None where the server does not say."""
+        try:
+            cards = self._request("GET", "/v1/models").json().get("data")
+            length = cards[0].get("max_model_len")
+        except (SGLangServerError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+            return None
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
 
     def health(self) -> bool:
         """True when GET /health answers 200 (no retries)."""

@@ -101,6 +101,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, b"", "text/plain")
             elif path in ("/server_info", "/get_server_info"):
                 self._send(200, server.server_info())
+            elif path == "/v1/models":  # http_server.available_models: one ModelCard, the served model
+                self._send(200, {"object": "list", "data": [
+                    {"id": server.model_path, "object": "model", "created": 0, "owned_by": "sglang",
+                     "root": server.model_path, "parent": None, "max_model_len": server.context_length}]})
             elif path in ("/health", "/health_generate", "/ready"):
                 self._send(200, b"", "text/plain")
             elif path == "/flush_cache":

@@ -20,7 +20,8 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
     max_new_tokens, min_new_tokens        ignore_eos), then the length; {"type": "stop", "matched": string |
                                           pattern | id} or {"type": "length", "length": max_new_tokens};
                                           min_new_tokens masks EOS and stop ids (byte_model), more than
-                                          max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0
+                                          max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0;
+                                          capped at context_length - 2 - prompt (the scheduler's max_req_len)
     temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
     regex, json_schema, ebnf              xgrammar's mask over the byte vocabulary (`constraints`): every
                                           reported logprob is of the masked logits, as SGLang's
@@ -29,26 +30,25 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           a matched string (after it with no_stop_trim)
 
 The server's modes, as SGLang's:
-    deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when a
-                                          request has none, sampling_batch_info.py L163; sampling backend
-                                          "pytorch"); False: every request draws fresh noise whatever its seed
-                                          (backend "flashinfer")
+    deterministic=True                    --enable-deterministic-inference: sampling_seed is used (42 when none,
+                                          sampling_batch_info.py L163; backend "pytorch"); False: fresh noise
+                                          whatever the seed (backend "flashinfer")
     /flush_cache                          400 while a /generate runs; `?timeout=S` waits up to S s for idle
     sessions (`sessions`)                 history of session_params.rid prepended, BOS of the new turn stripped;
-                                          a session abort (unknown rid, ...) is HTTP 400 with SGLang's message
-                                          (its abort status 400 becomes a ValueError: tokenizer_manager.py
-                                          L1917-1918); replace=True without rid on a non-empty session crashes
-                                          the server: the connection closes unanswered and so does every later
-                                          one (`crashed` says why)
-    plugin=True                           the forerun sampler plugin (`launch_runtime --plugin`, env
-                                          FORERUN_SGLANG_PLUGIN=1): /server_info gains "forerun_plugin", and a
-                                          request whose custom_params has forerun_plugin: true gets
-                                          output_token_logp0 / _entropy / _logq_by_temperature in meta_info
+                                          a session abort (unknown rid, ...): HTTP 400 with SGLang's message
+                                          (tokenizer_manager.py L1917-1918); replace=True without rid on a
+                                          non-empty session crashes the server: this and every later connection
+                                          closes unanswered (`crashed` says why)
+    plugin=True                           the forerun sampler plugin (`launch_runtime --plugin`): /server_info
+                                          gains "forerun_plugin"; a request whose custom_params has
+                                          forerun_plugin: true gets output_token_logp0 / _entropy /
+                                          _logq_by_temperature in meta_info
 
 Endpoints: POST /generate (single and batched: `input_ids` a list of lists, per-item lists or scalars
 for the other fields), GET /server_info and /get_server_info, GET /health, POST /flush_cache,
-POST /open_session, POST /close_session, GET /metrics (Prometheus text), POST /abort_request; a /generate
-with `"stream": true` answers with SGLang's server-sent events (`stream`), its failures too (routes.HTTPError).
+POST /open_session, POST /close_session, GET /metrics (Prometheus text), POST /abort_request, GET /v1/models
+(max_model_len: `context_length`; a request past it is refused, `stopping.context_error`); a /generate with
+`"stream": true` answers with SGLang's server-sent events (`stream`), its failures too (routes.HTTPError).
 
 Failure injection (`StandInServer.fail(mode, times)`): "500", "429", "400" (HTTP errors with
 SGLang's `{"error": {"message": ...}}` body), "abort" (200 with `finish_reason.type == "abort"`),
@@ -65,7 +65,7 @@ import re
 import tempfile
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import ThreadingHTTPServer
 from typing import Any, Sequence
 
@@ -88,7 +88,7 @@ from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stopping import StopRules, request_stop_rules
+from .stopping import StopRules, context_error, request_stop_rules
 from .stream import stream_chunks
 
 PENALTIES_OFF = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
@@ -112,24 +112,22 @@ class _Failure:
 
 @dataclass
 class GenerateAnswer:
-    """What a /generate answers: its JSON response, or for a streamed single request (`"stream": true`) the
-    chunks of its event stream (`stream.stream_chunks`)."""
+    """What a /generate answers: its JSON response, or a streamed one's chunks (`stream.stream_chunks`)."""
 
     response: Any
     chunks: list[dict[str, Any]] | None = None
 
 
 class StandInServer:
-    """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23.
-
-    Use as a context manager: `with StandInServer() as srv: backend = SGLangServerBackend(srv.url, ...)`.
-    """
+    """A ThreadingHTTPServer on 127.0.0.1 (random port unless `port` is given) that answers like SGLang 0.5.23; a
+    context manager: `with StandInServer() as srv: backend = SGLangServerBackend(srv.url, ...)`."""
 
     def __init__(self, *, model: ByteModel | None = None, plugin: bool = False, deterministic: bool = True,
                  sampling_backend: str | None = None, step_s: float = 0.0,
                  model_path: str = "forerun-standin-byte-model", tokenizer_path: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, serial: bool = False) -> None:
+                 host: str = "127.0.0.1", port: int = 0, serial: bool = False, context_length: int = 32768) -> None:
         self.model = model or ByteModel()
+        self.context_length = context_length  # SGLang's model_config.context_len
         self.serial = serial
         """Serve one /generate at a time (a worker at capacity: two chains on it take twice as long)."""
         self._serial_lock = threading.Lock()
@@ -235,16 +233,10 @@ class StandInServer:
 
     def server_info(self) -> dict[str, Any]:
         info = {
-            "model_path": self.model_path,
-            "tokenizer_path": self.tokenizer_path,
-            "served_model_name": self.model_path,
-            "version": "0.5.23-forerun-standin",
-            "enable_metrics": True,
-            "enable_session_radix_cache": True,
-            "enable_deterministic_inference": self.deterministic,
-            "sampling_backend": self.sampling_backend,
-            "internal_states": [{"vocab_size": VOCAB_SIZE}],
-            "frontend": "python",
+            "model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "served_model_name": self.model_path,
+            "version": "0.5.23-forerun-standin", "enable_metrics": True, "enable_session_radix_cache": True,
+            "enable_deterministic_inference": self.deterministic, "sampling_backend": self.sampling_backend,
+            "internal_states": [{"vocab_size": VOCAB_SIZE}], "frontend": "python",
         }
         if self.plugin:
             info["forerun_plugin"] = {"version": 2, "keys": ["output_token_logp0", "output_token_entropy",
@@ -344,6 +336,9 @@ class StandInServer:
                       logprob_start_len: int, top_logprobs_num: int, return_text: bool, stream: bool
                       ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
         """One request's response and its sends (output tokens, text so far: a stream's chunks)."""
+        too_long = context_error(len(ids), sp.get("max_new_tokens"), self.context_length)
+        if too_long:
+            raise HTTPError(400, too_long)
         sampling = self._sampling(sp)
         rules = self._stop_rules(sp)
         if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
@@ -355,6 +350,10 @@ class StandInServer:
             return tok.decode([t]) if return_text else None
 
         ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
+        cap = max(0, self.context_length - 2 - len(ids))  # init_req_max_new_tokens: max_req_len - input_len - 1
+        if rules.max_new_tokens > cap:
+            rules = replace(rules, max_new_tokens=cap)
+            sampling = replace(sampling, min_new_tokens=min(sampling.min_new_tokens, cap))
         if abort:  # an abort with status 400: the server answers HTTP 400 with its message
             raise SchedulerAbort(400, abort)
         if return_logprob and logprob_start_len > len(ids):

@@ -31,6 +31,9 @@ every token; the server asks `send_points` which chunks a stream has.
       the start of a stop string (check_match_stop_str_prefix, L1830,
       L473); one that does not stream sends every 50th token (L476,
       SGLANG_FORCE_STREAM_INTERVAL); both send when they finish
+    managers/tokenizer_manager.py (L1333-1378): a prompt of context_len   context_error
+      tokens or more, or prompt + max_new_tokens (when the request sets
+      it; validate_total_tokens is on) past context_len: ValueError
 """
 
 from __future__ import annotations
@@ -90,6 +93,19 @@ def check_stop_params(stop_strs: Sequence[str], stop_regexes: Sequence[str]) -> 
         size = len(pattern.encode("utf-8"))
         if size > MAX_STOP_REGEX_LEN:
             raise ValueError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
+
+
+def context_error(prompt_tokens: int, max_new_tokens: Any, context_len: int) -> str | None:
+    """SGLang's refusal of a request that does not fit the model's context (None when it fits); `max_new_tokens`
+    as the request sets it (None: not set, the total is not checked)."""
+    if prompt_tokens >= context_len:
+        return f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context_len} tokens)."
+    if max_new_tokens is not None and int(max_new_tokens) + prompt_tokens > context_len:
+        return (f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You "
+                f"requested a total of {int(max_new_tokens) + prompt_tokens} tokens: {prompt_tokens} tokens from the "
+                f"input messages and {int(max_new_tokens)} tokens for the completion. Please reduce the number of "
+                "tokens in the input messages or the completion to fit within the limit.")
+    return None
 
 
 def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":

@@ -210,3 +210,55 @@ def test_a_response_that_fills_the_context_keeps_its_grade_and_gets_a_forced_pas
     assert rc == 0 and "error" not in rec
     assert rec["prompt_tokens"] + len(rec["response_ids"]) == seen["ctx"] and rec["correct"] is True
     assert rec["forced_tokens"] == 0 and rec["forced_correct"] is True  # no room: the response's own answer
+
+
+def test_on_a_server_the_forced_pass_stays_within_the_context_the_server_reports(tmp_path, capsys, monkeypatch):
+    """The same on an SGLang server: its context comes from GET /v1/models (max_model_len).  Without it the forced
+    pass asked for 32 tokens past the context, the server refused it (HTTP 400), and the item became an error
+    line."""
+    from forerun.runtime_ext.standin.server import StandInServer
+
+    seen: dict = {}
+    real_prepare = items.ItemRunner.prepare
+
+    def prepare(self, todo):
+        seen["tok"] = self.runtimes[0].tokenizer
+        return real_prepare(self, todo)
+
+    def run(self, method, prompt_ids, prompt_id, seed):
+        tok = seen["tok"]
+        answer = tok.encode(" \\boxed{" + load_prompts("math500", limit=1)[0].answer + "}", add_special_tokens=False)
+        filler = tok.encode(" ", add_special_tokens=False)[:1] * (seen["ctx"] - len(prompt_ids) - len(answer))
+        return {"response_ids": filler + answer, "finished": False, "call_time_s": 0.0, "num_calls": 1,
+                "all_calls": 1, "transitions": None, "transitions_per_call": None, "time_per_call_s": 0.0,
+                "log_likelihood": -1.0, "confidence": -1.0, "tokens_decoded": 1, "extra": {}, "wall_s": 0.0}
+
+    monkeypatch.setattr(items.ItemRunner, "prepare", prepare)
+    monkeypatch.setattr(methods.MethodRunner, "run", run)
+    run_file = tmp_path / "run.jsonl"
+    with StandInServer(context_length=3000) as srv:
+        seen["ctx"] = 3000
+        rc = main(["eval", "--backend", srv.url, "--datasets", "math500", "--methods", "greedy", "--limit", "1",
+                   "--n", "4", "--forced-answer", "--out", str(run_file)])
+        forced_requests = srv.generate_bodies()
+    capsys.readouterr()
+    (rec,) = read_run(run_file)[1]
+    assert rc == 0 and "error" not in rec, rec.get("error")
+    assert rec["prompt_tokens"] + len(rec["response_ids"]) == 3000 and rec["correct"] is True
+    assert rec["forced_tokens"] == 0 and rec["forced_correct"] is True and forced_requests == []
+
+
+def test_a_server_client_reads_its_context_from_v1_models_and_none_where_the_server_does_not_say(monkeypatch):
+    from forerun.runtime_ext.backends.server_client import SGLangServerClient
+    from forerun.runtime_ext.backends.server_wire import SGLangServerError
+    from forerun.runtime_ext.standin.server import StandInServer
+
+    with StandInServer(context_length=777) as srv:
+        assert SGLangServerClient(srv.url, tokenizer=srv.tokenizer).max_context == 777
+        silent = SGLangServerClient(srv.url, tokenizer=srv.tokenizer)
+
+        def not_found(method, path, **kw):
+            raise SGLangServerError("HTTP 404", url=srv.url + path, status=404)
+
+        monkeypatch.setattr(silent, "_request", not_found)
+        assert silent.max_context is None

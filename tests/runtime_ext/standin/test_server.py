@@ -174,3 +174,46 @@ def test_failure_injection_and_recording(srv):
         requests.post(srv.url + "/generate", json=body, timeout=0.2)
     with pytest.raises(ValueError, match="fail mode"):
         srv.fail("explode")
+
+
+def test_sglang_refuses_requests_past_the_context_and_reports_it_in_v1_models():
+    """The oracle, SGLang 0.5.23's own source: the tokenizer manager refuses a prompt of context_len tokens or more
+    and a prompt + max_new_tokens past it (ValueError: HTTP 400), and /v1/models reports max_model_len."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt"
+    manager = (root / "managers" / "tokenizer_manager.py").read_text()
+    assert "if input_token_num >= self.context_len:" in manager
+    assert "and (max_new_tokens + input_token_num) > _max_req_len" in manager
+    assert "self.validate_total_tokens = True" in manager
+    # and the scheduler caps max_new_tokens at max_req_len - input_len - 1, max_req_len = context_len - 1 (or less)
+    assert "self.max_req_len - input_len - 1," in (root / "managers" / "scheduler.py").read_text()
+    assert "self.model_config.context_len - 1," in (root / "managers" / "tp_worker.py").read_text()
+    server = (root / "entrypoints" / "http_server.py").read_text()
+    models = server[server.index('@app.get("/v1/models"'):]
+    assert "max_model_len=_global_state.tokenizer_manager.model_config.context_len" in models[:800]
+
+
+def test_the_stand_in_refuses_what_does_not_fit_its_context_as_sglang_does():
+    with StandInServer(context_length=12) as srv:
+        cards = requests.get(srv.url + "/v1/models", timeout=10).json()["data"]
+
+        def post(n_prompt, **sp):
+            return requests.post(srv.url + "/generate", json={"input_ids": [65] * n_prompt, "sampling_params": sp},
+                                 timeout=10)
+
+        full = post(12, max_new_tokens=1)
+        total = post(10, max_new_tokens=3)
+        exact = post(10, max_new_tokens=2, ignore_eos=True)  # fits; the scheduler's cap leaves 12 - 2 - 10 = 0
+        capped = post(8, max_new_tokens=4, ignore_eos=True)
+        unset = post(9, ignore_eos=True)  # max_new_tokens not set: only the prompt is checked; capped at 1
+    assert [c["max_model_len"] for c in cards] == [12]
+    assert full.status_code == 400 and full.json()["error"]["message"] == (
+        "The input (12 tokens) is longer than the model's context length (12 tokens).")
+    assert total.status_code == 400 and "You requested a total of 13 tokens: 10 tokens from the input messages and " \
+        "3 tokens for the completion" in total.json()["error"]["message"]
+    assert exact.status_code == 200 and exact.json()["output_ids"] == []
+    assert capped.status_code == 200 and len(capped.json()["output_ids"]) == 2
+    assert capped.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+    assert unset.status_code == 200 and len(unset.json()["output_ids"]) == 1

@@ -21,9 +21,8 @@ Priorities: requests with priority < 0 (background pre-positioning) run in a sep
 steps when no normal request is queued or running.  A pin taken at priority < 0 yields too: when a
 normal-priority request (a decoding row, a pin, a logits request) needs KV room that only such pins hold,
 the engine drops them, oldest first (`unpin` of a dropped handle is then a no-op), so background work never
-makes a user request fail.  `abort(rid)` finishes a request (queued or running)
-with finish_reason {"type": "abort"}; `generate` returns that output (it does not raise).
-"""
+makes a user request fail.  `abort(rid)` finishes a request (queued, prefilling or running) with
+finish_reason {"type": "abort"} before its next token; `generate` returns that output (it does not raise)."""
 
 from __future__ import annotations
 
@@ -378,6 +377,8 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             if joins[key]:
                 batch.join(joins[key])
         self._note_pool()
+        if take:  # an abort that arrived during a prefill ends its request before it decodes a token
+            self._handle_aborts()
 
     def _take_admissible(self) -> list[Request]:
         """Dequeue what starts now (see `admission.take_admissible`); fail what can never start."""

@@ -421,6 +421,25 @@ def test_abort_finishes_with_abort_reason():
         eng.abort("unknown-rid")  # no-op
 
 
+def test_a_request_aborted_during_its_prefill_decodes_no_token():
+    """The abort arrives while the request's prompt is prefilled: it finishes before the decode step (it decoded
+    one token, a step of the whole batch, before the next loop saw the abort)."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0)) as eng:
+        real_prefill = eng._prefill
+
+        def prefill_then_abort(r):
+            out = real_prefill(r)
+            eng.abort(r.rid)
+            return out
+
+        eng._prefill = prefill_then_abort
+        steps = eng.stats()["decode_steps"]
+        out = eng.generate(list(b"abort in prefill"), SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1),
+                           rid="mid-prefill")
+        assert out.meta_info["finish_reason"]["type"] == "abort"
+        assert list(out.output_ids) == [] and eng.stats()["decode_steps"] == steps
+
+
 def test_background_priority_pauses_while_normal_requests_run():
     with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0)) as eng:
         done_order = []

@@ -268,3 +268,39 @@ def test_bench_closed_form_fall_entry_at_the_measured_delta(fake, capsys):
     assert delta != res["entry_len"]
     expected = c["restore_ms"] + c["prefill_ms_per_token"] * delta + c["decode_ms"]
     assert res["closed_form"]["l_fall_entry_ms"] == pytest.approx(expected)
+
+
+def test_calibrate_gate_trend_judges_the_picked_tau_on_held_out_windows(fake, capsys, monkeypatch):
+    """τ for --r-max is picked on windows 0, 2, 4 and judged on 1, 3, 5.  The fake makes every calibration
+    window right and every held-out one wrong: an in-sample report read false accept 0 at the picked τ."""
+    from forerun.eval.preposition import trend_task
+
+    seen = []
+
+    def pairs(engine, tok, windows, *, progress=None, answer_lead=""):
+        seen.append(list(windows))
+        return [trend_task.TrendPair(3.0 + i, ord("u"), True, ord("u") if i % 2 == 0 else ord("d"), w.direction,
+                                     "up", "up") for i, w in enumerate(windows)]
+
+    monkeypatch.setattr(trend_task, "collect_pairs", pairs)
+    assert cli.main(["calibrate", "gate", "--windows", "6", "--r-max", "0.05", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)["report"]
+    assert len(seen[0]) == 6 and (rep["calibration_windows"], rep["held_out_windows"]) == (3, 3)
+    cal = rep["calibration"]
+    assert cal["calibrated"]["n"] == 3 and cal["calibrated"]["false_accept"] == 0.0
+    assert cal["held_out_at_calibrated"]["n"] == 3 and cal["held_out_at_calibrated"]["false_accept"] == 1.0
+    assert rep["at_tau"]["n"] == 6 and "calibrated" not in rep
+    assert cli.main(["calibrate", "gate", "--windows", "6", "--r-max", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "picked on the 3 calibration windows" in text and "smallest τ with r(τ)" not in text
+    held_line = next(line for line in text.splitlines() if line.startswith("held out (3 other windows)"))
+    assert "false accept 1.000" in held_line and "3 accepted, 3 wrong" in held_line
+    assert "reference τ on all 6 windows" in text
+
+
+def test_calibrate_gate_trend_needs_two_windows(fake, capsys):
+    assert cli.main(["calibrate", "gate", "--windows", "1"]) == 2
+    assert "--windows must be >= 2 with --task trend" in capsys.readouterr().err and fake == []
+    assert cli.main(["bench", "preposition", "--calib-windows", "1"]) == 2
+    assert "calib_windows" in capsys.readouterr().err and fake == []
+

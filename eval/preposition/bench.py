@@ -194,9 +194,10 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     if calib is not None:
         out["gate"] = calib
     status = _status_gate(engine, tokenizer, cfg, bar) if cfg.status_windows else None
-    tau, g = _live_tau(cfg, status)
+    tau, g, g_source = _live_tau(cfg, status)
     out["live_tau"] = tau
     out["gate_fire_probability_g"] = g
+    out["gate_fire_probability_g_source"] = g_source
     if status is not None:
         out["status_gate"] = status["report"]
     if cfg.trace_updates and cfg.rhos:
@@ -208,7 +209,7 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
             out["agentic"] = run_agentic_trace(engine, tokenizer, cfg.agentic_turns, GateConfig(threshold=tau), rng,
                                                tick=tick)
     out["energy"] = _energy(engine, tokenizer, cfg, rng, meter, out)
-    out["expected_latency_ms"] = {
+    out["expected_latency_ms"] = None if g is None else {  # Eq. 9 needs g: not computed without it
         str(rho): float(expected_latency(hit_rate(rho), g, p50["fast"], p50["fall_0"], p50["cold"]))
         for rho in cfg.rhos
     }
@@ -302,16 +303,19 @@ def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -
     return {"report": report, "exact": exact, "held": held}
 
 
-def _live_tau(cfg: BenchConfig, status: dict[str, Any] | None) -> tuple[float, float]:
-    """(τ of the live traces, g = the held-out gate coverage at it; 0 without the status calibration)."""
+def _live_tau(cfg: BenchConfig, status: dict[str, Any] | None) -> tuple[float, float | None, str]:
+    """(τ of the live traces, g, where g comes from): g is the held-out status-feed gate coverage at τ, or None
+    (not measured) when the status calibration was skipped."""
     tau = status["exact"].auto_tau if cfg.tau == "auto" and status is not None else float(cfg.tau)
     if status is None:
-        return tau, 0.0
-    return tau, gate_point([p.exact_pair() for p in status["held"]], tau).coverage
+        return tau, None, "not measured: the status calibration was skipped (status_windows = 0)"
+    held = [p.exact_pair() for p in status["held"]]
+    source = f"exact-gate coverage at the live τ on {len(held)} held-out status-feed windows"
+    return tau, gate_point(held, tau).coverage, source
 
 
 def _live_traces(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, bar: Callable,
-                 update_cost: float, tau: float, g: float) -> dict[str, Any]:
+                 update_cost: float, tau: float, g: float | None) -> dict[str, Any]:
     """The status-feed live trace (HW-4) at every ρ, gate un-forced at τ; mean update interval from the
     measured update cost."""
     interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
@@ -364,7 +368,7 @@ def _energy(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Genera
     return res
 
 
-def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: str) -> None:
+def _plots(out: dict[str, Any], consts: LatencyConstants, g: float | None, plots_dir: str) -> None:
     """Figures 4-6 from the measured constants (Figure 7 is drawn by the gate calibration)."""
     p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
     L_entry = out["entry_len"]

@@ -82,7 +82,8 @@ def _traces(res: dict[str, Any]) -> list[str]:
     lines = []
     if "trace" in res:
         tr = res["trace"]
-        lines.append(f"live trace, status feed, gate un-forced at τ = {_f(tr['tau'], 'g')} (g = {_f(tr['gate_coverage_g'])}; "
+        g = "g not measured" if tr["gate_coverage_g"] is None else f"g = {_f(tr['gate_coverage_g'])}"
+        lines.append(f"live trace, status feed, gate un-forced at τ = {_f(tr['tau'], 'g')} ({g}; "
                      f"mean update interval {tr['interval_s'] * 1e3:.0f} ms; ingest + T_pp {tr['update_cost_s'] * 1e3:.0f} ms):")
         for t in tr["points"]:
             cf_fast = t["closed_form_h_fast"]
@@ -120,8 +121,12 @@ def _energy(res: dict[str, Any]) -> list[str]:
 def format_report(res: dict[str, Any]) -> str:
     """Human-readable summary of `run_bench`'s result."""
     lines = _latency(res) + _gates(res) + _traces(res) + _energy(res)
-    lines.append("E[L_pp] (Eq. 9, g = %s): %s ms" % (_f(res["gate_fire_probability_g"]),
-                 {k: round(v, 2) for k, v in res["expected_latency_ms"].items()}))
+    if res["gate_fire_probability_g"] is None:
+        lines.append(f"E[L_pp] (Eq. 9): not computed, g {res['gate_fire_probability_g_source']}")
+    else:
+        lines.append("E[L_pp] (Eq. 9, g = %s: %s): %s ms" % (
+            _f(res["gate_fire_probability_g"]), res["gate_fire_probability_g_source"],
+            {k: round(v, 2) for k, v in res["expected_latency_ms"].items()}))
     return "\n".join(lines)
 
 

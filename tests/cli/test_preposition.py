@@ -304,3 +304,22 @@ def test_calibrate_gate_trend_needs_two_windows(fake, capsys):
     assert cli.main(["bench", "preposition", "--calib-windows", "1"]) == 2
     assert "calib_windows" in capsys.readouterr().err and fake == []
 
+
+def test_bench_without_status_calibration_reports_g_as_unmeasured(fake, capsys, tmp_path):
+    """--status-windows 0: g was never measured, so it is null with the reason (it read 0.0, as if measured),
+    E[L_pp] is not computed, the trace's g·h prediction is null, and Figure 6 is still drawn."""
+    from forerun.eval.preposition.report import format_report
+
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "2", "--rhos", "1",
+                     "--trace-interval", "0.002", "--calib-windows", "4", "--status-windows", "0",
+                     "--agentic-turns", "0", "--energy-iterations", "0", "--plots", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["gate_fire_probability_g"] is None and "not measured" in res["gate_fire_probability_g_source"]
+    assert res["expected_latency_ms"] is None
+    assert res["trace"]["gate_coverage_g"] is None and res["trace"]["points"][0]["closed_form_h_fast"] is None
+    assert (tmp_path / "fig6_amortization.png").stat().st_size > 1000
+    text = format_report(res)  # also after the strict-JSON round trip
+    assert "g = 0" not in text and "E[L_pp] (Eq. 9): not computed, g not measured" in text
+    assert "g not measured" in text.split("live trace")[1]
+    assert "held out (2 other windows) at that τ" in text  # the bench's trend section: τ judged on held-out windows
+    assert res["gate"]["calibration"]["held_out_at_tau"]["n"] == 2

@@ -94,7 +94,8 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     b.add_argument("--rhos", type=_rhos, default=_BENCH.rhos,
                    help=f"query-to-update ratios ({','.join(f'{r:g}' for r in _BENCH.rhos)})")
     b.add_argument("--calib-windows", type=nonnegative_int, default=_BENCH.calib_windows,
-                   help=f"windows of the paper's trend task for its gate report ({_BENCH.calib_windows}; 0 skips)")
+                   help=f"windows of the paper's trend task for its gate report, split in half to pick τ and judge "
+                        f"it ({_BENCH.calib_windows}; 0 skips, else >= 2)")
     b.add_argument("--status-windows", type=nonnegative_int, default=_BENCH.status_windows,
                    help=f"status-feed windows to calibrate τ on, and as many held out ({_BENCH.status_windows}; 0 skips)")
     b.add_argument("--tau", type=gate_threshold_or_auto, default=_BENCH.tau,
@@ -115,9 +116,11 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     cal_sub = cal.add_subparsers(dest="calibrate_command", required=True)
     g = cal_sub.add_parser("gate", help="sweep the pre-positioning gate τ on the streaming trend task")
     g.add_argument("--task", choices=("trend", "status"), default="trend",
-                   help="trend: the paper's price-trend task; status: the status feed (τ picked on --windows "
-                        "windows, judged on as many held-out ones)")
-    g.add_argument("--windows", type=positive_int, default=128, help="windows (decision points), 128")
+                   help="trend: the paper's price-trend task (τ picked on alternate windows, judged on the "
+                        "others); status: the status feed (τ picked on --windows windows, judged on as many "
+                        "held-out ones)")
+    g.add_argument("--windows", type=positive_int, default=128,
+                   help="windows (decision points), 128; trend: at least 2, split in half")
     g.add_argument("--window-len", type=_window_len, default=None,
                    help="prices per trend window, >= 2 (12; trend only)")
     g.add_argument("--tau", type=gate_threshold, default=_GATE.threshold, help=f"τ to report ({_GATE.threshold:g})")
@@ -289,6 +292,9 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     reject_inapplicable([  # the status feed's windows and header are its own: these used to be ignored silently
         ("--window-len", args.window_len is not None, trend, "applies only with --task trend"),
         ("--answer-lead", args.answer_lead is not None, trend, "applies only with --task trend")])
+    if trend and args.windows < 2:
+        raise CommandError(f"--windows must be >= 2 with --task trend (alternate windows pick τ and judge it), "
+                           f"got {args.windows}")
     plot = output_file(args.plot, "--plot", suffixes=PLOT_SUFFIXES)
     if not trend:
         return _calibrate_status(args, plot)
@@ -304,7 +310,7 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
             pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if plot is not None:
-        plot_risk_coverage(points, str(plot), title=f"trend task, {len(pairs)} windows, model {args.model}",
+        plot_risk_coverage(points, str(plot), title=f"trend task, all {len(pairs)} windows, model {args.model}",
                            tau_marker=args.tau)
     if args.json:
         print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": rep.as_dict(),
@@ -349,17 +355,12 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
 
 
 def _print_gate_report(rep: Any, pairs: list[Any], tok: Any) -> None:
-    from ..eval.preposition.report import format_top_counts, top_counts
+    from ..eval.preposition.report import format_top_counts, format_trend_gate, top_counts
 
-    at = rep.at_tau
     print(f"{rep.n} windows, |A| = {rep.answer_set_size}; γ quantiles (10/50/90 %) "
-          f"{', '.join(f'{q:.3f}' for q in rep.gap_quantiles)}")
-    print(f"τ = {at.threshold:g}: coverage {at.coverage:.3f} [{at.coverage_ci[0]:.3f}, {at.coverage_ci[1]:.3f}], "
-          f"false accept {at.false_accept:.3f} [{at.false_accept_ci[0]:.3f}, {at.false_accept_ci[1]:.3f}] "
-          f"({at.accepted} accepted, {at.wrong} wrong)")
-    cal = rep.calibrated
-    print(f"smallest τ with r(τ) ≤ {rep.r_max}: " + ("none" if cal is None else
-          f"{cal.threshold:.3f} (coverage {cal.coverage:.3f}, false accept {cal.false_accept:.3f})"))
+          f"{', '.join(f'{q:.3f}' for q in rep.gap_quantiles)}; split: {rep.split}")
+    for line in format_trend_gate(rep.as_dict()):
+        print(line)
     print(f"agreement cached vs full path {rep.agreement:.3f}; accuracy vs ground truth: full path "
           f"{rep.full_accuracy:.3f}, cached token {rep.fast_accuracy:.3f}")
     print(f"cached tokens: {format_top_counts(top_counts([tok.decode([p.fast_token]) for p in pairs]))}; full-path tokens: "

@@ -11,7 +11,8 @@
                   so the arm times the mechanism itself: lock, exact-match check, vocabulary scan (Eq. 3)
      fall_0       pre-positioned, gate closed, realized entry == pre-positioned entry (Δ = 0, Eq. 5)
      fall_entry   pre-positioned, gate closed, the realized query differs after the opening (Δ ≈ L_entry)
-3. Gate calibration (HW-3): the paper's trend task (coverage / false accept at τ), and the status-feed task
+3. Gate calibration (HW-3): the paper's trend task (coverage / false accept at τ on all windows; τ for r_max
+   picked on alternate windows, judged on the others), and the status-feed task
    (`status_task`) where the default model is confident: τ picked on calibration windows for r ≤ r_max,
    judged on held-out windows (Wilson 95 %).  `--tau auto` runs the live traces at that τ.
 4. Live traces, gate never forced (HW-4, `live_trace`): the status feed at ρ ∈ {0.25, 1, 4} (h and the
@@ -193,9 +194,10 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
     if calib is not None:
         out["gate"] = calib
     status = _status_gate(engine, tokenizer, cfg, bar) if cfg.status_windows else None
-    tau, g = _live_tau(cfg, status)
+    tau, g, g_source = _live_tau(cfg, status)
     out["live_tau"] = tau
     out["gate_fire_probability_g"] = g
+    out["gate_fire_probability_g_source"] = g_source
     if status is not None:
         out["status_gate"] = status["report"]
     if cfg.trace_updates and cfg.rhos:
@@ -207,7 +209,7 @@ def run_bench(engine: Any, tokenizer: Any, cfg: BenchConfig, *, progress: Callab
             out["agentic"] = run_agentic_trace(engine, tokenizer, cfg.agentic_turns, GateConfig(threshold=tau), rng,
                                                tick=tick)
     out["energy"] = _energy(engine, tokenizer, cfg, rng, meter, out)
-    out["expected_latency_ms"] = {
+    out["expected_latency_ms"] = None if g is None else {  # Eq. 9 needs g: not computed without it
         str(rho): float(expected_latency(hit_rate(rho), g, p50["fast"], p50["fall_0"], p50["cold"]))
         for rho in cfg.rhos
     }
@@ -259,7 +261,8 @@ def _latency_arms(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.
 
 def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable,
                       plots_dir: str | None) -> dict[str, Any]:
-    """Gate on the paper's trend task (HW-3) at the reference τ; Figure 7 with `plots_dir`."""
+    """Gate on the paper's trend task (HW-3): at the reference τ, and τ for r_max picked on half the windows and
+    judged on the other half (`trend_task.SPLIT`); Figure 7 (all windows) with `plots_dir`."""
     windows = trend_task.make_windows(cfg.calib_windows, seed=cfg.seed + 1)
     with bar("trend-task calibration", len(windows)) as tick:
         pairs = trend_task.collect_pairs(engine, tokenizer, windows, progress=tick)
@@ -270,8 +273,8 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
     calib["fast_tokens"] = top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
     calib["full_tokens"] = top_counts([tokenizer.decode([p.full_token]) for p in pairs])
     if plots_dir:
-        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png", title=f"trend task, {len(pairs)} windows",
-                           tau_marker=tau)
+        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png",
+                           title=f"trend task, all {len(pairs)} windows", tau_marker=tau)
     return calib
 
 
@@ -300,16 +303,19 @@ def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -
     return {"report": report, "exact": exact, "held": held}
 
 
-def _live_tau(cfg: BenchConfig, status: dict[str, Any] | None) -> tuple[float, float]:
-    """(τ of the live traces, g = the held-out gate coverage at it; 0 without the status calibration)."""
+def _live_tau(cfg: BenchConfig, status: dict[str, Any] | None) -> tuple[float, float | None, str]:
+    """(τ of the live traces, g, where g comes from): g is the held-out status-feed gate coverage at τ, or None
+    (not measured) when the status calibration was skipped."""
     tau = status["exact"].auto_tau if cfg.tau == "auto" and status is not None else float(cfg.tau)
     if status is None:
-        return tau, 0.0
-    return tau, gate_point([p.exact_pair() for p in status["held"]], tau).coverage
+        return tau, None, "not measured: the status calibration was skipped (status_windows = 0)"
+    held = [p.exact_pair() for p in status["held"]]
+    source = f"exact-gate coverage at the live τ on {len(held)} held-out status-feed windows"
+    return tau, gate_point(held, tau).coverage, source
 
 
 def _live_traces(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Generator, bar: Callable,
-                 update_cost: float, tau: float, g: float) -> dict[str, Any]:
+                 update_cost: float, tau: float, g: float | None) -> dict[str, Any]:
     """The status-feed live trace (HW-4) at every ρ, gate un-forced at τ; mean update interval from the
     measured update cost."""
     interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
@@ -362,7 +368,7 @@ def _energy(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.Genera
     return res
 
 
-def _plots(out: dict[str, Any], consts: LatencyConstants, g: float, plots_dir: str) -> None:
+def _plots(out: dict[str, Any], consts: LatencyConstants, g: float | None, plots_dir: str) -> None:
     """Figures 4-6 from the measured constants (Figure 7 is drawn by the gate calibration)."""
     p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
     L_entry = out["entry_len"]

@@ -23,7 +23,8 @@ class BenchConfig:
     trace_idle_factor: float = 4.0
     """Mean update interval as a multiple of the measured ingest + pre-position time (Eq. 7 needs it ≫ 1)."""
     calib_windows: int = 64
-    """Trend windows for the paper-task gate report (paper: 128 decision points; CPU-sized default 64)."""
+    """Trend windows for the paper-task gate report (paper: 128 decision points; CPU-sized default 64): 0 skips,
+    else at least 2, split into calibration and held-out halves (`trend_task.SPLIT`)."""
     status_windows: int = 64
     """Status-feed windows to calibrate τ on, and as many (other seeds) held out to judge it."""
     tau: float | str = 2.0
@@ -47,6 +48,8 @@ class BenchConfig:
                self.energy_iterations) < 0:
             raise ValueError("trace_updates, calib_windows, status_windows, agentic_turns and energy_iterations "
                              "must be >= 0")
+        if self.calib_windows == 1:
+            raise ValueError("calib_windows must be 0 (skip) or >= 2 (alternate windows pick τ and judge it), got 1")
         if isinstance(self.tau, str):
             if self.tau != "auto":
                 raise ValueError(f'tau must be a number >= 0 or "auto", got {self.tau!r}')

@@ -247,11 +247,12 @@ def plot_cost_anatomy(c: LatencyConstants, entry_len: int, path: str, measured: 
     return path
 
 
-def plot_amortization(c: LatencyConstants, entry_len: int, g: float, path: str,
+def plot_amortization(c: LatencyConstants, entry_len: int, g: float | None, path: str,
                       measured: Sequence[tuple[float, float, float, float]] = (),
                       measured_fast: Sequence[tuple[float, float, float, float]] = ()) -> str:
     """Figure 6: (a) h and w against ρ with measured (ρ, h, lo, hi) overlaid, and the un-forced fast-path
-    hits g·h with measured (ρ, h_fast, lo, hi); (b) E[L_pp] against ρ."""
+    hits g·h with measured (ρ, h_fast, lo, hi); (b) E[L_pp] against ρ.  g = None (not measured): no g·h
+    curve, and (b) shades E[L_pp] between g = 0 and g = 1 instead of drawing one g."""
     plt = _plt()
     rho = np.logspace(-2, 2, 200)
     h = hit_rate(rho)
@@ -262,7 +263,8 @@ def plot_amortization(c: LatencyConstants, entry_len: int, g: float, path: str,
         r, hm, lo, hi = (np.array(x, dtype=float) for x in zip(*measured))
         a.errorbar(r, hm, yerr=[hm - lo, hi - hm], fmt="ko", ms=4, capsize=3, label="measured (live trace)")
     if measured_fast:
-        a.plot(rho, g * h, ls="--", label=f"g·h, fast-path hits (g = {g:.2f})")
+        if g is not None:
+            a.plot(rho, g * h, ls="--", label=f"g·h, fast-path hits (g = {g:.2f})")
         r, hm, lo, hi = (np.array(x, dtype=float) for x in zip(*measured_fast))
         a.errorbar(r, hm, yerr=[hm - lo, hi - hm], fmt="rs", ms=4, capsize=3, label="measured fast-path hits")
     a.set_xscale("log")
@@ -270,12 +272,16 @@ def plot_amortization(c: LatencyConstants, entry_len: int, g: float, path: str,
     a.set_title("(a) hit rate and wasted work")
     a.legend(fontsize=8)
     cold = float(l_cold(entry_len, c))
-    b.plot(rho, expected_latency(h, g, l_fast(c), float(l_fall(0, c)), cold), label="E[L_pp] (Eq. 9)")
+    curves = [expected_latency(h, x, l_fast(c), float(l_fall(0, c)), cold) for x in ((0.0, 1.0) if g is None else (g,))]
+    if g is None:
+        b.fill_between(rho, *curves, alpha=0.3, label="E[L_pp] (Eq. 9), g not measured: g = 0 to 1")
+    else:
+        b.plot(rho, curves[0], label="E[L_pp] (Eq. 9)")
     b.axhline(cold, color="k", ls="--", lw=0.8, label="L_cold")
     b.set_xscale("log")
     b.set_xlabel("ρ = λ_q / λ_u")
     b.set_ylabel("ms")
-    b.set_title(f"(b) expected first-token latency (g = {g:.3f})")
+    b.set_title("(b) expected first-token latency (" + ("g not measured" if g is None else f"g = {g:.3f}") + ")")
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

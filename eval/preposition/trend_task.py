@@ -5,7 +5,9 @@ canonical query per non-overlapping window, as the paper's calibration).  After 
 the session pre-positions the generic assistant header (no question in context yet: the served token is
 question-independent); then the canonical question "Is the trend up or down?" runs the model's full path.
 Each window gives one measured pair (logit gap γ, argmax ∈ A, cached token == full-path token), the input
-of the τ sweep in `calibration`, plus ground-truth accuracy of both tokens.
+of the τ sweep in `calibration`, plus ground-truth accuracy of both tokens.  τ for r ≤ r_max is picked on
+one half of the windows and judged on the other (`SPLIT`): a τ judged on the windows it was picked on
+reports an optimistic coverage and false-accept rate.
 
     paper                                  code
     data window                            TrendWindow.prices
@@ -19,17 +21,18 @@ of the τ sweep in `calibration`, plus ground-truth accuracy of both tokens.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence, TypeVar
 
 import numpy as np
 
-from .calibration import (GatePair, GatePoint, first_token_labels, gap_quantiles, gate_point, pick_threshold,
-                          sweep_threshold)
+from .calibration import (GatePair, GatePoint, HeldOutCalibration, calibrate_held_out, first_token_labels,
+                          gap_quantiles, gate_point, sweep_threshold)
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.preposition.gate import GateConfig
 
 Direction = Literal["up", "down"]
+T = TypeVar("T")
 
 SYSTEM = ("You monitor a stock price stream. After each batch of prices, answer whether the trend is up or down "
           "with one word: up or down.")
@@ -134,15 +137,31 @@ def collect_pairs(engine: Any, tokenizer: Any, windows: Sequence[TrendWindow], *
     return pairs
 
 
+SPLIT = "alternate windows: positions 0, 2, 4, ... pick τ, positions 1, 3, 5, ... are held out to judge it"
+"""How the trend windows (one seeded, i.i.d. set) are split between calibration and held-out judgement."""
+
+
+def split_windows(items: Sequence[T]) -> tuple[list[T], list[T]]:
+    """(calibration, held out) by `SPLIT`: disjoint positions of one seeded set; needs at least 2 items."""
+    if len(items) < 2:
+        raise ValueError(f"need at least 2 windows (one to pick τ on, one to judge it), got {len(items)}")
+    return list(items[0::2]), list(items[1::2])
+
+
 @dataclass(frozen=True)
 class TrendReport:
-    """Gate behaviour on the task at the coded τ and at the calibrated one."""
+    """Gate behaviour on the task: at the reference τ, and at τ picked on one half and judged on the other."""
 
     n: int
     answer_set_size: int
     at_tau: GatePoint
-    calibrated: GatePoint | None
-    r_max: float
+    """The reference τ on all n windows: τ is fixed before the windows are seen, so nothing here is in-sample."""
+    calibration: HeldOutCalibration
+    """τ for r ≤ r_max picked on the calibration windows; `held_out_at_calibrated` is the figure to read."""
+    calibration_windows: int
+    held_out_windows: int
+    split: str
+    """`SPLIT`: which windows pick τ and which judge it."""
     agreement: float
     """Fraction of windows where the question-independent token equals the full-path token."""
     full_accuracy: float
@@ -154,21 +173,24 @@ class TrendReport:
 
     def as_dict(self) -> dict:
         out = asdict(self)
+        out["calibration"] = self.calibration.as_dict()
         return out
 
 
 def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.15, answer_set_size: int = 0
            ) -> tuple[TrendReport, list[GatePoint]]:
-    """Coverage / false accept at τ, the sweep, and the smallest τ with r(τ) ≤ r_max."""
+    """Coverage / false accept at τ on all windows; the smallest τ with r(τ) ≤ r_max picked on the calibration
+    windows and judged on the held-out ones (`SPLIT`); the sweep over all windows (Figure 7's curve)."""
     gp = [p.gate_pair() for p in pairs]
-    points = sweep_threshold(gp)
+    calib, held = split_windows(gp)
     gaps = np.array([p.logit_gap for p in pairs])
     rep = TrendReport(
         n=len(pairs), answer_set_size=answer_set_size, at_tau=gate_point(gp, tau),
-        calibrated=pick_threshold(points, r_max), r_max=r_max,
+        calibration=calibrate_held_out(calib, held, r_max=r_max, tau=tau),
+        calibration_windows=len(calib), held_out_windows=len(held), split=SPLIT,
         agreement=float(np.mean([p.fast_token == p.full_token for p in pairs])),
         full_accuracy=float(np.mean([p.full_label == p.truth for p in pairs])),
         fast_accuracy=float(np.mean([p.fast_label == p.truth for p in pairs])),
         gap_quantiles=tuple(gap_quantiles(gaps)),  # type: ignore[arg-type]
     )
-    return rep, points
+    return rep, sweep_threshold(gp)

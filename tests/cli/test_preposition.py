@@ -268,3 +268,58 @@ def test_bench_closed_form_fall_entry_at_the_measured_delta(fake, capsys):
     assert delta != res["entry_len"]
     expected = c["restore_ms"] + c["prefill_ms_per_token"] * delta + c["decode_ms"]
     assert res["closed_form"]["l_fall_entry_ms"] == pytest.approx(expected)
+
+
+def test_calibrate_gate_trend_judges_the_picked_tau_on_held_out_windows(fake, capsys, monkeypatch):
+    """τ for --r-max is picked on windows 0, 2, 4 and judged on 1, 3, 5.  The fake makes every calibration
+    window right and every held-out one wrong: an in-sample report read false accept 0 at the picked τ."""
+    from forerun.eval.preposition import trend_task
+
+    seen = []
+
+    def pairs(engine, tok, windows, *, progress=None, answer_lead=""):
+        seen.append(list(windows))
+        return [trend_task.TrendPair(3.0 + i, ord("u"), True, ord("u") if i % 2 == 0 else ord("d"), w.direction,
+                                     "up", "up") for i, w in enumerate(windows)]
+
+    monkeypatch.setattr(trend_task, "collect_pairs", pairs)
+    assert cli.main(["calibrate", "gate", "--windows", "6", "--r-max", "0.05", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)["report"]
+    assert len(seen[0]) == 6 and (rep["calibration_windows"], rep["held_out_windows"]) == (3, 3)
+    cal = rep["calibration"]
+    assert cal["calibrated"]["n"] == 3 and cal["calibrated"]["false_accept"] == 0.0
+    assert cal["held_out_at_calibrated"]["n"] == 3 and cal["held_out_at_calibrated"]["false_accept"] == 1.0
+    assert rep["at_tau"]["n"] == 6 and "calibrated" not in rep
+    assert cli.main(["calibrate", "gate", "--windows", "6", "--r-max", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "picked on the 3 calibration windows" in text and "smallest τ with r(τ)" not in text
+    held_line = next(line for line in text.splitlines() if line.startswith("held out (3 other windows)"))
+    assert "false accept 1.000" in held_line and "3 accepted, 3 wrong" in held_line
+    assert "reference τ on all 6 windows" in text
+
+
+def test_calibrate_gate_trend_needs_two_windows(fake, capsys):
+    assert cli.main(["calibrate", "gate", "--windows", "1"]) == 2
+    assert "--windows must be >= 2 with --task trend" in capsys.readouterr().err and fake == []
+    assert cli.main(["bench", "preposition", "--calib-windows", "1"]) == 2
+    assert "calib_windows" in capsys.readouterr().err and fake == []
+
+
+def test_bench_without_status_calibration_reports_g_as_unmeasured(fake, capsys, tmp_path):
+    """--status-windows 0: g was never measured, so it is null with the reason (it read 0.0, as if measured),
+    E[L_pp] is not computed, the trace's g·h prediction is null, and Figure 6 is still drawn."""
+    from forerun.eval.preposition.report import format_report
+
+    assert cli.main(["bench", "preposition", "--requests", "1", "--trace-updates", "2", "--rhos", "1",
+                     "--trace-interval", "0.002", "--calib-windows", "4", "--status-windows", "0",
+                     "--agentic-turns", "0", "--energy-iterations", "0", "--plots", str(tmp_path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["gate_fire_probability_g"] is None and "not measured" in res["gate_fire_probability_g_source"]
+    assert res["expected_latency_ms"] is None
+    assert res["trace"]["gate_coverage_g"] is None and res["trace"]["points"][0]["closed_form_h_fast"] is None
+    assert (tmp_path / "fig6_amortization.png").stat().st_size > 1000
+    text = format_report(res)  # also after the strict-JSON round trip
+    assert "g = 0" not in text and "E[L_pp] (Eq. 9): not computed, g not measured" in text
+    assert "g not measured" in text.split("live trace")[1]
+    assert "held out (2 other windows) at that τ" in text  # the bench's trend section: τ judged on held-out windows
+    assert res["gate"]["calibration"]["held_out_at_tau"]["n"] == 2

@@ -112,6 +112,10 @@ def test_plots(tmp_path):
     with pytest.raises(ValueError, match="four"):
         plot_cost_anatomy(C, 18, str(tmp_path / "f5b.png"), measured=[1.0])
     plot_amortization(C, 18, 0.9, str(tmp_path / "f6.png"), measured=[(1.0, 0.48, 0.4, 0.56)])
+    # g not measured (bench without the status calibration): no g·h curve, E[L_pp] shaded over g in [0, 1]
+    plot_amortization(C, 18, None, str(tmp_path / "f6_unmeasured.png"), measured=[(1.0, 0.48, 0.4, 0.56)],
+                      measured_fast=[(1.0, 0.2, 0.1, 0.3)])
+    assert (tmp_path / "f6_unmeasured.png").stat().st_size > 1000
     for f in ("f4", "f5", "f6"):
         assert (tmp_path / f"{f}.png").stat().st_size > 1000
 

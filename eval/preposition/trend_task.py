@@ -177,7 +177,7 @@ class TrendReport:
         return out
 
 
-def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.15, answer_set_size: int = 0
+def report(pairs: Sequence[TrendPair], *, tau: float = 2.0, r_max: float = 0.05, answer_set_size: int = 0
            ) -> tuple[TrendReport, list[GatePoint]]:
     """Coverage / false accept at τ on all windows; the smallest τ with r(τ) ≤ r_max picked on the calibration
     windows and judged on the held-out ones (`SPLIT`); the sweep over all windows (Figure 7's curve)."""

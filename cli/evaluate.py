@@ -101,6 +101,9 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--smc-ess", type=float, default=d.smc_ess, help=f"Power-SMC resampling threshold κ ({d.smc_ess})")
     e.add_argument("--smc-final", choices=tuple(FINAL_RULES), default=d.smc_final,
                    help="Power-SMC's answer: " + "; ".join(f"{k}: {v}" for k, v in FINAL_RULES.items()))
+    e.add_argument("--gpqa-shuffle-seed", type=seed_int, default=d.gpqa_shuffle_seed, metavar="S",
+                   help=f"seed of GPQA's per-question answer-choice shuffle ({d.gpqa_shuffle_seed}; recorded in the "
+                        "run header, so --resume keeps it)")
     e.add_argument("--fixed-horizon", action="store_true",
                    help="MH chains of exactly n tokens, EOS ignored (PreSTO Table 6); default: the references' rule, "
                         "a chain stops at the end of the block whose state holds an EOS")
@@ -222,7 +225,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
                             thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
                             K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
                             best_of_select=args.best_of_select, smc_particles=args.smc_particles, smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
-                            smc_final=args.smc_final,
+                            smc_final=args.smc_final, gpqa_shuffle_seed=args.gpqa_shuffle_seed,
                             fixed_horizon=args.fixed_horizon, forced_answer=args.forced_answer)
     seeds = list(args.seed)
     if args.samples is not None:
@@ -230,6 +233,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
         seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
+    if settings.gpqa_shuffle_seed != EvalSettings().gpqa_shuffle_seed and "gpqa" not in names:
+        raise ValueError(f"--gpqa-shuffle-seed applies only when --datasets includes gpqa ({', '.join(names)})")
     stray = [f"{ds}={n}" for ds, n in args.n[1] if ds not in names]  # would be ignored: the run has no such dataset
     if stray:
         raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
@@ -239,7 +244,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     prompts = {}
     for ds in names:
         with naming_undecodable(dataset_paths(ds, args.data_dir, files.get(ds))):
-            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds))
+            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
+                                       gpqa_seed=settings.gpqa_shuffle_seed)
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
 

@@ -116,6 +116,8 @@ class ItemRunner:
             "settings": self.settings.for_dataset(item.dataset).for_method(item.method),
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
+        if "shuffle_seed" in item.prompt.extra:  # GPQA: the seed its choices were shuffled with (what the model saw)
+            rec["gpqa_shuffle_seed"] = item.prompt.extra["shuffle_seed"]
         forced = {k: out.pop(k) for k in ("forced_ids", "forced_wall_s") if k in out}
         if "error" not in out:
             out["response_ids"] = cut_at_eos(out["response_ids"], rt.eos_token_ids)

@@ -43,10 +43,22 @@ def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> li
         f"- machine load (1-min load average when each line was written): mean {sum(loads) / len(loads):.2f}, "
         f"max {max(loads):.2f}" if loads else "- machine load: not recorded",
         *[f"- code sandbox: {json.loads(s)}" for s in _distinct(records, "sandbox")],
+        *_gpqa_shuffle_line(records),
         "", "Settings per method:", "",
         *[f"- {m}: `{json.dumps(s)}`" for m, s in settings.items()],
     ]
     return lines
+
+
+def _gpqa_shuffle_line(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The seed(s) GPQA's answer choices were shuffled with, where the run has GPQA lines."""
+    gpqa = [r for r in records if r.get("dataset") == "gpqa"]
+    if not gpqa:
+        return []
+    seeds = [json.loads(s) for s in _distinct(gpqa, "gpqa_shuffle_seed")]
+    if any(r.get("gpqa_shuffle_seed") is None for r in gpqa):  # lines written before forerun recorded it
+        seeds.append("not recorded (older lines; forerun eval then always shuffled with 10086)")
+    return [f"- GPQA answer-choice shuffle seed: {', '.join(str(s) for s in seeds)}"]
 
 
 def write_report(records: Sequence[dict[str, Any]], out_dir: Path, *, run_path: str, command: str

@@ -72,8 +72,9 @@ RESUME_KEYS = ("model", "dtype", "concurrency", "settings", "forced_answers")
 forced_answers: the forcing texts and budgets of a --forced-answer run, `forced.forcing_header`)."""
 HEADER_ADDED = ("forced_answers",)
 """Resume keys added after run files were written: compared only when both headers have one."""
-SETTINGS_ADDED = {"forced_answer": False, "smc_final": "sample"}
-"""Settings added after run files were written: a header without one ran with this value."""
+SETTINGS_ADDED = {"forced_answer": False, "smc_final": "sample", "gpqa_shuffle_seed": 10086}
+"""Settings added after run files were written: a header without one ran with this value (GPQA's choices were
+always shuffled with 10086 before the seed was recorded: a literal, the history, not today's default)."""
 
 
 def run_header(settings: dict[str, Any], model: str, dtype: str, concurrency: int, **info: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from ...programs.random_streams import PAPER_SEED
 from ...programs.sampler_config import CPU_STREAM_ROWS, SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
 from ...programs.selection_rules import FINAL_RULES, SELECT_RULES, rule_line
+from ..datasets.loading import GPQA_SHUFFLE_SEED
 
 _SAMPLER = SamplerConfig()
 """Where the samplers' own defaults (α, β, M, 𝒯, seed) are read from: written once, in `SamplerConfig`."""
@@ -134,6 +135,9 @@ class EvalSettings:
     """Power-SMC's answer (`FINAL_RULES`): sample (∝ final weight, the reference's), max or max-logp0."""
     seed: int = PAPER_SEED
     """Run seed [10086]."""
+    gpqa_shuffle_seed: int = GPQA_SHUFFLE_SEED
+    """Seed of GPQA's per-question answer-choice shuffle (`--gpqa-shuffle-seed`): decides the option order, and so
+    the gold letter, the model is shown [10086]."""
     fixed_horizon: bool = False
     """MH samplers: exactly n tokens with EOS ignored (PreSTO Table 6's setting).  False (default): the
     references' rule, a chain whose state holds an EOS at the end of a block is cut after it and stops."""

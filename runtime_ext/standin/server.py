@@ -92,7 +92,7 @@ from .stopping import StopRules, context_error, request_stop_rules
 from .stream import stream_chunks
 
 PENALTIES_OFF = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
-"""SGLang's penalties at their off values: the stand-in refuses any other value (HTTP 400) rather than ignore it."""
+"""SGLang's penalties at their off values: any other value, or an n other than 1, is HTTP 400 rather than ignored."""
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -416,9 +416,10 @@ class StandInServer:
         problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
         if problem is not None:  # SGLang's verify: HTTP 400
             raise HTTPError(400, problem)
-        penalties = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
-        if penalties:  # never ignored silently
-            raise HTTPError(400, f"the stand-in server does not implement {', '.join(penalties)}")
+        missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
+        missing += [f"parallel sampling (n = {sp['n']!r}; only n = 1)"] if sp.get("n") not in (None, 1) else []
+        if missing:  # never ignored silently
+            raise HTTPError(400, f"the stand-in server does not implement {', '.join(missing)}")
         seed = sp.get("sampling_seed")
         if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
             raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")

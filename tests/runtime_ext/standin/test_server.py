@@ -217,3 +217,62 @@ def test_the_stand_in_refuses_what_does_not_fit_its_context_as_sglang_does():
     assert capped.status_code == 200 and len(capped.json()["output_ids"]) == 2
     assert capped.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
     assert unset.status_code == 200 and len(unset.json()["output_ids"]) == 1
+
+
+def _sglang_parallel_sampling(sampling_params, batched: bool):
+    """SGLang's own `GenerateReqInput._handle_parallel_sampling` (and the beam-width helpers it calls), run on a
+    stand-in object: (samples per prompt, answered as one object) or its ValueError's message."""
+    from pathlib import Path
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parents[1] / "backends" / "sglang_source.py"), "sglang_source")
+    io_struct = "srt/managers/io_struct.py"
+    names = ("_handle_parallel_sampling", "_handle_beam_search_parallel_sampling", "_sampling_params_beam_width")
+    req = type("Req", (), {n: src.compile_function(src.method_def(io_struct, "GenerateReqInput", n), {}, io_struct)
+                           for n in names})()
+    req.sampling_params, req.is_single = sampling_params, not batched
+    req.text, req.input_embeds, req.input_ids = None, None, [[BOS_ID, 5]] if batched else [BOS_ID, 5]
+    try:
+        req._handle_parallel_sampling()
+    except ValueError as exc:
+        return str(exc)
+    return req.parallel_sample_num, req.is_single
+
+
+@pytest.mark.parametrize("n, batched", [(None, False), (1, False), (2, False), (4, False), (None, True), (1, True),
+                                        (2, True)])
+def test_parallel_sampling_n_is_refused_where_sglang_would_answer_n_samples(srv, n, batched):
+    """SGLang answers sampling_params.n > 1 with n samples per prompt, as a list (a single request becomes a batch:
+    io_struct `_handle_parallel_sampling`); the stand-in used to ignore n and answer one.  It now refuses n != 1
+    with HTTP 400 naming parallel sampling, running nothing; n = 1 and no n answer as before (the same tokens)."""
+    sp = {"max_new_tokens": 3, "temperature": 0.0, **({} if n is None else {"n": n})}
+    plain = {"max_new_tokens": 3, "temperature": 0.0}
+    ids = [BOS_ID, 5]
+    want = _sglang_parallel_sampling(sp if not batched else [sp], batched)
+    body = {"input_ids": [ids] if batched else ids, "sampling_params": [sp] if batched else sp}
+    before = dict(srv.counters)
+    r = _post(srv, "/generate", body)
+    if want == (1, not batched):  # SGLang: one response per prompt, the shape the stand-in gives
+        assert r.status_code == 200
+        out = r.json()
+        assert isinstance(out, list) == batched
+        ref = _post(srv, "/generate", {"input_ids": ids, "sampling_params": plain}).json()
+        assert (out[0] if batched else out)["output_ids"] == ref["output_ids"]
+        assert len(ref["output_ids"]) == 3
+    else:
+        assert want == (n, False)  # SGLang: n samples of the prompt, answered as a list
+        assert r.status_code == 400
+        msg = r.json()["error"]["message"]
+        assert "parallel sampling" in msg and f"n = {n}" in msg
+        assert srv.counters == before  # refused before anything ran
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_other_values_of_n_are_refused_too(srv, n):
+    """Stricter than SGLang, whose `_handle_parallel_sampling` keeps a single request with n <= 0 single (what its
+    batch path then does with 0 copies was not followed); a non-integer n fails SGLang's own request schema, which
+    the stand-in runs first."""
+    assert _sglang_parallel_sampling({"n": n}, False) == (n, True)
+    r = _post(srv, "/generate", {"input_ids": [BOS_ID, 5], "sampling_params": {"max_new_tokens": 2, "n": n}})
+    assert r.status_code == 400 and "parallel sampling" in r.json()["error"]["message"]

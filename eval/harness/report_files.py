@@ -49,6 +49,10 @@ def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> li
     return lines
 
 
+REPORT_FILES = ("report.md", "summary.json", "accuracy_vs_latency.png", "speedup.png")
+"""The files `write_report` may write in its folder (each replaced when it is there)."""
+
+
 def write_report(records: Sequence[dict[str, Any]], out_dir: Path, *, run_path: str, command: str
                  ) -> tuple[dict[str, Any], list[Path]]:
     out_dir.mkdir(parents=True, exist_ok=True)

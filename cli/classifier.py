@@ -205,7 +205,7 @@ def _warn_bounds(records: list[NodeRecord]) -> None:
 @reports_errors("classifier train")
 def train_command(args: argparse.Namespace) -> int:
     # bad input raises ValueError: one line on stderr, exit 2 (cli/errors.py)
-    out = output_file(args.out, "--out")
+    out = output_file(args.out, "--out", inputs={"--records": args.records})
     config = _config(args, allow_missing=args.allow_missing_classes)
     records, dropped, duplicates = _read(args)
     model = CertaintyClassifier(config).fit(records)

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int
+from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .errors import report
 from .inputs import check_utf8, dataset_paths, naming_undecodable
-from .output import progress_bar
+from .output import make_output_dir, not_an_input, output_dir, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
@@ -187,6 +187,8 @@ def _datasets(text: str | None) -> list[str]:
                 names.append(dataset_spec(raw).name)
             except KeyError as e:
                 raise ValueError(str(e.args[0])) from None
+    if not names:  # "," or " ": a run of nothing would be a header and an exit 0
+        raise ValueError(f"--datasets {text!r} names no dataset (comma-separated names, or all)")
     return list(dict.fromkeys(names))
 
 
@@ -231,6 +233,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.samples is not None:
         if len(seeds) > 1:
             raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
+        if seeds[0] + args.samples - 1 > SEED_MAX:
+            raise ValueError(f"--seed {seeds[0]} --samples {args.samples}: the last sample's seed "
+                             f"{seeds[0] + args.samples - 1} is over 2**63 - 1")
         seeds = [seeds[0] + i for i in range(args.samples)]
     names = _datasets(args.datasets)
     if settings.gpqa_shuffle_seed != EvalSettings().gpqa_shuffle_seed and "gpqa" not in names:
@@ -417,25 +422,23 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from ..eval.harness.report_files import write_report
+    from ..eval.harness.report_files import REPORT_FILES, write_report
     from ..eval.harness.runs import RunFileError, final_records, load_run, strict_json
 
     try:
         if not Path(args.run).is_file():
             raise ValueError(f"{args.run}: no such run file")
-        if not str(args.out).strip():
-            raise ValueError("--out must not be empty")
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {args.out} exists and is not a directory")
-        if not out.parent.is_dir() or not os.access(out.parent if not out.exists() else out, os.W_OK):
-            raise ValueError(f"--out {args.out}: cannot create or write it")
+        out = output_dir(args.out, "--out")
+        for path in (out / name for name in REPORT_FILES if out.is_dir()):  # each is replaced: not the run file
+            if path.is_dir():
+                raise ValueError(f"--out {out}: {path} is a directory; the report writes a file there")
+            not_an_input(path, "--out", {"RUN.jsonl": args.run})
         records = final_records(load_run(check_utf8(args.run, complete_lines=True), repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")
         command = "forerun " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        summary, files = write_report(records, out, run_path=args.run, command=command)
-    except (ValueError, OSError, RunFileError) as exc:
+        summary, files = write_report(records, make_output_dir(out), run_path=args.run, command=command)
+    except (ValueError, OSError, RunFileError) as exc:  # CommandError is a ValueError
         print(f"forerun eval report: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:

@@ -7,8 +7,10 @@ reason (from `reasons`, keyed by the field's name, or a generic one), then `json
 `output_file(path, what)` / `output_dir(path, what)` check a path a command will write (--records, --out,
 --plot, --plots) before it loads a model: the parent directory must already exist (a missing parent is
 never created: run as root, that made folders at /), the path must not be a directory (a file) or a file
-(a directory), and it must be writable (probed by opening it, since os.access answers yes to root).  A bad
-path raises `CommandError` naming the option.
+(a directory), it must be writable (probed by opening it, since os.access answers yes to root), and it must
+not be one of the command's input files (`inputs`: appending records to the classifier the command reads, or
+writing a classifier over the records it trains on, loses the input).  A bad path raises `CommandError`
+naming the option.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import numpy as np
 
 from .errors import CommandError
 
-__all__ = ["progress_bar", "bars_enabled", "quiet_bars", "strict_json_value", "dumps_strict", "print_json", "output_file", "output_dir", "make_output_dir",
-           "REASONS", "PLOT_SUFFIXES"]
+__all__ = ["progress_bar", "bars_enabled", "quiet_bars", "strict_json_value", "dumps_strict", "print_json", "output_file",
+           "output_dir", "same_file", "not_an_input", "make_output_dir", "REASONS", "PLOT_SUFFIXES"]
 
 REASONS: dict[str, str] = {
     "confidence": "the backend reports no entropy of p0 (a stock SGLang server), so Eq. 22 is undefined",
@@ -121,9 +123,27 @@ def _probe_dir(d: Path, option: str, what: Path) -> None:
         raise CommandError(f"{option} {what}: cannot write in {d} ({exc.strerror or exc})") from None
 
 
-def output_file(path: str | os.PathLike[str] | None, option: str, *,
-                suffixes: tuple[str, ...] = ()) -> Path | None:
-    """Check a file a command will write (or append to); None passes through."""
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """True when `a` and `b` both exist and are one file (a link, another spelling of the path)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def not_an_input(p: Path, option: str, inputs: Mapping[str, Any]) -> None:
+    """Refuse `p` when it is one of `inputs` ({option: path or paths, None skipped}): an output that is also an
+    input would be written over (or appended to) before, or while, it is read."""
+    for name, paths in inputs.items():
+        for q in [paths] if isinstance(paths, (str, os.PathLike)) else (paths or ()):
+            if q is not None and same_file(p, q):
+                raise CommandError(f"{option} {p} is also the {name} input; give another path")
+
+
+def output_file(path: str | os.PathLike[str] | None, option: str, *, suffixes: tuple[str, ...] = (),
+                inputs: Mapping[str, Any] | None = None) -> Path | None:
+    """Check a file a command will write (or append to); None passes through.  `inputs`: the files the command
+    reads, by option ({"--records": [...]}), which the output must not be."""
     if path is None:
         return None
     if not str(path).strip():
@@ -134,6 +154,7 @@ def output_file(path: str | os.PathLike[str] | None, option: str, *,
     if suffixes and p.suffix.lower() not in suffixes:
         raise CommandError(f"{option} {p}: expected a file ending in {' or '.join(suffixes)}")
     _parent_ok(p, option)
+    not_an_input(p, option, inputs or {})
     _probe_file(p, option)
     return p
 

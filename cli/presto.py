@@ -223,7 +223,8 @@ def _checked_inputs(args: argparse.Namespace, kinds: list[str], rules: Any) -> t
     args.reuse = args.reuse is not False
     if getattr(args, "index", None) is None:
         args.index = 0
-    output_file(args.records, "--records")
+    output_file(args.records, "--records", inputs={"--classifier": args.classifier,
+                                                   "--dataset": dataset_paths(getattr(args, "dataset", None), args.data_dir)})
     st = _settings(args)
     labels = getattr(args, "traversals", None) or [args.traversal]
     configs = _configs(args, kinds, st)

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -270,7 +271,8 @@ class RecordWriter:
     """Append-only JSONL writer: one line per scored node (`NodeRecord.to_json`), each stamped with
     `model` when it is given.  Each `write_*` call appends whole lines in one write and flushes them before it
     returns, so writing each call's nodes as the call finishes (`BlockwiseSampler.run(on_call=...)`) leaves
-    every finished call in the file when the run is interrupted or fails."""
+    every finished call in the file when the run is interrupted or fails.  A file whose last line is torn (a kill or a
+    full disk mid-write) gets the new lines after a newline: glued to the torn line, the first would be lost too."""
 
     def __init__(self, path: str | os.PathLike[str], *, model: str | None = None) -> None:
         self.path = Path(path)
@@ -290,8 +292,21 @@ class RecordWriter:
         lines = [json.dumps(stamp(node).to_json()) for node in nodes]
         try:
             with self._lock, self.path.open("a", encoding="utf-8") as fh:
-                fh.write("".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
+                torn = "\n" if lines and _ends_torn(self.path) else ""
+                fh.write(torn + "".join(line + "\n" for line in lines))  # one write: an interrupt leaves whole lines
                 fh.flush()
         except OSError as exc:  # a full disk (or /dev/full): the error names the file
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         return len(lines)
+
+
+def _ends_torn(path: Path) -> bool:
+    """True when `path` is a non-empty regular file whose last byte is not a newline."""
+    try:
+        with path.open("rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode) or not fh.seek(0, os.SEEK_END):
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except OSError:
+        return False

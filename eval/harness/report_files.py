@@ -50,6 +50,10 @@ def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> li
     return lines
 
 
+REPORT_FILES = ("report.md", "summary.json", "accuracy_vs_latency.png", "speedup.png")
+"""The files `write_report` may write in its folder (each replaced when it is there)."""
+
+
 def _gpqa_shuffle_line(records: Sequence[dict[str, Any]]) -> list[str]:
     """The seed(s) GPQA's answer choices were shuffled with, where the run has GPQA lines."""
     gpqa = [r for r in records if r.get("dataset") == "gpqa"]

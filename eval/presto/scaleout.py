@@ -32,6 +32,9 @@ from ...runtime_ext.protocol import EngineError
 from ..datasets.loading import load_prompts
 
 STANDIN_SERVER = "forerun.runtime_ext.standin.server"
+MAX_WORKERS = 64
+"""The most stand-in workers of one launch: each is a Python process, on consecutive ports (100000 overflowed the
+port range after the first launch, an internal error)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ class ScaleoutConfig:
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if not self.workers or min(self.workers) < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not self.workers or min(self.workers) < 1 or max(self.workers) > MAX_WORKERS:
+            raise ValueError(f"--workers: each count must be in [1, {MAX_WORKERS}] (a worker is a process on its own "
+                             f"port), got {' '.join(map(str, self.workers))}")
         for name in ("prompts", "n", "K", "npf"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

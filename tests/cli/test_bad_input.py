@@ -272,3 +272,34 @@ def test_an_unreachable_backend_is_one_line_naming_the_url(run_forerun_in_proces
     url = f"http://127.0.0.1:{unused_port()}"
     proc = run_forerun_in_process(["sample", "--backend", url, "--prompt", "hi", "--n", "4"])
     assert_one_line_error(proc, url)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["classifier", "train", "--records", "{root}/same/records.jsonl", "--out", "{root}/same/records.jsonl"],
+     "--out {root}/same/records.jsonl is also the --records input"),
+    (["classifier", "train", "--records", "{root}/same/records.jsonl", "--out", "{root}/same/../same/records.jsonl"],
+     "is also the --records input"),  # another spelling of the same file
+    (["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--K", "2", "--presto", "--traversal", "predictive",
+      "--classifier", "{root}/same/clf.json", "--records", "{root}/same/clf.json"], "is also the --classifier input"),
+    (["sample", "--dataset", "math500", "--data-dir", "{root}/same", "--model", "tiny", "--n", "4", "--K", "2",
+      "--records", "{root}/same/math500.jsonl"], "is also the --dataset input"),
+    (["bench", "presto", "--data-dir", "{root}/same", "--model", "tiny", "--prompts", "1", "--n", "4", "--K", "2",
+      "--records", "{root}/same/math500.jsonl"], "is also the --dataset input"),
+], ids=["classifier train --out=--records", "classifier train --out=../--records", "sample --records=--classifier",
+        "sample --records=dataset", "bench presto --records=dataset"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(argv, needle, files, run_forerun_in_process,
+                                                                 assert_one_line_error):
+    """Was: `classifier train` wrote the classifier over its records, `sample` appended records to its classifier or
+    to the dataset file it read."""
+    from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
+    from forerun.cli.inputs import dataset_paths
+
+    same = files / "same"
+    same.mkdir(exist_ok=True)
+    (same / "records.jsonl").write_bytes((files / "records.jsonl").read_bytes())
+    CertaintyClassifier(CertaintyConfig()).fit(synthetic_node_records(n_prompts=3, seed=1)).save(same / "clf.json")
+    (same / "math500.jsonl").write_bytes(dataset_paths("math500", None)[0].read_bytes())  # packaged or shared
+    before = {p.name: p.read_bytes() for p in same.iterdir()}
+    proc = run_forerun_in_process([a.format(root=files) for a in argv])
+    assert_one_line_error(proc, needle.format(root=files), code=2)
+    assert {p.name: p.read_bytes() for p in same.iterdir()} == before

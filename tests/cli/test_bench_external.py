@@ -19,3 +19,12 @@ def test_a_launch_failure_keeps_its_exit_class(monkeypatch, capsys, code, expect
     assert main(["bench", "scaleout", "--workers", "1"]) == expected
     err = capsys.readouterr().err.strip()
     assert err == "forerun bench scaleout: http://127.0.0.1:1: the process exited before becoming healthy; last lines:"
+
+
+def test_a_worker_count_past_the_limit_is_refused_before_any_launch(monkeypatch, capsys):
+    """Was: `--workers 100000 --no-gateway` launched a worker, then its consecutive ports overflowed: internal error."""
+    launched = []
+    monkeypatch.setattr(scaleout, "run_scaleout", lambda *a, **k: launched.append(a))
+    assert main(["bench", "scaleout", "--workers", "1", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--workers: each count must be in [1, " in err and not launched

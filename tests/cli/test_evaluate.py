@@ -20,6 +20,11 @@ from forerun.eval.harness.runs import load_run
 ARGS = ["eval", "--model", "tiny", "--datasets", "math500,mmlu", "--methods",
         "greedy,power-mh,presto-power-mh,power-smc", "--limit", "3", "--n", "16", "--K", "4", "--smc-block", "4"]
 TOTAL = 2 * 4 * 3
+RUN_FILE_LINES = json.dumps({"key": "math500|greedy|p0|1", "dataset": "math500", "method": "greedy", "prompt_id": "p0",
+                             "seed": 1, "correct": True, "call_time_s": 1.0, "num_calls": 1, "all_calls": 1,
+                             "time_per_call_s": 1.0, "wall_s": 1.1, "log_likelihood": -1.0, "confidence": -1.0,
+                             "response_ids": [1, 2], "settings": {}, "model": "m"}) + "\n"
+"""A run file of one finished item, which `eval report` reports."""
 
 
 def _strict(text: str):
@@ -75,15 +80,24 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "report", "{tmp}/full.jsonl", "--out", ""], "--out must not be empty"),  # was: the current folder
     (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl/r.jsonl"], "is not a directory"),
     (["eval", "--datasets", "math500", "--out", "/dev/null"], "is not a regular file"),
+    (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "names no dataset"),  # was: a header, 0 items, exit 0
+    (["eval", "--datasets", "math500", "--out", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--samples", "2"],
+     "is over 2**63 - 1"),  # was: a seed of 2**63, out of --seed's range
+    (["eval", "report", "{tmp}/rep/summary.json", "--out", "{tmp}/rep"], "is also the RUN.jsonl input"),
+    (["eval", "report", "{tmp}/full.jsonl", "--out", "{tmp}/dir_rep"], "is a directory; the report writes a file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "full.jsonl").write_text('{"key": "a"}\n')
     (tmp_path / "bad.jsonl").write_text("garbage\n")
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "dir_rep" / "report.md").mkdir(parents=True)
+    (tmp_path / "rep" / "summary.json").write_text(RUN_FILE_LINES)  # a run file named as one of the report's files
     rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
     assert not (tmp_path / "r.jsonl").exists()
+    assert (tmp_path / "rep" / "summary.json").read_text() == RUN_FILE_LINES  # an input is never written over
 
 
 def test_kill_and_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, capsys):

@@ -30,6 +30,23 @@ def test_jsonl_is_append_only_and_round_trips(tmp_path):
     assert res.calls[1].to_json(with_nodes=False).get("nodes") is None
 
 
+def test_appending_after_a_torn_last_line_starts_a_new_line(tmp_path):
+    """A records file cut mid-line (a kill or a full disk mid-write): the next run's lines are whole lines after it,
+    not glued to the torn one (which lost the first new record too and made the next reader fail there)."""
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=6, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=5)).run([1, 2], prompt_id="p0")
+    path = tmp_path / "nodes.jsonl"
+    n = RecordWriter(path).write_calls(res.calls)
+    with path.open("a") as fh:
+        fh.write('{"prompt_id": "p0", "ca')  # torn
+    RecordWriter(path).write_calls(res.calls)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 * n + 1 and lines[n] == '{"prompt_id": "p0", "ca'
+    whole = [json.loads(line) for i, line in enumerate(lines) if i != n]
+    assert whole[n:] == whole[:n]  # every new record is whole
+
+
 def test_malformed_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt_id": 1}\n')

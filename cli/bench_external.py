@@ -90,6 +90,11 @@ def bench_scaleout_command(args: argparse.Namespace) -> int:
 
     cfg = ScaleoutConfig(workers=tuple(args.workers), gateway=args.gateway, prompts=args.prompts, n=args.n, K=args.K,
                          npf=args.npf, step_ms=args.step_ms)
+    from ..eval.datasets.loading import load_prompts
+
+    available = len(load_prompts("math500", limit=args.prompts))
+    if available < args.prompts:  # before any worker starts
+        raise CommandError(f"math500 has only {available} prompts here, asked for {args.prompts}")
     with tempfile.TemporaryDirectory(prefix="forerun-scaleout-") as logs:
         try:
             out = run_scaleout(cfg, logs, progress=lambda line: print(f"bench scaleout: {line}", file=sys.stderr))

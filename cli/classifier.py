@@ -160,16 +160,24 @@ def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> Certain
     )
 
 
+def _of_sampler(records: list[NodeRecord], sampler: str) -> list[NodeRecord]:
+    """The records of `sampler`; ValueError naming the samplers the file holds when none is."""
+    kept = [r for r in records if r.sampler == sampler]
+    if not kept:
+        found = sorted({str(r.sampler) for r in records if r.sampler is not None})
+        unnamed = " (and records with no sampler)" if any(r.sampler is None for r in records) else ""
+        raise ValueError(f"no records with sampler {sampler!r} (samplers found: {', '.join(found) or 'none'}"
+                         f"{unnamed})")
+    return kept
+
+
 def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int, int]:
     """Records from --records (filtered by --sampler, each node once), how many --drop-unreachable removed and how
     many duplicates were dropped."""
     with naming_undecodable(args.records, "--records"):
         records = read_node_records(args.records, epsilon=args.epsilon)
     if args.sampler is not None:
-        found = sorted({str(r.sampler) for r in records})
-        records = [r for r in records if r.sampler == args.sampler]
-        if not records:
-            raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found)})")
+        records = _of_sampler(records, args.sampler)
     _warn_bounds(records)
     kept = drop_unreachable(records) if args.drop_unreachable else records  # reachability: per traversal's call
     unique, duplicates = _unique(kept)
@@ -268,10 +276,7 @@ def ceiling_command(args: argparse.Namespace) -> int:
                          "(a sampler named presto-...)")
     with naming_undecodable(args.records, "--records"):
         records = read_node_records(args.records)
-    found = sorted({str(r.sampler) for r in records})
-    records = [r for r in records if r.sampler == args.sampler]
-    if not records:
-        raise ValueError(f"no records with sampler {args.sampler!r} (samplers found: {', '.join(found) or 'none'})")
+    records = _of_sampler(records, args.sampler)
     _warn_bounds(records)
     model = classifier_from_args(args)
     warn_shipped("classifier ceiling", args, records[0].model, [args.sampler.removeprefix("presto-")])

@@ -9,14 +9,15 @@
           file that is missing, unreadable or not UTF-8, ...),    "forerun <command>: error: ... (see --help)")
           found before any model loads where it can be
     130   interrupted (SIGINT, Ctrl-C)                            "forerun: interrupted"
+    143   terminated (SIGTERM: a scheduler's, `timeout`'s)        "forerun: terminated"
 
 Usage errors are ValueError (CommandError), OSError and KeyError; EngineError is a failure (exit 1) in every
 command.  FORERUN_TRACEBACK=1 lets every exception through with its traceback (for debugging).
 
-On SIGINT the command's own `finally` blocks still run (the records file is closed after whole lines, the
-engine stops after its current step); then output from other threads (SGLang's fork threads, tqdm, the
-engine worker) is silenced and the process leaves with `os._exit(130)`, so no thread can print a traceback
-or keep the interpreter waiting.  A second Ctrl-C exits at once.
+On SIGINT or SIGTERM the command's own `finally` blocks still run (the records file is closed after whole lines,
+the engine stops after its current step, launched servers are stopped); then output from other threads (SGLang's
+fork threads, tqdm, the engine worker) is silenced and the process leaves with `os._exit(130)` (143 after
+SIGTERM), so no thread can print a traceback or keep the interpreter waiting.  A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ from typing import Any, Callable, Iterator, TextIO
 from ..runtime_ext.protocol import EngineError
 
 __all__ = ["CommandError", "one_line", "exit_code_for", "report", "reports_errors", "run_guarded", "interrupt_exits",
-           "INTERRUPTED_MESSAGE", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+           "INTERRUPTED_MESSAGE", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
 Handler = Callable[[Any], Any]
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 """The exit-code table of the module docstring."""
 INTERRUPTED_MESSAGE = "forerun: interrupted"
 TRACEBACK_ENV = "FORERUN_TRACEBACK"
@@ -99,8 +100,10 @@ def reports_errors(command: str) -> Callable[[Handler], Handler]:
     return wrap
 
 
-# -- SIGINT -----------------------------------------------------------------------------------------------
+# -- SIGINT, SIGTERM --------------------------------------------------------------------------------------
 _real_stderr: TextIO | None = None
+_terminated = False
+"""The signal that ends the command is SIGTERM (exit 143, "terminated"), not SIGINT."""
 
 
 def _silence_other_output() -> None:
@@ -119,15 +122,19 @@ def _exit_interrupted(hint: str = "") -> None:
     except (OSError, ValueError):
         pass
     try:
-        stream.write("\r" + INTERRUPTED_MESSAGE + (f"; {hint}" if hint else "") + "\n")  # \r: after a bar's frame
+        message = "forerun: terminated" if _terminated else INTERRUPTED_MESSAGE
+        stream.write("\r" + message + (f"; {hint}" if hint else "") + "\n")  # \r: after a bar's frame
         stream.flush()
     finally:
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
-    if _real_stderr is not None:  # the second Ctrl-C: leave now
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT and SIGTERM: unwind the command (its `finally` blocks run), then `run_guarded` exits."""
+    global _terminated
+    if _real_stderr is not None:  # the second signal: leave now
         _exit_interrupted()
+    _terminated = signum == signal.SIGTERM
     _silence_other_output()
     raise KeyboardInterrupt
 
@@ -148,7 +155,7 @@ def interrupt_exits() -> Iterator[None]:
 def run_guarded(command: str, handler: Callable[[], int | None]) -> int:
     """Run a command handler under the rules in the module docstring; returns its exit code."""
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         return int(handler() or 0)
     except KeyboardInterrupt as exc:  # a command may re-raise it with a hint: KeyboardInterrupt("rerun with ...")
@@ -160,5 +167,5 @@ def run_guarded(command: str, handler: Callable[[], int | None]) -> int:
             raise
         return report(command, exc)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -28,3 +28,13 @@ def test_a_worker_count_past_the_limit_is_refused_before_any_launch(monkeypatch,
     assert main(["bench", "scaleout", "--workers", "1", "100000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--workers: each count must be in [1, " in err and not launched
+
+
+def test_more_prompts_than_math500_holds_is_refused_before_any_launch(monkeypatch, capsys):
+    """Was: `--prompts 100000` ran every prompt there was (500) and reported the run as asked; `bench presto`
+    refuses the same request."""
+    launched = []
+    monkeypatch.setattr(scaleout, "run_scaleout", lambda *a, **k: launched.append(a))
+    assert main(["bench", "scaleout", "--prompts", "100000", "--no-gateway"]) == 2
+    err = capsys.readouterr().err  # "math500 has only 500 prompts here, ..." (the packaged slice: its own refusal)
+    assert err.count("\n") == 1 and "asked for 100000" in err and not launched

@@ -144,6 +144,10 @@ def test_sampler_filter(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["training_size"] == len(recs) // 2
     assert run(["classifier", "train", "--records", str(path), "--out", str(out), "--sampler", "nope"]) == 2
     assert "samplers found: presto-entropy-cut, presto-power-mh" in capsys.readouterr().err
+    unnamed = tmp_path / "unnamed.jsonl"
+    write_node_records(unnamed, [dataclasses.replace(r, sampler=None) for r in recs[:8]])
+    assert run(["classifier", "train", "--records", str(unnamed), "--out", str(out), "--sampler", "nope"]) == 2
+    assert "(samplers found: none (and records with no sampler))" in capsys.readouterr().err  # was "None"
 
 
 def test_a_node_recorded_twice_counts_once(record_files, capsys):

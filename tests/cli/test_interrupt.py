@@ -98,3 +98,64 @@ def test_a_closed_stdout_ends_quietly_and_a_full_disk_is_a_failure(tmp_path):
     assert pipe.returncode == EXIT_FAILURE and pipe.stderr == b""
     assert exit_code_for(OSError(errno.ENOSPC, "No space left on device")) == EXIT_FAILURE
     assert exit_code_for(FileNotFoundError(errno.ENOENT, "nope")) == EXIT_USAGE
+
+
+def _children(pid: int, marker: str) -> list[int]:
+    """Processes whose parent is `pid` and whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and marker in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_sigterm_during_sample_is_one_line_and_exit_143(forerun_argv):
+    run = Running(forerun_argv + ["sample", "--model", "tiny", "--prompt", "hi", "--n", "8", "--K", "1000000000",
+                                  "--presto", "--npf", "8"])
+    run.wait_for(lambda: b"transition" in run.err)
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.proc.wait(timeout=120)
+    run._reader.join(timeout=10)
+    err = bytes(run.err).decode("utf-8", "replace")
+    assert code == 143 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.split("\r")[-1] == "forerun: terminated\n", repr(err)
+
+
+def test_sigterm_during_bench_scaleout_stops_the_workers_it_launched(forerun_argv):
+    """A SIGTERM (a scheduler's, `timeout`'s) ended the process at once: the stand-in workers it had started in
+    sessions of their own kept running.  Now the command unwinds as on Ctrl-C and stops them."""
+    from forerun.eval.presto.scaleout import STANDIN_SERVER
+
+    run = Running(forerun_argv + ["bench", "scaleout", "--workers", "1", "--no-gateway", "--prompts", "8",
+                                  "--K", "100000", "--quiet"])
+    workers: list[int] = []
+
+    def started() -> bool:
+        workers[:] = _children(run.proc.pid, STANDIN_SERVER)
+        return bool(workers)
+
+    run.wait_for(started)
+    time.sleep(1.0)  # the worker answers; the chains run
+    run.proc.send_signal(signal.SIGTERM)
+    code = run.proc.wait(timeout=120)
+    run._reader.join(timeout=10)
+    err = bytes(run.err).decode("utf-8", "replace")
+    assert code == 143, err
+    deadline = time.monotonic() + 15
+    while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_gone(pid) for pid in workers), f"workers still running: {workers}"

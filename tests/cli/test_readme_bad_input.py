@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forerun.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from forerun.cli.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECTION = "### Exit codes and bad input"
@@ -52,7 +52,7 @@ REAL_PROCESS = {"generate --prompt x --backend ", "classifier train --records NO
 
 
 def test_the_exit_code_table_is_the_one_the_code_uses():
-    assert [int(row[0]) for row in EXIT_TABLE] == [EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED]
+    assert [int(row[0]) for row in EXIT_TABLE] == [EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED]
     assert {code for _, _, code in ROWS} <= {EXIT_FAILURE, EXIT_USAGE}
     assert REAL_PROCESS <= set(IDS) and len(ROWS) >= 20
 

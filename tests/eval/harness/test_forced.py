@@ -180,16 +180,15 @@ def test_the_report_shows_forced_accuracy_in_its_own_column(tmp_path):
     assert "forced" not in (tmp_path / "plain" / "report.md").read_text()
 
 
-def test_a_response_that_fills_the_context_keeps_its_grade_and_gets_a_forced_pass_within_the_context(
-        tmp_path, capsys, monkeypatch):
-    """--n up to the context is allowed; the forced continuation of such a response asked the engine for
-    prompt + response + forcing text + 32 tokens, past the context: an EngineError, the whole item retried and
-    written as an error line (a correct response counted wrong)."""
+def _responses_that_fill_the_context(monkeypatch) -> dict:
+    """Every method's response fills the context (`seen["ctx"]` tokens with the prompt) and ends with the item's
+    right answer; `seen` gets the runtime's tokenizer and, when `ctx` is not set, the runtime's max_context."""
     seen: dict = {}
     real_prepare = items.ItemRunner.prepare
 
     def prepare(self, todo):
-        seen["tok"], seen["ctx"] = self.runtimes[0].tokenizer, self.runtimes[0].loaded.max_context
+        seen["tok"] = self.runtimes[0].tokenizer
+        seen.setdefault("ctx", self.runtimes[0].max_context)
         return real_prepare(self, todo)
 
     def run(self, method, prompt_ids, prompt_id, seed):
@@ -202,12 +201,22 @@ def test_a_response_that_fills_the_context_keeps_its_grade_and_gets_a_forced_pas
 
     monkeypatch.setattr(items.ItemRunner, "prepare", prepare)
     monkeypatch.setattr(methods.MethodRunner, "run", run)
+    return seen
+
+
+def test_a_response_that_fills_the_context_keeps_its_grade_and_gets_a_forced_pass_within_the_context(
+        tmp_path, capsys, monkeypatch):
+    """--n up to the context is allowed; the forced continuation of such a response asked the engine for
+    prompt + response + forcing text + 32 tokens, past the context: an EngineError, the whole item retried and
+    written as an error line (a correct response counted wrong)."""
+    seen = _responses_that_fill_the_context(monkeypatch)
     run_file = tmp_path / "run.jsonl"
     rc = main(["eval", "--model", "tiny", "--datasets", "math500", "--methods", "greedy", "--limit", "1", "--n", "4",
                "--forced-answer", "--out", str(run_file)])
     capsys.readouterr()
     (rec,) = read_run(run_file)[1]
     assert rc == 0 and "error" not in rec
+    assert seen["ctx"] == 2048  # the tiny model's context
     assert rec["prompt_tokens"] + len(rec["response_ids"]) == seen["ctx"] and rec["correct"] is True
     assert rec["forced_tokens"] == 0 and rec["forced_correct"] is True  # no room: the response's own answer
 
@@ -218,26 +227,10 @@ def test_on_a_server_the_forced_pass_stays_within_the_context_the_server_reports
     line."""
     from forerun.runtime_ext.standin.server import StandInServer
 
-    seen: dict = {}
-    real_prepare = items.ItemRunner.prepare
-
-    def prepare(self, todo):
-        seen["tok"] = self.runtimes[0].tokenizer
-        return real_prepare(self, todo)
-
-    def run(self, method, prompt_ids, prompt_id, seed):
-        tok = seen["tok"]
-        answer = tok.encode(" \\boxed{" + load_prompts("math500", limit=1)[0].answer + "}", add_special_tokens=False)
-        filler = tok.encode(" ", add_special_tokens=False)[:1] * (seen["ctx"] - len(prompt_ids) - len(answer))
-        return {"response_ids": filler + answer, "finished": False, "call_time_s": 0.0, "num_calls": 1,
-                "all_calls": 1, "transitions": None, "transitions_per_call": None, "time_per_call_s": 0.0,
-                "log_likelihood": -1.0, "confidence": -1.0, "tokens_decoded": 1, "extra": {}, "wall_s": 0.0}
-
-    monkeypatch.setattr(items.ItemRunner, "prepare", prepare)
-    monkeypatch.setattr(methods.MethodRunner, "run", run)
+    seen = _responses_that_fill_the_context(monkeypatch)
+    seen["ctx"] = 3000
     run_file = tmp_path / "run.jsonl"
     with StandInServer(context_length=3000) as srv:
-        seen["ctx"] = 3000
         rc = main(["eval", "--backend", srv.url, "--datasets", "math500", "--methods", "greedy", "--limit", "1",
                    "--n", "4", "--forced-answer", "--out", str(run_file)])
         forced_requests = srv.generate_bodies()

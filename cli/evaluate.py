@@ -293,17 +293,25 @@ def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]
                          "with cannot be checked; start another run file")
 
 
-def _check_same_prompts(records: list[dict[str, Any]], prompts: dict[str, list[Any]]) -> None:
-    """A resumed run's results must be for the prompts loaded now: a record whose prompt id names another prompt
-    (another dataset file, or an edited one; LiveCodeBench ids are row numbers) is refused.  Records from before
-    the fingerprint (no prompt_sha) and prompts not loaded now (a smaller --limit) are not checked."""
+def _check_same_prompts(records: list[dict[str, Any]], prompts: dict[str, list[Any]], system: str | None) -> None:
+    """A resumed run's results must be for the prompts loaded now, shown to the model as they would be now: a record
+    whose prompt id names another prompt (another dataset file, or an edited one; LiveCodeBench ids are row numbers),
+    or whose chat was worded otherwise (an earlier forerun's instructions), is refused.  Prompts not loaded now (a
+    smaller --limit) are not checked, and neither are records from before each fingerprint (no prompt_sha, no
+    messages_sha: such files still resume, unchecked on that count).  `system`: --system, which the run header's
+    settings have already matched."""
     loaded = {(ds, p.id): p for ds, rows in prompts.items() for p in rows}
     for rec in records:
         prompt = loaded.get((rec.get("dataset"), rec.get("prompt_id")))
-        if rec.get("prompt_sha") and prompt is not None and prompt.fingerprint() != rec["prompt_sha"]:
-            raise ValueError(f"--resume: the run file's results for {rec['dataset']} prompt {rec['prompt_id']!r} are "
-                             "for another prompt than the one loaded now (another or an edited dataset file); "
+        if prompt is None:
+            continue
+        where = f"--resume: the run file's results for {rec['dataset']} prompt {rec['prompt_id']!r} are for"
+        if rec.get("prompt_sha") and prompt.fingerprint() != rec["prompt_sha"]:
+            raise ValueError(f"{where} another prompt than the one loaded now (another or an edited dataset file); "
                              "resume with the same data, or start another run file")
+        if rec.get("messages_sha") and prompt.messages_fingerprint(system) != rec["messages_sha"]:
+            raise ValueError(f"{where} a chat worded otherwise than the one this forerun shows the model (another "
+                             "version's instructions); start another run file")
 
 
 def _check_sandbox() -> None:
@@ -330,7 +338,7 @@ def eval_command(args: argparse.Namespace) -> int:
         if header is not None or existing:  # the settings first: a refused resume loads no model
             _check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
                                                 "forced_answers": forced})
-            _check_same_prompts(existing, plan["prompts"])
+            _check_same_prompts(existing, plan["prompts"], plan["settings"].system)
         classifier = _classifier(args, plan["methods"])
         pool = open_pool_from(args)
         check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})

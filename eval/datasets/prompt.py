@@ -31,10 +31,15 @@ class Prompt:
     """Dataset-specific fields graders need (tests, entry_point, subject, answer_index, ...)."""
 
     def fingerprint(self) -> str:
-        """16 hex digits of sha256 over the question, answer, choices and extra: what a run file's results were
-        graded against, so that `eval --resume` with another dataset file under the same ids is refused."""
-        content = json.dumps([self.question, self.answer, self.choices, self.extra], sort_keys=True, default=repr)
-        return hashlib.sha256(content.encode()).hexdigest()[:16]
+        """`_sha16` of the question, answer, choices and extra: what a run file's results were graded against, so
+        that `eval --resume` with another dataset file under the same ids is refused."""
+        return _sha16([self.question, self.answer, self.choices, self.extra])
+
+    def messages_fingerprint(self, system: str | None = None) -> str:
+        """`_sha16` of `messages(system)`: the chat the model is shown, instruction wording included, so that
+        `eval --resume` under a forerun that words its instructions otherwise is refused.  What turns the chat into
+        token ids (the model's tokenizer and chat template, --no-chat-template, --thinking) is in the run header."""
+        return _sha16(self.messages(system))
 
     @property
     def category(self) -> str:
@@ -50,13 +55,20 @@ class Prompt:
         """The instruction text sent as the user turn (see the module docstring for the formats)."""
         return _USER_MESSAGE[self.category](self)
 
-    def messages(self) -> list[dict[str, str]]:
-        """Chat messages: one user turn holding `user_message()`."""
-        return [{"role": "user", "content": self.user_message()}]
+    def messages(self, system: str | None = None) -> list[dict[str, str]]:
+        """Chat messages: a system turn holding `system` when given (`--system`), then one user turn holding
+        `user_message()`."""
+        turns = [{"role": "system", "content": system}] if system else []
+        return [*turns, {"role": "user", "content": self.user_message()}]
 
     def chat_prompt(self, tokenizer: Any) -> str:
         """The user turn rendered with the tokenizer's chat template, ready for the assistant's answer."""
         return tokenizer.apply_chat_template(self.messages(), tokenize=False, add_generation_prompt=True)
+
+
+def _sha16(value: Any) -> str:
+    """16 hex digits of sha256 over `value` as sorted-key JSON: the prompt fingerprints a run file's records keep."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
 def _math_message(p: Prompt) -> str:

@@ -42,11 +42,10 @@ class ItemRunner:
         """Encode every prompt once, in this thread (the first runtime's tokenizer; `--system`, the chat template
         or plain text, the template's thinking switch, as the settings say)."""
         tok, s = self.runtimes[0].tokenizer, self.settings
-        system = [{"role": "system", "content": s.system}] if s.system else []
         for it in items:
             key = (it.dataset, it.prompt.id)
             if key not in self.prompt_ids:
-                self.prompt_ids[key] = chat_prompt_ids(tok, system + it.prompt.messages(),
+                self.prompt_ids[key] = chat_prompt_ids(tok, it.prompt.messages(s.system),
                                                        use_template=s.chat_template, thinking=s.thinking)
         if s.forced_answer:
             self.forcing_ids = {kind: [int(t) for t in tok.encode(f.text, add_special_tokens=False)]
@@ -110,7 +109,8 @@ class ItemRunner:
         rt = out.pop("runtime")
         rec: dict[str, Any] = {
             "key": item.key, "dataset": item.dataset, "method": item.method, "prompt_id": item.prompt.id,
-            "prompt_index": item.prompt_index, "prompt_sha": item.prompt.fingerprint(), "seed": item.seed,
+            "prompt_index": item.prompt_index, "prompt_sha": item.prompt.fingerprint(),
+            "messages_sha": item.prompt.messages_fingerprint(self.settings.system), "seed": item.seed,
             "category": item.prompt.category,
             "model": rt.name, "dtype": rt.dtype, "backend": rt.location,
             "settings": self.settings.for_dataset(item.dataset).for_method(item.method),

@@ -210,6 +210,67 @@ def test_resuming_with_another_dataset_file_under_the_same_ids_is_refused(tmp_pa
     assert err.count("\n") == 1 and "another prompt than the one loaded now" in err and run.read_bytes() == before
 
 
+def _reworded_mc(p):
+    """Another forerun's multiple-choice instruction: the same row, the same option letters, other words."""
+    options = "\n".join(f"{chr(65 + i)}) {c.strip()}" for i, c in enumerate(p.choices))
+    return f"{p.question.strip()}\n\n{options}\n\nReply with the letter of the right option in \\boxed{{}}."
+
+
+def test_resuming_after_the_instruction_wording_changed_is_refused(tmp_path, capsys, monkeypatch):
+    """The row fingerprint (prompt_sha) does not see the instruction forerun wraps a row in: a forerun that words its
+    instructions otherwise used to resume silently, mixing results of two prompts in one run.  Each record carries
+    the fingerprint of the chat the model was shown (messages_sha, --system included); a resume under other wording
+    is refused before the model loads, one line naming the dataset and prompt id, and the file is left as it was."""
+    import hashlib
+
+    from forerun.eval.datasets import prompt as prompt_module
+    from forerun.eval.harness import items
+
+    encoded, encode = [], items.chat_prompt_ids  # the chats the tokenizer gets: what messages_sha fingerprints
+
+    def spy(tokenizer, chat, **kw):
+        encoded.append(chat)
+        return encode(tokenizer, chat, **kw)
+
+    monkeypatch.setattr(items, "chat_prompt_ids", spy)
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--n", "4"]
+    run = tmp_path / "run.jsonl"
+    assert main([*small, "--limit", "1", "--system", "Be brief.", "--out", str(run)]) == 0
+    (rec,) = load_run(run)
+    (chat,) = encoded
+    assert chat[0] == {"role": "system", "content": "Be brief."} and len(chat) == 2
+    assert rec["messages_sha"] == hashlib.sha256(json.dumps(chat, sort_keys=True).encode()).hexdigest()[:16]
+    monkeypatch.setitem(prompt_module._USER_MESSAGE, "mc", _reworded_mc)
+    before = run.read_bytes()
+    capsys.readouterr()
+    assert main([*small, "--limit", "2", "--system", "Be brief.", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "worded otherwise" in err, err
+    assert f"mmlu prompt {rec['prompt_id']!r}" in err and run.read_bytes() == before
+    monkeypatch.undo()  # today's wording again: the same file resumes
+    assert main([*small, "--limit", "2", "--system", "Be brief.", "--out", str(run), "--resume"]) == 0
+    assert len(load_run(run)) == 2
+
+
+def test_records_from_before_the_messages_fingerprint_still_resume(tmp_path, capsys, monkeypatch):
+    """A run file written before messages_sha existed has nothing to compare the wording against: its records are
+    not checked on that count (they still are on prompt_sha), and the resume appends records that carry one."""
+    from forerun.eval.datasets import prompt as prompt_module
+
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--n", "4"]
+    run = tmp_path / "run.jsonl"
+    assert main([*small, "--limit", "1", "--out", str(run)]) == 0
+    header, *lines = run.read_text().splitlines()
+    old = [json.loads(line) for line in lines]
+    for rec in old:
+        del rec["messages_sha"]
+    run.write_text("".join(line + "\n" for line in [header, *map(json.dumps, old)]))
+    monkeypatch.setitem(prompt_module._USER_MESSAGE, "mc", _reworded_mc)
+    assert main([*small, "--limit", "2", "--out", str(run), "--resume"]) == 0, capsys.readouterr().err
+    recs = load_run(run)
+    assert [("messages_sha" in r) for r in recs] == [False, True]
+
+
 def test_a_response_longer_than_the_context_is_refused_before_any_item(tmp_path, capsys):
     run = tmp_path / "run.jsonl"
     rc = main(["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--limit", "1", "--n", "4096",

@@ -175,7 +175,7 @@ def _read(args: argparse.Namespace) -> tuple[list[NodeRecord], int, int]:
     """Records from --records (filtered by --sampler, each node once), how many --drop-unreachable removed and how
     many duplicates were dropped."""
     with naming_undecodable(args.records, "--records"):
-        records = read_node_records(args.records, epsilon=args.epsilon)
+        records = read_node_records(args.records, epsilon=args.epsilon, warn=_warn)
     if args.sampler is not None:
         records = _of_sampler(records, args.sampler)
     _warn_bounds(records)
@@ -199,15 +199,20 @@ def _unique(records: list[NodeRecord]) -> tuple[list[NodeRecord], int]:
     return kept, len(records) - len(kept)
 
 
+def _warn(message: str) -> None:
+    """One warning line on stderr (a torn records line skipped, early rejections' bounds)."""
+    print(f"forerun classifier: warning: {message}", file=sys.stderr)
+
+
 def _warn_bounds(records: list[NodeRecord]) -> None:
     """One stderr line when records carry an upper bound of log A instead of its value: streaming PreSTO's early
     rejections (extra.log_accept_is_bound), whose proposals were never decoded to the end."""
     bounds = sum(bool(r.extra.get("log_accept_is_bound")) for r in records)
     if bounds:
-        print(f"forerun classifier: warning: {bounds} of {len(records)} records are early rejections whose log A is "
-              "an upper bound (extra.log_accept_is_bound): their accept_prob reads high and their certainty class "
-              "may read uncertain where the exact one is a certain rejection; train on records with --no-early-reject "
-              "or round-based PreSTO for exact labels", file=sys.stderr)
+        _warn(f"{bounds} of {len(records)} records are early rejections whose log A is an upper bound "
+              "(extra.log_accept_is_bound): their accept_prob reads high and their certainty class may read uncertain "
+              "where the exact one is a certain rejection; train on records with --no-early-reject or round-based "
+              "PreSTO for exact labels")
 
 
 @reports_errors("classifier train")
@@ -275,7 +280,7 @@ def ceiling_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--sampler {args.sampler!r}: the ceiling needs the prefetched subtrees of round-based PreSTO "
                          "(a sampler named presto-...)")
     with naming_undecodable(args.records, "--records"):
-        records = read_node_records(args.records)
+        records = read_node_records(args.records, warn=_warn)
     records = _of_sampler(records, args.sampler)
     _warn_bounds(records)
     model = classifier_from_args(args)

@@ -4,7 +4,8 @@ One `CallRecord` per model call (wall time of the program run, nodes scored, dis
 and tokens generated, transitions realized) and, inside it, one `NodeRecord` per scored node of that
 call's prefetched subtree (a sequential call is a subtree with one scored node).  This module owns the one node-record schema: `RecordWriter` appends
 records as JSONL, one line per scored node (stamped with the model's name), and `read_node_records` reads
-them back for the classifier, with errors that name the file and line.
+them back for the classifier, with errors that name the file and line (a torn line, from a write cut short, is
+skipped with a warning that names them).
 
     paper                              code (NodeRecord field)
     v+ (heap index of the proposal)    node_id
@@ -28,9 +29,10 @@ import math
 import os
 import stat
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .acceptance import CLASSES, epsilon_class
 
@@ -178,10 +180,12 @@ def parse_node_record(obj: Any, *, epsilon: float | None = None) -> NodeRecord:
 
 
 def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], *,
-                      epsilon: float | None = None) -> list[NodeRecord]:
-    """Node records from one or more JSONL files; blank lines are skipped.
+                      epsilon: float | None = None, warn: Callable[[str], object] | None = None) -> list[NodeRecord]:
+    """Node records from one or more JSONL files; blank lines are skipped, and so are torn lines (`_torn`: a write
+    cut short by a kill or a full disk), each with one call of `warn` naming the file and line (None:
+    `warnings.warn`).
 
-    A malformed line raises RecordError naming the file and the 1-based line number.
+    Any other malformed line raises RecordError naming the file and the 1-based line number.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -201,6 +205,10 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
+                    if _torn(line):
+                        (warn or warnings.warn)(f"{path}:{lineno}: skipped a torn line (a write cut short by a kill "
+                                                "or a full disk)")
+                        continue
                     raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
                 except RecursionError:
                     raise RecordError(f"{path}:{lineno}: not a node record (JSON nested too deeply)") from None
@@ -209,6 +217,19 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
                 except ValueError as exc:
                     raise RecordError(f"{path}:{lineno}: {exc}") from exc
     return records
+
+
+_LINE_START = '{"' + dataclasses.fields(NodeRecord)[0].name + '": '
+"""How every line `RecordWriter` writes begins (`NodeRecord.to_json`'s first key)."""
+
+
+def _torn(line: str) -> bool:
+    """Whether a line that is not valid JSON is a torn one, what a write cut short leaves: the file's last line with
+    no newline (as the run-file reader takes it, `eval.harness.runs`), or a line that begins as the writer's lines
+    do, or is cut inside that beginning: a torn line followed by more, which `RecordWriter` makes when it appends
+    after one (a new line first, so its records stay whole).  Any other line that is not JSON is an error."""
+    text = line.strip()
+    return not line.endswith("\n") or text.startswith(_LINE_START) or _LINE_START.startswith(text)
 
 
 @dataclass(frozen=True)

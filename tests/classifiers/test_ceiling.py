@@ -108,6 +108,12 @@ def test_the_command_prints_strict_json(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["rounds"] == 2 and out["rules"]["bfs"]["expected_transitions"] == pytest.approx(2.0)
     assert out["rules"]["oracle"]["expected_transitions"] == pytest.approx(brute_force_best(3))
+    with path.open("a") as fh:  # a torn last line (an append cut short): skipped with one warning naming it
+        fh.write('{"prompt_id": "p", "sampler": "pres')
+    capsys.readouterr()
+    assert main(["classifier", "ceiling", "--records", str(path), "--npf", "3", "--json"]) == 0
+    torn = capsys.readouterr()
+    assert json.loads(torn.out) == out and f"warning: {path}:15: skipped a torn line" in torn.err
     assert main(["classifier", "ceiling", "--records", str(path), "--sampler", "presto-multitry-mh"]) == 2
     assert "no records with sampler 'presto-multitry-mh'" in capsys.readouterr().err
     assert main(["classifier", "ceiling", "--records", str(path), "--sampler", "power-mh"]) == 2

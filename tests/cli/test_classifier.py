@@ -94,6 +94,24 @@ def test_cv_table_and_json(record_files, capsys):
     assert json.loads(capsys.readouterr().out)["n_records"] == n
 
 
+@pytest.mark.parametrize("command", [["cv", "--folds", "3"], ["train", "--out", "{tmp}/c.json"]])
+def test_a_torn_last_line_is_a_warning_not_an_error(tmp_path, capsys, command):
+    """A records file whose last append was cut short (no newline) used to fail every classifier command until the
+    user edited it: each reads the whole lines and says, on one stderr line, which line it skipped (ceiling:
+    tests/classifiers/test_ceiling.py)."""
+    recs = synthetic_node_records(n_prompts=6, calls_per_prompt=3, nodes_per_call=8, seed=5)
+    path = tmp_path / "nodes.jsonl"
+    n = write_node_records(path, recs)
+    with path.open("a") as fh:
+        fh.write('{"prompt_id": "p0", "sampler": "presto-po')
+    argv = ["classifier", command[0], "--records", str(path), *(a.format(tmp=tmp_path) for a in command[1:])]
+    assert run([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["n_records" if command[0] == "cv" else "training_size"] == n
+    assert [line for line in err.splitlines() if line.startswith("forerun")] == [
+        f"forerun classifier: warning: {path}:{n + 1}: skipped a torn line (a write cut short by a kill or a full disk)"]
+
+
 def test_unreachable_records_are_dropped_by_default(tmp_path, capsys):
     """App. E.7's training data leaves out the requests BFS placed below a deferred node: the default."""
     import dataclasses

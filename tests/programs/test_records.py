@@ -9,7 +9,7 @@ import pytest
 from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.acceptance import log_mh_ratio
 from forerun.programs.cut_statistics import ENTROPY_FEATURES, LIKELIHOOD_FEATURES, RATIO_FEATURES, root_cut_features
-from forerun.programs.records import RecordWriter, read_node_records
+from forerun.programs.records import RecordError, RecordWriter, read_node_records
 from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.programs.sampler_factory import make_sampler
 
@@ -45,6 +45,61 @@ def test_appending_after_a_torn_last_line_starts_a_new_line(tmp_path):
     assert len(lines) == 2 * n + 1 and lines[n] == '{"prompt_id": "p0", "ca'
     whole = [json.loads(line) for i, line in enumerate(lines) if i != n]
     assert whole[n:] == whole[:n]  # every new record is whole
+
+
+def _written(tmp_path, name="nodes.jsonl"):
+    """A records file the writer wrote (one chain's calls), and its lines."""
+    model = LogitTableModel(4, seed=2)
+    cfg = SamplerConfig(response_length=6, block_size=6, steps_per_block=6, seed=1)
+    res = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=5)).run([1, 2], prompt_id="p0")
+    path = tmp_path / name
+    RecordWriter(path).write_calls(res.calls)
+    return path, res.calls, path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("cut", [1, 9, 30, -1])  # inside '{"prompt_id": ', just after it, one character short
+def test_a_torn_last_line_is_skipped_with_a_warning_naming_file_and_line(tmp_path, cut):
+    """A kill or a full disk mid-append leaves the last line cut with no newline: the reader used to fail there
+    (and `classifier cv/train/ceiling` with it) until the file was edited.  Skipped, as the run-file reader does,
+    with one warning naming the file and line; the whole lines before it are read as written."""
+    path, calls, lines = _written(tmp_path)
+    with path.open("a") as fh:
+        fh.write(lines[0][:cut])
+    warned = []
+    back = read_node_records(path, warn=warned.append)
+    assert back == [n for c in calls for n in c.nodes]
+    assert warned == [f"{path}:{len(lines) + 1}: skipped a torn line (a write cut short by a kill or a full disk)"]
+    with pytest.warns(UserWarning, match=f"nodes.jsonl:{len(lines) + 1}: skipped a torn line"):
+        assert read_node_records(path) == back  # without `warn`: a Python warning
+
+
+@pytest.mark.parametrize("cut", [1, 9, 30, -1])
+def test_a_torn_line_the_writer_appended_after_is_skipped_with_a_warning(tmp_path, cut):
+    """The writer starts a new line after a torn one, so a later run's records follow it on lines of their own: the
+    torn line, now in the middle and ended by that newline, is skipped too (it begins as every written line does)."""
+    path, calls, lines = _written(tmp_path)
+    with path.open("a") as fh:
+        fh.write(lines[0][:cut])
+    RecordWriter(path).write_calls(calls)
+    warned = []
+    back = read_node_records(path, warn=warned.append)
+    assert back == 2 * [n for c in calls for n in c.nodes]
+    assert len(warned) == 1 and warned[0].startswith(f"{path}:{len(lines) + 1}: skipped a torn line")
+
+
+@pytest.mark.parametrize("bad", ["not json", '["prompt_id", 1', '{"sampler": "x", "prompt_id": "p0", '])
+def test_a_bad_line_that_is_not_a_torn_one_stays_an_error(tmp_path, bad):
+    """Only the writer's torn shapes are skipped: a line that is not JSON and neither the unterminated last line
+    nor begins as a written line does (a line that does not begin with the writer's first key) is an error naming
+    file and line, in the middle and as a last line that has its newline."""
+    path, calls, lines = _written(tmp_path)
+    last = tmp_path / "last.jsonl"
+    last.write_text("".join(line + "\n" for line in [*lines, bad]))
+    middle = tmp_path / "middle.jsonl"
+    middle.write_text("".join(line + "\n" for line in [*lines[:2], bad, *lines[2:]]))
+    for file, lineno in ((last, len(lines) + 1), (middle, 3)):
+        with pytest.raises(RecordError, match=f"{file.name}:{lineno}: not valid JSON"):
+            read_node_records(file, warn=pytest.fail)
 
 
 def test_malformed_line_names_file_and_line(tmp_path):

@@ -196,17 +196,25 @@ def entropy_jumps(entropy: Sequence[float]) -> np.ndarray:
 
 
 def entropy_cut_law(entropy: Sequence[float], beta: float) -> np.ndarray:
-    """ρ(c) ∝ max(ΔH_c, 0)^β over c = 0..T−1; uniform if every weight is zero (documented fallback)."""
+    """ρ(c) ∝ max(ΔH_c, 0)^β over c = 0..T−1; uniform if no jump is positive (documented fallback).  Where ΔH^β
+    overflows or every positive one underflows (a large β: 3^1000 = inf, 0.4^1000 = 0) the law is normalized in
+    log space; it used to fall back to uniform there, giving cuts with no entropy jump the mass of the largest."""
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     jumps = entropy_jumps(entropy)
     if not np.all(np.isfinite(jumps)):
         raise ValueError("entropy contains non-finite values")
-    weights = np.maximum(jumps, 0.0) ** beta
+    with np.errstate(over="ignore", under="ignore"):
+        weights = np.maximum(jumps, 0.0) ** beta
     total = float(np.sum(weights))
-    if total <= 0.0 or not math.isfinite(total):
+    if 0.0 < total < math.inf:
+        return weights / total
+    up = jumps > 0.0
+    if not np.any(up):
         return np.full(len(weights), 1.0 / len(weights))
-    return weights / total
+    log_w = np.where(up, beta * np.log(np.where(up, jumps, 1.0)), -np.inf)
+    w = np.exp(log_w - np.max(log_w))
+    return w / float(np.sum(w))
 
 
 def cut_from_law(law: Sequence[float] | np.ndarray, u: float) -> int:

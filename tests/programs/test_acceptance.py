@@ -190,6 +190,17 @@ def test_entropy_law_definition_and_fallback():
         entropy_cut_law(h, 0.0)
 
 
+def test_entropy_law_at_a_large_beta_is_not_uniform():
+    """ΔH^β overflowing (3^1000) or every positive one underflowing (0.4^1000) used to make the law uniform: cuts
+    with no entropy jump drew the mass of the largest one.  The law is ∝ ΔH^β, normalized in log space there."""
+    assert list(entropy_cut_law([0.0, 3.0, 0.1], 1000.0)) == [0.0, 1.0, 0.0]
+    assert list(entropy_cut_law([0.4, 0.8, 0.8], 1000.0)) == [0.5, 0.5, 0.0]  # jumps 0.4, 0.4, 0: a tie
+    assert list(entropy_cut_law([0.3, 0.5, 0.5], 1000.0)) == pytest.approx([1.0, 0.0, 0.0])  # 0.3 ≫ 0.2 at β = 1000
+    assert list(entropy_cut_law([0.0, 0.0], 1000.0)) == [0.5, 0.5]  # no positive jump: uniform, as before
+    h = np.array([1.0, 2.0, 1.5, 3.0])
+    assert np.array_equal(entropy_cut_law(h, 2.0), np.array([1, 1, 0, 2.25]) / 4.25)  # unchanged where finite
+
+
 def test_gumbel_max_cut_draws_the_law_and_never_a_zero_weight_cut():
     rng = np.random.default_rng(1)
     law = np.array([0.1, 0.0, 0.6, 0.3])

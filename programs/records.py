@@ -195,6 +195,11 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
             handle = path.open("r", encoding="utf-8")
         except OSError as exc:
             raise RecordError(f"{path}: cannot read records file ({exc.strerror or exc})") from exc
+        def skip(lineno: int) -> None:
+            (warn or warnings.warn)(f"{path}:{lineno}: skipped a torn line (a write cut short by a kill or a full "
+                                    "disk)")
+
+        pending: tuple[int, RecordError] | None = None  # a terminated torn-looking line: torn if more lines follow
         with handle:
             for lineno, line in enumerate(iter(lambda: handle.readline(MAX_LINE_CHARS + 1), ""), start=1):
                 if len(line) > MAX_LINE_CHARS:  # /dev/zero or a file with no newlines: never read whole
@@ -202,20 +207,28 @@ def read_node_records(paths: str | os.PathLike[str] | Iterable[str | os.PathLike
                                       "not a node record (one is about 1 KB)")
                 if not line.strip():
                     continue
+                if pending is not None:
+                    skip(pending[0])
+                    pending = None
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    if _torn(line):
-                        (warn or warnings.warn)(f"{path}:{lineno}: skipped a torn line (a write cut short by a kill "
-                                                "or a full disk)")
+                    bad = RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+                    if not line.endswith("\n"):  # the file's unterminated last line
+                        skip(lineno)
                         continue
-                    raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                    if _torn(line):
+                        pending = (lineno, bad)
+                        continue
+                    raise bad from exc
                 except RecursionError:
                     raise RecordError(f"{path}:{lineno}: not a node record (JSON nested too deeply)") from None
                 try:
                     records.append(parse_node_record(obj, epsilon=epsilon))
                 except ValueError as exc:
                     raise RecordError(f"{path}:{lineno}: {exc}") from exc
+        if pending is not None:  # the last line, terminated: a malformed record, not a write cut short
+            raise pending[1]
     return records
 
 
@@ -224,12 +237,13 @@ _LINE_START = '{"' + dataclasses.fields(NodeRecord)[0].name + '": '
 
 
 def _torn(line: str) -> bool:
-    """Whether a line that is not valid JSON is a torn one, what a write cut short leaves: the file's last line with
-    no newline (as the run-file reader takes it, `eval.harness.runs`), or a line that begins as the writer's lines
-    do, or is cut inside that beginning: a torn line followed by more, which `RecordWriter` makes when it appends
-    after one (a new line first, so its records stay whole).  Any other line that is not JSON is an error."""
+    """Whether a terminated line that is not valid JSON looks torn: it begins as the writer's lines do, or is cut
+    inside that beginning.  It is skipped only when more lines follow it (`read_node_records`): the shape
+    `RecordWriter` leaves when it appends after a torn last line (a new line first, so its records stay whole).
+    The file's unterminated last line is torn whatever it holds (as the run-file reader takes it,
+    `eval.harness.runs`); any other line that is not JSON is an error."""
     text = line.strip()
-    return not line.endswith("\n") or text.startswith(_LINE_START) or _LINE_START.startswith(text)
+    return text.startswith(_LINE_START) or _LINE_START.startswith(text)
 
 
 @dataclass(frozen=True)

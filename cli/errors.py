@@ -17,7 +17,8 @@ command.  FORERUN_TRACEBACK=1 lets every exception through with its traceback (f
 On SIGINT or SIGTERM the command's own `finally` blocks still run (the records file is closed after whole lines,
 the engine stops after its current step, launched servers are stopped); then output from other threads (SGLang's
 fork threads, tqdm, the engine worker) is silenced and the process leaves with `os._exit(130)` (143 after
-SIGTERM), so no thread can print a traceback or keep the interpreter waiting.  A second signal exits at once.
+SIGTERM), so no thread can print a traceback or keep the interpreter waiting.  A second signal exits at once, and
+so does an unwind still running after UNWIND_LIMIT_S.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator, TextIO
 
 from ..runtime_ext.protocol import EngineError
@@ -115,7 +117,15 @@ def _silence_other_output() -> None:
         threading.excepthook = lambda args: None
 
 
+UNWIND_LIMIT_S = 15.0
+"""How long a command may unwind after SIGINT / SIGTERM (its `finally` blocks) before the process leaves anyway."""
+_leaving = threading.Lock()
+
+
 def _exit_interrupted(hint: str = "") -> None:
+    if not _leaving.acquire(blocking=False):  # another thread is leaving: it ends the process
+        while True:
+            time.sleep(1)
     stream = _real_stderr or sys.stderr
     try:
         sys.stdout.flush()
@@ -136,6 +146,9 @@ def _on_signal(signum: int, frame: Any) -> None:
         _exit_interrupted()
     _terminated = signum == signal.SIGTERM
     _silence_other_output()
+    watchdog = threading.Timer(UNWIND_LIMIT_S, _exit_interrupted)  # an unwind that hangs still ends
+    watchdog.daemon = True
+    watchdog.start()
     raise KeyboardInterrupt
 
 

@@ -159,3 +159,19 @@ def test_sigterm_during_bench_scaleout_stops_the_workers_it_launched(forerun_arg
     while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(_gone(pid) for pid in workers), f"workers still running: {workers}"
+
+
+def test_an_unwind_that_hangs_after_sigterm_still_ends_the_process():
+    """A `finally` block that never returns (a thread that will not join) kept the process alive after SIGTERM; the
+    unwind is bounded (UNWIND_LIMIT_S), then the process leaves with the same line and code."""
+    import sys
+
+    code = ("import os, signal, threading, time\nfrom forerun.cli import errors\nerrors.UNWIND_LIMIT_S = 1.0\n"
+            "def handler():\n    try:\n        os.kill(os.getpid(), signal.SIGTERM)\n        time.sleep(30)\n"
+            "    finally:\n        threading.Event().wait(60)\n"
+            "errors.run_guarded('x', handler)\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 143 and err.split("\r")[-1] == "forerun: terminated\n", err
+    assert time.monotonic() - start < 30

@@ -84,14 +84,13 @@ def bench_reference_command(args: argparse.Namespace) -> int:
 def bench_scaleout_command(args: argparse.Namespace) -> int:
     import tempfile
 
+    from ..eval.datasets.loading import load_prompts
     from ..eval.presto.scaleout import format_scaleout, run_scaleout
     from ..runtime_ext.launch import LaunchError
     from ..runtime_ext.protocol import EngineError
 
     cfg = ScaleoutConfig(workers=tuple(args.workers), gateway=args.gateway, prompts=args.prompts, n=args.n, K=args.K,
                          npf=args.npf, step_ms=args.step_ms)
-    from ..eval.datasets.loading import load_prompts
-
     available = len(load_prompts("math500", limit=args.prompts))
     if available < args.prompts:  # before any worker starts
         raise CommandError(f"math500 has only {available} prompts here, asked for {args.prompts}")

@@ -460,7 +460,7 @@ def run_session_stress(engine, *, threads=8, ops=400, seed=0, streaming=3, agent
                 turn = a.tool_result(payload, max_new_tokens=m)
                 entry = tuple(oracle_result_entry(payload))
                 t.turns.append((state, entry, m, turn))
-                t.log.append(("append", entry + tuple(turn.output_ids) + tuple(oracle_framing(FMT.turn_end))))
+                t.log.append(("append", entry + oracle_turn_body(turn.output_ids) + tuple(oracle_framing(FMT.turn_end))))
             else:
                 n = t.length - t.frozen
                 if n >= 2:
@@ -586,15 +586,22 @@ def judge_serve(oracle, states, realized, header, res, lo, hi):
 
 
 def oracle_greedy(oracle, ids, m):
-    """The engine's turn: the first token, then up to m - 1 more greedy tokens, stopping after EOS."""
+    """The engine's turn: up to m greedy tokens, the first EOS included and nothing generated after it."""
     seq, out = list(ids), []
-    for i in range(m):
+    for _ in range(m):
         tok = int(np.argmax(oracle.logits(seq)))
         out.append(tok)
         seq.append(tok)
-        if i > 0 and tok in ORACLE_EOS:
+        if tok in ORACLE_EOS:
             break
     return out
+
+
+def oracle_turn_body(output_ids):
+    """What the conversation keeps of an answer: its tokens without the EOS that ended it (the template's turn
+    end closes the turn once)."""
+    ids = tuple(output_ids)
+    return ids[:-1] if ids and ids[-1] in ORACLE_EOS else ids
 
 
 def test_oracle_tokenizer_agrees_with_the_tiny_models():

@@ -314,6 +314,28 @@ def _check_same_prompts(records: list[dict[str, Any]], prompts: dict[str, list[A
                              "version's instructions); start another run file")
 
 
+def _check_same_input_ids(records: list[dict[str, Any]], prompts: dict[str, list[Any]], settings: Any, rt: Any) -> None:
+    """A resumed run's results must be for the token ids the model would be given now: the same chat through
+    another tokenizer or chat template under the same model name (an edited local model folder, a transformers
+    that renders the template otherwise) is refused (`input_sha`).  Checked once the model's tokenizer is loaded;
+    records from before input_sha and prompts not loaded now are not checked."""
+    from ..eval.datasets.prompt import ids_fingerprint
+    from ..eval.harness.items import prompt_input_ids
+
+    loaded = {(ds, p.id): p for ds, rows in prompts.items() for p in rows}
+    now: dict[tuple[str, str], str] = {}
+    for rec in records:
+        key = (rec.get("dataset"), rec.get("prompt_id"))
+        if not rec.get("input_sha") or key not in loaded:
+            continue
+        if key not in now:
+            now[key] = ids_fingerprint(prompt_input_ids(rt.tokenizer, loaded[key], settings))
+        if now[key] != rec["input_sha"]:
+            raise ValueError(f"--resume: the run file's results for {key[0]} prompt {key[1]!r} were made from other "
+                             f"prompt tokens than {rt.name}'s tokenizer and chat template give now (another "
+                             "tokenizer or template under the same model name); start another run file")
+
+
 def _check_sandbox() -> None:
     """Code items run only where the sandbox contains them (or the user allowed an uncontained run)."""
     from ..eval.graders.sandbox import ALLOW_ENV, isolation_report
@@ -344,6 +366,7 @@ def eval_command(args: argparse.Namespace) -> int:
         check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})
         warn_nondeterministic(pool)
         rt = pool.first
+        _check_same_input_ids(existing, plan["prompts"], plan["settings"], rt)
         classifier = _shipped_checked(classifier, rt.name, plan["methods"])
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json(), "forced_answers": forced}

@@ -38,7 +38,8 @@ class Prompt:
     def messages_fingerprint(self, system: str | None = None) -> str:
         """`_sha16` of `messages(system)`: the chat the model is shown, instruction wording included, so that
         `eval --resume` under a forerun that words its instructions otherwise is refused.  What turns the chat into
-        token ids (the model's tokenizer and chat template, --no-chat-template, --thinking) is in the run header."""
+        token ids is in the run header (--no-chat-template, --thinking) and in each record's `input_sha` (the ids
+        the model's tokenizer and chat template made: `ids_fingerprint`)."""
         return _sha16(self.messages(system))
 
     @property
@@ -64,6 +65,12 @@ class Prompt:
     def chat_prompt(self, tokenizer: Any) -> str:
         """The user turn rendered with the tokenizer's chat template, ready for the assistant's answer."""
         return tokenizer.apply_chat_template(self.messages(), tokenize=False, add_generation_prompt=True)
+
+
+def ids_fingerprint(ids: Any) -> str:
+    """`_sha16` of token ids: the prompt a model was given (what a run file's `input_sha` keeps), so that `eval
+    --resume` under another tokenizer or chat template with the same model name is refused."""
+    return _sha16([int(t) for t in ids])
 
 
 def _sha16(value: Any) -> str:

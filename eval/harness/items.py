@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ...programs.prompts import chat_prompt_ids
+from ..datasets.prompt import Prompt, ids_fingerprint
 from ..graders import grade
 from . import forced as forced_pass
 from .eos import cut_at_eos
@@ -15,6 +16,13 @@ from .methods import EvalSettings, MethodRunner
 from .runs import WorkItem
 from ..graders.sandbox import isolation_report
 from ...runtime_ext.protocol import EngineError
+
+
+def prompt_input_ids(tokenizer: Any, prompt: Prompt, settings: EvalSettings) -> list[int]:
+    """The token ids a prompt is given to the model as: its chat (`--system`) through the tokenizer's chat template
+    (or as plain text, --no-chat-template), with the template's thinking switch as the settings say."""
+    return chat_prompt_ids(tokenizer, prompt.messages(settings.system), use_template=settings.chat_template,
+                           thinking=settings.thinking)
 
 
 class ItemRunner:
@@ -45,8 +53,7 @@ class ItemRunner:
         for it in items:
             key = (it.dataset, it.prompt.id)
             if key not in self.prompt_ids:
-                self.prompt_ids[key] = chat_prompt_ids(tok, it.prompt.messages(s.system),
-                                                       use_template=s.chat_template, thinking=s.thinking)
+                self.prompt_ids[key] = prompt_input_ids(tok, it.prompt, s)
         if s.forced_answer:
             self.forcing_ids = {kind: [int(t) for t in tok.encode(f.text, add_special_tokens=False)]
                                 for kind, f in forced_pass.FORCED_ANSWERS.items()}
@@ -115,6 +122,7 @@ class ItemRunner:
             "model": rt.name, "dtype": rt.dtype, "backend": rt.location,
             "settings": self.settings.for_dataset(item.dataset).for_method(item.method),
             "prompt_tokens": len(self.prompt_ids[(item.dataset, item.prompt.id)]),
+            "input_sha": ids_fingerprint(self.prompt_ids[(item.dataset, item.prompt.id)]),
         }
         if "shuffle_seed" in item.prompt.extra:  # GPQA: the seed its choices were shuffled with (what the model saw)
             rec["gpqa_shuffle_seed"] = item.prompt.extra["shuffle_seed"]

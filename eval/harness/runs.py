@@ -15,6 +15,7 @@ line of a key is the item's result (`final_records`).
     key                     "dataset|method|prompt_id|seed": what --resume skips
     prompt_sha              the prompt's row (`Prompt.fingerprint`): --resume refuses another under the same id
     messages_sha            the chat the model was shown (`Prompt.messages_fingerprint`): --resume refuses another
+    input_sha               the prompt's token ids (`ids_fingerprint`): --resume refuses another tokenizer / template
     response_ids, response  generated token ids and their text
     grade, correct          the grader's verdict (eval.graders.Grade)
     wall_s, call_time_s     generation time; App. D.2 model-call time (see harness.methods)

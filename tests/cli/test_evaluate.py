@@ -262,13 +262,52 @@ def test_records_from_before_the_messages_fingerprint_still_resume(tmp_path, cap
     assert main([*small, "--limit", "1", "--out", str(run)]) == 0
     header, *lines = run.read_text().splitlines()
     old = [json.loads(line) for line in lines]
-    for rec in old:
-        del rec["messages_sha"]
+    for rec in old:  # such files predate input_sha too
+        del rec["messages_sha"], rec["input_sha"]
     run.write_text("".join(line + "\n" for line in [header, *map(json.dumps, old)]))
     monkeypatch.setitem(prompt_module._USER_MESSAGE, "mc", _reworded_mc)
     assert main([*small, "--limit", "2", "--out", str(run), "--resume"]) == 0, capsys.readouterr().err
     recs = load_run(run)
-    assert [("messages_sha" in r) for r in recs] == [False, True]
+    assert [("messages_sha" in r, "input_sha" in r) for r in recs] == [(False, False), (True, True)]
+
+
+def test_resuming_under_another_chat_template_is_refused(tmp_path, capsys, monkeypatch):
+    """The same chat through another chat template under the same model name (an edited local model folder, a
+    transformers release that renders the template otherwise) gives the model other token ids: each record keeps
+    the fingerprint of the ids it was made from (input_sha), and a resume that would now give other ids is refused,
+    one line naming the dataset and prompt id, the file left as it was."""
+    import hashlib
+
+    from forerun.eval.harness import items
+
+    given, encode = [], items.chat_prompt_ids
+
+    def spy(tokenizer, chat, **kw):
+        given.append(encode(tokenizer, chat, **kw))
+        return given[-1]
+
+    monkeypatch.setattr(items, "chat_prompt_ids", spy)
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--n", "4"]
+    run = tmp_path / "run.jsonl"
+    assert main([*small, "--limit", "1", "--out", str(run)]) == 0
+    (rec,) = load_run(run)
+    assert rec["input_sha"] == hashlib.sha256(json.dumps(given[0]).encode()).hexdigest()[:16]
+
+    def other_template(tokenizer, chat, **kw):  # the same chat, rendered by another template
+        tokenizer.chat_template = ("{% for m in messages %}### {{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+                                   "### assistant\n")
+        return encode(tokenizer, chat, **kw)
+
+    monkeypatch.setattr(items, "chat_prompt_ids", other_template)
+    before = run.read_bytes()
+    capsys.readouterr()
+    assert main([*small, "--limit", "2", "--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "other prompt tokens" in err and f"mmlu prompt {rec['prompt_id']!r}" in err, err
+    assert run.read_bytes() == before
+    monkeypatch.setattr(items, "chat_prompt_ids", encode)  # the model's own template again: the file resumes
+    assert main([*small, "--limit", "2", "--out", str(run), "--resume"]) == 0
+    assert len(load_run(run)) == 2
 
 
 def test_a_response_longer_than_the_context_is_refused_before_any_item(tmp_path, capsys):

@@ -42,7 +42,7 @@ from ..presto.table7 import ChainTiming, finite_mean, table7_columns
 from .frontier import common_datasets, sampler_rows
 from .runs import final_records
 from .settings import Method
-from .statistics import compare, forced_statistics, sample_statistics, speedup_ci
+from .statistics import compare, forced_statistics, in_item_order, sample_statistics, speedup_ci
 
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
@@ -56,9 +56,9 @@ class Cell:
     dataset: str
     method: str
     records: tuple[dict[str, Any], ...]
-    """The graded records."""
+    """The graded records (`statistics.item_order`: the plan's order, not the order they finished in)."""
     failed: tuple[dict[str, Any], ...] = ()
-    """The error records (generation failed after its retries)."""
+    """The error records (generation failed after its retries), in the same order."""
 
     @property
     def errors(self) -> int:
@@ -88,7 +88,7 @@ def cells(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], Cell]:
         key = (r["dataset"], r["method"])
         (failed if r.get("error") else groups)[key].append(r)
     keys = list(dict.fromkeys([(r["dataset"], r["method"]) for r in records]))
-    return {k: Cell(k[0], k[1], tuple(groups[k]), tuple(failed[k])) for k in keys}
+    return {k: Cell(k[0], k[1], tuple(in_item_order(groups[k])), tuple(in_item_order(failed[k]))) for k in keys}
 
 
 def pairs(table: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:

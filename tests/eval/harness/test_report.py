@@ -211,3 +211,50 @@ def test_tost_takes_prompts_as_its_units_not_seeds():
     se = np.std(d, ddof=1) / math.sqrt(len(d))
     p_eq = max(stats.t.sf((d.mean() + delta) / se, len(d) - 1), stats.t.cdf((d.mean() - delta) / se, len(d) - 1))
     assert row["n"] == 5 and row["delta"] == pytest.approx(delta) and row["p_eq"] == pytest.approx(p_eq)
+
+
+def test_report_numbers_do_not_depend_on_the_order_items_finished_in():
+    """`forerun eval --concurrency C` writes each item when it finishes: a cell's prompts and seeds land in the file
+    in completion order, not in plan order.  The report of the same results must not change with that order; the
+    bootstrap intervals (fixed random_state, values taken in prompt order) did: ci95, forced_ci95, diff_ci95 and
+    speedup_ci95 moved with it.  Oracle: scipy's bootstrap over the per-prompt values in prompt order, built here."""
+    rng = np.random.default_rng(11)
+    plan = []  # plan order: method, prompt, seed (`runs.plan_items`)
+    times = {}
+    for method in ("greedy", "power-mh", "presto-power-mh"):
+        for i in range(7):
+            for seed in (1, 2, 3):
+                t = float(rng.uniform(1.0, 20.0))
+                times[(method, i, seed)] = t
+                rec = dict(_rec("math500", method, f"p{i}", bool(rng.random() < 0.2 + 0.1 * i), t, 4, -1.0 - i / 10),
+                           seed=seed, key=f"math500|{method}|p{i}|{seed}", prompt_index=i,
+                           forced_correct=bool(rng.random() < 0.5))
+                plan.append(rec)
+    def per_prompt(method, value):
+        return np.array([np.mean([value(r) for r in plan if r["method"] == method and r["prompt_index"] == i])
+                         for i in range(7)])
+
+    def interval(*samples, **kw):
+        res = stats.bootstrap(samples, kw.pop("statistic", np.mean), n_resamples=2000, method="percentile",
+                              random_state=0, **kw)
+        return [res.confidence_interval.low, res.confidence_interval.high]
+
+    acc = {m: per_prompt(m, lambda r: r["correct"]) for m in ("greedy", "power-mh", "presto-power-mh")}
+    forced = {m: per_prompt(m, lambda r: r["forced_correct"]) for m in acc}
+    seq_t, pre_t = (per_prompt(m, lambda r: r["call_time_s"]) for m in ("power-mh", "presto-power-mh"))
+    want_speedup = interval(seq_t, pre_t, paired=True, vectorized=False, statistic=lambda x, y: np.mean(x) / np.mean(y))
+    want_diff = {("power-mh", "greedy"): interval(acc["greedy"], acc["power-mh"], paired=True, vectorized=False,
+                                                  statistic=lambda x, y: np.mean(y) - np.mean(x)),
+                 ("presto-power-mh", "power-mh"): interval(acc["power-mh"], acc["presto-power-mh"], paired=True,
+                                                           vectorized=False, statistic=lambda x, y: np.mean(y) - np.mean(x))}
+    for k in range(5):  # completion orders of a --concurrency run (and the plan order itself)
+        order = plan if k == 0 else [plan[j] for j in np.random.default_rng(k).permutation(len(plan))]
+        got = summarize(order)
+        for c in got["cells"]:
+            assert c["ci95"] == pytest.approx(interval(acc[c["method"]])), (k, c["method"])
+            assert c["forced_ci95"] == pytest.approx(interval(forced[c["method"]])), (k, c["method"])
+        for c in got["comparisons"]:
+            assert c["diff_ci95"] == pytest.approx(want_diff[(c["method"], c["baseline"])]), (k, c["method"])
+        for r in got["samplers"]:
+            assert r["ci95"] == pytest.approx(interval(acc[r["method"]])), (k, r["scope"], r["method"])
+        assert got["table7"][0]["speedup_ci95"] == pytest.approx(want_speedup), k

@@ -51,7 +51,7 @@ def _row(scope: str, method: str, records: Sequence[dict[str, Any]]) -> dict[str
 
 
 def common_datasets(records: Sequence[dict[str, Any]]) -> list[str]:
-    """The datasets on which every method of the run has answers (in run order)."""
+    """The datasets on which every method of the run has answers (in the order of `records`)."""
     ran: dict[str, set[str]] = defaultdict(set)
     for r in records:
         ran[r["method"]].add(r["dataset"])

@@ -38,11 +38,12 @@ import numpy as np
 from statsmodels.stats.weightstats import ttost_paired
 
 from ...programs.selection_rules import FINAL_RULES, SELECT_RULES, rule_line
+from ..datasets.registry import DATASETS
 from ..presto.table7 import ChainTiming, finite_mean, table7_columns
 from .frontier import common_datasets, sampler_rows
 from .runs import final_records
-from .settings import Method
-from .statistics import compare, forced_statistics, in_item_order, sample_statistics, speedup_ci
+from .settings import METHODS, Method
+from .statistics import compare, forced_statistics, in_item_order, item_order, sample_statistics, speedup_ci
 
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
@@ -246,9 +247,20 @@ def selection_rules(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def report_order(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records as the tables list them: datasets in the registry's order, methods in the methods table's
+    (`settings.METHODS`), then `statistics.item_order` - never the order the lines were written in, which under
+    --concurrency is the order the items finished (a fast method's first line before a slow one's)."""
+    datasets = {name: i for i, name in enumerate(DATASETS)}
+    methods = {name: i for i, name in enumerate(METHODS)}
+    return sorted(records, key=lambda r: (datasets.get(r["dataset"], len(datasets)), r["dataset"],
+                                          methods.get(r["method"], len(methods)), r["method"], item_order(r)))
+
+
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every table of the report as plain data (the last line of each item: a retried error is replaced)."""
-    records = final_records(records)
+    """Every table of the report as plain data (the last line of each item: a retried error is replaced), rows in
+    `report_order`."""
+    records = report_order(final_records(records))
     table = cells(records)
     acc = []
     for (ds, m), c in table.items():

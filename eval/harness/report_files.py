@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .report import summarize
+from .report import report_order, summarize
 from .report_render import accuracy_latency_figure, render_markdown, speedup_figure
 from .runs import strict_json
 
@@ -25,8 +25,9 @@ def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> li
     walls = [r["wall_s"] for r in records if r.get("wall_s") is not None]
     ends = [r["finished_at"] for r in records if r.get("finished_at")]
     span = (max(ends) - min(ends) + (walls[0] if walls else 0)) if ends else math.nan
+    listed = report_order(records)  # the tables' order, not the order the lines were written in
     settings = {}
-    for r in records:
+    for r in listed:
         settings.setdefault(r["method"], r.get("settings"))
     lines = [
         "# forerun eval report", "",
@@ -37,8 +38,8 @@ def header(records: Sequence[dict[str, Any]], run_path: str, command: str) -> li
         f"({', '.join(json.loads(d) for d in _distinct(records, 'dtype'))}); backend: "
         f"{', '.join(json.loads(b) for b in _distinct(records, 'backend'))}; machine: {platform.machine()}, "
         f"{platform.python_implementation()} {platform.python_version()}",
-        f"- items: {len(records)}; datasets: {', '.join(dict.fromkeys(r['dataset'] for r in records))}; seeds: "
-        f"{', '.join(str(s) for s in dict.fromkeys(r['seed'] for r in records))}",
+        f"- items: {len(records)}; datasets: {', '.join(dict.fromkeys(r['dataset'] for r in listed))}; seeds: "
+        f"{', '.join(str(s) for s in sorted(dict.fromkeys(r['seed'] for r in listed)))}",
         f"- generation time, all items: {sum(walls):.1f} s; first to last line: {span:.1f} s",
         f"- machine load (1-min load average when each line was written): mean {sum(loads) / len(loads):.2f}, "
         f"max {max(loads):.2f}" if loads else "- machine load: not recorded",

@@ -258,3 +258,31 @@ def test_report_numbers_do_not_depend_on_the_order_items_finished_in():
         for r in got["samplers"]:
             assert r["ci95"] == pytest.approx(interval(acc[r["method"]])), (k, r["scope"], r["method"])
         assert got["table7"][0]["speedup_ci95"] == pytest.approx(want_speedup), k
+
+
+def test_report_tables_list_datasets_and_methods_in_one_order_whatever_order_items_finished_in():
+    """Under --concurrency the first line of a cell is the first of its items to FINISH: best-of-n's could precede
+    greedy's, an mmlu item a math500 one.  The tables listed cells in that order (`forerun eval` at --concurrency 5
+    on the tiny model printed best-of-n above greedy; at 4, mmlu greedy inside math500's rows).  The oracle: the
+    registry's dataset order and the methods table's order (`settings.METHODS`), written out here."""
+    rng = np.random.default_rng(2)
+    plan = []
+    for ds in ("math500", "gpqa", "mmlu"):
+        for method in ("greedy", "best-of-n", "power-mh", "presto-power-mh", "power-smc"):
+            for i in range(3):
+                t = float(rng.uniform(1.0, 5.0))
+                plan.append(dict(_rec(ds, method, f"p{i}", bool(rng.random() < 0.5), t, 3, -t), prompt_index=i,
+                                 key=f"{ds}|{method}|p{i}|1"))
+    want_datasets = ["math500", "gpqa", "mmlu"]
+    want_methods = ["greedy", "best-of-n", "power-mh", "presto-power-mh", "power-smc"]
+    reference = summarize(plan)
+    assert [(c["dataset"], c["method"]) for c in reference["cells"]] == [(d, m) for d in want_datasets
+                                                                         for m in want_methods]
+    for k in range(1, 6):
+        order = [plan[j] for j in np.random.default_rng(k).permutation(len(plan))]
+        got = summarize(order)
+        assert [(c["dataset"], c["method"]) for c in got["cells"]] == [(d, m) for d in want_datasets
+                                                                       for m in want_methods], k
+        assert [(r["scope"], r["method"]) for r in got["samplers"]] == [
+            (s, m) for s in ["all", *want_datasets] for m in want_methods], k
+        assert got == reference, k  # every table, row for row (NaN-free records: == compares every number)

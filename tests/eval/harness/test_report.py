@@ -246,7 +246,8 @@ def test_report_numbers_do_not_depend_on_the_order_items_finished_in():
     want_diff = {("power-mh", "greedy"): interval(acc["greedy"], acc["power-mh"], paired=True, vectorized=False,
                                                   statistic=lambda x, y: np.mean(y) - np.mean(x)),
                  ("presto-power-mh", "power-mh"): interval(acc["power-mh"], acc["presto-power-mh"], paired=True,
-                                                           vectorized=False, statistic=lambda x, y: np.mean(y) - np.mean(x))}
+                                                           vectorized=False,
+                                                           statistic=lambda x, y: np.mean(y) - np.mean(x))}
     for k in range(5):  # completion orders of a --concurrency run (and the plan order itself)
         order = plan if k == 0 else [plan[j] for j in np.random.default_rng(k).permutation(len(plan))]
         got = summarize(order)

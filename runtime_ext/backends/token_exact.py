@@ -6,7 +6,9 @@ Stock `RuntimeEndpoint` sends `s.text_` and lets the server re-tokenize it; fore
   (see `token_markers`), `sampling_seed(...)` markers set the request seed;
 * text this backend generated earlier is remembered with its ids (a bounded LRU keyed by the full
   program text after the generation), so a later request whose text extends it reuses those ids
-  exactly - this is what keeps forks and multi-gen programs exact without markers;
+  exactly - this is what keeps forks and multi-gen programs exact without markers;  each program stream
+  (`StreamExecutor`) also keeps its own latest generation, so its next gen extends its own ids however many
+  other programs' generations (other threads, a sampler's thousands of requests) pushed it out of the LRU;
 * any other text is tokenized.
 
 Constraints (issue 32): `gen(regex=...)`, `gen(json_schema=...)` and the dtype gens (`gen_int`, `gen_string`,
@@ -27,6 +29,7 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -236,6 +239,8 @@ class TokenExactBackend(BaseBackend):
         self.add_special_tokens = add_special_tokens
         self._memory: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
         self._memory_lock = threading.Lock()
+        self._stream_memory: "weakref.WeakKeyDictionary[Any, tuple[str, tuple[int, ...]]]" = weakref.WeakKeyDictionary()
+        """Per program stream (`StreamExecutor`), its latest remembered generation (text, ids): not evicted."""
         self.token_usage = TokenUsage()
 
     # -- to implement -------------------------------------------------------------------------
@@ -255,8 +260,10 @@ class TokenExactBackend(BaseBackend):
     def _tokenize(self, text: str, at_start: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and at_start))
 
-    def _remember(self, text: str, ids: Sequence[int]) -> None:
+    def _remember(self, text: str, ids: Sequence[int], stream: Any = None) -> None:
         with self._memory_lock:
+            if stream is not None:
+                self._stream_memory[stream] = (text, tuple(ids))
             self._memory[text] = tuple(ids)
             self._memory.move_to_end(text)
             while len(self._memory) > self.memory_size:
@@ -272,8 +279,10 @@ class TokenExactBackend(BaseBackend):
         except TypeError:  # minimal tokenizers without the keyword
             return decode(list(ids))
 
-    def _remember_generation(self, text_before: str, ids_before: Sequence[int], out: GenerateOutput) -> None:
-        """Remember `text_before + out.text` as `ids_before + the output ids that spell exactly out.text`.
+    def _remember_generation(self, text_before: str, ids_before: Sequence[int], out: GenerateOutput,
+                             stream: Any = None) -> None:
+        """Remember `text_before + out.text` as `ids_before + the output ids that spell exactly out.text` (and as
+        `stream`'s latest generation).
 
         The output ids can spell more than `out.text` (a stop string cuts the text but keeps the token that
         completed it; EOS is skipped in the text), and an empty text would re-key `text_before` itself.  Only
@@ -289,29 +298,35 @@ class TokenExactBackend(BaseBackend):
         back = 8 + (len(matched.encode("utf-8", "surrogatepass")) if isinstance(matched, str) else 0)
         for k in range(n, max(n - back, 0), -1):
             if self._decode(out.output_ids[:k]) == out.text:
-                self._remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]))
+                self._remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]), stream)
                 return
 
-    def _longest_remembered(self, text: str) -> tuple[str, tuple[int, ...]]:
+    def _longest_remembered(self, text: str, stream: Any = None) -> tuple[str, tuple[int, ...]]:
+        """The longest remembered text that `text` begins with, and its ids; `stream`'s own latest generation wins
+        a tie (another program may have generated the same text as other ids)."""
         best = ""
         ids: tuple[int, ...] = ()
         with self._memory_lock:
+            own = self._stream_memory.get(stream) if stream is not None else None
+            if own is not None and text.startswith(own[0]):
+                best, ids = own
             for key, val in self._memory.items():
                 if len(key) > len(best) and text.startswith(key):
                     best, ids = key, val
-            if best:
+            if best in self._memory:
                 self._memory.move_to_end(best)
         return best, ids
 
-    def input_ids_of(self, text: str) -> tuple[list[int], int | None]:
+    def input_ids_of(self, text: str, stream: Any = None) -> tuple[list[int], int | None]:
         """Exact ids of a program text, and the sampling seed its markers set (None if none)."""
-        ids, directives = self.request_of(text)
+        ids, directives = self.request_of(text, stream)
         return ids, directives.seed
 
-    def request_of(self, text: str) -> tuple[list[int], Directives]:
-        """Exact ids of a program text, and the request settings its markers set."""
+    def request_of(self, text: str, stream: Any = None) -> tuple[list[int], Directives]:
+        """Exact ids of a program text (of program stream `stream`, when given), and the request settings its
+        markers set."""
         _, directives = parse_marked_text_directives(text)
-        known, ids = self._longest_remembered(text)
+        known, ids = self._longest_remembered(text, stream)
         out = list(ids)
         segments, _ = parse_marked_text(text[len(known):])
         for seg in segments:
@@ -324,9 +339,10 @@ class TokenExactBackend(BaseBackend):
         return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------
-    def _request(self, text: str, sampling_params: SglSamplingParams) -> tuple[list[int], SamplingParams]:
+    def _request(self, text: str, sampling_params: SglSamplingParams, stream: Any = None
+                 ) -> tuple[list[int], SamplingParams]:
         """The exact ids of a program text and the engine parameters of a gen (a dtype gen's regex set)."""
-        ids, directives = self.request_of(text)
+        ids, directives = self.request_of(text, stream)
         params = SamplingParams.from_sgl(
             dtype_to_regex(sampling_params), seed=directives.seed,
             logprob_temperatures=directives.logprob_temperatures,
@@ -338,10 +354,10 @@ class TokenExactBackend(BaseBackend):
 
     def generate(self, s: StreamExecutor, sampling_params: SglSamplingParams, **_: Any):
         refuse_images(s)
-        ids, params = self._request(s.text_, sampling_params)
+        ids, params = self._request(s.text_, sampling_params, s)
         out = self.run(ids, params)
         self._count(out)
-        self._remember_generation(s.text_, ids, out)
+        self._remember_generation(s.text_, ids, out, s)
         return out.text, out.meta_info
 
     def generate_stream(self, s: StreamExecutor, sampling_params: SglSamplingParams) -> Iterator[tuple[str, dict]]:
@@ -349,11 +365,11 @@ class TokenExactBackend(BaseBackend):
         backend cannot stream."""
         refuse_images(s)
         text_before = s.text_  # the interpreter appends each chunk to s.text_ while this runs
-        ids, params = self._request(text_before, sampling_params)
+        ids, params = self._request(text_before, sampling_params, s)
         if not self.streams or params.max_new_tokens == 0:
             out = self.run(ids, params)
             self._count(out)
-            self._remember_generation(text_before, ids, out)
+            self._remember_generation(text_before, ids, out, s)
             yield out.text, out.meta_info
             return
         events: "queue.Queue[RowEvent]" = queue.Queue()
@@ -372,7 +388,7 @@ class TokenExactBackend(BaseBackend):
                 if event.output is None:
                     raise EngineError(f"request {rid}: the stream finished without an output")
                 self._count(event.output)
-                self._remember_generation(text_before, ids, event.output)
+                self._remember_generation(text_before, ids, event.output, s)
                 yield chunks.final(event.output)
                 return
             chunk = chunks.update(event)
@@ -387,7 +403,7 @@ class TokenExactBackend(BaseBackend):
             raise ValueError(f"select: temperature {temperature} is not supported: a select is greedy (SGLang's "
                              "RuntimeEndpoint asserts temperature <= 1e-5)")
         choices_method = choices_method or token_length_normalized
-        prompt_ids, seed = self.input_ids_of(s.text_)
+        prompt_ids, seed = self.input_ids_of(s.text_, s)
         requests = []
         spans = []
         for c in choices:

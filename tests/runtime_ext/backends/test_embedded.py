@@ -158,3 +158,40 @@ def test_chat_template_and_backend_info(backend):
     assert backend.get_model_name() == "tiny"
     assert backend.get_server_info()["engine"] == "forerun-embedded"
     backend.flush_cache()
+
+
+def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_between_its_gens(backend):
+    """A second gen must extend the exact ids of the program's first one.  Those ids were found only in the
+    backend's shared memory of generated text (an LRU of `memory_size` entries): requests of other programs on the
+    backend in between (other threads: a sampler's calls add one entry per request) evicted them, the second
+    gen's prompt was the first gen's text re-tokenized, and its output changed with what else ran (on the tiny
+    model 5 of 6 seeds).  Oracle: the ids the engine saw for the second gen begin with the first gen's prompt
+    ids and its output ids, as the engine reported them."""
+    eng = backend.engine
+    small = EmbeddedBackend(eng, memory_size=4)
+    prompt = "Question: what is it?\nAnswer:"
+    prompt_ids = list(eng.tokenizer.encode(prompt))
+
+    @function
+    def other_program(s, k):
+        s += sampling_seed(k) + token_ids([5, 6, 7, k])
+        s += gen("x", max_tokens=2, temperature=1.0)
+
+    @function
+    def two_turns(s, seed):
+        s += sampling_seed(seed) + prompt
+        s += gen("a", max_tokens=12, temperature=1.0, return_logprob=True)
+        s["a"]  # the first gen has run; now other programs' requests, as other threads would send them
+        for k in range(6):
+            other_program.run(k=k, backend=small).sync()
+        s += "\nAgain:"
+        s += gen("b", max_tokens=4, temperature=1.0, return_logprob=True)
+
+    for seed in range(4):
+        eng.seen.clear()
+        st = two_turns.run(seed=seed, backend=small)
+        st.sync()
+        assert st.error() is None
+        first = prompt_ids + [e[1] for e in st.get_meta_info("a")["output_token_logprobs"]]
+        second = [ids for ids in eng.seen if len(ids) > len(first) and ids[:len(prompt_ids)] == tuple(prompt_ids)]
+        assert len(second) == 1 and list(second[0][:len(first)]) == first, seed

@@ -499,3 +499,29 @@ def test_entropy_of_p0_only_through_a_plugin(srv, backend):
         b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
         out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))
         assert len(out.output_entropy) == 2 and len(out.meta_info["output_token_entropy"]) == 2
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_log_p0_under_frequency_and_presence_penalties_is_the_raw_models(plugin):
+    """SGLang's frequency and presence penalizers subtract from the logits before its sampler (and the plugin) see
+    them, so at τ = 1 neither the reported logprobs nor the plugin's log p0 are log p0: the client scores such a
+    request in the second pass.  Oracle: the stand-in model's log-softmax, unpenalized for log p0, and with
+    z − f·count − p·[seen] over the tokens generated so far (SGLang's penalizers) for the reported log q."""
+    with StandInServer(plugin=plugin) as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
+        prompt = [BOS_ID, 10, 20]
+        f, pres = 1.5, 0.75
+        p = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5, return_logprob=True, ignore_eos=True,
+                           frequency_penalty=f, presence_penalty=pres)
+        out = b.run(prompt, p)
+        seq, counts = list(prompt), np.zeros(len(srv.model.table))
+        for t, lq, lp in zip(out.output_ids, out.output_logq, out.output_logp0):
+            z = srv.model.logits(seq) - f * counts - pres * (counts > 0)
+            assert lq == pytest.approx(float(z[t] - np.log(np.sum(np.exp(z)))), abs=1e-9)
+            assert lp == pytest.approx(srv.model.logp0(seq)[t], abs=1e-12)
+            seq.append(t)
+            counts[t] += 1
+        assert max(abs(q - lp) for q, lp in zip(out.output_logq, out.output_logp0)) > 1e-3  # penalties took effect
+        with pytest.raises(EngineError, match="frequency_penalty"):
+            b.run(prompt, SamplingParams(max_new_tokens=6, seed=5, return_logprob=True, frequency_penalty=f,
+                                         logprob_temperatures=(0.5,)))

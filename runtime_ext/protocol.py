@@ -59,7 +59,7 @@ class SamplingParams:
     temperature: float = 1.0
     """Temperature τ of q_τ; 0 means greedy (argmax), and so does any τ below 1e-6 (made 0, as SGLang does)."""
     top_k: int = -1
-    """Keep the k most likely tokens before sampling; -1 disables (full vocabulary)."""
+    """Keep the k most likely tokens before sampling; -1 disables (full vocabulary); unchecked when greedy."""
     top_p: float = 1.0
     """Nucleus mass; 1.0 disables."""
     min_p: float = 0.0
@@ -129,7 +129,7 @@ class SamplingParams:
             object.__setattr__(self, "temperature", 0.0)
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
+        if self.temperature > 0 and (self.top_k == 0 or self.top_k < -1):  # greedy: SGLang makes top_k 1 first
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")

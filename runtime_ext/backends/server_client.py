@@ -26,7 +26,7 @@ A session request's pass 2 scores the full prompt the server built (`server_sess
 `cached_tokens` is pass 1's `meta_info.cached_tokens`; pass 2's is in `meta_info["logp0_pass"]`.
 
 At connect the client reads /server_info (`ServerCapabilities`): a seeded request on a server without
-`--enable-deterministic-inference` is refused (the server would ignore the seed) unless
+`--enable-deterministic-inference` is refused (the server would ignore the seed; not a scoring one) unless
 `ServerConfig.allow_nondeterministic`.  On a deterministic server an unseeded request would sample with seed 42
 (SGLang's default there, `srt/sampling/sampling_batch_info.py`), so every unseeded request would draw the same
 tokens: the client sends it a fresh random seed instead.  `meta_info["sampling_seed"]` records the seed the
@@ -85,9 +85,8 @@ __all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCap
 
 
 def penalized_logits(p: SamplingParams) -> list[str]:
-    """The request's settings under which SGLang's penalizers change the logits before its sampler computes the
-    reported logprobs (and the plugin reads them): min_new_tokens (EOS and the stop ids masked), frequency_penalty
-    and presence_penalty (subtracted from the tokens already generated).  Empty: the logits are the model's."""
+    """The settings under which SGLang's penalizers change the logits its sampler reports (and the plugin reads):
+    min_new_tokens (masks EOS and the stop ids), frequency / presence_penalty (subtract from output tokens)."""
     return [name for name in ("min_new_tokens", "frequency_penalty", "presence_penalty") if getattr(p, name) != 0]
 
 
@@ -354,7 +353,8 @@ class SGLangServerClient(ServerStreamingMixin):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"params must be forerun SamplingParams, got {type(p).__name__}")
         rid = rid or uuid.uuid4().hex
-        if p.seed is not None and not self.deterministic and not self.config.allow_nondeterministic:
+        sampled = p.seed is not None and p.max_new_tokens > 0  # a scoring request draws nothing: its seed is moot
+        if sampled and not self.deterministic and not self.config.allow_nondeterministic:
             raise SGLangServerError(
                 f"SGLang server {self.base_url} runs without --enable-deterministic-inference, so it ignores "
                 f"sampling_seed (rid={rid}): relaunch it with --enable-deterministic-inference "

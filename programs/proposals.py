@@ -23,6 +23,8 @@ extension x_{L+1:T} ~ q_τ is one such call as well.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import math
 import time
@@ -102,7 +104,7 @@ class ProgramProposalModel:
         with warnings.catch_warnings():
             # SGLang's interpreter warns with a traceback when a branch fails; the error is re-raised below
             warnings.filterwarnings("ignore", message="Error in stream_executor")
-            state = suffix_proposals.run(requests=args, backend=self.backend)
+            state = suffix_proposals.run(requests=args, backend=without_template_stops(self.backend))
         results = state.ret_value
         self.last_wall_time = time.perf_counter() - start
         errors = [e for _, e in results if e is not None] + ([state.error()] if state.error() is not None else [])
@@ -113,6 +115,20 @@ class ProgramProposalModel:
             raise EngineError(f"suffix proposal program failed: {err!r}")
         return [suffix_from_meta(m, r, self.tempered_temperatures, self.require_entropy)
                 for (m, _), r in zip(results, requests)]
+
+
+def without_template_stops(backend: Any) -> Any:
+    """`backend` for a program that uses no chat roles and needs fixed-length gens: a shallow copy whose chat
+    template has no stop strings.  SGLang's interpreter adds the backend's chat-template stop strings to every gen
+    (`_resolve_sampling_params`), and an SGLang server matches them in output decoded with special tokens spelled
+    out, ignore_eos or not: with an instruct model's template ("<|im_end|>", "<|eot_id|>", "</s>") its end-of-turn
+    token ended a suffix early.  A backend whose template has none is returned as it is."""
+    template = getattr(backend, "chat_template", None)
+    if not getattr(template, "stop_str", None):
+        return backend
+    view = copy.copy(backend)
+    view.chat_template = dataclasses.replace(template, stop_str=())
+    return view
 
 
 def proposal_model_for(backend: Any, kind: str, temperatures: Sequence[float] = ()) -> ProgramProposalModel:

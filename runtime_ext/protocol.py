@@ -26,6 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+GREEDY_BELOW = 1e-6
+"""A temperature in [0, 1e-6) is greedy, τ = 0 (SGLang's `_SAMPLING_EPS`: it runs such a request as argmax and reports
+log p0)."""
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 """SGLang's constrained-decoding fields of `sampling_params` (srt/sampling/sampling_params.py), at most one set."""
 
@@ -54,9 +57,9 @@ class SamplingParams:
     max_new_tokens: int = 128
     """Tokens to generate; 0 scores the prompt only."""
     temperature: float = 1.0
-    """Temperature τ of q_τ; 0 means greedy (argmax)."""
+    """Temperature τ of q_τ; 0 means greedy (argmax), and so does any τ below 1e-6 (made 0, as SGLang does)."""
     top_k: int = -1
-    """Keep the k most likely tokens before sampling; -1 disables (full vocabulary)."""
+    """Keep the k most likely tokens before sampling; -1 disables (full vocabulary); unchecked when greedy."""
     top_p: float = 1.0
     """Nucleus mass; 1.0 disables."""
     min_p: float = 0.0
@@ -122,9 +125,11 @@ class SamplingParams:
             raise ValueError(f"logprob_start_len must be >= -1, got {self.logprob_start_len}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:  # SGLang's SamplingParams.__post_init__ (_SAMPLING_EPS): greedy
+            object.__setattr__(self, "temperature", 0.0)
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
+        if self.temperature > 0 and (self.top_k == 0 or self.top_k < -1):  # greedy: SGLang makes top_k 1 first
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")

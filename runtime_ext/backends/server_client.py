@@ -19,12 +19,14 @@ Requests are token ids: `POST /generate` always carries `input_ids` (never re-to
 Pass 2 is the exact two-pass recipe: max_new_tokens=0, logprob_start_len = len(prompt) - 1, log p0 of the
 output = input_token_logprobs[1:] (SGLang shift).  It is skipped when the plugin serves the request, and at
 τ = 0 and τ = 1, where SGLang's reported logprobs are log p0 already
-(`ServerConfig.reuse_logq_at_unit_temperature`).  The radix cache makes pass 2 re-prefill only the suffix.
+(`ServerConfig.reuse_logq_at_unit_temperature`) - unless its penalizers changed the logits first (min_new_tokens,
+frequency / presence penalties: `penalized_logits`; nor does the plugin serve those).  The radix cache makes pass
+2 re-prefill only the suffix.
 A session request's pass 2 scores the full prompt the server built (`server_sessions`), without the session.
 `cached_tokens` is pass 1's `meta_info.cached_tokens`; pass 2's is in `meta_info["logp0_pass"]`.
 
 At connect the client reads /server_info (`ServerCapabilities`): a seeded request on a server without
-`--enable-deterministic-inference` is refused (the server would ignore the seed) unless
+`--enable-deterministic-inference` is refused (the server would ignore the seed; not a scoring one) unless
 `ServerConfig.allow_nondeterministic`.  On a deterministic server an unseeded request would sample with seed 42
 (SGLang's default there, `srt/sampling/sampling_batch_info.py`), so every unseeded request would draw the same
 tokens: the client sends it a fresh random seed instead.  `meta_info["sampling_seed"]` records the seed the
@@ -80,6 +82,12 @@ from .server_wire import (
 
 __all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE",
            "ROUTING_KEY_HEADER"]
+
+
+def penalized_logits(p: SamplingParams) -> list[str]:
+    """The settings under which SGLang's penalizers change the logits its sampler reports (and the plugin reads):
+    min_new_tokens (masks EOS and the stop ids), frequency / presence_penalty (subtract from output tokens)."""
+    return [name for name in ("min_new_tokens", "frequency_penalty", "presence_penalty") if getattr(p, name) != 0]
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -345,18 +353,20 @@ class SGLangServerClient(ServerStreamingMixin):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"params must be forerun SamplingParams, got {type(p).__name__}")
         rid = rid or uuid.uuid4().hex
-        if p.seed is not None and not self.deterministic and not self.config.allow_nondeterministic:
+        sampled = p.seed is not None and p.max_new_tokens > 0  # a scoring request draws nothing: its seed is moot
+        if sampled and not self.deterministic and not self.config.allow_nondeterministic:
             raise SGLangServerError(
                 f"SGLang server {self.base_url} runs without --enable-deterministic-inference, so it ignores "
                 f"sampling_seed (rid={rid}): relaunch it with --enable-deterministic-inference "
                 "(scripts/launch_runtime passes it), or pass --allow-nondeterministic to accept chains that are "
                 "equal in law only", url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
-        if p.logprob_temperatures and p.min_new_tokens > 0:
+        if p.logprob_temperatures and penalized_logits(p):
             raise SGLangServerError(
-                f"{self.base_url}: request rid={rid} asks for log q at extra temperatures with min_new_tokens="
-                f"{p.min_new_tokens}; SGLang masks EOS and the stop ids out of the logits the sampler plugin "
-                "reads before that many tokens, so those values would not be of p0: drop min_new_tokens, or run "
-                "on the embedded engine", url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
+                f"{self.base_url}: request rid={rid} asks for log q at extra temperatures with "
+                f"{', '.join(penalized_logits(p))}; SGLang's penalizers change the logits the sampler plugin reads "
+                "(min_new_tokens masks EOS and the stop ids, the frequency / presence penalties subtract from seen "
+                "tokens), so those values would not be of p0: drop them, or run on the embedded engine",
+                url=self.base_url, rids=[rid], prompt_lens=[len(ids)])
         if p.logprob_temperatures and not self.plugin_enabled:
             raise SGLangServerError(
                 f"{self.base_url}: request rid={rid} asks for log q at extra temperatures "
@@ -368,8 +378,8 @@ class SGLangServerClient(ServerStreamingMixin):
         check_session(self.base_url, rid, session)
         if p.seed is None and self.deterministic and p.max_new_tokens > 0:
             p = dataclasses.replace(p, seed=fresh_seed())  # else the server samples it with seed 42
-        # SGLang's min_new_tokens penalty masks the logits the plugin reads: log p0 then comes from pass 2
-        plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0 and p.min_new_tokens == 0
+        # SGLang's penalizers change the logits the plugin reads: log p0 then comes from pass 2
+        plugin = self.plugin_enabled and p.return_logprob and p.max_new_tokens > 0 and not penalized_logits(p)
         return WireRequest([int(t) for t in ids], p, rid, session, wire_priority(priority, self.capabilities), plugin)
 
     def _generate_many(self, reqs: Sequence[tuple[Sequence[int], SamplingParams]], *, rids: Sequence[str | None],
@@ -429,9 +439,9 @@ class SGLangServerClient(ServerStreamingMixin):
 
     def _logq_is_logp0(self, p: SamplingParams) -> bool:
         # a constrained request's log q is of the grammar-masked distribution, never log p0; so is a request's
-        # under min_new_tokens (SGLang's penalty masks EOS and the stop ids before its logprobs)
+        # whose logits SGLang's penalizers change before its logprobs (`penalized_logits`)
         return (self.config.reuse_logq_at_unit_temperature and p.temperature in (0.0, 1.0) and p.constraint is None
-                and p.min_new_tokens == 0)
+                and not penalized_logits(p))
 
     def _to_output(self, item: WireRequest, out: dict[str, Any], score: dict[str, Any] | None) -> GenerateOutput:
         ids, p, rid = item.ids, item.params, item.rid
@@ -447,8 +457,8 @@ class SGLangServerClient(ServerStreamingMixin):
         meta.setdefault("completion_tokens", len(output_ids))
         meta.setdefault("cached_tokens", 0)
         meta["sampling_seed"] = p.seed if self.deterministic else None  # the seed the server sampled with
-        # SGLang masks before its logprobs: a grammar's tokens, and EOS and the stop ids under min_new_tokens
-        meta["output_token_logprobs_masked"] = p.constraint is not None or p.min_new_tokens > 0
+        # SGLang changes the logits before its logprobs: a grammar's mask and its penalizers (`penalized_logits`)
+        meta["output_token_logprobs_masked"] = p.constraint is not None or bool(penalized_logits(p))
         logq = logp0 = entropy = input_logp0 = None
         if p.return_logprob:
             where = Where(self.base_url + "/generate", rid, len(ids))

@@ -46,7 +46,8 @@ class ServerConfig:
     reuse_logq_at_unit_temperature: bool = True
     """At τ = 0 (greedy) and τ = 1 SGLang's reported output logprobs already are log p0: its sampler takes
     log_softmax(z / τ) before top-k/top-p (`srt/layers/sampler.py`; greedy requests run with τ = 1), so
-    pass 2 is skipped and output_token_logp0 = the reported logprobs.  False: always run pass 2.  Default True."""
+    pass 2 is skipped and output_token_logp0 = the reported logprobs (not under min_new_tokens or a frequency /
+    presence penalty: SGLang's penalizers change the logits first).  False: always run pass 2.  Default True."""
     use_plugin: bool | None = None
     """Ask the forerun sampler plugin (`launch_runtime --plugin`) for log p0, the entropy of p0 and log q at
     extra temperatures in the same pass: None (default) when /server_info reports the plugin, False never

@@ -12,6 +12,8 @@ and its prefix cache.  Tests recompute every number the stand-in server reports 
     sampling noise                        Gumbel-max with numpy Generator keyed by (sampling_seed, position)
     min_new_tokens                        `banned` tokens (EOS, stop ids) get logit -inf before every number
                                           above, as SGLang's MinNewTokens penalizer does before its sampler
+    frequency_penalty, presence_penalty   z − f·count(y in the output so far) − p·[y in it], before every number
+                                          above (SGLang's penalizers: output tokens only, the first token free)
     cached_tokens                         PrefixTrie.match: longest prefix of the prompt already inserted
                                           (prompt + output inserted after each request)
 
@@ -20,6 +22,7 @@ When a generation stops is `stopping.StopRules`' business, what its text is `det
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -61,6 +64,14 @@ class ByteModel:
         self.position_term = rng.normal(0.0, 0.5, size=(64, VOCAB_SIZE))
         # EOS rarely wins: tests that want full lengths still pass ignore_eos
         self.table[:, EOS_ID] -= 4.0
+        self.penalty: np.ndarray | None = None
+
+    def penalized(self, penalty: np.ndarray) -> "ByteModel":
+        """This model with `penalty` (one value per token) subtracted from its logits, as SGLang's frequency and
+        presence penalizers subtract theirs before the sampler sees the logits."""
+        view = copy.copy(self)
+        view.penalty = np.asarray(penalty, dtype=np.float64)
+        return view
 
     def logits(self, prefix: Sequence[int], banned: Collection[int] = ()) -> np.ndarray:
         """z(· | prefix): bigram row of the last token plus a position term (prefix must be non-empty); the
@@ -68,6 +79,8 @@ class ByteModel:
         if len(prefix) == 0:
             raise ValueError("the byte model needs a non-empty prefix")
         z = self.table[int(prefix[-1])] + self.position_term[len(prefix) % 64]
+        if self.penalty is not None:
+            z = z - self.penalty
         if banned:
             z = z.copy()
             z[list(banned)] = -np.inf
@@ -182,6 +195,8 @@ class Sampling:
     min_new_tokens: int
     seed: int
     min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 @dataclass
@@ -212,26 +227,30 @@ def generate(model: ByteModel, prompt: Sequence[int], sampling: Sampling, rules:
     if rules.max_new_tokens == 0:
         return out
     seq = list(prompt)
+    counts = np.zeros(VOCAB_SIZE)
     while True:
+        penalty = s.frequency_penalty * counts + s.presence_penalty * (counts > 0)
+        step = model.penalized(penalty) if s.frequency_penalty or s.presence_penalty else model
         banned = rules.banned_before_min() if len(out.ids) < s.min_new_tokens else frozenset()
         if grammar is not None:
             banned = banned | grammar.disallowed()
             if len(banned) == VOCAB_SIZE:
                 grammar.dead_end(len(out.ids))
-        lq = model.logq(seq, s.temperature, banned)
-        t = model.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned, s.min_p)
+        lq = step.logq(seq, s.temperature, banned)
+        t = step.sample(seq, s.temperature, s.top_k, s.top_p, s.seed, banned, s.min_p)
         out.ids.append(t)
         out.logq.append(float(lq[t]))
         if top_logprobs_num > 0:
             top = np.argsort(-lq, kind="stable")[:top_logprobs_num]
             out.top.append([[float(lq[j]), int(j), text_of(int(j))] for j in top])
-        lp0 = model.logp0(seq, banned)
+        lp0 = step.logp0(seq, banned)
         out.logp0.append(float(lp0[t]))
-        out.entropy.append(model.entropy(seq, banned))
-        out.logq_by_temp.append([float(model.logq(seq, tau, banned)[t]) for tau in temperatures])
+        out.entropy.append(step.entropy(seq, banned))
+        out.logq_by_temp.append([float(step.logq(seq, tau, banned)[t]) for tau in temperatures])
         if step_s > 0:
             time.sleep(step_s)
         seq.append(t)
+        counts[t] += 1
         if grammar is not None:
             grammar.accept(t)
         finish = rules.finish_after(out.ids, grammar is not None and grammar.terminated)

@@ -91,8 +91,8 @@ from .sessions import SchedulerCrash, Sessions
 from .stopping import StopRules, context_error, request_stop_rules
 from .stream import stream_chunks
 
-PENALTIES_OFF = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
-"""SGLang's penalties at their off values: any other value, or an n other than 1, is HTTP 400 rather than ignored."""
+PENALTIES_OFF = {"repetition_penalty": 1.0}
+"""The SGLang penalty the stand-in lacks (frequency / presence it applies): another value, or n != 1, is HTTP 400."""
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -412,6 +412,7 @@ class StandInServer:
             top_p=float(sp.get("top_p", 1.0)),
             min_new_tokens=int(sp.get("min_new_tokens", 0)),
             min_p=float(sp.get("min_p", 0.0)),
+            **{name: float(sp.get(name, 0.0)) for name in ("frequency_penalty", "presence_penalty")},
         )
         problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
         if problem is not None:  # SGLang's verify: HTTP 400

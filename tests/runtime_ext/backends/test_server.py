@@ -16,7 +16,7 @@ import pytest
 from forerun.programs.proposals import ProgramProposalModel
 from forerun.programs.suffixes import SuffixRequest
 from forerun.runtime_ext.backends import server_client
-from forerun.runtime_ext.standin.server import BOS_ID, byte_tokenizer, StandInServer, unused_port
+from forerun.runtime_ext.standin.server import BOS_ID, EOS_ID, byte_tokenizer, StandInServer, unused_port
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
 from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.server_client import SGLangServerError, ServerConfig
@@ -499,3 +499,49 @@ def test_entropy_of_p0_only_through_a_plugin(srv, backend):
         b = SGLangServerBackend(plug.url, plug.tokenizer, config=FAST)
         out = b.run([BOS_ID, 1], SamplingParams(max_new_tokens=2, return_logprob=True))
         assert len(out.output_entropy) == 2 and len(out.meta_info["output_token_entropy"]) == 2
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_log_p0_under_frequency_and_presence_penalties_is_the_raw_models(plugin):
+    """SGLang's frequency and presence penalizers subtract from the logits before its sampler (and the plugin) see
+    them, so at τ = 1 neither the reported logprobs nor the plugin's log p0 are log p0: the client scores such a
+    request in the second pass.  Oracle: the stand-in model's log-softmax, unpenalized for log p0, and with
+    z − f·count − p·[seen] over the tokens generated so far (SGLang's penalizers) for the reported log q."""
+    with StandInServer(plugin=plugin) as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
+        prompt = [BOS_ID, 10, 20]
+        f, pres = 1.5, 0.75
+        p = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5, return_logprob=True, ignore_eos=True,
+                           frequency_penalty=f, presence_penalty=pres)
+        out = b.run(prompt, p)
+        seq, counts = list(prompt), np.zeros(len(srv.model.table))
+        for t, lq, lp in zip(out.output_ids, out.output_logq, out.output_logp0):
+            z = srv.model.logits(seq) - f * counts - pres * (counts > 0)
+            assert lq == pytest.approx(float(z[t] - np.log(np.sum(np.exp(z)))), abs=1e-9)
+            assert lp == pytest.approx(srv.model.logp0(seq)[t], abs=1e-12)
+            seq.append(t)
+            counts[t] += 1
+        assert max(abs(q - lp) for q, lp in zip(out.output_logq, out.output_logp0)) > 1e-3  # penalties took effect
+        with pytest.raises(EngineError, match="frequency_penalty"):
+            b.run(prompt, SamplingParams(max_new_tokens=6, seed=5, return_logprob=True, frequency_penalty=f,
+                                         logprob_temperatures=(0.5,)))
+
+
+def test_suffix_proposals_run_their_full_length_under_a_chat_template_that_stops_at_eos_text():
+    """SGLang adds the chat template's stop strings to every gen and matches them in output decoded with special
+    tokens spelled out, ignore_eos or not: a server whose template stops at its EOS text ("</s>": mistral's; an
+    instruct model's "<|im_end|>" alike) ended a power sampler's suffix at its first EOS ("suffix has 5 tokens,
+    expected 12").  The proposals use no roles and run without those stop strings.  Oracle: the server's own
+    seeded tokens for the same request with EOS ignored and no stop string."""
+    with StandInServer() as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST, chat_template_name="mistral")
+        assert srv.tokenizer.decode([EOS_ID], skip_special_tokens=False) in b.chat_template.stop_str
+        after = int(np.argmax(srv.model.table[:, EOS_ID]))  # the token after which EOS is likeliest
+        reqs = [SuffixRequest((BOS_ID, after), 12, 1.0, seed) for seed in range(20)]
+        suffixes = ProgramProposalModel(b).generate(reqs)
+        direct = [b.engine.generate(list(r.prefix_ids), SamplingParams(max_new_tokens=12, temperature=1.0,
+                                                                       seed=r.seed, ignore_eos=True))
+                  for r in reqs]
+        assert [list(s.ids) for s in suffixes] == [list(d.output_ids) for d in direct]
+        assert any(EOS_ID in s.ids for s in suffixes)  # the case: an EOS inside a suffix, generation went on
+        assert b.chat_template.stop_str  # the user's backend keeps its template for programs with roles

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import requests
 
 from forerun.runtime_ext.backends import sglang_frontend  # noqa: F401  (registers the no-triton stub first)
 from forerun.runtime_ext.backends.server import SGLangServerBackend
@@ -94,7 +95,8 @@ def test_a_constrained_requests_log_p0_comes_from_the_scoring_pass():
 
 def test_min_p_and_the_penalties_reach_the_server_and_are_never_ignored():
     """min_p, frequency_penalty and presence_penalty are SglSamplingParams fields: `from_sgl` keeps them and the
-    server body carries them (checked against SGLang's models); the stand-in applies min_p and refuses penalties."""
+    server body carries them (checked against SGLang's models); the stand-in applies min_p and the two penalties
+    and refuses the repetition penalty it lacks."""
     from sglang.lang.ir import SglSamplingParams
 
     p = SamplingParams.from_sgl(SglSamplingParams(min_p=0.9, frequency_penalty=2.0, presence_penalty=-1.0))
@@ -109,5 +111,8 @@ def test_min_p_and_the_penalties_reach_the_server_and_are_never_ignored():
         greedy = backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=6, temperature=0.0))
         hot = backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=6, temperature=2.0, min_p=1.0, seed=4))
         assert hot.output_ids == greedy.output_ids
-        with pytest.raises(Exception, match="does not implement frequency_penalty"):
-            backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=2, frequency_penalty=1.0))
+        penalized = backend.engine.generate([BOS_ID, 5], SamplingParams(max_new_tokens=2, frequency_penalty=1.0))
+        assert len(penalized.output_ids) == 2  # applied, as SGLang's penalizers (values: test_server.py)
+        refused = requests.post(srv.url + "/generate", json={"input_ids": [BOS_ID, 5], "sampling_params": {
+            "max_new_tokens": 2, "repetition_penalty": 1.2}}, timeout=30)
+        assert refused.status_code == 400 and "does not implement repetition_penalty" in refused.text

@@ -443,3 +443,29 @@ def test_closing_an_unknown_or_closed_session_answers_200_as_sglang_does():
         backend.engine.close_session(sid)  # already closed: no error
         resp = requests.post(srv.url + "/close_session", json={"session_id": "never-opened"}, timeout=10)
     assert resp.status_code == 200
+
+
+@pytest.mark.parametrize("temperature, top_k", [(0.0, 0), (1e-7, -3), (0.7, 0), (0.7, -3), (0.0, 5), (0.7, 5)])
+def test_forerun_accepts_the_top_k_sglang_accepts(temperature, top_k):
+    """SGLang's __post_init__ makes a greedy request's top_k 1 before its `verify` (run here from SGLang's source, as
+    above), so a greedy gen with top_k 0 runs there; forerun's SamplingParams refused it for every temperature."""
+    path = "srt/sampling/sampling_params.py"
+    normalise = src.compile_statements(path, 245, 250, "self", {"_SAMPLING_EPS": 1e-6, "TOP_K_ALL": 1 << 30})
+    verify = src.compile_function(src.method_def(path, "SamplingParams", "verify"), {
+        "math": __import__("math"), "get_request_reasoning_end_token_ids": lambda *a, **k: None}, path)
+    sp = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=1.0, min_p=0.0, beam_width=None,
+                         frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                         max_new_tokens=1, logit_bias=None, sampling_seed=None, custom_params=None,
+                         json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    normalise(sp)
+    try:
+        verify(sp, VOCAB_SIZE)
+        sglang_accepts = True
+    except ValueError:
+        sglang_accepts = False
+    try:
+        SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k)
+        forerun_accepts = True
+    except ValueError:
+        forerun_accepts = False
+    assert forerun_accepts == sglang_accepts

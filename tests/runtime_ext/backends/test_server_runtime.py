@@ -48,6 +48,31 @@ def test_seeded_work_is_refused_without_deterministic_inference_and_allowed_on_r
         assert b.run([BOS_ID, 1, 2], SEEDED).output_ids == b.run([BOS_ID, 1, 2], SEEDED).output_ids
 
 
+def test_a_seeded_programs_select_and_scoring_run_without_deterministic_inference():
+    """A select, and a gen with max_tokens=0, sample nothing: the program's sampling_seed marker cannot matter to them,
+    so they run on a server without --enable-deterministic-inference (they used to be refused with the seed error).
+    Oracle: the same requests with no seed marker (nothing to refuse there)."""
+    from forerun.runtime_ext.backends.sglang_frontend import function, gen, select
+    from forerun.runtime_ext.backends.token_markers import sampling_seed
+
+    @function
+    def pick(s, marker):
+        s += marker + "Q:"
+        s += select("choice", choices=["yes", "no", "maybe"])
+        s += gen("score", max_tokens=0, return_logprob=True, logprob_start_len=0)
+
+    with StandInServer(deterministic=False) as srv:
+        b = SGLangServerBackend(srv.url, srv.tokenizer, config=FAST)
+        seeded, plain = pick.run(marker=sampling_seed(5), backend=b), pick.run(marker="", backend=b)
+        assert seeded.error() is None and plain.error() is None
+        assert seeded["choice"] == plain["choice"]
+        for name in ("choice", "score"):
+            key = "input_token_logprobs"
+            assert seeded.get_meta_info(name)[key] == plain.get_meta_info(name)[key]
+        with pytest.raises(SGLangServerError, match="--enable-deterministic-inference"):
+            b.run([BOS_ID, 1, 2], SEEDED)  # a seeded request that samples is still refused
+
+
 def test_cli_refuses_then_proceeds_with_the_equal_in_law_note(capsys):
     with StandInServer(deterministic=False) as srv:
         argv = ["sample", "--backend", srv.url, "--prompt", "hi", "--n", "6", "--K", "2", "--json"]

@@ -808,3 +808,16 @@ def test_an_admitted_requests_cached_prefix_is_not_evicted_before_its_prefill():
                                     SamplingParams(max_new_tokens=60, seed=2, ignore_eos=True))])
         assert a.meta_info["cached_tokens"] == len(prefix) and len(a.output_ids) == 40 and len(b.output_ids) == 60
         assert max(peaks) <= budget
+
+
+def test_a_temperature_below_sglangs_epsilon_is_greedy(engine):
+    """SGLang runs 0 <= τ < 1e-6 as greedy (SamplingParams.__post_init__, _SAMPLING_EPS) and reports log p0 of
+    each token; 1e-7 used to be sampled at τ = 1e-7 and report log q_τ = 0.0.  Oracle: the model's own forward."""
+    ids = prompt(engine, "almost greedy")
+    for temperature in (1e-7, 9.9e-7):
+        out = engine.generate(ids, SamplingParams(max_new_tokens=5, temperature=temperature, ignore_eos=True))
+        logp, logits = full_logp(engine, list(ids) + list(out.output_ids))
+        assert list(out.output_ids) == [int(torch.argmax(logits[len(ids) - 1 + t])) for t in range(5)]
+        expect = [float(logp[len(ids) - 1 + t][y]) for t, y in enumerate(out.output_ids)]
+        assert out.output_logq == pytest.approx(expect, abs=TOL)
+    assert SamplingParams(temperature=1e-6).temperature == 1e-6  # the boundary itself samples, as in SGLang

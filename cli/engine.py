@@ -24,6 +24,7 @@ from .args import (
     positive_float,
     positive_int,
     seed_int,
+    utf8_text,
 )
 from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
@@ -121,7 +122,7 @@ def warn_nondeterministic(pool: Any) -> list[str]:
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
-    g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
+    g.add_argument("--prompt", required=True, type=utf8_text, help="prompt text (the chat template is applied unless --raw)")
     add_model_arguments(g, with_backend=True)
     add_backend_arguments(g)
     g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")

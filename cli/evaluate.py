@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int
+from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int, utf8_text
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
@@ -77,7 +77,7 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
                    help=f"MH response length / max new tokens: one N for every dataset and/or NAME=N per dataset "
                         f"(default per dataset: PreSTO's budget ÷ {CPU_BUDGET_SCALE}, e.g. math500 "
                         f"{default_budget('math500')}, aime {default_budget('aime')})")
-    e.add_argument("--system", default=None, help="a system turn before every prompt")
+    e.add_argument("--system", default=None, type=utf8_text, help="a system turn before every prompt")
     e.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                    help="encode the prompt text as is, without the model's chat template")
     e.add_argument("--thinking", choices=("on", "off"), default=None,

@@ -77,6 +77,16 @@ CASES = [
      "exceeds the model context"),  # and nothing from transformers (a too-long-sequence warning) on stderr
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"],
      "--max-tokens 5000: prompt ("),
+    # a command-line argument whose bytes are not UTF-8 (Python decodes them to lone surrogates): was an internal
+    # error from the tokenizer (exit 1) or "'utf-8' codec can't encode character '\\udcff'" naming no option
+    ("generate", ["generate", "--model", "tiny", "--prompt", "a\udcffb"],
+     "argument --prompt: not UTF-8 text (byte 0xff at offset 1)"),
+    ("sample", ["sample", "--model", "tiny", "--prompt", "ab\udcc3"],
+     "argument --prompt: not UTF-8 text (byte 0xc3 at offset 2)"),
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--answer-lead", "\udcfe"],
+     "argument --answer-lead: not UTF-8 text (byte 0xfe at offset 0)"),
+    ("eval", ["eval", "--datasets", "math500", "--methods", "greedy", "--system", "be \udcff", "--out",
+              "{root}/never.jsonl"], "argument --system: not UTF-8 text (byte 0xff at offset 3)"),  # and no run file
     ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:1/p?x=1"], "no query or fragment"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
@@ -187,9 +197,12 @@ CASES = [
     ("forerun", ["smaple"], "invalid choice"),
     ("forerun", ["bench"], "required"),
 ]
-CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES]
+CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}".encode("ascii", "backslashreplace").decode()
+            for c, a, _ in CASES]  # escaped as pytest escapes an id (request.node.callspec.id)
 REAL_PROCESS = {
     "generate:--prompt x --model tiny --max-tokens 5000",  # found before any decode, the engine's worker alive
+    "generate:--model tiny --prompt a\\udcffb",  # the bytes reach the process as its argv
+    "eval:--datasets math500 --methods greedy --system be \\udcff --out {roo",
     "generate:--model tiny --max-tokens 2 --prompt word word word word wor",
     "sample:--prompt x --model /no/such/model",
     "bench presto:presto --model /no/such/model --prompts 1",
@@ -220,6 +233,7 @@ def test_bad_input_is_one_line(command, argv, needle, files, request, run_foreru
     if command != "forerun":
         assert proc.stderr.split("\r")[-1].startswith(f"forerun {command}:"), proc.stderr
     assert not Path(MISSING_PARENT).parent.exists()  # a missing parent directory is never created
+    assert not (files / "never.jsonl").exists()
 
 
 @pytest.mark.parametrize("argv", [

@@ -135,6 +135,8 @@ CASES = [
     ("bench reference", ["bench", "reference", "--reference", "/no/such/power_samp_utils.py"], "No such file"),
     ("bench reference", ["bench", "reference", "--reference", "{root}/records.jsonl"], "--reference"),
     ("bench reference", ["bench", "reference", "--reference", "/x.py", "--K", "0"], "--K"),
+    ("bench reference", ["bench", "reference", "--reference", "/x.py", "--alpha", "1e-320"],
+     "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: found by the reference's code, after the load
     # session demo
     ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
     ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),

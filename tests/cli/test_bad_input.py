@@ -130,6 +130,9 @@ CASES = [
     ("bench engine", ["bench", "engine", "--root-tokens", "10", "--suffixes", "20"], "distinct cuts"),
     ("bench engine", ["bench", "engine", "--model", NO_SUCH], "does not exist"),
     ("bench engine", ["bench", "engine", "--model", "tiny", "--root-tokens", "4000"], "exceed the model context"),
+    # bench work-split
+    ("bench work-split", ["bench", "work-split", "--model", "tiny", "--rows", "1", "--repeats", "1", "--tokens",
+                          "5000"], "--tokens 5000: prompt ("),  # was: the engine's refusal, exit 1, no option named
     # bench reference
     ("bench reference", ["bench", "reference"], "--reference"),
     ("bench reference", ["bench", "reference", "--reference", "/no/such/power_samp_utils.py"], "No such file"),
@@ -209,6 +212,7 @@ REAL_PROCESS = {
     "sample:--prompt x --model /no/such/model",
     "bench presto:presto --model /no/such/model --prompts 1",
     "bench engine:engine --suffixes 0",
+    "bench work-split:work-split --model tiny --rows 1 --repeats 1 --tokens 5000",
     "bench reference:reference",
     "session demo:demo --model /no/such/model",
     "bench preposition:preposition --plots {root}/a_file.txt",

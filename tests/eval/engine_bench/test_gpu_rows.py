@@ -83,10 +83,19 @@ def test_a_cpu_run_measures_every_row_count():
 
 
 @pytest.mark.parametrize("bad", [dict(rows=(0,)), dict(shapes=("gpt-2",)), dict(context=0), dict(dtype="int8"),
-                                 dict(device="tpu")])
+                                 dict(device="tpu"), dict(device="cuda:x"), dict(device="cpu-ish")])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         GpuRowsConfig(**bad)
+
+
+def test_a_step_larger_than_the_memory_is_refused_before_it_is_built():
+    """--rows 10^8 grew to 10 GB before `timeout` ended it; --context 10^11 ended in the CPU allocator's
+    RuntimeError (an internal error, exit 1).  The KV buffer of this one (10^17 entries, more than any address
+    space) fails at once without the check, never filling the machine's memory."""
+    with pytest.raises(ValueError, match=r"--rows 1000000000 --context 10000: a step of smollm2-135m holds .* more "
+                                         r"than the .* GiB of cpu"):
+        run_gpu_rows(GpuRowsConfig(rows=(10**9,), context=10**4, repeats=1, device="cpu"))
 
 
 def test_the_file_runs_as_a_script_and_reports_a_missing_gpu_in_one_line():

@@ -278,6 +278,8 @@ def run_gpu_rows(config: GpuRowsConfig, progress: Callable[[str], None] | None =
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"no CUDA device here (torch {torch.__version__} sees none); --device cpu times the "
                          "same step eagerly on the CPU")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():  # torch's error was a bug's
+        raise ValueError(f"no CUDA device {device} here (torch sees {torch.cuda.device_count()})")
     dtype = getattr(torch, config.dtype)
     _check_fits(config, device, dtype.itemsize)
     shapes = []

@@ -110,3 +110,13 @@ def test_the_file_runs_as_a_script_and_reports_a_missing_gpu_in_one_line():
                          text=True, timeout=300)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "no CUDA device" in bad.stderr
+
+
+def test_a_cuda_index_past_the_devices_is_refused(monkeypatch):
+    """--device cuda:3 on a one-GPU machine ended in torch's error about the device id (an internal error)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"no CUDA device cuda:3 here \(torch sees 1\)"):
+        run_gpu_rows(GpuRowsConfig(rows=(1,), context=8, repeats=1, device="cuda:3"))

@@ -89,6 +89,9 @@ CASES = [
               "{root}/never.jsonl"], "argument --system: not UTF-8 text (byte 0xff at offset 3)"),  # and no run file
     ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:1/p?x=1"], "no query or fragment"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:0"],
+     "'http://127.0.0.1:0': the port is not a number from 1 to 65535"),  # was: a connection to port 80, exit 1
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://[::1"], "'http://[::1': Invalid IPv6 URL"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
     # sample
     ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),

@@ -158,6 +158,12 @@ CASES = [
     ("bench preposition", ["bench", "preposition", "--tau", "nan"], "--tau"),
     ("bench preposition", ["bench", "preposition", "--trace-interval", "-1"], "--trace-interval"),
     ("bench preposition", ["bench", "preposition", "--requests", "0"], "--requests"),
+    # a trace interval the real-time replay cannot sleep: was 'internal error: OverflowError: timestamp out of range'
+    ("bench preposition", ["bench", "preposition", "--trace-interval", "1e308"], "1e+308 s is over 3600 s"),
+    ("bench preposition", ["bench", "preposition", "--model", "tiny", "--requests", "1", "--trace-updates", "1",
+                           "--calib-windows", "0", "--status-windows", "0", "--agentic-turns", "0",
+                           "--energy-iterations", "0", "--trace-idle-factor", "1e308"],
+     "trace_idle_factor 1e+308: a mean update interval of"),
     ("bench preposition", ["bench", "preposition", "--threads", "100000"], "--threads"),
     ("bench preposition", ["bench", "preposition", "--model", NO_SUCH], "does not exist"),
     # calibrate gate

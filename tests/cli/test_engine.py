@@ -81,6 +81,20 @@ def test_generate_on_a_server_backend(capsys):
     assert len(out["output_token_logp0"]) == 5 and out["output_token_entropy"] is None
 
 
+def test_a_tokenizer_that_does_not_load_is_bad_input_named_as_given(tmp_path, capsys, monkeypatch):
+    """--tokenizer PATH that does not load was 'cannot load a tokenizer from PATH (reported by the SGLang server);
+    pass tokenizer=... to SGLangServerBackend', exit 1: the user's input blamed on the server."""
+    from forerun.runtime_ext.standin.server import StandInServer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = str(tmp_path / "no-tokenizer")
+    with StandInServer() as srv:
+        rc = main(["generate", "--backend", srv.url, "--tokenizer", missing, "--prompt", "hi", "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"forerun generate: cannot load the given tokenizer {missing!r} (")
+    assert "reported by the SGLang server" not in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_unreachable_backend_is_a_one_line_error(capsys):
     from forerun.runtime_ext.standin.server import unused_port
 

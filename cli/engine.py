@@ -50,6 +50,16 @@ def backend_urls(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def request_timeout(text: str) -> float:
+    """A `--request-timeout`: seconds > 0, at most what a socket timeout can hold (threading.TIMEOUT_MAX)."""
+    import threading
+
+    value = positive_float(text)
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"expected at most {threading.TIMEOUT_MAX:.0f} seconds, got {text}")
+    return value
+
+
 def check_pool_serves(pool: Any, *, seeded: bool, samplers: Any = ()) -> None:
     """Refuse, before any work, a server that cannot do what the command asks: seeded chains on a server that
     ignores seeds (unless --allow-nondeterministic), EntropyCut / MultiTryMH without the forerun plugin."""
@@ -80,7 +90,7 @@ def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = Fal
     p.add_argument("--allow-nondeterministic", action="store_true",
                    help="with --backend: accept a server without --enable-deterministic-inference (it ignores seeds: "
                         "runs are then equal in law only, not token for token)")
-    p.add_argument("--request-timeout", type=positive_float, default=None, metavar="SECONDS",
+    p.add_argument("--request-timeout", type=request_timeout, default=None, metavar="SECONDS",
                    help="with --backend: give up on a request the server has not answered after SECONDS "
                         "(default 600; a timed-out request is not retried and the error names the server's URL)")
     if concurrency:

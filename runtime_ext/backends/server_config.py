@@ -3,6 +3,7 @@ and the gateway's routing header."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -59,10 +60,10 @@ class ServerConfig:
     wait), retrying; then it gives up and reports False.  Default 60 s."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.connect_timeout_s <= 0:
-            raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        for name in ("timeout_s", "connect_timeout_s"):  # a socket timeout past TIMEOUT_MAX overflowed (exit 1)
+            if not 0 < getattr(self, name) <= threading.TIMEOUT_MAX:
+                raise ValueError(f"{name} must be > 0 and at most {threading.TIMEOUT_MAX:.0f} s, got "
+                                 f"{getattr(self, name)}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
         if self.backoff_s < 0:

@@ -8,6 +8,7 @@ the test process with stdout and stderr captured at the file descriptors (tests/
 
 from __future__ import annotations
 
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +35,8 @@ def files(tmp_path_factory):
     (root / "classifier.json").write_text("{not json")
     (root / "a_file.txt").write_text("x")
     (root / "a_dir").mkdir()
+    os.mkfifo(root / "a_fifo")  # opening it to write blocks until a reader comes
+    os.mkfifo(root / "a_fifo.png")
     from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
 
     fitted = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "node_id"))).fit(
@@ -111,6 +114,7 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--model", NO_SUCH], "does not exist"),
     ("sample", ["sample", "--prompt", "x", "--records", MISSING_PARENT], "does not exist (create it first)"),
     ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_dir"], "is a directory"),
+    ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_fifo"], "is a FIFO, not a regular file"),  # hung
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", "/no/clf.json"],
      "cannot read classifier file"),
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",
@@ -173,6 +177,7 @@ CASES = [
     ("calibrate gate", ["calibrate", "gate", "--r-max", "nan"], "--r-max"),
     ("calibrate gate", ["calibrate", "gate", "--plot", MISSING_PARENT + ".png"], "does not exist (create it first)"),
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/a_dir"], "is a directory"),
+    ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/a_fifo.png"], "is a FIFO, not a regular file"),
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/figure.txt"], "expected a file ending in .png"),
     ("calibrate gate", ["calibrate", "gate", "--threads", "100000"], "--threads"),
     ("calibrate gate", ["calibrate", "gate", "--model", NO_SUCH], "does not exist"),
@@ -183,6 +188,8 @@ CASES = [
      "not valid JSON"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/a_dir"],
      "is a directory"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/a_fifo"],
+     "is a FIFO, not a regular file"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", MISSING_PARENT],
      "does not exist (create it first)"),
     ("classifier train", ["classifier", "train", "--records", "{root}/two_classes.jsonl", "--out", "{root}/m.json"],

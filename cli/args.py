@@ -65,6 +65,26 @@ def finite_float(text: str) -> float:
     return value
 
 
+def utf8_text(text: str) -> str:
+    """Text given on the command line (a prompt, a system turn): bytes of an argument that are not UTF-8 (Python
+    keeps them as lone surrogates, which no tokenizer takes) are refused as input files that are not UTF-8 are,
+    naming the first bad byte and its offset in the argument."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the argument's bytes as they were given
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    return text
+
+
 def gate_threshold(text: str) -> float:
     """τ of the logit-gap gate: a number >= 0, or `inf` (the gate never fires).  γ >= 0 always, so a
     negative τ would mean "always fire": rejected (benchmarks force the gate explicitly)."""

@@ -24,6 +24,7 @@ from .args import (
     positive_float,
     positive_int,
     seed_int,
+    utf8_text,
 )
 from .applicability import backend_rules, reject_inapplicable
 from .errors import CommandError, reports_errors
@@ -47,6 +48,16 @@ def backend_urls(text: str) -> str:
         return ",".join(urls)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def request_timeout(text: str) -> float:
+    """A `--request-timeout`: seconds > 0, at most what a socket timeout can hold (threading.TIMEOUT_MAX)."""
+    import threading
+
+    value = positive_float(text)
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"expected at most {threading.TIMEOUT_MAX:.0f} seconds, got {text}")
+    return value
 
 
 def check_pool_serves(pool: Any, *, seeded: bool, samplers: Any = ()) -> None:
@@ -79,7 +90,7 @@ def add_backend_arguments(p: argparse.ArgumentParser, *, concurrency: bool = Fal
     p.add_argument("--allow-nondeterministic", action="store_true",
                    help="with --backend: accept a server without --enable-deterministic-inference (it ignores seeds: "
                         "runs are then equal in law only, not token for token)")
-    p.add_argument("--request-timeout", type=positive_float, default=None, metavar="SECONDS",
+    p.add_argument("--request-timeout", type=request_timeout, default=None, metavar="SECONDS",
                    help="with --backend: give up on a request the server has not answered after SECONDS "
                         "(default 600; a timed-out request is not retried and the error names the server's URL)")
     if concurrency:
@@ -121,7 +132,7 @@ def warn_nondeterministic(pool: Any) -> list[str]:
 
 def register(subparsers: Any, bench_subparsers: Any) -> None:
     g = subparsers.add_parser("generate", help="generate a completion (embedded CPU engine or --backend URL)")
-    g.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
+    g.add_argument("--prompt", required=True, type=utf8_text, help="prompt text (the chat template is applied unless --raw)")
     add_model_arguments(g, with_backend=True)
     add_backend_arguments(g)
     g.add_argument("--max-tokens", type=nonnegative_int, default=128, help="max new tokens (default 128)")

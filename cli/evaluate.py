@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int
+from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int, utf8_text
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
@@ -77,7 +77,7 @@ def _settings_arguments(e: argparse.ArgumentParser) -> None:
                    help=f"MH response length / max new tokens: one N for every dataset and/or NAME=N per dataset "
                         f"(default per dataset: PreSTO's budget ÷ {CPU_BUDGET_SCALE}, e.g. math500 "
                         f"{default_budget('math500')}, aime {default_budget('aime')})")
-    e.add_argument("--system", default=None, help="a system turn before every prompt")
+    e.add_argument("--system", default=None, type=utf8_text, help="a system turn before every prompt")
     e.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                    help="encode the prompt text as is, without the model's chat template")
     e.add_argument("--thinking", choices=("on", "off"), default=None,
@@ -243,8 +243,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     stray = [f"{ds}={n}" for ds, n in args.n[1] if ds not in names]  # would be ignored: the run has no such dataset
     if stray:
         raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
-    for ds in names:  # --block must divide every dataset's n: refused before any item runs, not half-way
-        settings.for_dataset(ds)
+    for ds in names:  # --block must divide every dataset's n, α suit every method: refused before any item runs
+        _check_methods(settings.for_dataset(ds), methods, seeds[0])
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
@@ -253,6 +253,19 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
                                        gpqa_seed=settings.gpqa_shuffle_seed)
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
+
+
+def _check_methods(settings: Any, methods: list[str], seed: int) -> None:
+    """Every method's settings built once (`MethodRunner.config`): one that cannot run (power-smc at α < 1) is
+    one line naming the method, before any model loads, instead of an error line per item."""
+    from ..eval.harness.methods import MethodRunner
+
+    runner = MethodRunner(None, settings)
+    for method in methods:
+        try:
+            runner.config(method, seed)
+        except ValueError as exc:
+            raise ValueError(f"--methods {method}: {exc}") from None
 
 
 def _classifier(args: argparse.Namespace, methods: list[str]):

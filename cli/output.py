@@ -7,7 +7,7 @@ reason (from `reasons`, keyed by the field's name, or a generic one), then `json
 `output_file(path, what)` / `output_dir(path, what)` check a path a command will write (--records, --out,
 --plot, --plots) before it loads a model: the parent directory must already exist (a missing parent is
 never created: run as root, that made folders at /), the path must not be a directory (a file) or a file
-(a directory), it must be writable (probed by opening it, since os.access answers yes to root), and it must
+(a directory) or a FIFO or socket (opening one blocks), it must be writable (probed by opening it, since os.access answers yes to root), and it must
 not be one of the command's input files (`inputs`: appending records to the classifier the command reads, or
 writing a classifier over the records it trains on, loses the input).  A bad path raises `CommandError`
 naming the option.
@@ -155,6 +155,9 @@ def output_file(path: str | os.PathLike[str] | None, option: str, *, suffixes: t
         raise CommandError(f"{option} {p}: expected a file ending in {' or '.join(suffixes)}")
     _parent_ok(p, option)
     not_an_input(p, option, inputs or {})
+    if p.is_fifo() or p.is_socket():  # opening it to write blocked until a reader came: the command hung
+        raise CommandError(f"{option} {p} is a {'FIFO' if p.is_fifo() else 'socket'}, not a regular file; "
+                           "give a file path")
     _probe_file(p, option)
     return p
 

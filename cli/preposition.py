@@ -25,6 +25,7 @@ from .args import (
     positive_int,
     seed_int,
     thread_count,
+    utf8_text,
 )
 from .applicability import reject_inapplicable
 from .errors import CommandError, reports_errors
@@ -125,7 +126,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
                    help="prices per trend window, >= 2 (12; trend only)")
     g.add_argument("--tau", type=gate_threshold, default=_GATE.threshold, help=f"τ to report ({_GATE.threshold:g})")
     g.add_argument("--r-max", type=float, default=_BENCH.r_max, help=f"risk budget r_max, in [0, 1] ({_BENCH.r_max:g})")
-    g.add_argument("--answer-lead", default=None,
+    g.add_argument("--answer-lead", default=None, type=utf8_text,
                    help="text appended to the assistant header, e.g. 'The trend is' (trend only)")
     g.add_argument("--plot", default=None, help="write the risk-coverage figure (Figure 7) to this PNG/PDF/SVG")
     g.add_argument("--seed", type=seed_int, default=0)

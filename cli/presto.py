@@ -32,6 +32,7 @@ from .args import (
     positive_float,
     positive_int,
     seed_int,
+    utf8_text,
 )
 from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
 from .classifier import classifier_from_args, warn_shipped
@@ -109,7 +110,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     s.add_argument("--presto", action="store_true", help="run the PreSTO variant")
     s.add_argument("--npf", type=positive_int, default=None, help=NPF_HELP)
     src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (chat template applied when the model has one)")
+    src.add_argument("--prompt", type=utf8_text, help="prompt text (chat template applied when the model has one)")
     src.add_argument("--dataset", type=dataset_name, help="dataset name (with --index)")
     s.add_argument("--index", type=nonnegative_int, default=None, help="prompt index in --dataset (default 0)")
     _common(s)

@@ -375,6 +375,23 @@ class _Solver:
         self.reconstruct(rej_key, reject_child(node), best[1], into)
 
 
+def _feasible_nodes(view: _TreeView, root: Hashable, limit: int) -> int:
+    """How many nodes below `root` can be expanded, at most `limit`.  No selection holds more, so V(root, b) is
+    flat beyond it: the DP's tables need no larger budget (an N_pf of 10^5 asked for 10^5 x 10^5 matrices on a
+    tree of 2^10 - 1 nodes, a MemoryError or the machine's memory)."""
+    memo: dict[Hashable, int] = {}
+
+    def count(key: Hashable) -> int:
+        if key not in memo:
+            memo[key] = 0
+            if view.expandable(key):
+                acc, rej = view.children(key)
+                memo[key] = min(limit, 1 + count(acc) + count(rej))
+        return memo[key]
+
+    return count(root)
+
+
 def _shifted(rej: np.ndarray) -> np.ndarray:
     """Matrix S with S[b-1, m] = rej[b-1-m] for m <= b-1 and -inf above the diagonal."""
     n = len(rej)
@@ -413,8 +430,9 @@ def optimal_allocation(
             f"accept_prob has {len(accept_prob)} entries but request_cuts has {len(cuts)}: one ĥ per depth is needed"
         )
     probs = tuple(_check_prob(f"accept_prob[{d}]", p) for d, p in enumerate(accept_prob[: len(cuts)]))
-    solver = _Solver(_DepthCutView(cuts, probs), budget)
-    root = (0, int(horizon))
+    view, root = _DepthCutView(cuts, probs), (0, int(horizon))
+    budget = _feasible_nodes(view, root, budget)
+    solver = _Solver(view, budget)
     value = float(solver.values(root, 0)[budget])
     selected: set[int] = set()
     solver.reconstruct(root, 0, budget, selected)
@@ -440,8 +458,9 @@ def optimal_allocation_by_state(
     """
     cuts = check_request_cuts(request_cuts, horizon)
     budget = _check_budget(budget)
-    solver = _Solver(_StateView(cuts, accept_prob, expandable), budget)
-    root = NodeState(0, int(horizon), 0)
+    view, root = _StateView(cuts, accept_prob, expandable), NodeState(0, int(horizon), 0)
+    budget = _feasible_nodes(view, root, budget)
+    solver = _Solver(view, budget)
     value = float(solver.values(root, 0)[budget])
     selected: set[int] = set()
     solver.reconstruct(root, 0, budget, selected)

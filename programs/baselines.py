@@ -27,6 +27,7 @@ default stays E.8's "logq" (so results compare with the paper); the run records 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -71,6 +72,8 @@ class BaselineConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if self.kind != "greedy" and math.isinf(self.tau):  # a subnormal α failed every item's generation
+            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
         if self.samples < 1:
             raise ValueError(f"samples N must be >= 1, got {self.samples}")
         if self.select not in SELECT_RULES:

@@ -95,6 +95,8 @@ class SamplerConfig:
             raise ValueError(f"steps_per_block K must be >= 1, got {self.steps_per_block}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if self.temperature is None and math.isinf(1.0 / self.alpha):  # a subnormal α failed inside the first call
+            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
         if self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"temperature τ must be > 0, got {self.temperature}")
         if not self.beta > 0:

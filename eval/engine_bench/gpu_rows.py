@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import time
@@ -108,7 +110,7 @@ class GpuRowsConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.device.split(":")[0] not in ("cuda", "cpu"):
+        if re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device) is None:  # torch's RuntimeError for cuda:x was a bug
             raise ValueError(f"device must be cuda[:i] or cpu, got {self.device!r}")
 
 
@@ -244,6 +246,30 @@ def fit_line(points: list[dict[str, float]], up_to: int) -> dict[str, float]:
             "rows_up_to": max(p["rows"] for p in used)}
 
 
+def step_bytes(shape: Shape, rows: int, context: int, itemsize: int) -> int:
+    """What one `DecodeStep` holds: the weights, the KV buffer of `rows` x `context` tokens, float32 logits."""
+    kv = shape.layers * 2 * rows * shape.kv_heads * context * shape.head_dim
+    return itemsize * (shape.parameters() + kv) + 3 * 4 * rows * shape.vocab
+
+
+def _check_fits(config: GpuRowsConfig, device: torch.device, itemsize: int) -> None:
+    """A ValueError, before any step is built, when the largest step cannot fit the device's memory (a huge
+    --rows or --context filled the machine's memory, or ended in the allocator's error as an internal error)."""
+    import torch
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rows = max(config.rows)
+    for name in config.shapes:
+        need = step_bytes(SHAPES[name], rows, config.context, itemsize)
+        if need > total:
+            raise ValueError(f"--rows {rows} --context {config.context}: a step of {name} holds "
+                             f"{need / 2**30:.1f} GiB (weights and KV cache), more than the {total / 2**30:.1f} "
+                             f"GiB of {device}")
+
+
 def run_gpu_rows(config: GpuRowsConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every shape's t(r) at every row count, its fit and λ; `progress` is told each (shape, rows) once timed."""
     import torch
@@ -252,7 +278,10 @@ def run_gpu_rows(config: GpuRowsConfig, progress: Callable[[str], None] | None =
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"no CUDA device here (torch {torch.__version__} sees none); --device cpu times the "
                          "same step eagerly on the CPU")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():  # torch's error was a bug's
+        raise ValueError(f"no CUDA device {device} here (torch sees {torch.cuda.device_count()})")
     dtype = getattr(torch, config.dtype)
+    _check_fits(config, device, dtype.itemsize)
     shapes = []
     for name in config.shapes:
         points = []

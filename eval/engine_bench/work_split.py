@@ -104,6 +104,10 @@ def run_work_split(config: WorkSplitConfig = WorkSplitConfig(),
         if kernels is None:
             raise ValueError("bench work-split needs the native kernels (this model runs on the transformers path)")
         prompt = chat_prompt_ids(runtime.loaded.tokenizer, BENCH_PROMPT)
+        longest, limit = len(prompt) + config.tokens, runtime.loaded.max_context
+        if longest > limit:  # bad input, before any timing (the engine refused each request: exit 1, no option named)
+            raise ValueError(f"--tokens {config.tokens}: prompt ({len(prompt)} tokens) + response ({config.tokens} "
+                             f"tokens) = {longest} exceeds the model context {limit}")
         before = bool(kernels.work_stealing())
         table = []
         try:

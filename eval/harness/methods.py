@@ -83,11 +83,24 @@ class MethodRunner:
         """The certainty classifier of the predictive traversal (`CertaintyClassifier`); None: the shipped one
         (`classifiers.shipped`, loaded when a predictive method first runs)."""
 
+    def config(self, method: str, seed: int) -> SamplerConfig | PowerSMCConfig | BaselineConfig:
+        """The validated settings `method` runs with for `seed`: a ValueError for settings it cannot run with
+        (`forerun eval` builds every method's before any model loads, not once per failing item)."""
+        s, parsed = self.settings, Method.parse(method)
+        if parsed.is_mh:
+            return SamplerConfig(kind=parsed.sampler, response_length=s.n, block_size=s.block or s.n,
+                                 steps_per_block=s.K, alpha=s.alpha, beta=s.beta, seed=seed,
+                                 stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
+        if method == "power-smc":
+            return PowerSMCConfig(alpha=s.alpha, particles=s.smc_particles, max_new_tokens=s.n,
+                                  block_size=s.smc_block, ramp_tokens=s.smc_ramp, ess_threshold=s.smc_ess,
+                                  final=s.smc_final, seed=seed)
+        return BaselineConfig(kind=method, max_new_tokens=s.n, alpha=s.alpha, samples=s.best_of,
+                              select=s.best_of_select, seed=seed)
+
     def _mh(self, method: Method, seed: int):
         s = self.settings
-        cfg = SamplerConfig(kind=method.sampler, response_length=s.n, block_size=s.block or s.n, steps_per_block=s.K,
-                            alpha=s.alpha, beta=s.beta, seed=seed,
-                            stop_at_eos=() if s.fixed_horizon else self.eos_token_ids)
+        cfg = self.config(method.name, seed)
         if method.traversal == "predictive" and self.classifier is None:  # the shipped one (classifiers.shipped)
             self.classifier = load_shipped().classifier
         prefetch = prefetch_config(method, s.npf_for(method.sampler, method.streaming), self.classifier)
@@ -95,14 +108,10 @@ class MethodRunner:
         return make_sampler(model, cfg, presto=method.presto, prefetch=prefetch)
 
     def _decoder(self, method: str, seed: int):
-        s = self.settings
         model = ProgramCompletionModel(self.backend)
         if method == "power-smc":
-            return PowerSMC(model, PowerSMCConfig(alpha=s.alpha, particles=s.smc_particles, max_new_tokens=s.n,
-                                                  block_size=s.smc_block, ramp_tokens=s.smc_ramp,
-                                                  ess_threshold=s.smc_ess, final=s.smc_final, seed=seed))
-        return DecodingBaseline(model, BaselineConfig(kind=method, max_new_tokens=s.n, alpha=s.alpha,
-                                                      samples=s.best_of, select=s.best_of_select, seed=seed))
+            return PowerSMC(model, self.config(method, seed))
+        return DecodingBaseline(model, self.config(method, seed))
 
     def run(self, method: str, prompt_ids: Sequence[int], prompt_id: str, seed: int) -> dict[str, Any]:
         """Generate for one (method, prompt, seed): the record fields of the outcome, with `wall_s`."""

@@ -45,7 +45,7 @@ from .latency_model import (
     plot_cost_anatomy,
     plot_latency_vs_entry,
 )
-from .config import BenchConfig
+from .config import BenchConfig, check_trace_interval
 from .report import top_counts
 from .live_trace import run_agentic_trace, run_status_trace, status_update_cost
 from ...programs.sessions import SessionFormat
@@ -318,7 +318,8 @@ def _live_traces(engine: Any, tokenizer: Any, cfg: BenchConfig, rng: np.random.G
                  update_cost: float, tau: float, g: float | None) -> dict[str, Any]:
     """The status-feed live trace (HW-4) at every ρ, gate un-forced at τ; mean update interval from the
     measured update cost."""
-    interval = cfg.trace_interval_s or cfg.trace_idle_factor * update_cost
+    interval = cfg.trace_interval_s or check_trace_interval(cfg.trace_idle_factor * update_cost,
+                                                            f"trace_idle_factor {cfg.trace_idle_factor:g}")
     gate = GateConfig(threshold=tau, fast_answer_set=frozenset(status_task.answer_tokens(tokenizer)))
     traces = []
     with bar("live trace", (cfg.trace_updates + 1) * len(cfg.rhos)) as tick:

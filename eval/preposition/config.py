@@ -7,6 +7,19 @@ from dataclasses import dataclass
 from ...runtime_ext.preposition.gate import GateConfig
 
 
+MAX_TRACE_INTERVAL_S = 3600.0
+"""The longest mean update interval of a live trace: it is replayed in real time (an interval of 1e308 s
+overflowed the sleep between updates: an internal error)."""
+
+
+def check_trace_interval(interval_s: float, what: str) -> float:
+    """`interval_s`, or a ValueError when the trace could not be replayed in real time."""
+    if not interval_s <= MAX_TRACE_INTERVAL_S:
+        raise ValueError(f"{what}: a mean update interval of {interval_s:g} s is over {MAX_TRACE_INTERVAL_S:g} s; "
+                         "the live trace is replayed in real time")
+    return interval_s
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Sizes of one `bench preposition` run (CPU-sized defaults: about 4-5 minutes on 2 cores)."""
@@ -67,5 +80,7 @@ class BenchConfig:
             raise ValueError(f"trace_idle_factor must be > 0, got {self.trace_idle_factor}")
         if self.trace_interval_s is not None and self.trace_interval_s <= 0:
             raise ValueError(f"trace_interval_s must be > 0, got {self.trace_interval_s}")
+        if self.trace_interval_s is not None:
+            check_trace_interval(self.trace_interval_s, "trace_interval_s")
         if len(self.prefill_lengths) < 2 or min(self.prefill_lengths) < 1:
             raise ValueError("prefill_lengths needs at least two lengths >= 1")

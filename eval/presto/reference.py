@@ -19,6 +19,7 @@ tokens (fixed horizon: EOS is disabled for the reference, ignored by forerun), �
 from __future__ import annotations
 
 import ast
+import math
 import random
 import statistics
 import time
@@ -59,6 +60,8 @@ class ReferenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if math.isinf(1.0 / self.alpha):  # a subnormal α: τ = inf failed only once the model had loaded
+            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:

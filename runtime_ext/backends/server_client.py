@@ -130,8 +130,14 @@ class SGLangServerClient(ServerStreamingMixin):
                 raise EngineError(f"SGLang server {self.base_url} reports no tokenizer_path/model_path; "
                                   "pass tokenizer= explicitly")
             tokenizer = _load_tokenizer(path)
-        elif isinstance(tokenizer, str):
-            tokenizer = _load_tokenizer(tokenizer)
+        elif isinstance(tokenizer, str):  # the caller's (--tokenizer): bad input, not a server failure
+            try:
+                tokenizer = _load_tokenizer(tokenizer)
+            except EngineError as exc:
+                cause = exc.__cause__ or exc
+                first = (str(cause).strip().splitlines() or [""])[0]
+                raise ValueError(f"cannot load the given tokenizer {tokenizer!r} ({type(cause).__name__}: {first})"
+                                 ) from None
         self.tokenizer = tokenizer
         self.sessions = SessionMirror(getattr(tokenizer, "bos_token_id", None))
 

@@ -3,6 +3,7 @@ and the gateway's routing header."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -60,10 +61,10 @@ class ServerConfig:
     wait), retrying; then it gives up and reports False.  Default 60 s."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.connect_timeout_s <= 0:
-            raise ValueError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        for name in ("timeout_s", "connect_timeout_s"):  # a socket timeout past TIMEOUT_MAX overflowed (exit 1)
+            if not 0 < getattr(self, name) <= threading.TIMEOUT_MAX:
+                raise ValueError(f"{name} must be > 0 and at most {threading.TIMEOUT_MAX:.0f} s, got "
+                                 f"{getattr(self, name)}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
         if self.backoff_s < 0:
@@ -93,13 +94,18 @@ def check_server_url(url: str) -> str:
         raise ValueError("a server URL must not be empty (expected http://host:port)")
     if "://" not in text:
         raise ValueError(f"{url!r} is not a server URL: expected http://host:port")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # "Invalid IPv6 URL": a bracket left open
+        raise ValueError(f"{url!r}: {exc} (expected http://host:port)") from None
     if parts.scheme.lower() not in SERVER_URL_SCHEMES:
         raise ValueError(f"{url!r}: unsupported scheme {parts.scheme + '://'!r} (expected http:// or https://)")
     try:
-        parts.port  # noqa: B018 - urlsplit checks the port when it is read
+        port = parts.port  # urlsplit checks the port when it is read
     except ValueError:
-        raise ValueError(f"{url!r}: the port is not a number from 0 to 65535 (expected http://host:port)") from None
+        port = 0
+    if port == 0:  # port 0 is no server's: the HTTP client took it for "no port" and connected to 80
+        raise ValueError(f"{url!r}: the port is not a number from 1 to 65535 (expected http://host:port)") from None
     if any(c.isspace() for c in text):
         raise ValueError(f"{url!r} contains white space (expected http://host:port)")
     if not parts.hostname:

@@ -8,6 +8,7 @@ the test process with stdout and stderr captured at the file descriptors (tests/
 
 from __future__ import annotations
 
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +35,8 @@ def files(tmp_path_factory):
     (root / "classifier.json").write_text("{not json")
     (root / "a_file.txt").write_text("x")
     (root / "a_dir").mkdir()
+    os.mkfifo(root / "a_fifo")  # opening it to write blocks until a reader comes
+    os.mkfifo(root / "a_fifo.png")
     from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
 
     fitted = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "node_id"))).fit(
@@ -77,8 +80,21 @@ CASES = [
      "exceeds the model context"),  # and nothing from transformers (a too-long-sequence warning) on stderr
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--max-tokens", "5000"],
      "--max-tokens 5000: prompt ("),
+    # a command-line argument whose bytes are not UTF-8 (Python decodes them to lone surrogates): was an internal
+    # error from the tokenizer (exit 1) or "'utf-8' codec can't encode character '\\udcff'" naming no option
+    ("generate", ["generate", "--model", "tiny", "--prompt", "a\udcffb"],
+     "argument --prompt: not UTF-8 text (byte 0xff at offset 1)"),
+    ("sample", ["sample", "--model", "tiny", "--prompt", "ab\udcc3"],
+     "argument --prompt: not UTF-8 text (byte 0xc3 at offset 2)"),
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--answer-lead", "\udcfe"],
+     "argument --answer-lead: not UTF-8 text (byte 0xfe at offset 0)"),
+    ("eval", ["eval", "--datasets", "math500", "--methods", "greedy", "--system", "be \udcff", "--out",
+              "{root}/never.jsonl"], "argument --system: not UTF-8 text (byte 0xff at offset 3)"),  # and no run file
     ("generate", ["generate", "--prompt", "x", "--backend", "localhost:1"], "http://"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:1/p?x=1"], "no query or fragment"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://127.0.0.1:0"],
+     "'http://127.0.0.1:0': the port is not a number from 1 to 65535"),  # was: a connection to port 80, exit 1
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://[::1"], "'http://[::1': Invalid IPv6 URL"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
     # sample
     ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),
@@ -91,11 +107,14 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--n", "0"], "--n"),
     ("sample", ["sample", "--prompt", "x", "--alpha", "nan"], "--alpha"),
     ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "block_size"),
+    ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "1e-320"],
+     "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: exit 1 from the first call, after the load
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "99999"], "--n 99999: prompt"),
     ("bench presto", ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "4096"], "--n 4096: prompt"),
     ("sample", ["sample", "--prompt", "x", "--model", NO_SUCH], "does not exist"),
     ("sample", ["sample", "--prompt", "x", "--records", MISSING_PARENT], "does not exist (create it first)"),
     ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_dir"], "is a directory"),
+    ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_fifo"], "is a FIFO, not a regular file"),  # hung
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", "/no/clf.json"],
      "cannot read classifier file"),
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",
@@ -118,11 +137,16 @@ CASES = [
     ("bench engine", ["bench", "engine", "--root-tokens", "10", "--suffixes", "20"], "distinct cuts"),
     ("bench engine", ["bench", "engine", "--model", NO_SUCH], "does not exist"),
     ("bench engine", ["bench", "engine", "--model", "tiny", "--root-tokens", "4000"], "exceed the model context"),
+    # bench work-split
+    ("bench work-split", ["bench", "work-split", "--model", "tiny", "--rows", "1", "--repeats", "1", "--tokens",
+                          "5000"], "--tokens 5000: prompt ("),  # was: the engine's refusal, exit 1, no option named
     # bench reference
     ("bench reference", ["bench", "reference"], "--reference"),
     ("bench reference", ["bench", "reference", "--reference", "/no/such/power_samp_utils.py"], "No such file"),
     ("bench reference", ["bench", "reference", "--reference", "{root}/records.jsonl"], "--reference"),
     ("bench reference", ["bench", "reference", "--reference", "/x.py", "--K", "0"], "--K"),
+    ("bench reference", ["bench", "reference", "--reference", "/x.py", "--alpha", "1e-320"],
+     "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: found by the reference's code, after the load
     # session demo
     ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
     ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),
@@ -138,6 +162,12 @@ CASES = [
     ("bench preposition", ["bench", "preposition", "--tau", "nan"], "--tau"),
     ("bench preposition", ["bench", "preposition", "--trace-interval", "-1"], "--trace-interval"),
     ("bench preposition", ["bench", "preposition", "--requests", "0"], "--requests"),
+    # a trace interval the real-time replay cannot sleep: was 'internal error: OverflowError: timestamp out of range'
+    ("bench preposition", ["bench", "preposition", "--trace-interval", "1e308"], "1e+308 s is over 3600 s"),
+    ("bench preposition", ["bench", "preposition", "--model", "tiny", "--requests", "1", "--trace-updates", "1",
+                           "--calib-windows", "0", "--status-windows", "0", "--agentic-turns", "0",
+                           "--energy-iterations", "0", "--trace-idle-factor", "1e308"],
+     "trace_idle_factor 1e+308: a mean update interval of"),
     ("bench preposition", ["bench", "preposition", "--threads", "100000"], "--threads"),
     ("bench preposition", ["bench", "preposition", "--model", NO_SUCH], "does not exist"),
     # calibrate gate
@@ -147,6 +177,7 @@ CASES = [
     ("calibrate gate", ["calibrate", "gate", "--r-max", "nan"], "--r-max"),
     ("calibrate gate", ["calibrate", "gate", "--plot", MISSING_PARENT + ".png"], "does not exist (create it first)"),
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/a_dir"], "is a directory"),
+    ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/a_fifo.png"], "is a FIFO, not a regular file"),
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/figure.txt"], "expected a file ending in .png"),
     ("calibrate gate", ["calibrate", "gate", "--threads", "100000"], "--threads"),
     ("calibrate gate", ["calibrate", "gate", "--model", NO_SUCH], "does not exist"),
@@ -157,6 +188,8 @@ CASES = [
      "not valid JSON"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/a_dir"],
      "is a directory"),
+    ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/a_fifo"],
+     "is a FIFO, not a regular file"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", MISSING_PARENT],
      "does not exist (create it first)"),
     ("classifier train", ["classifier", "train", "--records", "{root}/two_classes.jsonl", "--out", "{root}/m.json"],
@@ -185,13 +218,17 @@ CASES = [
     ("forerun", ["smaple"], "invalid choice"),
     ("forerun", ["bench"], "required"),
 ]
-CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}" for c, a, _ in CASES]
+CASE_IDS = [f"{c}:{' '.join(a[1:] if c != 'forerun' else a)[:60]}".encode("ascii", "backslashreplace").decode()
+            for c, a, _ in CASES]  # escaped as pytest escapes an id (request.node.callspec.id)
 REAL_PROCESS = {
     "generate:--prompt x --model tiny --max-tokens 5000",  # found before any decode, the engine's worker alive
+    "generate:--model tiny --prompt a\\udcffb",  # the bytes reach the process as its argv
+    "eval:--datasets math500 --methods greedy --system be \\udcff --out {roo",
     "generate:--model tiny --max-tokens 2 --prompt word word word word wor",
     "sample:--prompt x --model /no/such/model",
     "bench presto:presto --model /no/such/model --prompts 1",
     "bench engine:engine --suffixes 0",
+    "bench work-split:work-split --model tiny --rows 1 --repeats 1 --tokens 5000",
     "bench reference:reference",
     "session demo:demo --model /no/such/model",
     "bench preposition:preposition --plots {root}/a_file.txt",
@@ -218,6 +255,7 @@ def test_bad_input_is_one_line(command, argv, needle, files, request, run_foreru
     if command != "forerun":
         assert proc.stderr.split("\r")[-1].startswith(f"forerun {command}:"), proc.stderr
     assert not Path(MISSING_PARENT).parent.exists()  # a missing parent directory is never created
+    assert not (files / "never.jsonl").exists()
 
 
 @pytest.mark.parametrize("argv", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 
 import pytest
 
@@ -79,6 +80,35 @@ def test_generate_on_a_server_backend(capsys):
     assert len(out["output_ids"]) == 5 and bodies[0]["sampling_params"]["sampling_seed"] == 7
     # log p0 from the server backend's scoring pass; a stock server reports no entropy
     assert len(out["output_token_logp0"]) == 5 and out["output_token_entropy"] is None
+
+
+def test_a_tokenizer_that_does_not_load_is_bad_input_named_as_given(tmp_path, capsys, monkeypatch):
+    """--tokenizer PATH that does not load was 'cannot load a tokenizer from PATH (reported by the SGLang server);
+    pass tokenizer=... to SGLangServerBackend', exit 1: the user's input blamed on the server."""
+    from forerun.runtime_ext.standin.server import StandInServer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = str(tmp_path / "no-tokenizer")
+    with StandInServer() as srv:
+        rc = main(["generate", "--backend", srv.url, "--tokenizer", missing, "--prompt", "hi", "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"forerun generate: cannot load the given tokenizer {missing!r} (")
+    assert "reported by the SGLang server" not in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seconds", ["1e300", "1e10"])
+def test_a_request_timeout_no_socket_can_hold_is_refused(capsys, seconds):
+    """--request-timeout 1e300 passed and ended in 'internal error: OverflowError: timestamp out of range for
+    platform time_t' from the HTTP client's socket (exit 1)."""
+    with pytest.raises(SystemExit) as ei:
+        main(["generate", "--backend", "http://127.0.0.1:1", "--prompt", "hi", "--request-timeout", seconds])
+    err = capsys.readouterr().err
+    limit = f"{threading.TIMEOUT_MAX:.0f}"  # 9223372036 on Linux
+    assert ei.value.code == 2 and f"argument --request-timeout: expected at most {limit} seconds, got {seconds}" in err
+    from forerun.runtime_ext.backends.server_config import ServerConfig
+
+    with pytest.raises(ValueError, match="timeout_s must be > 0 and at most"):
+        ServerConfig(timeout_s=float(seconds))
 
 
 def test_unreachable_backend_is_a_one_line_error(capsys):

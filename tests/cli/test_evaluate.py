@@ -422,3 +422,19 @@ def test_a_block_that_does_not_divide_a_datasets_budget_is_refused_before_any_it
     err = capsys.readouterr().err
     assert rc == 2 and "block B=8 does not divide n=214 of aime" in err and err.count("\n") == 1
     assert not run.exists()
+
+
+@pytest.mark.parametrize("methods,alpha,message", [
+    ("power-smc", "0.5", "--methods power-smc: alpha must be >= 1"),  # Power-SMC sharpens: α < 1 is not its target
+    ("greedy,low-temp", "1e-320", "--methods low-temp: alpha 1e-320 is too small: τ = 1/α overflows to inf"),
+    ("power-mh", "1e-320", "--methods power-mh: alpha 1e-320 is too small"),
+])
+def test_an_alpha_a_method_cannot_run_with_is_refused_before_any_item(tmp_path, capsys, methods, alpha, message):
+    """The method's own settings were built per item, after the model loaded: every item an error line after two
+    retries, exit 1, a run file of failures."""
+    run = tmp_path / "run.jsonl"
+    rc = main(["eval", "--model", "tiny", "--datasets", "math500", "--methods", methods, "--limit", "1",
+               "--n", "4", "--alpha", alpha, "--out", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+    assert not run.exists()

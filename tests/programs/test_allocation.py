@@ -410,3 +410,17 @@ def test_predictive_never_worse_than_bfs():
         bfs = bfs_expanded(cuts, T, budget)
         assert len(bfs) <= budget
         assert pred.value >= expected_transitions(bfs, depth_accept_probs(probs)) - 1e-12
+
+
+@pytest.mark.parametrize("cuts,T", [((3, 5, 2, 6), 8), ((7, 6, 5, 4, 3, 2), 8)])
+def test_a_budget_beyond_the_tree_selects_every_candidate_without_budget_sized_tables(cuts, T):
+    """`sample --presto --traversal predictive --budget-unit node --npf 100000` (and `classifier ceiling --npf`)
+    ended in a MemoryError (74.5 GiB for one 10^5 x 10^5 table) or used up the machine's memory: the DP sized its
+    tables by N_pf, not by the few nodes the tree has.  With every ĥ in (0, 1) each candidate adds predicted
+    transitions, so a budget that covers I_max selects all of it."""
+    probs = [0.3, 0.6, 0.5, 0.8, 0.4, 0.7][:len(cuts)]
+    everything = candidate_nodes(cuts, T)
+    for alloc in (optimal_allocation(cuts, T, probs, 10**6),
+                  optimal_allocation_by_state(cuts, T, lambda s: probs[s.depth], 10**6)):
+        assert alloc.selected == everything
+        assert alloc.value == pytest.approx(expected_transitions(everything, depth_accept_probs(probs)))

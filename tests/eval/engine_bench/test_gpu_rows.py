@@ -83,10 +83,19 @@ def test_a_cpu_run_measures_every_row_count():
 
 
 @pytest.mark.parametrize("bad", [dict(rows=(0,)), dict(shapes=("gpt-2",)), dict(context=0), dict(dtype="int8"),
-                                 dict(device="tpu")])
+                                 dict(device="tpu"), dict(device="cuda:x"), dict(device="cpu-ish")])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         GpuRowsConfig(**bad)
+
+
+def test_a_step_larger_than_the_memory_is_refused_before_it_is_built():
+    """--rows 10^8 grew to 10 GB before `timeout` ended it; --context 10^11 ended in the CPU allocator's
+    RuntimeError (an internal error, exit 1).  The KV buffer of this one (10^17 entries, more than any address
+    space) fails at once without the check, never filling the machine's memory."""
+    with pytest.raises(ValueError, match=r"--rows 1000000000 --context 10000: a step of smollm2-135m holds .* more "
+                                         r"than the .* GiB of cpu"):
+        run_gpu_rows(GpuRowsConfig(rows=(10**9,), context=10**4, repeats=1, device="cpu"))
 
 
 def test_the_file_runs_as_a_script_and_reports_a_missing_gpu_in_one_line():
@@ -101,3 +110,13 @@ def test_the_file_runs_as_a_script_and_reports_a_missing_gpu_in_one_line():
                          text=True, timeout=300)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "no CUDA device" in bad.stderr
+
+
+def test_a_cuda_index_past_the_devices_is_refused(monkeypatch):
+    """--device cuda:3 on a one-GPU machine ended in torch's error about the device id (an internal error)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"no CUDA device cuda:3 here \(torch sees 1\)"):
+        run_gpu_rows(GpuRowsConfig(rows=(1,), context=8, repeats=1, device="cuda:3"))

@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-from ..runtime_ext.protocol import as_finite, as_integer
+from ..runtime_ext.protocol import as_finite, as_integer, check_proposal_temperature
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import FINAL_RULES
@@ -90,6 +90,7 @@ class PowerSMCConfig:
             object.__setattr__(self, name, as_finite(name, getattr(self, name)))
         if not self.alpha >= 1:
             raise ValueError(f"alpha must be >= 1 (a sharpening power), got {self.alpha}")
+        check_proposal_temperature("τ (1/α)", self.tau)
         for name in ("particles", "max_new_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

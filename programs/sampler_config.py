@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..runtime_ext.protocol import as_finite, as_integer
+from ..runtime_ext.protocol import as_finite, as_integer, check_proposal_temperature
 from .acceptance import EPSILON
 from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from .random_streams import PAPER_SEED
@@ -105,6 +105,10 @@ class SamplerConfig:
             raise ValueError(f"mtm_candidates M must be >= 1, got {self.mtm_candidates}")
         if not self.mtm_temperatures or any(not t > 0 for t in self.mtm_temperatures):
             raise ValueError(f"mtm_temperatures must be non-empty and > 0, got {self.mtm_temperatures}")
+        check_proposal_temperature("τ (1/α)" if self.temperature is None else "temperature τ", self.tau)
+        if self.kind == "multitry-mh":
+            for t in self.mtm_temperatures:
+                check_proposal_temperature("an mtm_temperatures entry", t)
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if any(t < 0 for t in self.stop_at_eos):

@@ -50,6 +50,15 @@ def as_finite(name: str, value: Any) -> float:
     return out
 
 
+def check_proposal_temperature(name: str, tau: float) -> None:
+    """Refuse a proposal temperature whose log q_τ no engine reports: below `GREEDY_BELOW` SGLang (and, as it does,
+    `SamplingParams`) runs the request greedy and reports log p0, so an MH ratio or an SMC weight built from the
+    reported log q would silently use p0 in place of q_τ."""
+    if 0 < tau < GREEDY_BELOW:
+        raise ValueError(f"{name} = {tau:g} is below {GREEDY_BELOW:g}: SGLang runs such a temperature greedy and "
+                         "reports log p0, not the log q_τ the sampler needs")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """One request's parameters (SGLang names; `max_new_tokens=0` is prefill-only scoring)."""

@@ -109,6 +109,8 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "block_size"),
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "1e-320"],
      "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: exit 1 from the first call, after the load
+    ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "2e6"],
+     "τ (1/α) = 5e-07 is below 1e-06"),  # was: a chain whose MH ratio used log p0 as log q_τ (a greedy request)
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "99999"], "--n 99999: prompt"),
     ("bench presto", ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "4096"], "--n 4096: prompt"),
     ("sample", ["sample", "--prompt", "x", "--model", NO_SUCH], "does not exist"),

@@ -428,6 +428,7 @@ def test_a_block_that_does_not_divide_a_datasets_budget_is_refused_before_any_it
     ("power-smc", "0.5", "--methods power-smc: alpha must be >= 1"),  # Power-SMC sharpens: α < 1 is not its target
     ("greedy,low-temp", "1e-320", "--methods low-temp: alpha 1e-320 is too small: τ = 1/α overflows to inf"),
     ("power-mh", "1e-320", "--methods power-mh: alpha 1e-320 is too small"),
+    ("power-smc", "4e6", "--methods power-smc: τ (1/α) = 2.5e-07 is below 1e-06"),  # q_τ reported as p0: wrong weights
 ])
 def test_an_alpha_a_method_cannot_run_with_is_refused_before_any_item(tmp_path, capsys, methods, alpha, message):
     """The method's own settings were built per item, after the model loaded: every item an error line after two

@@ -12,6 +12,8 @@ from forerun.testing.logit_table_model import LogitTableModel
 from forerun.programs.transitions import ChainState
 from forerun.programs.samplers import PrestoSampler, SequentialSampler
 from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.power_smc import PowerSMCConfig
+from forerun.runtime_ext.protocol import SamplingParams
 from forerun.programs.sampler_factory import make_sampler
 from forerun.testing.chains import assert_same_chain
 
@@ -211,3 +213,18 @@ def test_multitry_needs_tempered_logprobs():
     cfg = SamplerConfig(kind="multitry-mh", response_length=4, block_size=4, steps_per_block=2)
     with pytest.raises(ValueError, match="temperature"):
         SequentialSampler(model, cfg).run([1])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SamplerConfig(alpha=2e6),  # τ = 1/α = 5e-7
+    lambda: SamplerConfig(kind="entropy-cut", temperature=9e-7),
+    lambda: SamplerConfig(kind="multitry-mh", mtm_temperatures=(0.25, 5e-7)),
+    lambda: PowerSMCConfig(alpha=4e6),
+])
+def test_a_proposal_temperature_that_sglang_runs_greedy_is_refused(make):
+    """Below 1e-6 SGLang (and SamplingParams, as it does) runs a request greedy and reports log p0: an MH ratio or an
+    SMC weight built from the reported 'log q_τ' would use p0 instead, silently.  Such a τ is refused; 1e-6 is not."""
+    with pytest.raises(ValueError, match="below 1e-06"):
+        make()
+    assert SamplerConfig(temperature=1e-6).tau == 1e-6 and PowerSMCConfig(alpha=1e6).tau == 1e-6
+    assert SamplingParams(temperature=9.9e-7).temperature == 0.0  # the reason: such a request is greedy

@@ -75,6 +75,7 @@ from .server_wire import (
     fresh_seed,
     generate_body,
     logp0_from_score,
+    penalized_logits,
     plugin_fields,
     top_logprobs_read,
     wire_priority,
@@ -82,12 +83,6 @@ from .server_wire import (
 
 __all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCapabilities", "NONDETERMINISTIC_NOTE",
            "ROUTING_KEY_HEADER"]
-
-
-def penalized_logits(p: SamplingParams) -> list[str]:
-    """The settings under which SGLang's penalizers change the logits its sampler reports (and the plugin reads):
-    min_new_tokens (masks EOS and the stop ids), frequency / presence_penalty (subtract from output tokens)."""
-    return [name for name in ("min_new_tokens", "frequency_penalty", "presence_penalty") if getattr(p, name) != 0]
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -98,10 +93,8 @@ def _load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:
-        raise EngineError(
-            f"cannot load a tokenizer from {path!r} (reported by the SGLang server); "
-            "pass tokenizer=<HF tokenizer or local path> to SGLangServerBackend"
-        ) from e
+        raise EngineError(f"cannot load a tokenizer from {path!r} (reported by the SGLang server); "
+                          "pass tokenizer=<HF tokenizer or local path> to SGLangServerBackend") from e
 
 
 class SGLangServerClient(ServerStreamingMixin):

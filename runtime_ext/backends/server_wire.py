@@ -195,6 +195,12 @@ def fresh_seed() -> int:
     return secrets.randbits(63)
 
 
+def penalized_logits(p: SamplingParams) -> list[str]:
+    """The settings under which SGLang's penalizers change the logits its sampler reports (and the plugin reads):
+    min_new_tokens (masks EOS and the stop ids), frequency / presence_penalty (subtract from output tokens)."""
+    return [name for name in ("min_new_tokens", "frequency_penalty", "presence_penalty") if getattr(p, name) != 0]
+
+
 def plugin_params(p: SamplingParams) -> dict[str, Any]:
     """The custom_params that switch the plugin on (flat keys: SGLang's CustomParamValue allows a scalar or a
     list of scalars per key, not nested objects)."""

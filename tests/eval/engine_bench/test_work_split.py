@@ -53,7 +53,7 @@ def test_each_pair_times_both_splits_in_alternating_order_and_the_default_comes_
             closed.append(True)
 
     runtime = Runtime(engine=SimpleNamespace(),
-                      loaded=SimpleNamespace(name="fake", dtype="torch.float32", tokenizer=None))
+                      loaded=SimpleNamespace(name="fake", dtype="torch.float32", tokenizer=None, max_context=2048))
 
     def timed(engine, prompt, rows, tokens, rep):
         if rep > 0:

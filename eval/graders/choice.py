@@ -15,9 +15,10 @@ means):
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
-false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; a
-negation of a later letter, "C and not D", "C (not A)", is not one of C).  So a response that only rules
-options out gets no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
+false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
+a negation of a later letter, "C and not D", "C (not A)", nor one in a justifying clause after the letter,
+"C because the reaction is not spontaneous", is one of C).  So a response that only rules options out gets
+no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
 """
@@ -48,6 +49,9 @@ _NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|elimi
 _NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"
                         r"unlikely|fails?|doesn't|does\s+not|isn't|cannot|can't)\b)")
 _CLAUSE = re.compile(r"[,;.!?\n]")
+_REASON = re.compile(r"(?i:\b(?:because|since|as(?!\s+well\b)|given|due\s+to|whereas|unlike)\b)")
+"""A justifying clause after the letter ("C because the reaction is not spontaneous"): what it negates is not
+the letter."""
 _NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"
                               r"\(?[A-J]\b\)?")
 """A negation of the next letter ("A and not B", "C (not A)"): it says nothing against the letter before it."""
@@ -59,6 +63,8 @@ def _negated(text: str, start: int, end: int) -> bool:
     before = text[cut:start]
     after = text[end:end + 80]
     m = _CLAUSE.search(after)
+    after = after[: m.start()] if m else after
+    m = _REASON.search(after)
     after = after[: m.start()] if m else after
     after = after.split(")", 1)[-1] if after.lstrip().startswith(")") else after
     after = _NEGATES_ANOTHER.sub(" ", after)

@@ -53,6 +53,14 @@ CASES = [
     ("The answer is A and not B", "A"),
     ("Answer: C (not A)", "C"),
     ("(A) and (B) are wrong.", None),
+    # a justification after the letter negates something else, not the letter (these got no letter)
+    ("The correct answer is C because the reaction is not spontaneous.", "C"),
+    ("The answer is B since the other options are not possible.", "B"),
+    ("Therefore the answer is (A) as the function is not continuous at 0.", "A"),
+    ("\\boxed{D} because option A is incorrect", "D"),
+    ("B is correct because A is not.", "B"),
+    ("Option A is wrong because the sign flips.", None),
+    ("A is not correct because the sign flips.", None),
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),

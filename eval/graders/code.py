@@ -39,8 +39,9 @@ from typing import Any
 from .sandbox import SandboxLimits, run_sandboxed, run_tests
 
 LIMITS = SandboxLimits(cpu_s=10, wall_s=20)
-LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12)
-"""One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test)."""
+LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12, output_bytes=SandboxLimits().file_bytes)
+"""One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test).  Its stdout is compared whole: all
+that RLIMIT_FSIZE lets a program write is kept (a larger output kills the program), never a truncated prefix."""
 LCB_CALL_TIMEOUT_S = 6.0
 """One functional test's call (wall clock, enforced by the tests' process)."""
 LCB_PREAMBLE = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"

@@ -395,6 +395,21 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
 
 
+def test_a_stdin_output_larger_than_a_mebibyte_is_compared_whole():
+    """A right program whose output is 1.3 MB (1..200000, one a line: as large outputs as LiveCodeBench's
+    max-size tests print) passes, and one that gets its last line wrong fails; its stdout was cut at the
+    sandbox's 1 MiB of kept output and graded 'wrong output'."""
+    n = 200_000
+    want = "".join(f"{i}\n" for i in range(1, n + 1))
+    assert len(want) > 1 << 20
+    p = parse_lcb({"question_content": "Print 1..N, one a line.", "starter_code": "",
+                   "public_test_cases": json.dumps([{"input": f"{n}\n", "output": want, "testtype": "stdin"}])},
+                  "big-output", 0)
+    right = "import sys\nn = int(input())\nsys.stdout.write('\\n'.join(map(str, range(1, n + 1))) + '\\n')\n"
+    assert grade(p, f"```python\n{right}```").correct
+    assert not grade(p, f"```python\n{right.replace('n + 1', 'n')}```").correct
+
+
 def test_a_signalling_nan_in_the_output_is_a_wrong_answer_not_a_grader_crash():
     """Decimal("sNaN") raises InvalidOperation when compared: a program that prints it (or a test that expects a
     number where it prints one) gets a wrong answer, and the grader goes on."""

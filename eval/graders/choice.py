@@ -12,7 +12,8 @@ means):
                line that starts with the letter as a label ("B) ...", "(B)", "B.",
                "**B**", "B"; not the last item of a restated option list, "C. 7"
                then "D. 8")
-    mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
+    mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
+               function's argument: "P(B)", "f(a)")
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
 false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
@@ -42,8 +43,9 @@ _EXPLICIT = [
     r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
-_MENTIONS = [r"\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)", r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b",
-             r"\*\*(?P<l>[A-Z])\*\*"]
+_MENTIONS = [r"(?<![A-Za-z0-9_])\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)",
+             r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b", r"\*\*(?P<l>[A-Z])\*\*"]
+"""The first one not after a letter or digit: "P(B)" and "f(a)" are a function's argument, not an option."""
 _NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|eliminat\w*|exclud\w*|rather\s+than|"
                          r"instead\s+of|except|neither|nor|wrong|incorrect|false)\b|n't\b)")
 _NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"

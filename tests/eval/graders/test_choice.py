@@ -71,6 +71,11 @@ CASES = [
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),
+    # a function's argument is not an option (a response cut before its answer read B, A, C from these)
+    ("By Bayes, P(A|B) = P(B|A)P(A)/P(B). Computing P(B) first requires", None),
+    ("Let f(a) = 3 and f(b) = 5, so f(b) - f(a) = 2. Then", None),
+    ("The probability P(C) is the", None),
+    ("Comparing (A) with P(C), option (A) is larger", "A"),
     # letters that are not options, and no answer at all
     ("Answer: E", None),
     ("I cannot tell without more information.", None),

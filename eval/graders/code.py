@@ -44,9 +44,15 @@ LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12, output_bytes=SandboxLimits().file
 that RLIMIT_FSIZE lets a program write is kept (a larger output kills the program), never a truncated prefix."""
 LCB_CALL_TIMEOUT_S = 6.0
 """One functional test's call (wall clock, enforced by the tests' process)."""
-LCB_PREAMBLE = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"
-                "from heapq import *\nfrom bisect import *\nimport math, sys, re, string, collections, heapq, bisect, "
-                "itertools, functools\n")
+LCB_PREAMBLE = ("from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+                "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\n"
+                "from statistics import *\nfrom itertools import *\nfrom functools import *\nfrom operator import *\n"
+                "from io import *\nfrom sys import *\nfrom json import *\nfrom builtins import *\nfrom typing import *\n"
+                "import string\nimport re\nimport datetime\nimport collections\nimport heapq\nimport bisect\n"
+                "import copy\nimport math\nimport random\nimport statistics\nimport itertools\nimport functools\n"
+                "import operator\nimport io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n")
+"""LiveCodeBench's `import_string` (lcb_runner/evaluation/testing_util.py), run before every solution by its
+grader: a solution may use gcd, inf, deepcopy or ascii_lowercase without importing them, and recurse 50000 deep."""
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = ("python", "py", "python3", "")
 

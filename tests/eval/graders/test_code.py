@@ -395,6 +395,35 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
 
 
+GCD_STARTER = "class Solution:\n    def gcdDepth(self, a: int, b: int) -> int:\n        "
+GCD_DEPTH = GCD_STARTER + """def depth(n):
+            return 0 if n == 0 else 1 + depth(n - 1)
+        return gcd(a, b) + depth(20000) + (0 if isqrt(16) == 4 and inf > 0 else 1)
+"""
+
+
+@pytest.mark.parametrize("kind", ["stdin", "functional"])
+def test_livecodebench_solutions_see_livecodebench_imports_and_recursion_limit(kind):
+    """LiveCodeBench's grader runs its import_string before a solution (from math import *, from copy import *,
+    from string import *, ..., sys.setrecursionlimit(50000)): solutions that use gcd, isqrt, inf, deepcopy or
+    ascii_lowercase without importing them, or recurse 20000 deep, pass there; they failed here with NameError
+    or RecursionError.  A wrong answer still fails."""
+    if kind == "stdin":
+        tests = [{"input": "12 18\n", "output": "6 20000 abc [1]\n", "testtype": "stdin"}]
+        right = ("def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
+                 "a, b = map(int, input().split())\nx = [1]\n"
+                 "print(gcd(a, b), depth(20000), ascii_lowercase[:3], deepcopy(x))\n")
+        wrong, starter = right.replace("gcd(a, b)", "lcm(a, b)"), ""
+    else:
+        tests = [{"input": "12\n18", "output": "20006", "testtype": "functional"}]
+        right, wrong, starter = GCD_DEPTH, GCD_DEPTH.replace("gcd(a, b)", "lcm(a, b)"), GCD_STARTER.rstrip()
+    p = parse_lcb({"question_content": "gcd", "starter_code": starter, "public_test_cases": json.dumps(tests)},
+                  "imports", 0)
+    g = grade(p, f"```python\n{right}```")
+    assert g.correct, g.detail
+    assert not grade(p, f"```python\n{wrong}```").correct
+
+
 def test_a_stdin_output_larger_than_a_mebibyte_is_compared_whole():
     """A right program whose output is 1.3 MB (1..200000, one a line: as large outputs as LiveCodeBench's
     max-size tests print) passes, and one that gets its last line wrong fails; its stdout was cut at the

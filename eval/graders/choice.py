@@ -4,9 +4,10 @@ Two tiers; within a tier the LAST match wins (a response that changes its mind e
 means):
 
     tier       what counts                                                    examples
-    explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}),       "The answer is (b)."
-               "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
-               is X" / "the answer must be X", "option X is correct", "X is (the)   "Final answer: B"
+    explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{\\mathbf{X}}, \\boxed{(X)},     "The answer is (b)."
+               \\boxed{X) text}, \\fbox{X}), "answer is X" / "answer: X" /         "answer: c"
+               "final answer: X" / "correct option is X" / "the answer must be   "Final answer: B"
+               X", "option X is correct", "X is (the)
                correct (answer)", "I choose X", "I'd go with X", the letter quoted   "B) 42 is the only
                or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
                line that starts with the letter as a label ("B) ...", "(B)", "B.",
@@ -35,7 +36,7 @@ _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|
 _OPEN = r"[\s:：=]*+(?:\*\*|__)?\s*+(?:\$\s*+)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+"
 """Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
 _EXPLICIT = [
-    r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
+    r"\\(?:boxed|fbox)\s*\{\s*(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
     rf"(?i:\b{_ANSWER}{_VERB})[\s:：=]*(?:\*\*)?[\"'“‘\[]\s*(?P<l>[A-Za-z])\s*[\"'”’\]]",  # "C", 'D', [B]
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",

@@ -18,6 +18,9 @@ CASES = [
     ("\\boxed{b}", "B"),
     ("\\boxed{\\text{(D) } 3.2\\,\\text{eV}}", "D"),
     ("\\boxed{\\textbf{(C)}}", "C"),
+    ("So the correct option is $\\boxed{\\mathbf{C}}$.", "C"),  # the letter in a font macro (got no letter)
+    ("\\boxed{\\mathrm{B}}", "B"),
+    ("Hence \\fbox{D}", "D"),
     ("Final Answer: The final answer is $\\boxed{D}$. I hope it is correct.", "D"),
     ("**Answer:** D", "D"),
     ("**Answer: (a)**", "A"),

@@ -7,7 +7,7 @@ means):
     explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{\\mathbf{X}}, \\boxed{(X)},     "The answer is (b)."
                \\boxed{X) text}, \\fbox{X}), "answer is X" / "answer: X" /         "answer: c"
                "final answer: X" / "correct option is X" / "the answer must be   "Final answer: B"
-               X", "option X is correct", "X is (the)
+               X" (also "$\\text{X}$", "\\textbf{X}"), "option X is correct", "X is (the)
                correct (answer)", "I choose X", "I'd go with X", the letter quoted   "B) 42 is the only
                or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
                line that starts with the letter as a label ("B) ...", "(B)", "B.",
@@ -33,7 +33,8 @@ LETTERS = "ABCDEFGHIJ"
 _ANSWER = (r"(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)|right\s+answer|"
            r"my\s+(?:answer|choice)|answer)")
 _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|is\s+clearly|=))?"
-_OPEN = r"[\s:：=]*+(?:\*\*|__)?\s*+(?:\$\s*+)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+"
+_OPEN = (r"[\s:：=]*+(?:\*\*|__)?\s*+(?:(?:\$|\\\()\s*+)?(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*+\{\s*+)?"
+         r"(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+")
 """Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
 _EXPLICIT = [
     r"\\(?:boxed|fbox)\s*\{\s*(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",

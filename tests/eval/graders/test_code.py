@@ -229,6 +229,19 @@ def test_livecodebench_stdin_and_functional_tests_run_public_only_offline():
     assert all(p.extra["tests"] and p.extra["private_tests"] == [] for p in prompts)
 
 
+@needs_data
+def test_a_sample_shown_in_a_bare_fence_after_the_python_block_is_not_the_program():
+    """'```python <solution>```, for the first sample the input ```4 / 8 2 5 1``` gives ```3```': the program is
+    the python block (it passes alone, above); the last bare block ('3') was taken and graded 'wrong output'."""
+    p = _load("lcb-v5")[0]
+    response = (f"Here is my solution:\n\n```python\n{SECOND_LARGEST}```\n\nFor the first sample, the input\n"
+                "```\n4\n8 2 5 1\n```\ngives\n```\n3\n```\nas expected.")
+    g = grade(p, response)
+    assert g.correct, g.detail
+    assert not grade(p, response.replace("[-2]", "[-1]")).correct
+    assert extract_code("```\nprint(1)\n```") == "print(1)\n"  # a bare fence alone is still the program
+
+
 def _packed(tests) -> str:
     """How the hub rows carry private tests (lcb_runner): base64(zlib(pickle(json text)))."""
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()

@@ -53,7 +53,7 @@ _NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|elimi
 _NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"
                         r"unlikely|fails?|doesn't|does\s+not|isn't|cannot|can't)\b)")
 _CLAUSE = re.compile(r"[,;.!?\n]")
-_REASON = re.compile(r"(?i:\b(?:because|since|as(?!\s+well\b)|given|due\s+to|whereas|unlike)\b)")
+_REASON = re.compile(r"(?i:\b(?:because|since|(?<!well\s)(?<!such\s)as(?!\s+well\b)|given|due\s+to|whereas|unlike)\b)")
 """A justifying clause after the letter ("C because the reaction is not spontaneous"): what it negates is not
 the letter."""
 _NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"

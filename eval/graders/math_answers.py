@@ -2,7 +2,9 @@
 with the gold answer by math-verify (LaTeX / expression equivalence); AIME answers are integers 0-999.
 
     step                        code
-    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, else what follows
+    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, with the boxes joined to it
+                                by ",", "and", "or" as math-verify joins them: "$x=\\boxed{2}$ or
+                                $x=\\boxed{3}$" is the list "2, 3"; else what follows
                                 "final answer is", "answer:", "####", "answer is": a display formula
                                 (\\[...\\], $$...$$), else the sentence without markdown emphasis, math
                                 delimiters or a justifying ", since ..." clause); fallback when there is none:
@@ -43,21 +45,46 @@ _MARKUP = "*_ \t"
 _INLINE_MATH = re.compile(r"\$|\\\(")
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    if not starts:
-        return None
+def _closed_boxes(text: str) -> list[tuple[int, int, int]]:
+    """(where the macro starts, where its content starts, its closing brace) of each \\boxed{...} / \\fbox{...}
+    whose braces balance, in order."""
+    found = [(m.start(), m.end()) for m in _BOXED.finditer(text)]
+    if not found:
+        return []
     closing, open_at = {}, []  # each "{" -> its matching "}", in one pass (a scan per \boxed was quadratic)
     for m in re.finditer(r"[{}]", text):
         if m.group() == "{":
             open_at.append(m.start())
         elif open_at:
             closing[open_at.pop()] = m.start()
-    for start in reversed(starts):
-        if start - 1 in closing:
-            return text[start:closing[start - 1]].strip()
-    return None
+    return [(macro, start, closing[start - 1]) for macro, start in found if start - 1 in closing]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces; None if there is none."""
+    boxes = _closed_boxes(text)
+    return text[boxes[-1][1]:boxes[-1][2]].strip() if boxes else None
+
+
+_JOINED_BOXES = re.compile(r"\s*(?:\$\$?|\\[\])])?\s*(?:,?\s*(?:and|or)|,)\s*(?:\$\$?|\\[\[(])?\s*"
+                           r"(?:[A-Za-z](?:_\{?\w+\}?)?\s*=\s*)?")
+"""What joins the boxes of one answer written box by box, as math-verify reads them: "$x = \\boxed{2}$ or
+$x = \\boxed{3}$", "\\boxed{2}, \\boxed{3}" (its boxed math joined by ",", "and" or "or", up to six: a set)."""
+
+
+def final_boxed(text: str) -> str | None:
+    """The last \\boxed{} answer: the last box, with the boxes joined to it by ",", "and" or "or" (at most six
+    in all, as math-verify joins them) written as one list ("2, 3"); None if there is no closed box."""
+    boxes = _closed_boxes(text)
+    if not boxes:
+        return None
+    chain = [boxes[-1]]
+    for box in reversed(boxes[:-1]):
+        gap = text[box[2] + 1:chain[0][0]]
+        if len(chain) == 6 or box[2] >= chain[0][0] or len(gap) > 40 or not _JOINED_BOXES.fullmatch(gap):
+            break
+        chain.insert(0, box)
+    return ", ".join(text[start:close].strip() for _, start, close in chain)
 
 
 def _answer_after(text: str, start: int) -> str | None:
@@ -83,7 +110,7 @@ def _answer_after(text: str, start: int) -> str | None:
 def extract_final_answer(text: str) -> str | None:
     """The final answer of a response: the last \\boxed{}, else what follows the last common final-answer
     phrase (the first kind of phrase, in `_PHRASES` order, that the response uses)."""
-    boxed = last_boxed(text)
+    boxed = final_boxed(text)
     if boxed is not None:
         return boxed
     for pattern in _PHRASES:

@@ -18,6 +18,12 @@ CASES = [
     ("\\boxed{b}", "B"),
     ("\\boxed{\\text{(D) } 3.2\\,\\text{eV}}", "D"),
     ("\\boxed{\\textbf{(C)}}", "C"),
+    ("So the correct option is $\\boxed{\\mathbf{C}}$.", "C"),  # the letter in a font macro (got no letter)
+    ("\\boxed{\\mathrm{B}}", "B"),
+    ("Hence \\fbox{D}", "D"),
+    ("The answer is \\textbf{B}.", "B"),  # after an answer phrase too
+    ("**Answer:** $\\text{C}$", "C"),
+    ("So the answer is \\(\\mathrm{D}\\).", "D"),
     ("Final Answer: The final answer is $\\boxed{D}$. I hope it is correct.", "D"),
     ("**Answer:** D", "D"),
     ("**Answer: (a)**", "A"),
@@ -53,6 +59,16 @@ CASES = [
     ("The answer is A and not B", "A"),
     ("Answer: C (not A)", "C"),
     ("(A) and (B) are wrong.", None),
+    # a justification after the letter negates something else, not the letter (these got no letter)
+    ("The correct answer is C because the reaction is not spontaneous.", "C"),
+    ("The answer is B since the other options are not possible.", "B"),
+    ("Therefore the answer is (A) as the function is not continuous at 0.", "A"),
+    ("\\boxed{D} because option A is incorrect", "D"),
+    ("B is correct because A is not.", "B"),
+    ("Option A is wrong because the sign flips.", None),
+    ("A is not correct because the sign flips.", None),
+    ("(A) as well as (B) are incorrect.", None),  # "as well as" joins letters, it justifies nothing
+    ("Options such as (C) are not valid here.", None),
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),
@@ -63,6 +79,11 @@ CASES = [
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),
+    # a function's argument is not an option (a response cut before its answer read B, A, C from these)
+    ("By Bayes, P(A|B) = P(B|A)P(A)/P(B). Computing P(B) first requires", None),
+    ("Let f(a) = 3 and f(b) = 5, so f(b) - f(a) = 2. Then", None),
+    ("The probability P(C) is the", None),
+    ("Comparing (A) with P(C), option (A) is larger", "A"),
     # letters that are not options, and no answer at all
     ("Answer: E", None),
     ("I cannot tell without more information.", None),

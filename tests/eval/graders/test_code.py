@@ -229,6 +229,19 @@ def test_livecodebench_stdin_and_functional_tests_run_public_only_offline():
     assert all(p.extra["tests"] and p.extra["private_tests"] == [] for p in prompts)
 
 
+@needs_data
+def test_a_sample_shown_in_a_bare_fence_after_the_python_block_is_not_the_program():
+    """'```python <solution>```, for the first sample the input ```4 / 8 2 5 1``` gives ```3```': the program is
+    the python block (it passes alone, above); the last bare block ('3') was taken and graded 'wrong output'."""
+    p = _load("lcb-v5")[0]
+    response = (f"Here is my solution:\n\n```python\n{SECOND_LARGEST}```\n\nFor the first sample, the input\n"
+                "```\n4\n8 2 5 1\n```\ngives\n```\n3\n```\nas expected.")
+    g = grade(p, response)
+    assert g.correct, g.detail
+    assert not grade(p, response.replace("[-2]", "[-1]")).correct
+    assert extract_code("```\nprint(1)\n```") == "print(1)\n"  # a bare fence alone is still the program
+
+
 def _packed(tests) -> str:
     """How the hub rows carry private tests (lcb_runner): base64(zlib(pickle(json text)))."""
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
@@ -393,6 +406,50 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
     assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
+
+
+GCD_STARTER = "class Solution:\n    def gcdDepth(self, a: int, b: int) -> int:\n        "
+GCD_DEPTH = GCD_STARTER + """def depth(n):
+            return 0 if n == 0 else 1 + depth(n - 1)
+        return gcd(a, b) + depth(20000) + (0 if isqrt(16) == 4 and inf > 0 else 1)
+"""
+
+
+@pytest.mark.parametrize("kind", ["stdin", "functional"])
+def test_livecodebench_solutions_see_livecodebench_imports_and_recursion_limit(kind):
+    """LiveCodeBench's grader runs its import_string before a solution (from math import *, from copy import *,
+    from string import *, ..., sys.setrecursionlimit(50000)): solutions that use gcd, isqrt, inf, deepcopy or
+    ascii_lowercase without importing them, or recurse 20000 deep, pass there; they failed here with NameError
+    or RecursionError.  A wrong answer still fails."""
+    if kind == "stdin":
+        tests = [{"input": "12 18\n", "output": "6 20000 abc [1]\n", "testtype": "stdin"}]
+        right = ("def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
+                 "a, b = map(int, input().split())\nx = [1]\n"
+                 "print(gcd(a, b), depth(20000), ascii_lowercase[:3], deepcopy(x))\n")
+        wrong, starter = right.replace("gcd(a, b)", "lcm(a, b)"), ""
+    else:
+        tests = [{"input": "12\n18", "output": "20006", "testtype": "functional"}]
+        right, wrong, starter = GCD_DEPTH, GCD_DEPTH.replace("gcd(a, b)", "lcm(a, b)"), GCD_STARTER.rstrip()
+    p = parse_lcb({"question_content": "gcd", "starter_code": starter, "public_test_cases": json.dumps(tests)},
+                  "imports", 0)
+    g = grade(p, f"```python\n{right}```")
+    assert g.correct, g.detail
+    assert not grade(p, f"```python\n{wrong}```").correct
+
+
+def test_a_stdin_output_larger_than_a_mebibyte_is_compared_whole():
+    """A right program whose output is 1.3 MB (1..200000, one a line: as large outputs as LiveCodeBench's
+    max-size tests print) passes, and one that gets its last line wrong fails; its stdout was cut at the
+    sandbox's 1 MiB of kept output and graded 'wrong output'."""
+    n = 200_000
+    want = "".join(f"{i}\n" for i in range(1, n + 1))
+    assert len(want) > 1 << 20
+    p = parse_lcb({"question_content": "Print 1..N, one a line.", "starter_code": "",
+                   "public_test_cases": json.dumps([{"input": f"{n}\n", "output": want, "testtype": "stdin"}])},
+                  "big-output", 0)
+    right = "import sys\nn = int(input())\nsys.stdout.write('\\n'.join(map(str, range(1, n + 1))) + '\\n')\n"
+    assert grade(p, f"```python\n{right}```").correct
+    assert not grade(p, f"```python\n{right.replace('n + 1', 'n')}```").correct
 
 
 def test_a_signalling_nan_in_the_output_is_a_wrong_answer_not_a_grader_crash():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from math_verify import parse, verify
+
 from forerun.eval.graders.math_answers import extract_final_answer, grade_math
 from forerun.testing.time_bound import stdout_within
 
@@ -98,6 +100,26 @@ def test_aime_commas_are_thousands_separators_only():
     assert not grade_math(r"The possible values are $1,2$, so the answer is 1,2.", "12", integer=True)[0]
     assert grade_math(r"\boxed{1{,}024}", "1024", integer=True)[0]
     assert grade_math(r"\boxed{1,024}", "1024", integer=True)[0]
+
+
+JOINED_BOXES = [  # (response, gold, right?): one answer written box by box is the list of the boxes
+    (r"The solutions are $\boxed{2}$ and $\boxed{3}$.", "2, 3", True),
+    (r"So $x = \boxed{-2}$ or $x = \boxed{1}$.", "-2,1", True),
+    (r"$\boxed{1+\sqrt{19}}$ and $\boxed{1-\sqrt{19}}$", r"1 \pm \sqrt{19}", True),
+    (r"\[\boxed{2}\] and \[\boxed{3}\]", "2, 3", True),
+    (r"$\boxed{2}$ and $\boxed{3}$", "3", False),  # two answers where there is one: not the gold
+    (r"$\boxed{2}$, $\boxed{3}$", "2", False),
+    (r"First try: $\boxed{2}$. Re-checking the sign, the answer is $\boxed{3}$.", "3", True),  # not joined
+]
+
+
+@pytest.mark.parametrize("response,gold,right", JOINED_BOXES)
+def test_boxes_joined_by_and_or_comma_are_one_answer_as_math_verify_reads_them(response, gold, right):
+    """The verdict a careful grader gives, which is also math-verify's own on the whole response (it joins
+    boxed math written "$\\boxed{a}$ and $\\boxed{b}$" into a set); the last box alone graded the first four
+    wrong and the next two right."""
+    assert verify(parse(f"${gold}$"), parse(response)) is right
+    assert grade_math(response, gold)[0] is right
 
 
 def test_a_long_word_after_a_number_is_graded_at_once():

@@ -18,6 +18,7 @@ import copy
 import json
 import re
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,7 @@ from forerun.runtime_ext.backends.token_exact import StreamChunks, dtype_to_rege
 from forerun.runtime_ext.backends.token_markers import sampling_seed
 from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import load_model
+from forerun.runtime_ext.engine.output import output_text, stop_reason
 from forerun.runtime_ext.protocol import GenerateOutput, RowEvent, SamplingParams
 
 IR = sgl.lang.ir
@@ -197,6 +199,30 @@ def test_stream_holds_back_what_a_stop_regex_may_cut(backend, text, pattern, fin
     ids = list(tok.encode(text))
     sent = [got[0] for k in range(1, len(ids) + 1)
             if (got := chunks.update(RowEvent("r", tuple(ids[:k]), output_logq=tuple([-1.0] * k)))) is not None]
+    assert final.startswith("".join(sent))
+    out = GenerateOutput(tuple([1, 2, 3]), tuple(ids), final, {"output_token_logprobs": [[-1.0, i, None] for i in ids]})
+    assert "".join(sent) + chunks.final(out)[0] == final
+
+
+def test_stream_holds_back_a_stop_string_split_by_a_special_token(backend):
+    """"a", <|im_end|>, "b" does not stop a gen with stop "ab" (SGLang matches with special tokens spelled out), but
+    once a later "ab" does, the final text is cut before the first "ab" of the text without special tokens - the
+    split one (detokenizer_manager.py trim_matched_stop).  The chunks hold that text back, so they still
+    concatenate to the final text, which the engine itself produces."""
+    tok = backend.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = list(tok.encode("x a")) + [im_end] + list(tok.encode("b y ab"))
+    params = SamplingParams(stop=("ab",), ignore_eos=True, return_logprob=True)
+    chunks = StreamChunks(tok, params, prompt_tokens=3)
+    sent = [got[0] for k in range(1, len(ids) + 1)
+            if (got := chunks.update(RowEvent("r", tuple(ids[:k]), output_logq=tuple([-1.0] * k)))) is not None]
+    final = "x "  # the oracle: "x ab y ab" cut before its first "ab"
+    r = SimpleNamespace(params=params, output_ids=[], grammar=None, stop_text_cut=None, finish_reason=None)
+    for t in ids:  # the engine's own stop rule and text on these ids: it stops at the last token only
+        r.output_ids.append(t)
+        r.finish_reason = stop_reason(r, t, (tok.eos_token_id,), tok)
+        assert (r.finish_reason is None) == (len(r.output_ids) < len(ids))
+    assert output_text(r, tok) == final
     assert final.startswith("".join(sent))
     out = GenerateOutput(tuple([1, 2, 3]), tuple(ids), final, {"output_token_logprobs": [[-1.0, i, None] for i in ids]})
     assert "".join(sent) + chunks.final(out)[0] == final

@@ -83,13 +83,14 @@ class SamplingParams:
     """Until this many tokens are out, EOS and the stop ids are masked out of the draws (SGLang's penalizer; stop
     strings still stop)."""
     stop: tuple[str, ...] = ()
-    """Stop strings, checked in list order (the text is cut before the first occurrence, as SGLang does)."""
+    """Stop strings, checked in list order in the output with special tokens spelled out ("<|im_end|>"), ignore_eos
+    or not; the text (special tokens skipped) is cut before the first occurrence, as SGLang does."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra stop token ids: kept in output_ids, dropped from the text, ignored under ignore_eos (as EOS)."""
     stop_regex: tuple[str, ...] = ()
     """Stop patterns (SGLang `stop_regex`): the generation ends at the first token after which `re.search` finds a
-    pattern in the output text; the text is cut where the pattern's source occurs literally, else kept whole
-    (SGLang's detokenizer trims the matched pattern as if it were a stop string)."""
+    pattern in the output with special tokens spelled out; the text is cut where the pattern's source occurs
+    literally, else kept whole (SGLang's detokenizer trims the matched pattern as if it were a stop string)."""
     ignore_eos: bool = False
     """Generate exactly max_new_tokens, ignoring EOS (the papers' fixed response length n)."""
     seed: int | None = None

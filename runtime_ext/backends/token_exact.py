@@ -93,10 +93,11 @@ class StreamChunks:
     """SGLang's streaming contract, from the `RowEvent`s of one request:
 
     - every chunk's text is non-empty and the chunks concatenate to the final text (text that may still turn
-      into a stop string - a suffix that begins one, or a stop_regex pattern's source, where a match would cut
-      the text - or an incomplete UTF-8 character is held back until it is resolved); only the last chunk may be
-      empty, when the final tokens spell no text (EOS).  SGLang itself holds back no stop_regex text: there a
-      streamed gen can end with text its final text cuts;
+      into a stop string - a suffix that begins one, a stop string that special tokens split or a stop_regex
+      pattern's source, where a match would cut the text - or an incomplete UTF-8 character is held back until
+      it is resolved); only the last chunk may be empty, when the final tokens spell no text (EOS).  SGLang
+      itself holds back no stop_regex text and no split stop string: there a streamed gen can end with text its
+      final text cuts;
     - each chunk's meta_info has `completion_tokens` = `output_token_logprobs_length` = tokens so far and the
       entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for the chunk's new tokens only;
     - the last chunk carries the request's whole meta_info (finish_reason, forerun's per-token extras such as
@@ -118,10 +119,12 @@ class StreamChunks:
         end = len(text)
         while end > 0 and text[end - 1] == "\ufffd":  # an incomplete UTF-8 character may complete later
             end -= 1
-        # A stop_regex match cuts the final text where the pattern's source occurs literally (`engine.output`):
-        # text from such an occurrence on is held back too, until the request finishes.
-        for pattern in self.params.stop_regex:
-            at = text.find(pattern, 0, end)
+        # A matched stop string or stop_regex cuts the final text at its first literal occurrence in the text without
+        # special tokens (`engine.output`, SGLang's trim_matched_stop) - for a stop string, one that special tokens
+        # split ("a<|im_end|>b"), which did not stop the output: text from such an occurrence on is held back too,
+        # until the request finishes.
+        for literal in self.params.stop + self.params.stop_regex:
+            at = text.find(literal, 0, end) if literal else -1
             end = at if at >= 0 else end
         for stop in self.params.stop + self.params.stop_regex:  # a suffix that may still become one of them
             for k in range(min(len(stop) - 1, end), 0, -1):

@@ -9,19 +9,26 @@
     log p0(x_j | x_<j) from s (scoring)   input_token_logprobs, input_token_entropy (input_logp0, ...)
 
 Stopping, as SGLang 0.5.23's scheduler and detokenizer do (schedule_batch.py `Req.update_finish_state`,
-detokenizer_manager.py `trim_matched_stop`), checked after every token in this order:
+`Req.tail_str`, `_check_str_based_finish`; detokenizer_manager.py `trim_matched_stop`), checked after every token in
+this order:
 
-    1. stop strings, in list order: the first one found in the output text ends the generation and the text is
-       cut before its first occurrence (output_ids keep the token that completed it);
-    2. stop_regex patterns, in list order (`re.search` on the output text); the text is cut where the pattern's
-       own source occurs literally, if it does ("Q:"), and kept whole otherwise ("[0-9]+").  The whole text is
-       decoded and searched only when a window of the newest tokens matches, or when a pattern's match is
-       unbounded or looks outside itself (anchors, lookarounds, backreferences): a new match of a self-contained
-       pattern that matches at most W characters lies in the last W characters and what the newest token added;
+    1. stop strings, in list order: the first one found in the output decoded with the tokenizer's defaults -
+       special tokens spelled out ("<|im_end|>"), as `Req.tail_str` decodes - ends the generation, ignore_eos or
+       not (output_ids keep the token that completed it).  So a chat template's "<|im_end|>" stops at the
+       <|im_end|> token even under ignore_eos, and "ab" is not completed by "a", a special token, "b";
+    2. stop_regex patterns, in list order (`re.search` on that same text).  The whole text is decoded and searched
+       only when a window of the newest tokens matches, or when a pattern's match is unbounded or looks outside
+       itself (anchors, lookarounds, backreferences): a new match of a self-contained pattern that matches at most
+       W characters lies in the last W characters and what the newest token added;
     3. EOS and stop_token_ids, unless `ignore_eos` (which ignores both): kept in output_ids, dropped from the text;
     4. max_new_tokens;
     5. a constrained request (grammar) whose grammar terminated - it accepted an EOS id where the grammar
        may end - even under `ignore_eos`.
+
+The response text is the detokenizer's: the output decoded with skip_special_tokens (SGLang's default), less the
+last token when a token id matched, and, when a string or pattern matched, cut before the first occurrence of the
+matched string (of the pattern's source, taken literally) in that text - kept whole where it does not occur there
+("<|im_end|>" is skipped; "[0-9]+" never occurs literally).
 
 `min_new_tokens` is no stop rule: while fewer tokens are out, EOS and the stop ids are masked out of q_τ (SGLang's
 min-new-tokens penalizer; `banned_tokens`, applied in `decode.sample_step`), and stop strings still stop.
@@ -51,7 +58,6 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
 from ..protocol import GenerateOutput
-from .models import special_token_ids
 from .requests import Request
 
 
@@ -75,23 +81,21 @@ def banned_tokens(r: Request, eos_token_ids: Sequence[int], vocab_size: int) -> 
 
 def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer: Any) -> dict[str, Any] | None:
     """The finish_reason after `token` was appended to r.output_ids, or None to go on (see module docstring).
-    A matched stop string or pattern sets r.stop_text_cut where the text is cut."""
+    A matched stop string or pattern sets r.stop_text_cut where the response text is cut (None: kept whole)."""
     p = r.params
-    text = None  # the output text, decoded at most once per step
+    text = None  # the output with special tokens spelled out, decoded at most once per step
     if p.stop and tail_has_stop(tokenizer, r.output_ids, p.stop):
-        text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        text = spelled_text(tokenizer, r.output_ids)
         for st in p.stop:  # a stop string present now is new: the output would have stopped at an older one
             if st and st in text:
-                r.stop_text_cut = text.find(st)
+                r.stop_text_cut = first_occurrence(tokenizer, r.output_ids, st)
                 return {"type": "stop", "matched": st}
     if p.stop_regex and (text is not None or tail_may_match(tokenizer, r.output_ids, p.stop_regex)):
         if text is None:
-            text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+            text = spelled_text(tokenizer, r.output_ids)
         for pattern in p.stop_regex:
             if re.search(pattern, text):
-                literal = text.find(pattern)
-                if literal >= 0:
-                    r.stop_text_cut = literal
+                r.stop_text_cut = first_occurrence(tokenizer, r.output_ids, pattern)
                 return {"type": "stop", "matched": pattern}
     if not p.ignore_eos and (token in eos_token_ids or token in p.stop_token_ids):
         return {"type": "stop", "matched": token}
@@ -100,6 +104,20 @@ def stop_reason(r: Request, token: int, eos_token_ids: Sequence[int], tokenizer:
     if r.grammar is not None and r.grammar.terminated:
         return {"type": "stop", "matched": token}
     return None
+
+
+def spelled_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text stop strings and stop_regex patterns are matched in: `ids` decoded with the tokenizer's defaults,
+    special tokens spelled out ("<|im_end|>"), as SGLang's `Req.tail_str` decodes them."""
+    return tokenizer.decode(list(ids))
+
+
+def first_occurrence(tokenizer: Any, ids: Sequence[int], matched: str) -> int | None:
+    """Where SGLang's detokenizer (`trim_matched_stop`) cuts the response text of `ids` for a matched stop string or
+    pattern: before its first literal occurrence in the text decoded with skip_special_tokens; None where it does
+    not occur there (a special token's spelling, a pattern's source that matches other text)."""
+    at = tokenizer.decode(list(ids), skip_special_tokens=True).find(matched)
+    return at if at >= 0 else None
 
 
 def output_text(r: Request, tokenizer: Any) -> str:
@@ -112,17 +130,11 @@ def output_text(r: Request, tokenizer: Any) -> str:
     return text[: r.stop_text_cut] if r.stop_text_cut is not None else text
 
 
-def _decoded_tail(tokenizer: Any, output_ids: Sequence[int], with_text: int) -> str | None:
-    """The text of the last `with_text` tokens that have text (special tokens decode to nothing here,
-    skip_special_tokens, and do not count); None when that window is the whole output."""
-    if len(output_ids) <= with_text:
+def _decoded_tail(tokenizer: Any, output_ids: Sequence[int], tokens: int) -> str | None:
+    """The `spelled_text` of the last `tokens` output tokens; None when that window is the whole output."""
+    if len(output_ids) <= tokens:
         return None
-    special = special_token_ids(tokenizer)
-    start, seen = len(output_ids), 0
-    while start > 0 and seen < with_text:
-        start -= 1
-        seen += output_ids[start] not in special
-    return None if start == 0 else tokenizer.decode(list(output_ids[start:]), skip_special_tokens=True)
+    return spelled_text(tokenizer, output_ids[len(output_ids) - tokens:])
 
 
 def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str]) -> bool:
@@ -131,10 +143,9 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     A stop string that was absent before the newest token must end inside the text of the last few
     tokens, so decoding a window of them finds it without re-decoding the whole output at every step (the
     chat template adds a stop string to every frontend `gen`).  The window is the longest stop string's UTF-8
-    bytes + 8 tokens that have text: a token decodes to at least one byte, and one character can take up to four
-    tokens (byte-level vocabularies), so a window counted in characters missed stop strings outside ASCII; a
-    special token decodes to nothing here (skip_special_tokens), so a window counted in all tokens missed a stop
-    string split by special tokens generated under ignore_eos.
+    bytes + 8 tokens: every token spells at least one byte (a special token spells its name, `spelled_text`), and
+    one character can take up to four tokens (byte-level vocabularies), so a window counted in characters missed
+    stop strings outside ASCII.
     """
     tail = _decoded_tail(tokenizer, output_ids, max(len(st.encode("utf-8", "surrogatepass")) for st in stops) + 8)
     return tail is None or any(st and st in tail for st in stops)
@@ -170,8 +181,8 @@ def tail_may_match(tokenizer: Any, output_ids: Sequence[int], patterns: Sequence
 
     Each step runs after the previous one found no match, so a new match of a self-contained pattern of at most W
     characters ends in what the newest token added and starts at most W characters before it.  Those characters
-    (and the ≤ 3 bytes of a character the newest token completed) lie in the last 4 W + 16 tokens that have text (a
-    character is at most 4 bytes, a token at least one), so when no pattern matches their decoded text none
+    (and the ≤ 3 bytes of a character the newest token completed) lie in the last 4 W + 16 tokens (a character is at
+    most 4 bytes, a token - special ones spelled out - at least one), so when no pattern matches their text none
     matches the whole text; a match there, or any pattern that is not self-contained and bounded
     (`regex_match_chars`), sends the step to the whole-text search.
     """

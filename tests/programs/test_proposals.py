@@ -155,6 +155,26 @@ def test_tiny_engine_program_matches_direct_engine_calls(tiny_backend):
         assert np.allclose(o.logp0, d.output_logp0) and np.allclose(o.logq, d.output_logq)
 
 
+def test_tiny_engine_suffixes_run_through_the_templates_stop_string(tiny_backend):
+    """The embedded backend's chatml template stops every gen at "<|im_end|>", which the engine matches with special
+    tokens spelled out, ignore_eos or not (as SGLang 0.5.23's Req.tail_str does).  Suffix proposals run without the
+    template's stop strings (`without_template_stops`), so a suffix that draws <|im_end|> still has exactly
+    max_tokens tokens: those of the direct engine call with EOS ignored and no stop string."""
+    loaded, backend = tiny_backend
+    assert "<|im_end|>" in backend.chat_template.stop_str
+    im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = tuple(loaded.tokenizer.encode("count: "))
+    reqs = [SuffixRequest(prompt, 24, 1.0, seed) for seed in range(64)]
+    out = ProgramProposalModel(backend).generate(reqs)
+    crossed = 0
+    for o, r in zip(out, reqs):
+        d = backend.engine.generate(list(r.prefix_ids), SamplingParams(max_new_tokens=r.max_tokens, temperature=1.0,
+                                                                       seed=r.seed, ignore_eos=True))
+        assert tuple(o.ids) == d.output_ids and len(o.ids) == 24
+        crossed += im_end in d.output_ids[:-1]
+    assert crossed >= 1  # some suffix drew <|im_end|> before its last token (the template's stop would cut it)
+
+
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
 def test_tiny_engine_identical_chains(tiny_backend, kind):
     loaded, backend = tiny_backend

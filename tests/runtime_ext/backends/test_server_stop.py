@@ -1,8 +1,9 @@
 """`gen(stop=...)` and `gen(stop_regex=...)` end to end: an `@sgl.function` program on forerun's server backend
 against the stand-in server, and the same program on the embedded engine, both checked against one oracle of
-SGLang's documented semantics - the same seeded tokens as without the stop, up to the first token after which
-the output text (never the prompt) holds a stop string (text cut before it) or a match of a pattern (text kept
-whole: these patterns never occur literally); finish_reason {"type": "stop", "matched": the string or pattern}.
+SGLang's semantics - the same seeded tokens as without the stop, up to the first token after which the output
+(never the prompt), special tokens spelled out, holds a stop string (text cut before it) or a match of a pattern
+(text kept whole: these patterns never occur literally); finish_reason {"type": "stop", "matched": the string or
+pattern}.
 
     guarantee                                                              test
     a program's stop / stop_regex gen gives the oracle's ids, text and     test_program_stops_as_sglang_on_both_backends
@@ -57,16 +58,20 @@ def backend(request):
         engine.close()
 
 
-def oracle(decode, ids, stops=(), patterns=()):
-    """SGLang's documented semantics over the unstopped output `ids`: (tokens kept, text, finish_reason) at the
-    first token after which the output text holds a stop string (checked first) or a pattern match."""
+def oracle(tok, ids, stops=(), patterns=()):
+    """SGLang 0.5.23's semantics over the unstopped output `ids`: (tokens kept, text, finish_reason) at the first
+    token after which the output, decoded with the tokenizer's defaults - special tokens spelled out, as
+    schedule_batch.py Req.tail_str decodes it - holds a stop string (checked first) or a pattern match; the text is
+    the output decoded with skip_special_tokens, cut before the matched stop string's first occurrence in it
+    (detokenizer_manager.py trim_matched_stop; kept whole where it does not occur there)."""
     for k in range(1, len(ids) + 1):
-        text = decode(ids[:k])
+        spelled = tok.decode(list(ids[:k]))
+        text = tok.decode(list(ids[:k]), skip_special_tokens=True)
         for stop in stops:
-            if stop in text:
-                return k, text[:text.find(stop)], {"type": "stop", "matched": stop}
+            if stop in spelled:
+                return k, text[:text.find(stop)] if stop in text else text, {"type": "stop", "matched": stop}
         for pattern in patterns:
-            if re.search(pattern, text):
+            if re.search(pattern, spelled):
                 return k, text, {"type": "stop", "matched": pattern}
     return None
 
@@ -92,21 +97,21 @@ def _run(backend, seed, stop=None, pattern=None):
 
 def test_program_stops_as_sglang_on_both_backends(backend):
     tok = backend.tokenizer
-
-    def decode(ids):
-        return tok.decode(list(ids), skip_special_tokens=True)
-
     cases = 0
     for seed in (3, 4, 5):
-        free_text, free, _ = _run(backend, seed)
-        assert len(free) == MAX_TOKENS or free[-1] in (EOS_ID, tok.eos_token_id)
+        free_text, free, free_finish = _run(backend, seed)
+        # a chat template's stop string ends the free run too (the embedded backend's chatml: "<|im_end|>", matched
+        # with special tokens spelled out as on SGLang)
+        template_stops = tuple(getattr(getattr(backend, "chat_template", None), "stop_str", None) or ())
+        assert (len(free) == MAX_TOKENS or free[-1] in (EOS_ID, tok.eos_token_id)
+                or free_finish in [{"type": "stop", "matched": st} for st in template_stops])
         requests = [(stop, None) for stop in stops_from(free_text, 3)]  # one string: gen(stop="ab")
         requests += [(None, pattern) for pattern in (r"[0-9]", r"q.X", r"[#|]")]
         requests += [(stops_from(free_text, 2), [r"[0-9]"])]  # lists of both
         for stop, pattern in requests:
             stops = [stop] if isinstance(stop, str) else stop or []
             patterns = [pattern] if isinstance(pattern, str) else pattern or []
-            want = oracle(decode, free, stops, patterns)
+            want = oracle(tok, free, stops, patterns)
             text, ids, finish = _run(backend, seed, stop, pattern)
             if want is None:
                 assert (text, ids) == (free_text, free), (stop, pattern)
@@ -135,10 +140,6 @@ def _free_text_and_ids(client, prompt, seed):
 def test_batched_server_requests_stop_on_their_own(server):
     backend = SGLangServerBackend(server.url, server.tokenizer, config=ServerConfig(retries=0, batch_mode="batched"))
     tok = server.tokenizer
-
-    def decode(ids):
-        return tok.decode(list(ids), skip_special_tokens=True)
-
     first = len(server.generate_bodies())
     prompts = [[BOS_ID] + list(f"row {i}: ".encode()) for i in range(3)]
     frees = [_free_text_and_ids(backend.engine, p, seed=10 + i) for i, p in enumerate(prompts)]
@@ -148,7 +149,7 @@ def test_batched_server_requests_stop_on_their_own(server):
     outs = backend.run_batch(list(zip(prompts, params)))
     assert len(server.generate_bodies()) - first == 3 + 1  # three free runs, then one body for the batch
     for (text, ids), p, out in zip(frees, params, outs):
-        k, want_text, want_finish = oracle(decode, ids, p.stop, p.stop_regex)
+        k, want_text, want_finish = oracle(tok, ids, p.stop, p.stop_regex)
         assert (list(out.output_ids), out.text, out.meta_info["finish_reason"]) == (ids[:k], want_text, want_finish)
 
 
@@ -175,8 +176,9 @@ def test_streamed_server_request_with_a_stop(server):
             client.submit_stream(prompt, p, rid=f"s{seed}-{stop}", listener=listen)
             assert done.wait(20)
             plain = client.generate(prompt, p)
-            k = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k], skip_special_tokens=True))
-            held = [t for t in range(1, k) if any(tok.decode(ids[:t], skip_special_tokens=True).endswith(stop[:i])
+            # SGLang's stop check and its hold-back (check_match_stop_str_prefix) read Req.tail_str: specials spelled
+            k = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]))
+            held = [t for t in range(1, k) if any(tok.decode(ids[:t]).endswith(stop[:i])
                                                   for i in range(1, len(stop)))]
             assert [len(e.output_ids) for e in events if not e.finished] == [t for t in range(1, k) if t not in held]
             final = events[-1]

@@ -85,28 +85,73 @@ def test_stop_ids_end_the_output_and_leave_the_text_unless_ignore_eos(tokenizer)
 
 
 @pytest.mark.parametrize("specials", [1, 12, 40])
-def test_a_stop_string_split_by_special_tokens_still_stops(tokenizer, specials):
-    """Under ignore_eos the model may emit EOS (or other special tokens) between a stop string's characters; they
-    decode to nothing, so the stop string is in the text once its last character arrives, however many came
-    between (a tail window counted in tokens, not in tokens that have text, missed it)."""
+def test_a_stop_string_split_by_special_tokens_does_not_stop(tokenizer, specials):
+    """SGLang 0.5.23 matches stop strings in the output decoded with the tokenizer's defaults, special tokens spelled
+    out (schedule_batch.py Req.tail_str: `self.tokenizer.decode(self.output_ids[-tail_len:])`), ignore_eos or not:
+    "a", EOS / <|im_end|>, "b" spells "a<|endoftext|>...b", which does not hold "ab".  A later "ab" stops, and the
+    detokenizer (trim_matched_stop) cuts the text, decoded with skip_special_tokens, before the FIRST "ab" in it -
+    the split one, at 30."""
     eos, im_end = 256, 258
-    assert tokenizer.decode([97, eos, im_end, 98], skip_special_tokens=True) == "ab"  # the oracle's premise
-    ids = byte_ids("x" * 30 + "a") + [eos, im_end] * (specials // 2) + [eos] * (specials % 2) + byte_ids("b")
+    split = byte_ids("x" * 30 + "a") + [eos, im_end] * (specials // 2) + [eos] * (specials % 2) + byte_ids("b")
+    assert "ab" not in tokenizer.decode(split)  # the oracle's premises: specials spelled out by default,
+    assert tokenizer.decode(split, skip_special_tokens=True) == "x" * 30 + "ab"  # and skipped in the text
+    ids = split + byte_ids(" ab")
     r = SimpleNamespace(params=SamplingParams(max_new_tokens=200, stop=("ab",), ignore_eos=True), output_ids=[],
-                        grammar=None, stop_text_cut=None)
+                        grammar=None, stop_text_cut=None, finish_reason=None)
     reasons = []
     for t in ids:
         r.output_ids.append(t)
         reasons.append(stop_reason(r, t, (eos,), tokenizer))
     assert reasons == [None] * (len(ids) - 1) + [{"type": "stop", "matched": "ab"}]
-    assert r.stop_text_cut == 30
+    r.finish_reason = reasons[-1]
+    assert r.stop_text_cut == 30 and output_text(r, tokenizer) == "x" * 30
+
+
+def feed(tokenizer, ids, **params):
+    """Feed `ids` one by one to stop_reason (EOS 256): (output ids kept, finish_reason, the response text)."""
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=200, **params), output_ids=[], grammar=None,
+                        stop_text_cut=None, finish_reason=None)
+    for t in ids:
+        r.output_ids.append(t)
+        r.finish_reason = stop_reason(r, t, (256,), tokenizer)
+        if r.finish_reason is not None:
+            break
+    return r.output_ids, r.finish_reason, output_text(r, tokenizer)
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_a_special_token_stop_string_stops_at_that_token_under_ignore_eos(tokenizer, ignore_eos):
+    """A chat template's stop string "<|im_end|>" (chatml adds it to every gen) ends the gen at the <|im_end|> token
+    on SGLang, ignore_eos or not: the stop-string check reads the output with special tokens spelled out and runs
+    before (and regardless of) the EOS check (schedule_batch.py update_finish_state -> _check_str_based_finish;
+    ignore_eos only gates _check_token_based_finish).  The token is kept in the ids; the text, decoded with
+    skip_special_tokens, does not hold the stop string, so trim_matched_stop leaves it whole."""
+    im_end = 258
+    ids = byte_ids("hello") + [im_end] + byte_ids(" more")
+    assert feed(tokenizer, ids, stop=("<|im_end|>",), ignore_eos=ignore_eos) == (
+        byte_ids("hello") + [im_end], {"type": "stop", "matched": "<|im_end|>"}, "hello")
+    # the EOS token itself, named as a stop string: the string matches first, so finish_reason names the string
+    assert feed(tokenizer, byte_ids("hi") + [256] + byte_ids("x"), stop=("<|endoftext|>",)) == (
+        byte_ids("hi") + [256], {"type": "stop", "matched": "<|endoftext|>"}, "hi")
+
+
+def test_a_stop_regex_matches_the_spelled_special_tokens(tokenizer):
+    """stop_regex reads the same text (re.search on Req.tail_str): "[#|]" matches the "|" of "<|im_end|>"; its source
+    never occurs literally, so the text is kept whole.  "ab" is not matched across the special token; the later "ab"
+    is, and the text is cut before the first "ab" of the text without special tokens (trim_matched_stop)."""
+    ids = byte_ids("ab") + [258] + byte_ids("cd|")
+    assert feed(tokenizer, ids, stop_regex=("[#|]",), ignore_eos=True) == (
+        byte_ids("ab") + [258], {"type": "stop", "matched": "[#|]"}, "ab")
+    assert feed(tokenizer, byte_ids("a") + [258] + byte_ids("b ab"), stop_regex=("ab",), ignore_eos=True) == (
+        byte_ids("a") + [258] + byte_ids("b ab"), {"type": "stop", "matched": "ab"}, "")
 
 
 def whole_text_stop(tokenizer, ids, patterns):
-    """The oracle of stop_regex: after every token, decode the whole output and search it with each pattern in
-    list order (no window).  (step index, pattern) of the first match, or None."""
+    """The oracle of stop_regex: after every token, decode the whole output as SGLang's Req.tail_str does (the
+    tokenizer's defaults: special tokens spelled out) and search it with each pattern in list order (no window).
+    (step index, pattern) of the first match, or None."""
     for n in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        text = tokenizer.decode(ids[:n])
         for pattern in patterns:
             if re.search(pattern, text):
                 return n - 1, pattern
@@ -115,20 +160,20 @@ def whole_text_stop(tokenizer, ids, patterns):
 
 PIECES = ["a", "b", "x", "y", "Q", ":", "1", "2", ".", " ", "é", "😀", "終"]
 PATTERNS = ["Q:", "a{2,4}b", r"\d\d\.", "x|yy", "😀.", "[^a-z ]{3}", "(ab|ba){2}", "終 ?終", "é{2}", r"\s\d",
-            "b+x", "^yb", r"\bQ1", "(?<=a)b1", "(a)\\1b", "y$", "x(?=[^:]*:)", "y(?=[^Q]*Q)"]
+            "b+x", "^yb", r"\bQ1", "(?<=a)b1", "(a)\\1b", "y$", "x(?=[^:]*:)", "y(?=[^Q]*Q)", r"\|[ei]"]
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_stop_regex_stops_where_the_whole_text_search_does(tokenizer, seed):
     """stop_regex decodes a window of the newest tokens and searches the whole text only when the window matches
     (or a pattern is unbounded or looks outside its match).  Random outputs of multi-byte characters (up to 4
-    tokens each) and special tokens (text-less) against random pattern lists: the stop step, the matched pattern
-    and the cut are those of searching the whole text after every token."""
+    tokens each) and special tokens (spelled out, as SGLang's Req.tail_str reads them) against random pattern lists:
+    the stop step, the matched pattern and the cut are those of searching the whole text after every token."""
     rng = random.Random(seed)
     patterns = tuple(rng.sample(PATTERNS, rng.randint(1, 3)))
     ids = []
     while len(ids) < 90:
-        ids += [256] if rng.random() < 0.06 else byte_ids(rng.choice(PIECES))
+        ids += [rng.choice((256, 258))] if rng.random() < 0.06 else byte_ids(rng.choice(PIECES))
     want = whole_text_stop(tokenizer, ids, patterns)
     r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=patterns, ignore_eos=True),
                         output_ids=[], grammar=None, stop_text_cut=None)
@@ -143,6 +188,40 @@ def test_stop_regex_stops_where_the_whole_text_search_does(tokenizer, seed):
     if want is not None:
         text = tokenizer.decode(ids[: want[0] + 1], skip_special_tokens=True)
         assert r.stop_text_cut == (text.find(want[1]) if want[1] in text else None)
+
+
+STOPS = ["ab", "x😀", "終 終", "<|im_end|>", "d|>é", "|><|", "Q:1", "yy"]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_stop_strings_stop_where_the_whole_spelled_text_search_does(tokenizer, seed):
+    """The stop-string window (`tail_has_stop`) against the whole-text search of SGLang's text (special tokens spelled
+    out, schedule_batch.py Req.tail_str) after every token, on random outputs of multi-byte characters and special
+    tokens, some stop strings spanning a special token's spelling: the same stop step, stop string and cut (the
+    first occurrence in the text without special tokens, trim_matched_stop)."""
+    rng = random.Random(seed)
+    stops = tuple(rng.sample(STOPS, rng.randint(1, 3)))
+    ids = []
+    while len(ids) < 120:
+        ids += [rng.choice((256, 258))] if rng.random() < 0.08 else byte_ids(rng.choice(PIECES))
+    want = None
+    for n in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:n])
+        hit = next((st for st in stops if st in text), None)
+        if hit is not None:
+            plain = tokenizer.decode(ids[:n], skip_special_tokens=True)
+            want = n - 1, hit, (plain.find(hit) if hit in plain else None)
+            break
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop=stops, ignore_eos=True), output_ids=[],
+                        grammar=None, stop_text_cut=None)
+    got = None
+    for i, t in enumerate(ids):
+        r.output_ids.append(t)
+        reason = stop_reason(r, t, (256,), tokenizer)
+        if reason is not None:
+            got = i, reason["matched"], r.stop_text_cut
+            break
+    assert got == want, (stops, tokenizer.decode(ids))
 
 
 @pytest.mark.parametrize("pattern, chars", [("Q:", 2), ("a{2,4}b", 5), ("x|yy", 2), ("😀.", 2), (r"\d+", None),

@@ -354,12 +354,9 @@ def test_a_batchs_rids_are_normalised_as_sglangs_own_normalize_rid_does(rid):
     assert got == want
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
-    (1.0, 0, 1.0, 0.0), (1.0, -5, 1.0, 0.0), (1.0, -1, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 5, 0.0, 0.0),
-    (0.7, 5, 1.5, 0.0), (0.7, 5, 0.9, 0.2), (0.7, 5, 0.9, 1.2), (-1.0, -1, 1.0, 0.0), (1e-7, -3, 1.0, 0.0)])
-def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, top_k, top_p, min_p):
-    """SGLang's __post_init__ normalisation (greedy temperature: top_k 1; top_k -1: all) and its `verify`, run on
-    a stand-in object, decide 200 or 400 and the message; the stand-in accepted top_k 0 and top_p 0 or 1.5."""
+def sglang_refusal(temperature, top_k, top_p, min_p):
+    """SGLang's own __post_init__ normalisation (a greedy temperature: top_k 1; top_k -1: all) and `verify`, compiled
+    from its source and run on a stand-in object: None when SGLang accepts the parameters, else its message."""
     path = "srt/sampling/sampling_params.py"
     assert src.line(path, 245) == "if 0 <= self.temperature < _SAMPLING_EPS:"
     normalise = src.compile_statements(path, 245, 250, "self", {"_SAMPLING_EPS": 1e-6, "TOP_K_ALL": 1 << 30})
@@ -372,9 +369,19 @@ def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, to
     normalise(sp)
     try:
         verify(sp, VOCAB_SIZE)
-        want: typing.Any = 200
     except ValueError as exc:
-        want = (400, str(exc))
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
+    (1.0, 0, 1.0, 0.0), (1.0, -5, 1.0, 0.0), (1.0, -1, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 5, 0.0, 0.0),
+    (0.7, 5, 1.5, 0.0), (0.7, 5, 0.9, 0.2), (0.7, 5, 0.9, 1.2), (-1.0, -1, 1.0, 0.0), (1e-7, -3, 1.0, 0.0)])
+def test_sampling_params_are_verified_as_sglangs_own_verify_does(temperature, top_k, top_p, min_p):
+    """SGLang's __post_init__ normalisation (greedy temperature: top_k 1; top_k -1: all) and its `verify`, run on
+    a stand-in object, decide 200 or 400 and the message; the stand-in accepted top_k 0 and top_p 0 or 1.5."""
+    refusal = sglang_refusal(temperature, top_k, top_p, min_p)
+    want: typing.Any = 200 if refusal is None else (400, refusal)
     with StandInServer() as srv:
         body = {"input_ids": [BOS_ID, 5], "sampling_params": {"max_new_tokens": 1, "temperature": temperature,
                                                               "top_k": top_k, "top_p": top_p, "min_p": min_p}}
@@ -449,20 +456,7 @@ def test_closing_an_unknown_or_closed_session_answers_200_as_sglang_does():
 def test_forerun_accepts_the_top_k_sglang_accepts(temperature, top_k):
     """SGLang's __post_init__ makes a greedy request's top_k 1 before its `verify` (run here from SGLang's source, as
     above), so a greedy gen with top_k 0 runs there; forerun's SamplingParams refused it for every temperature."""
-    path = "srt/sampling/sampling_params.py"
-    normalise = src.compile_statements(path, 245, 250, "self", {"_SAMPLING_EPS": 1e-6, "TOP_K_ALL": 1 << 30})
-    verify = src.compile_function(src.method_def(path, "SamplingParams", "verify"), {
-        "math": __import__("math"), "get_request_reasoning_end_token_ids": lambda *a, **k: None}, path)
-    sp = SimpleNamespace(temperature=temperature, top_k=top_k, top_p=1.0, min_p=0.0, beam_width=None,
-                         frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
-                         max_new_tokens=1, logit_bias=None, sampling_seed=None, custom_params=None,
-                         json_schema=None, regex=None, ebnf=None, structural_tag=None)
-    normalise(sp)
-    try:
-        verify(sp, VOCAB_SIZE)
-        sglang_accepts = True
-    except ValueError:
-        sglang_accepts = False
+    sglang_accepts = sglang_refusal(temperature, top_k, 1.0, 0.0) is None
     try:
         SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k)
         forerun_accepts = True

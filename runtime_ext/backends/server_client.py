@@ -86,10 +86,8 @@ __all__ = ["SGLangServerClient", "ServerConfig", "SGLangServerError", "ServerCap
 
 
 def _load_tokenizer(path: str) -> Any:
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:  # pragma: no cover - transformers is a dependency
-        raise EngineError("loading the server's tokenizer needs transformers installed") from e
+    from transformers import AutoTokenizer  # a dependency; imported here to keep it out of argument parsing
+
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:
@@ -198,14 +196,16 @@ class SGLangServerClient(ServerStreamingMixin):
     # -- server state -----------------------------------------------------------------------
     def server_info(self) -> dict[str, Any]:
         """GET /server_info (falls back to the deprecated /get_server_info)."""
-        path = "/server_info"
-        try:
-            resp = self._request("GET", path)
-        except SGLangServerError as e:
-            if e.status != 404:
-                raise
-            path = "/get_server_info"
-            resp = self._request("GET", path)
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                resp = self._request("GET", path)
+                break
+            except SGLangServerError as e:
+                if e.status != 404:
+                    raise
+        else:  # neither: not an SGLang server (its 404 page, HTML, used to be the whole message)
+            raise SGLangServerError(f"{self.base_url} is not an SGLang server: GET /server_info and /get_server_info "
+                                    "both answered 404", url=self.base_url, status=404)
         try:
             info = resp.json()
         except ValueError as e:  # requests' JSONDecodeError

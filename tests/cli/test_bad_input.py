@@ -308,6 +308,35 @@ def test_server_info_answering_invalid_json_names_the_url(argv, run_forerun_in_p
     assert_one_line_error(proc, f"{url}/server_info answered invalid JSON")
 
 
+class _NotSGLang(BaseHTTPRequestHandler):
+    """Another web server: a 404 page (HTML) for every path, as `python -m http.server` gives for /server_info."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head>\n<body><h1>404</h1></body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_backend_that_is_not_an_sglang_server_is_named_so(run_forerun_in_process, assert_one_line_error):
+    """Both server-info paths answer 404: the line says the URL is not an SGLang server (it was the 404 page's HTML)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotSGLang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        proc = run_forerun_in_process(["generate", "--prompt", "hi", "--backend", url])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_one_line_error(proc, f"{url} is not an SGLang server: GET /server_info and /get_server_info both answered 404")
+    assert "<html>" not in proc.stderr.lower()
+
+
 def test_an_unreachable_backend_is_one_line_naming_the_url(run_forerun_in_process, assert_one_line_error):
     url = f"http://127.0.0.1:{unused_port()}"
     proc = run_forerun_in_process(["sample", "--backend", url, "--prompt", "hi", "--n", "4"])

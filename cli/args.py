@@ -46,6 +46,14 @@ def seed_int(text: str) -> int:
     return seed
 
 
+def fold_seed_int(text: str) -> int:
+    """A seed scikit-learn takes as `random_state`: [0, 2**32 - 1] (NumPy's legacy seeding)."""
+    seed = int(_number(text, int, 0, True))
+    if seed > 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**32 - 1] (scikit-learn's random_state), got {text}")
+    return seed
+
+
 def positive_float(text: str) -> float:
     return float(_number(text, float, 0, False))
 

@@ -21,7 +21,7 @@ from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreacha
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import nonnegative_int, positive_int
+from .args import fold_seed_int, positive_int
 from .errors import CommandError, reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
@@ -130,7 +130,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     cv = sub.add_parser("cv", help="cross-validate the classifier against constant baselines (App. E.7)")
     _add_common(cv)
     cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
-    cv.add_argument("--seed", type=nonnegative_int, default=0, help="fold shuffling seed (default 0)")
+    cv.add_argument("--seed", type=fold_seed_int, default=0, help="fold shuffling seed, below 2**32 (default 0)")
     cv.add_argument(
         "--no-group",
         action="store_true",

@@ -207,6 +207,8 @@ CASES = [
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"], "l2_penalty"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--features", "nope"], "nope"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "4294967296"],
+     "argument --seed: expected a seed in [0, 2**32 - 1]"),  # was scikit-learn's message, the option unnamed
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "-1"], "--seed"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
                           "--features", "cut_fraction,block,transition"], "block, transition are not known to the"),

@@ -8,6 +8,7 @@ the test process with stdout and stderr captured at the file descriptors (tests/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -281,60 +282,44 @@ def test_an_unwritable_output_path_is_refused_before_any_work(argv, files, reque
     assert_one_line_error(proc, "not writable")
 
 
-class _BrokenServer(BaseHTTPRequestHandler):
-    """Answers every GET with 200 and a body that is not JSON."""
+@contextlib.contextmanager
+def _web_server(status, body):
+    """A local HTTP server answering every GET with `status` and the HTML `body`; yields its URL."""
 
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = b"<html>not json</html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize("argv", [["generate", "--prompt", "hi"], ["sample", "--prompt", "hi", "--n", "4"],
                                   ["bench", "presto", "--prompts", "1", "--n", "4"]])
 def test_server_info_answering_invalid_json_names_the_url(argv, run_forerun_in_process, assert_one_line_error):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with _web_server(200, b"<html>not json</html>") as url:
         proc = run_forerun_in_process(argv + ["--backend", url])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert_one_line_error(proc, f"{url}/server_info answered invalid JSON")
 
 
-class _NotSGLang(BaseHTTPRequestHandler):
-    """Another web server: a 404 page (HTML) for every path, as `python -m http.server` gives for /server_info."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head>\n<body><h1>404</h1></body></html>"
-        self.send_response(404)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_backend_that_is_not_an_sglang_server_is_named_so(run_forerun_in_process, assert_one_line_error):
-    """Both server-info paths answer 404: the line says the URL is not an SGLang server (it was the 404 page's HTML)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotSGLang)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    """Another web server (a 404 page for every path, as `python -m http.server` gives for /server_info): the line says
+    the URL is not an SGLang server (it was the 404 page's HTML)."""
+    page = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head>\n<body><h1>404</h1></body></html>"
+    with _web_server(404, page) as url:
         proc = run_forerun_in_process(["generate", "--prompt", "hi", "--backend", url])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert_one_line_error(proc, f"{url} is not an SGLang server: GET /server_info and /get_server_info both answered 404")
     assert "<html>" not in proc.stderr.lower()
 

@@ -28,6 +28,7 @@ from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .errors import report
+from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
 from .inputs import check_utf8, dataset_paths, naming_undecodable
 from .output import make_output_dir, not_an_input, output_dir, progress_bar
 from ..programs.random_streams import PAPER_SEED
@@ -252,7 +253,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
                                        gpqa_seed=settings.gpqa_shuffle_seed)
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
-    return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds}
+    return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds,
+            "dataset_files": files}
 
 
 def _check_methods(settings: Any, methods: list[str], seed: int) -> None:
@@ -291,64 +293,6 @@ def _shipped_checked(classifier: Any, model: str, methods: list[str]) -> Any:
     return classifier.classifier
 
 
-def _check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
-    """A resumed run must have been made with the same model, dtype, concurrency and settings."""
-    from ..eval.harness.runs import header_differences, strict_json
-
-    if header is not None:
-        diff = header_differences(header, json.loads(json.dumps(strict_json(new))))
-        if diff:
-            raise ValueError(f"--resume: the run file was made with other settings: {', '.join(diff)}; resume "
-                             "with the same flags, or start another run file")
-        return
-    if records:  # cut or edited (new files start with the header): nothing to check the records' settings against
-        raise ValueError("--resume: the run file has records but no header line, so the settings they were made "
-                         "with cannot be checked; start another run file")
-
-
-def _check_same_prompts(records: list[dict[str, Any]], prompts: dict[str, list[Any]], system: str | None) -> None:
-    """A resumed run's results must be for the prompts loaded now, shown to the model as they would be now: a record
-    whose prompt id names another prompt (another dataset file, or an edited one; LiveCodeBench ids are row numbers),
-    or whose chat was worded otherwise (an earlier forerun's instructions), is refused.  Prompts not loaded now (a
-    smaller --limit) are not checked, and neither are records from before each fingerprint (no prompt_sha, no
-    messages_sha: such files still resume, unchecked on that count).  `system`: --system, which the run header's
-    settings have already matched."""
-    loaded = {(ds, p.id): p for ds, rows in prompts.items() for p in rows}
-    for rec in records:
-        prompt = loaded.get((rec.get("dataset"), rec.get("prompt_id")))
-        if prompt is None:
-            continue
-        where = f"--resume: the run file's results for {rec['dataset']} prompt {rec['prompt_id']!r} are for"
-        if rec.get("prompt_sha") and prompt.fingerprint() != rec["prompt_sha"]:
-            raise ValueError(f"{where} another prompt than the one loaded now (another or an edited dataset file); "
-                             "resume with the same data, or start another run file")
-        if rec.get("messages_sha") and prompt.messages_fingerprint(system) != rec["messages_sha"]:
-            raise ValueError(f"{where} a chat worded otherwise than the one this forerun shows the model (another "
-                             "version's instructions); start another run file")
-
-
-def _check_same_input_ids(records: list[dict[str, Any]], prompts: dict[str, list[Any]], settings: Any, rt: Any) -> None:
-    """A resumed run's results must be for the token ids the model would be given now: the same chat through
-    another tokenizer or chat template under the same model name (an edited local model folder, a transformers
-    that renders the template otherwise) is refused (`input_sha`).  Checked once the model's tokenizer is loaded;
-    records from before input_sha and prompts not loaded now are not checked."""
-    from ..eval.datasets.prompt import ids_fingerprint
-    from ..eval.harness.items import prompt_input_ids
-
-    loaded = {(ds, p.id): p for ds, rows in prompts.items() for p in rows}
-    now: dict[tuple[str, str], str] = {}
-    for rec in records:
-        key = (rec.get("dataset"), rec.get("prompt_id"))
-        if not rec.get("input_sha") or key not in loaded:
-            continue
-        if key not in now:
-            now[key] = ids_fingerprint(prompt_input_ids(rt.tokenizer, loaded[key], settings))
-        if now[key] != rec["input_sha"]:
-            raise ValueError(f"--resume: the run file's results for {key[0]} prompt {key[1]!r} were made from other "
-                             f"prompt tokens than {rt.name}'s tokenizer and chat template give now (another "
-                             "tokenizer or template under the same model name); start another run file")
-
-
 def _check_sandbox() -> None:
     """Code items run only where the sandbox contains them (or the user allowed an uncontained run)."""
     from ..eval.graders.sandbox import ALLOW_ENV, isolation_report
@@ -371,20 +315,21 @@ def eval_command(args: argparse.Namespace) -> int:
                             else (None, []))
         forced = forcing_header(plan["settings"].forced_answer)
         if header is not None or existing:  # the settings first: a refused resume loads no model
-            _check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
-                                                "forced_answers": forced})
-            _check_same_prompts(existing, plan["prompts"], plan["settings"].system)
+            check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
+                                               "forced_answers": forced})
+            plan["checked_prompts"] = prompts_named_by_records(args, plan, existing, plan["dataset_files"])
+            check_same_prompts(existing, plan["checked_prompts"], plan["settings"].system)
         classifier = _classifier(args, plan["methods"])
         pool = open_pool_from(args)
         check_pool_serves(pool, seeded=True, samplers={Method.parse(m).sampler for m in plan["methods"]})
         warn_nondeterministic(pool)
         rt = pool.first
-        _check_same_input_ids(existing, plan["prompts"], plan["settings"], rt)
+        check_same_input_ids(existing, plan.get("checked_prompts", {}), plan["settings"], rt)
         classifier = _shipped_checked(classifier, rt.name, plan["methods"])
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json(), "forced_answers": forced}
         plan["needs_header"] = header is None  # a new or blank file (one with records and no header was refused)
-        _check_resumable(header, existing, plan["header"])
+        check_resumable(header, existing, plan["header"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)
         return report("eval", exc)

@@ -188,10 +188,13 @@ def test_a_run_killed_while_writing_its_header_is_resumed(tmp_path, capsys):
     assert _comparable(torn) == _comparable(run)
 
 
-def test_resuming_with_another_dataset_file_under_the_same_ids_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("first, resume, edited", [("2", "3", 1), ("3", "1", 2)],
+                         ids=["edited row loaded now", "edited row past a smaller --limit"])
+def test_resuming_with_another_dataset_file_under_the_same_ids_is_refused(tmp_path, capsys, first, resume, edited):
     """Items are keyed by prompt id (LiveCodeBench's are row numbers): resuming with another or an edited dataset
     file used to mix results graded against the old prompts with new ones.  Each record carries its prompt's
-    fingerprint; a resume whose loaded prompt differs under the same id is refused before the model loads."""
+    fingerprint; a resume whose prompt differs under the same id is refused before the model loads - also for the
+    records a smaller --limit keeps in the file (and in its report), which were resumed unchecked before."""
     data = tmp_path / "mmlu.jsonl"
     rows = [{"question": f"Q{i}?", "subject": "s", "choices": ["a", "b", "c", "d"], "answer": i % 4}
             for i in range(3)]
@@ -199,13 +202,13 @@ def test_resuming_with_another_dataset_file_under_the_same_ids_is_refused(tmp_pa
     small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--methods", "greedy", "--n", "4",
              "--dataset-file", f"mmlu={data}"]
     run = tmp_path / "run.jsonl"
-    assert main([*small, "--limit", "2", "--out", str(run)]) == 0
-    assert main([*small, "--limit", "3", "--out", str(run), "--resume"]) == 0  # more prompts of the same file: fine
-    rows[1]["answer"] = 2  # an edited gold under the same id
+    assert main([*small, "--limit", first, "--out", str(run)]) == 0
+    assert main([*small, "--limit", resume, "--out", str(run), "--resume"]) == 0  # the same file: fine
+    rows[edited]["answer"] = (rows[edited]["answer"] + 1) % 4  # an edited gold under the same id
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     before = run.read_bytes()
     capsys.readouterr()
-    assert main([*small, "--limit", "3", "--out", str(run), "--resume"]) == 2
+    assert main([*small, "--limit", resume, "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "another prompt than the one loaded now" in err and run.read_bytes() == before
 

@@ -27,14 +27,13 @@ default stays E.8's "logq" (so results compare with the paper); the run records 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime_ext.protocol import as_finite, as_integer
+from ..runtime_ext.protocol import as_finite, as_integer, check_inverse_alpha
 from .completions import CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import SELECT_RULES
@@ -72,8 +71,8 @@ class BaselineConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if self.kind != "greedy" and math.isinf(self.tau):  # a subnormal α failed every item's generation
-            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
+        if self.kind != "greedy":  # greedy ignores τ
+            check_inverse_alpha(self.alpha)
         if self.samples < 1:
             raise ValueError(f"samples N must be >= 1, got {self.samples}")
         if self.select not in SELECT_RULES:

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..runtime_ext.protocol import as_finite, as_integer, check_proposal_temperature
+from ..runtime_ext.protocol import as_finite, as_integer, check_inverse_alpha, check_proposal_temperature
 from .acceptance import EPSILON
 from .call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
 from .random_streams import PAPER_SEED
@@ -95,8 +95,8 @@ class SamplerConfig:
             raise ValueError(f"steps_per_block K must be >= 1, got {self.steps_per_block}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if self.temperature is None and math.isinf(1.0 / self.alpha):  # a subnormal α failed inside the first call
-            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
+        if self.temperature is None:
+            check_inverse_alpha(self.alpha)
         if self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"temperature τ must be > 0, got {self.temperature}")
         if not self.beta > 0:

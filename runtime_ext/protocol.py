@@ -50,6 +50,13 @@ def as_finite(name: str, value: Any) -> float:
     return out
 
 
+def check_inverse_alpha(alpha: float) -> None:
+    """Refuse an α > 0 so small that τ = 1/α overflows to inf (a subnormal passes `alpha > 0` and failed only
+    inside the first model call, after the model had loaded)."""
+    if math.isinf(1.0 / alpha):
+        raise ValueError(f"alpha {alpha} is too small: τ = 1/α overflows to inf")
+
+
 def check_proposal_temperature(name: str, tau: float) -> None:
     """Refuse a proposal temperature whose log q_τ no engine reports: below `GREEDY_BELOW` SGLang (and, as it does,
     `SamplingParams`) runs the request greedy and reports log p0, so an MH ratio or an SMC weight built from the

@@ -19,7 +19,6 @@ tokens (fixed horizon: EOS is disabled for the reference, ignored by forerun), �
 from __future__ import annotations
 
 import ast
-import math
 import random
 import statistics
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...programs.sampler_config import SamplerConfig
+from ...runtime_ext.protocol import check_inverse_alpha
 
 REFERENCE_NAMES = ("AutoregressiveSampler", "naive_temp", "mcmc_power_samp")
 MAX_REFERENCE_BYTES = 4 << 20
@@ -60,8 +60,7 @@ class ReferenceConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        if math.isinf(1.0 / self.alpha):  # a subnormal α: τ = inf failed only once the model had loaded
-            raise ValueError(f"alpha {self.alpha} is too small: τ = 1/α overflows to inf")
+        check_inverse_alpha(self.alpha)
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:

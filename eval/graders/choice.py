@@ -12,14 +12,19 @@ means):
                or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
                line that starts with the letter as a label ("B) ...", "(B)", "B.",
                "**B**", "B"; not the last item of a restated option list, "C. 7"
-               then "D. 8")
+               then "D. 8"), and a conclusion that ends its sentence on one
+               capital letter: "so B." / "hence (B)" / "therefore, B" / "leaving
+               B." / "which leaves B" / "it must be B" (after an elimination, "A is
+               wrong, C is wrong, D is wrong, so B"; not "so B and C", "so B is
+               wrong", "so b")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
                function's argument: "P(B)", "f(a)")
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
 false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
 a negation of a later letter, "C and not D", "C (not A)", nor one in a justifying clause after the letter,
-"C because the reaction is not spontaneous", is one of C).  So a response that only rules options out gets
+"C because the reaction is not spontaneous", is one of C; nor what follows a colon or dash that names a
+subject of its own, "B: the others fail", "B - A is wrong").  So a response that only rules options out gets
 no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
@@ -43,6 +48,8 @@ _EXPLICIT = [
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
     r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+(?:the\s+)?(?:correct|right|best)(?:\s+(?:answer|option|choice))?\b)",
     r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
+    r"(?i:\b(?:so|thus|hence|therefore|leaving|(?:which|that|this)\s+leaves|it\s+(?:must|has\s+to)\s+be))[,:]?\s+"
+    r"(?i:(?:option|choice)\s+)?\(?(?P<l>[A-Z])\b\)?(?=\s*(?:[.!\n]|$))",  # a conclusion: "..., so B."
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
 _MENTIONS = [r"(?<![A-Za-z0-9_])\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)",
@@ -56,6 +63,11 @@ _CLAUSE = re.compile(r"[,;.!?\n]")
 _REASON = re.compile(r"(?i:\b(?:because|since|(?<!well\s)(?<!such\s)as(?!\s+well\b)|given|due\s+to|whereas|unlike)\b)")
 """A justifying clause after the letter ("C because the reaction is not spontaneous"): what it negates is not
 the letter."""
+_ANOTHER_SUBJECT = re.compile(r"\s*(?::|-\s|[–—])\s*(?:(?i:(?:all\s+)?(?:the\s+)?(?:others|"
+                              r"other\s+(?:options|choices|answers|ones)|rest|remaining\s+(?:options|choices|ones))|"
+                              r"everything\s+else)\b|(?:(?i:option|choice)\s+)?\(?[A-J]\b)")
+"""After the letter, a colon or dash and a subject of its own ("B: the others fail", "B - A is wrong"): what
+follows is said of that subject, not of the letter."""
 _NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"
                               r"\(?[A-J]\b\)?")
 """A negation of the next letter ("A and not B", "C (not A)"): it says nothing against the letter before it."""
@@ -71,6 +83,7 @@ def _negated(text: str, start: int, end: int) -> bool:
     m = _REASON.search(after)
     after = after[: m.start()] if m else after
     after = after.split(")", 1)[-1] if after.lstrip().startswith(")") else after
+    after = "" if _ANOTHER_SUBJECT.match(after) else after
     after = _NEGATES_ANOTHER.sub(" ", after)
     return bool(_NEG_BEFORE.search(before) or _NEG_AFTER.search(after))
 

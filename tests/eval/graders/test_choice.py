@@ -76,6 +76,27 @@ CASES = [
     ("The answer is C.\n\nA. 5\nB. 6\nC. 7\nD. 8", "C"),
     ("Options:\nA) 5\nB) 6\nC) 7\nD) 8\n\nB", "B"),
     ("Checking them in turn.\nB. 6", "B"),
+    # an explanation after a colon or dash that has its own subject does not negate the letter (got no letter)
+    ("The answer is B: the others fail", "B"),
+    ("The answer is (B): the other options are wrong.", "B"),
+    ("Answer: B - A is wrong", "B"),
+    ("The answer is B: A fails the boundary condition.", "B"),
+    ("(A): incorrect\n(B): correct\n(C): incorrect\n(D): incorrect", "B"),  # its own verdict: still a negation
+    ("A: incorrect", None),
+    ("A - wrong", None),
+    # an elimination ending on its conclusion (got no letter) ...
+    ("A is wrong, C is wrong, D is wrong, so B", "B"),
+    ("A is wrong, C is wrong and D is wrong, leaving B.", "B"),
+    ("Not A, not C, not D. Therefore, (B).", "B"),
+    ("A fails, C fails and D fails, which leaves B", "B"),
+    ("A and D are too large and C is negative, so it must be B.", "B"),
+    # ... but never a guess: no conclusion, several letters, a negated or lowercase one
+    ("A is wrong, C is wrong, D is wrong.", None),
+    ("A is wrong, so B or C.", None),
+    ("Hence B and C both fit.", None),
+    ("So B is wrong too.", None),
+    ("so b.", None),
+    ("The answer is C, so B is wrong.", "C"),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

@@ -8,7 +8,9 @@ gets ONE greedy continuation on the same runtime (engine or server) as the metho
     prefix   = prompt ids + response ids before its first EOS (the EOS itself dropped) + the forcing text's ids
     forced   = greedy continuation of prefix: at most `max_tokens` tokens, stopping at EOS
     graded   = response text + forcing text + forced text, by the dataset's grader (`eval.graders.grade`),
-               exactly as a response is graded
+               exactly as a response is graded; mc: the forced text only up to the end of its first non-blank
+               line (`graded_text`), so the letter the forcing text opens is the answer and a later line (the
+               options of a next question, "A) ...", a restart) cannot override it
 
     answer kind   datasets                    forcing text                   max_tokens
     math          math500, aime, aime2024/25  "\\n\\nFinal answer: $\\boxed{"    32 (the last \\boxed{} is read)
@@ -16,8 +18,8 @@ gets ONE greedy continuation on the same runtime (engine or server) as the metho
     code          humaneval, mbpp, lcb-v5/6   none: a program cannot be forced in a few tokens, so code items
                                               get no forced pass (their forced fields are null, the column –)
 
-Record fields (next to the response's): `forced_text` (forcing text + continuation: the forced pass is graded on
-`response + forced_text`), `forced_ids` (the continuation),
+Record fields (next to the response's): `forced_text` (forcing text + continuation, all of it: the forced pass is
+graded on `response + forced_text`, for mc cut as said above), `forced_ids` (the continuation),
 `forced_grade`, `forced_correct`, `forced_tokens` (tokens the forced pass decoded: never added to the method's
 `tokens_decoded`), `forced_wall_s` (its time: outside the item's `wall_s`).  The run header's settings hold
 `forced_answer`, and its `forced_answers` the forcing texts and budgets (`forcing_header`), so `--resume` refuses
@@ -26,6 +28,7 @@ a run made with the other choice, or with other forcing texts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -41,11 +44,14 @@ class ForcedAnswer:
     """The forcing text appended after the response (the grader reads the answer it opens)."""
     max_tokens: int
     """The most tokens the greedy continuation may decode."""
+    first_line: bool = False
+    """Grade the continuation only up to the end of its first non-blank line (the answer the forcing text opens,
+    not what a later line says)."""
 
 
 FORCED_ANSWERS: dict[str, ForcedAnswer] = {
     "math": ForcedAnswer("\n\nFinal answer: $\\boxed{", 32),
-    "mc": ForcedAnswer("\n\nThe answer is (", 8),
+    "mc": ForcedAnswer("\n\nThe answer is (", 8, first_line=True),
 }
 """Per answer kind (`Prompt.category`); a kind not listed (code) gets no forced pass."""
 
@@ -81,6 +87,14 @@ def room_left(forced: ForcedAnswer, prefix_len: int, max_context: int | None) ->
 def forced_text(forced: ForcedAnswer, continuation_text: str) -> str:
     """What the forced pass adds after the response: the forcing text and the continuation (graded as
     response + this)."""
+    return forced.text + continuation_text
+
+
+def graded_text(forced: ForcedAnswer, continuation_text: str) -> str:
+    """What of the forced pass is graded after the response: the forcing text and the continuation, cut after its
+    first non-blank line where `forced.first_line`."""
+    if forced.first_line:
+        continuation_text = re.sub(r"(?s)(\S[^\n]*)\n.*", r"\1", continuation_text, count=1)
     return forced.text + continuation_text
 
 

@@ -106,8 +106,9 @@ class ItemRunner:
             return {"forced_text": None, "forced_ids": None, "forced_grade": None, "forced_correct": None,
                     "forced_tokens": 0, "forced_wall_s": None}
         ids = cut_at_eos(forced["forced_ids"], rt.eos_token_ids)
-        text = forced_pass.forced_text(how, rt.tokenizer.decode(ids, skip_special_tokens=True))
-        g = grade(item.prompt, response + text)
+        continuation = rt.tokenizer.decode(ids, skip_special_tokens=True)
+        text = forced_pass.forced_text(how, continuation)
+        g = grade(item.prompt, response + forced_pass.graded_text(how, continuation))
         return {"forced_text": text, "forced_ids": ids, "forced_grade": g.to_json(), "forced_correct": g.correct,
                 "forced_tokens": len(forced["forced_ids"]), "forced_wall_s": forced["forced_wall_s"]}
 

@@ -13,8 +13,9 @@ import pytest
 
 from forerun.cli.main import main
 from forerun.eval.datasets.loading import load_prompts
+from forerun.eval.graders.choice import extract_choice
 from forerun.eval.harness import forced, items, methods
-from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix, forcing_header
+from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix, forcing_header, graded_text
 from forerun.eval.harness.report import summarize
 from forerun.eval.harness.report_files import write_report
 from forerun.eval.harness.runs import header_differences, read_run, run_header
@@ -91,6 +92,34 @@ def test_an_answerless_response_is_graded_correct_by_its_forced_pass(tmp_path, c
     cells = {c["dataset"]: c for c in summary["cells"]}
     assert cells["math500"]["accuracy"] == 0 and cells["math500"]["forced_accuracy"] == 1
     assert cells["humaneval"]["forced_accuracy"] is None
+
+
+@pytest.mark.parametrize("continuation,letter", [
+    ("B)", "B"),
+    ("B)\n\nA) 3", "B"),  # the options of a next question after the answer
+    ("B)\nThe answer is (C", "B"),  # a restart on a later line
+    ("B) 42\nC", "B"),
+    ("\nB)\nA", "B"),  # the first non-blank line
+    (")\nA", None),  # no letter where the forcing text opens one: none read from a later line
+])
+def test_the_mc_forced_pass_reads_the_letter_the_forcing_text_opens(continuation, letter):
+    """Graded as the whole text, a later line of the 8-token continuation overrode the forced letter (the last
+    label or explicit answer wins in a response)."""
+    assert extract_choice("I think about the orbitals" + graded_text(FORCED_ANSWERS["mc"], continuation)) == letter
+    assert graded_text(FORCED_ANSWERS["math"], "42}$\nmore") == FORCED_ANSWERS["math"].text + "42}$\nmore"
+
+
+def test_a_later_line_of_the_forced_continuation_does_not_override_its_letter(tmp_path, capsys, monkeypatch):
+    seen = _stub_method_and_continuation(monkeypatch)
+    gold = seen["golds"]["mc"][0]
+    other = "A" if gold != "A" else "B"
+    seen["golds"]["mc"] = f"{gold})\n\n{other}) 3"
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--forced-answer", "--out", str(run)]) == 0
+    capsys.readouterr()
+    r = next(r for r in read_run(run)[1] if r["dataset"] == "mmlu")
+    assert r["forced_correct"] is True and r["forced_grade"]["extracted"] == gold
+    assert r["forced_text"] == FORCED_ANSWERS["mc"].text + f"{gold})\n\n{other}) 3"  # recorded whole
 
 
 def test_forced_pass_changes_nothing_of_the_method_and_resume_checks_it(tmp_path, capsys):

@@ -24,7 +24,8 @@ A letter in a negation does not count in either tier: "not A", "rule out B", "A 
 false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
 a negation of a later letter, "C and not D", "C (not A)", nor one in a justifying clause after the letter,
 "C because the reaction is not spontaneous", is one of C; nor what follows a colon or dash that names a
-subject of its own, "B: the others fail", "B - A is wrong").  So a response that only rules options out gets
+subject of its own, "B: the others fail", "B - A is wrong"; nor a negation before a colon or dash that opens an
+answer statement, "my first guess was wrong: the answer is C").  So a response that only rules options out gets
 no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
@@ -68,6 +69,9 @@ _ANOTHER_SUBJECT = re.compile(r"\s*(?::|-\s|[–—])\s*(?:(?i:(?:all\s+)?(?:the
                               r"everything\s+else)\b|(?:(?i:option|choice)\s+)?\(?[A-J]\b)")
 """After the letter, a colon or dash and a subject of its own ("B: the others fail", "B - A is wrong"): what
 follows is said of that subject, not of the letter."""
+_NEW_STATEMENT = re.compile(rf"(?:[:：–—]|\s-)\s*(?:\*\*|__)?\s*(?i:(?:the|my)\s+)?(?i:{_ANSWER})\b")
+"""A colon or dash that opens an answer statement ("that was wrong: the answer is C"): a negation before it is
+about what came before (the model's earlier answer), not the letter the statement gives."""
 _NEGATES_ANOTHER = re.compile(r"(?i:\b(?:not|never|rather\s+than|instead\s+of|except)\s+(?:(?:option|choice)\s+)?)"
                               r"\(?[A-J]\b\)?")
 """A negation of the next letter ("A and not B", "C (not A)"): it says nothing against the letter before it."""
@@ -77,6 +81,7 @@ def _negated(text: str, start: int, end: int) -> bool:
     """Is the letter at text[start:end] inside a negation (its clause says it is wrong)?"""
     cut = max((m.end() for m in _CLAUSE.finditer(text, max(0, start - 80), start)), default=max(0, start - 80))
     before = text[cut:start]
+    before = before[max((m.start() + 1 for m in _NEW_STATEMENT.finditer(before)), default=0):]
     after = text[end:end + 80]
     m = _CLAUSE.search(after)
     after = after[: m.start()] if m else after

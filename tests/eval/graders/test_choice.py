@@ -84,6 +84,12 @@ CASES = [
     ("(A): incorrect\n(B): correct\n(C): incorrect\n(D): incorrect", "B"),  # its own verdict: still a negation
     ("A: incorrect", None),
     ("A - wrong", None),
+    # a negation before a colon that opens an answer statement is about the earlier answer (read B, or none)
+    ("So the answer is B.\n\nWait, that is wrong: the answer is C.", "C"),
+    ("My first guess was wrong: the answer is C.", "C"),
+    ("Hmm, not quite - the correct option is D.", "D"),
+    ("That was incorrect: C", None),
+    ("I do not think the answer is A.", None),
     # an elimination ending on its conclusion (got no letter) ...
     ("A is wrong, C is wrong, D is wrong, so B", "B"),
     ("A is wrong, C is wrong and D is wrong, leaving B.", "B"),

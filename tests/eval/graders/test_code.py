@@ -177,6 +177,7 @@ def test_humaneval_fenced_body_without_its_def_line_is_a_completion_of_the_promp
     assert grade(p, f"Here is the body:\n\n```python\n{BODY}```\n").correct
     assert grade(p, "1. The body:\n   ```python\n" + "".join("   " + ln for ln in BODY.splitlines(keepends=True))
                  + "   ```\n").correct  # a fence inside a list item: its own indentation is not the body's
+    assert grade(p, f"```python\n# any two closer than threshold\n{BODY}```").correct  # a comment at column 0 first
     assert not grade(p, f"```python\n{BODY.replace('abs(a - b)', 'a - b')}```").correct  # a wrong body fails
     assert not grade(p, "```python\n    return None\n```").correct
     assert extract_code(f"```python\n{BODY}```", "f") == textwrap.dedent(BODY)  # MBPP, LCB: no prompt to continue

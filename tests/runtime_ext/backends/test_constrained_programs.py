@@ -8,6 +8,8 @@
       the same tokens as the non-streamed gen
     text that may still become a stop string is held back            test_stream_holds_back_a_stop_string_prefix
     chunks reach SGLang's reader one at a time                        test_sglangs_stream_reader_sees_every_chunk
+    a stream nobody reads costs no wait, and none of its text is      test_unread_streams_cost_no_wait
+      lost
     token_usage counts every request                                  test_token_usage_counts_prompt_and_completion
 """
 
@@ -18,6 +20,7 @@ import copy
 import json
 import re
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -237,6 +240,29 @@ def test_sglangs_stream_reader_sees_every_chunk(backend):
         for _, meta in chunks:
             assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] - prev
             prev = meta["completion_tokens"]
+
+
+@function
+def three_streams(s):
+    for k, name in enumerate(("a", "b", "c")):
+        s += sampling_seed(30 + k) + f" part {k}:" + gen(name, max_tokens=12, temperature=1.0, ignore_eos=True)
+
+
+def test_unread_streams_cost_no_wait(backend):
+    """A streamed program whose gens nobody reads finishes in about the time of the same program not streamed (SGLang's
+    interpreter never waits for a reader; the pacing here once waited a second per gen before giving up: 3 s for
+    these three gens of 12 tiny-model tokens, which take milliseconds), and a reader that comes after the program
+    ended still finds every gen's whole text (the same text as the non-streamed run: the same seeds).  (SGLang's
+    text_iter(name) called after the program ended yields "" only - its own rule - so the oracle is the variable.)"""
+    whole = three_streams.run(backend=backend)
+    start = time.monotonic()
+    st = three_streams.run(backend=backend, stream=True)
+    st.sync()
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0, f"three unread streamed gens took {elapsed:.2f} s"
+    for name in ("a", "b", "c"):
+        assert st[name] == whole[name]
+    assert st.text() == whole.text()
 
 
 # -- token usage --------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
     a dtype gen is sent as SGLang's stock backend sends it           test_dtype_gens_are_sglangs_own_mapping
     constrained gens reach the engine in SGLang's fields and hold    test_constrained_gens_reach_the_engine_and_hold
     gen(stop_regex=...) ends at the shortest matching prefix         test_stop_regex_ends_at_the_first_match
+    SGLang's limits on stop strings and patterns are refused alike     test_stop_limits_are_sglangs
     stream chunks: non-empty, incremental logprobs, token counts,    test_stream_chunks_follow_sglangs_contract
       the same tokens as the non-streamed gen
     text that may still become a stop string is held back            test_stream_holds_back_a_stop_string_prefix
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import re
@@ -145,6 +147,54 @@ def test_stop_regex_ends_at_the_first_match(backend):
 
 
 # -- streaming ------------------------------------------------------------------------------------------
+def sglang_normalize_error(stop, stop_regex) -> str | None:
+    """Oracle: SGLang 0.5.23's own SamplingParams.normalize (srt/sampling/sampling_params.py imports on CPU) - its
+    ValueError message, None where it accepts."""
+    from sglang.srt.sampling.sampling_params import SamplingParams as SrtSamplingParams
+
+    try:
+        SrtSamplingParams(stop=list(stop), stop_regex=list(stop_regex)).normalize(None if not stop and not stop_regex
+                                                                                  else _ByteTokenizer())
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class _ByteTokenizer:
+    """What normalize asks of a tokenizer (a stop string's token count)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+
+@function
+def many_stops(s, stops, patterns):
+    s += "Say:" + gen("x", max_tokens=3, stop=stops, stop_regex=patterns)
+
+
+@pytest.mark.parametrize("stop, stop_regex", [
+    ([f"s{i}" for i in range(31)], ["y"] * 32),  # 31 + the chatml template's "<|im_end|>": 32 stop strings
+    ([f"s{i}" for i in range(32)], []),  # + "<|im_end|>": 33
+    ([], ["y"] * 33),
+    ([], ["\\d" + "é" * 127]),  # 256 bytes
+    ([], ["\\d" + "é" * 128]),  # 258 bytes
+])
+def test_stop_limits_are_sglangs(backend, stop, stop_regex):
+    """SGLang refuses more than 32 stop strings, more than 32 stop_regex patterns and a pattern over 256 UTF-8 bytes
+    (normalize: a ValueError, HTTP 400); a program gen on the embedded backend is refused with SGLang's message
+    where SGLang's own normalize refuses the stop strings the interpreter sends (the user's and the chat
+    template's), and runs where it accepts them."""
+    sent = stop + list(backend.chat_template.stop_str)
+    want = sglang_normalize_error(sent, stop_regex)
+    st = many_stops.run(stops=stop, patterns=stop_regex or None, backend=backend)
+    with pytest.warns(UserWarning) if want else contextlib.nullcontext():
+        st.sync()
+    if want is None:
+        assert st.error() is None and st.get_meta_info("x")["finish_reason"] is not None
+    else:
+        assert isinstance(st.error(), ValueError) and str(st.error()) == want
+
+
 @function
 def streamed(s, seed):
     s += sampling_seed(seed) + "Once upon a time"

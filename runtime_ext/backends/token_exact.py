@@ -98,8 +98,9 @@ class StreamChunks:
       it is resolved); only the last chunk may be empty, when the final tokens spell no text (EOS).  SGLang
       itself holds back no stop_regex text and no split stop string: there a streamed gen can end with text its
       final text cuts;
-    - each chunk's meta_info has `completion_tokens` = `output_token_logprobs_length` = tokens so far and the
-      entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for the chunk's new tokens only;
+    - each chunk's meta_info has `completion_tokens` = tokens so far and, under return_logprob (as in SGLang),
+      `output_token_logprobs_length` = the same and the entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for
+      the chunk's new tokens only;
     - the last chunk carries the request's whole meta_info (finish_reason, forerun's per-token extras such as
       output_token_logp0 in full) with the incremental keys sliced the same way.
     """
@@ -144,8 +145,9 @@ class StreamChunks:
         if len(text) <= len(self.text) or not text.startswith(self.text):
             return None
         n = len(event.output_ids)
-        meta: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                                "output_token_logprobs_length": n, "finish_reason": None}
+        meta: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "finish_reason": None}
+        if self.params.return_logprob:
+            meta["output_token_logprobs_length"] = n
         if event.output_logq is not None:
             meta["output_token_logprobs"] = self._token_entries(event, self.tokens)
         if event.output_top_logprobs is not None:
@@ -163,7 +165,9 @@ class StreamChunks:
             if isinstance(meta.get(key), list):
                 meta[key] = meta[key][self.tokens:]
         n = len(out.output_ids)
-        meta["completion_tokens"] = meta["output_token_logprobs_length"] = n
+        meta["completion_tokens"] = n
+        if self.params.return_logprob:
+            meta["output_token_logprobs_length"] = n
         chunk = out.text[len(self.text):]  # the sent text is a prefix of the final text (see `_printable`)
         self.text, self.tokens = out.text, n
         return chunk, meta

@@ -326,7 +326,7 @@ def test_token_usage_counts_prompt_and_completion(backend):
     ends there (seed 4 draws it first), the others run their 5 tokens."""
     @function
     def two(s, seed):
-        s += sampling_seed(seed) + "Hello" + gen("a", max_tokens=5, ignore_eos=True)
+        s += sampling_seed(seed) + "Hello" + gen("a", max_tokens=5, ignore_eos=True, return_logprob=True)
         s += " and " + sgl.select("c", ["x", "yy"])
 
     engine = backend.engine

@@ -39,8 +39,9 @@ and forerun does not follow: it searches only a tail window of the newest tokens
 match at the window's start, and a match longer than its estimate is missed) and an empty stop string stops at
 once; here the whole output text is searched and empty stop strings are dropped.
 
-The per-token keys (output_token_logprobs, output_token_logp0, output_token_entropy, output_top_logprobs) are in
-meta_info only under `return_logprob`, as SGLang returns its logprobs; the GenerateOutput fields always hold them.
+The per-token keys (output_token_logprobs and SGLang's output_token_logprobs_length, output_token_logp0,
+output_token_entropy, output_top_logprobs) are in meta_info only under `return_logprob`, as SGLang returns its
+logprobs; the GenerateOutput fields always hold them.
 meta_info["output_token_logprobs_masked"] says which distribution output_token_logprobs are of: True for a
 constrained request (q_τ restricted to the grammar's allowed tokens, renormalised - what the token was drawn
 from, as an SGLang server reports) and for one with min_new_tokens > 0 (its first tokens drawn with EOS and the
@@ -233,6 +234,7 @@ def _meta_info(r: Request, tokenizer: Any) -> dict[str, Any]:
     }
     if p.return_logprob:  # SGLang's tokenizer manager adds the logprob keys only then (add_logprob_to_meta_info)
         meta["output_token_logprobs"] = [[lq, t, token_text(tokenizer, t)] for lq, t in zip(r.logq, r.output_ids)]
+        meta["output_token_logprobs_length"] = len(r.output_ids)
         meta["output_token_logp0"] = list(r.logp0)
         meta["output_token_entropy"] = list(r.entropy)
         if p.top_logprobs_num > 0:

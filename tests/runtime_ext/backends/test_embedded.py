@@ -94,7 +94,7 @@ LOGPROB_KEYS = {"output_token_logprobs", "output_token_logprobs_length", "output
 def test_logprobs_are_in_meta_info_only_when_asked(backend):
     """SGLang 0.5.23's tokenizer manager adds the logprob keys to a response's meta_info only under return_logprob
     (pinned below); a gen without it (top_logprobs_num set or not, streamed or not) gets none of them here either,
-    and one with it gets its entries."""
+    and one with it gets its entries and SGLang's output_token_logprobs_length."""
     src = sibling(__file__, "sglang_source")
     manager = "srt/managers/tokenizer_manager.py"
     assert src.line(manager, 2520) == 'if getattr(state.obj, "return_logprob", False):'
@@ -113,6 +113,8 @@ def test_logprobs_are_in_meta_info_only_when_asked(backend):
         st.sync()
         meta = st.get_meta_info("a")
         assert meta["completion_tokens"] == 4 and meta["output_token_logprobs"] and meta["output_top_logprobs"]
+        assert meta["output_token_logprobs_length"] == 4  # add_logprob_to_meta_info sets it (streamed: the last
+        # chunk's count of all tokens so far)
 
 
 def test_select_and_run_batch(backend):

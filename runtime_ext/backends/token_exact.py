@@ -206,13 +206,15 @@ class ReaderPacing:
             self.text_was_set = self.text_event is not None and self.text_event.is_set()
 
     def _taken(self) -> bool:
-        """Whether a reader cleared this gen's variable event, or the text event after it was set."""
+        """Whether a reader cleared this gen's variable event, or the text event after it was set or while a reader
+        waits on it (before this gen's first chunk the text event may be clear without having been set: the gen
+        opened the program)."""
         if self.var_event is not None and not self.var_event.is_set():
             return True
         if self.text_event is not None:
             if self.text_event.is_set():
                 self.text_was_set = True
-            elif self.text_was_set:
+            elif self.text_was_set or has_waiter(self.text_event):
                 return True
         return False
 
@@ -236,6 +238,12 @@ class ReaderPacing:
                 return
             time.sleep(0.0005)
         time.sleep(0.001)
+
+
+def has_waiter(event: threading.Event) -> bool:
+    """Whether a thread waits on `event` now (CPython's Event keeps its waiting threads in `_cond._waiters`; False
+    where an implementation does not)."""
+    return bool(getattr(getattr(event, "_cond", None), "_waiters", None))
 
 
 def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:

@@ -11,6 +11,7 @@
     chunks reach SGLang's reader one at a time                        test_sglangs_stream_reader_sees_every_chunk
     a stream nobody reads costs no wait, and none of its text is      test_unread_streams_cost_no_wait
       lost
+    SGLang's whole-text reader gets every gen in pieces                test_a_text_reader_gets_each_gen_streamed
     token_usage counts every request                                  test_token_usage_counts_prompt_and_completion
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
 import re
 import threading
@@ -313,6 +315,30 @@ def test_unread_streams_cost_no_wait(backend):
     for name in ("a", "b", "c"):
         assert st[name] == whole[name]
     assert st.text() == whole.text()
+
+
+@function
+def three_long_streams(s):
+    for k, name in enumerate(("a", "b", "c")):
+        s += sampling_seed(64 + k) + f" part {k}:" + gen(name, max_tokens=150, temperature=1.0, ignore_eos=True)
+
+
+def test_a_text_reader_gets_each_gen_streamed(backend):
+    """SGLang's reader of the whole program text (`text_iter()`, no variable) takes each chunk by clearing the text
+    event; it usually clears the text before a gen starts too (the worker sets the event after every expression), so
+    the gen must still see it as a reader: each long gen reaches it in pieces - some piece ends inside the gen's
+    text - not only as one last chunk.  (A short gen may legitimately arrive whole: the engine can run ahead of the
+    reader.)"""
+    for _ in range(3):
+        st = three_long_streams.run(backend=backend, stream=True)
+        pieces = list(st.text_iter())
+        text = st.text()
+        assert "".join(pieces) == text
+        ends = set(itertools.accumulate(len(p) for p in pieces))
+        for name in ("a", "b", "c"):
+            start = text.index(st[name])
+            assert st.get_meta_info(name)["completion_tokens"] == 150  # these seeds draw no "<|im_end|>"
+            assert any(start < end < start + len(st[name]) for end in ends), (name, pieces)
 
 
 # -- token usage --------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ A batch of completion requests is ONE program forking one token-exact, seeded br
 
 so the branches of one call share the engine's batched decode (the embedded engine's continuous batching,
 or a server's).  A branch stops at the model's EOS (kept as its last id, `finished=True`) or after
-`max_tokens` tokens.  Temperature 0 is greedy decoding.
+`max_tokens` tokens - not at the backend's chat-template stop strings, which SGLang's interpreter would add to the
+gen (the program runs on `proposals.without_template_stops(backend)`).  Temperature 0 is greedy decoding.
 
     paper / notion                          code
     y_{t+1:t+m} ~ q_τ(· | x, y_{1:t})       CompletionRequest(prefix_ids, max_tokens=m, temperature=τ, seed)
@@ -29,6 +30,7 @@ import numpy as np
 from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import sampling_seed, token_ids
 from ..runtime_ext.protocol import EngineError
+from .proposals import without_template_stops
 from .suffixes import GenerationRequest
 
 
@@ -108,7 +110,9 @@ class ProgramCompletionModel:
                  "seed": r.seed, "nonce": next(_NONCES)} for r in requests]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Error in stream_executor")
-            state = completion_program.run(requests=args, backend=self.backend)
+            # without the chat template's stop strings: a raw completion ends at EOS or max_tokens only, never at
+            # a template marker ("<|im_end|>") that is no EOS of the model
+            state = completion_program.run(requests=args, backend=without_template_stops(self.backend))
         results = state.ret_value
         errors = [e for _, e in results if e is not None] + ([state.error()] if state.error() is not None else [])
         if errors:

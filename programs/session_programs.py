@@ -14,6 +14,7 @@ from ..runtime_ext.backends.sglang_frontend import function, gen
 from ..runtime_ext.backends.token_markers import token_ids
 from ..runtime_ext.preposition.engines import PrepositionEngine, TopLogprobs, top_logprobs_at_decision_point
 from ..runtime_ext.protocol import GenerateOutput, SamplingParams
+from .proposals import without_template_stops
 
 __all__ = ["ProgramEngine", "decision_point", "session_turn"]
 
@@ -41,7 +42,9 @@ class ProgramEngine(PrepositionEngine):
     """
 
     def __init__(self, backend: Any) -> None:
-        self.backend = backend
+        self.backend = without_template_stops(backend)
+        """The programs have no chat roles: their gens end at EOS or max_tokens, as the engine's own requests do,
+        never at the chat template's stop strings, which SGLang's interpreter would add to every gen."""
         self.tokenizer = getattr(backend, "tokenizer", None)
 
     def ready_distribution(self, input_ids: Sequence[int], *, priority: int = -1) -> TopLogprobs:

@@ -29,6 +29,11 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 GREEDY_BELOW = 1e-6
 """A temperature in [0, 1e-6) is greedy, τ = 0 (SGLang's `_SAMPLING_EPS`: it runs such a request as argmax and reports
 log p0)."""
+MAX_STOP_COUNT = 32
+MAX_STOP_REGEX_COUNT = 32
+MAX_STOP_REGEX_LEN = 256
+"""SGLang 0.5.23's limits on one request: at most 32 stop strings, 32 stop_regex patterns of at most 256 UTF-8 bytes
+each (srt/sampling/sampling_params.py L44-46, refused by its `normalize` with a ValueError: HTTP 400)."""
 CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf")
 """SGLang's constrained-decoding fields of `sampling_params` (srt/sampling/sampling_params.py), at most one set."""
 
@@ -64,6 +69,19 @@ def check_proposal_temperature(name: str, tau: float) -> None:
     if 0 < tau < GREEDY_BELOW:
         raise ValueError(f"{name} = {tau:g} is below {GREEDY_BELOW:g}: SGLang runs such a temperature greedy and "
                          "reports log p0, not the log q_τ the sampler needs")
+
+
+def check_stop_limits(stops: Sequence[str], patterns: Sequence[str]) -> None:
+    """Refuse what SGLang's `SamplingParams.normalize` refuses, with its messages: more than MAX_STOP_COUNT stop
+    strings, more than MAX_STOP_REGEX_COUNT stop_regex patterns, a pattern over MAX_STOP_REGEX_LEN UTF-8 bytes."""
+    if len(stops) > MAX_STOP_COUNT:
+        raise ValueError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stops)}")
+    if len(patterns) > MAX_STOP_REGEX_COUNT:
+        raise ValueError(f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed, got {len(patterns)}")
+    for pattern in patterns:
+        size = len(pattern.encode("utf-8")) if isinstance(pattern, str) else 0
+        if size > MAX_STOP_REGEX_LEN:
+            raise ValueError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,7 @@ class SamplingParams:
             raise ValueError(f"stop must be strings, got {self.stop!r}")
         object.__setattr__(self, "stop_token_ids", tuple(as_integer("stop_token_ids", t) for t in self.stop_token_ids))
         regexes = [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+        check_stop_limits(self.stop, regexes)
         object.__setattr__(self, "stop_regex", tuple(r for r in regexes if r))
         for pattern in self.stop_regex:  # SGLang refuses a bad pattern at ingress (its normalize)
             try:

@@ -98,8 +98,9 @@ class StreamChunks:
       it is resolved); only the last chunk may be empty, when the final tokens spell no text (EOS).  SGLang
       itself holds back no stop_regex text and no split stop string: there a streamed gen can end with text its
       final text cuts;
-    - each chunk's meta_info has `completion_tokens` = `output_token_logprobs_length` = tokens so far and the
-      entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for the chunk's new tokens only;
+    - each chunk's meta_info has `completion_tokens` = tokens so far and, under return_logprob (as in SGLang),
+      `output_token_logprobs_length` = the same and the entries of SGLang's incremental keys (`PER_TOKEN_KEYS`) for
+      the chunk's new tokens only;
     - the last chunk carries the request's whole meta_info (finish_reason, forerun's per-token extras such as
       output_token_logp0 in full) with the incremental keys sliced the same way.
     """
@@ -144,8 +145,9 @@ class StreamChunks:
         if len(text) <= len(self.text) or not text.startswith(self.text):
             return None
         n = len(event.output_ids)
-        meta: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                                "output_token_logprobs_length": n, "finish_reason": None}
+        meta: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "finish_reason": None}
+        if self.params.return_logprob:
+            meta["output_token_logprobs_length"] = n
         if event.output_logq is not None:
             meta["output_token_logprobs"] = self._token_entries(event, self.tokens)
         if event.output_top_logprobs is not None:
@@ -163,49 +165,85 @@ class StreamChunks:
             if isinstance(meta.get(key), list):
                 meta[key] = meta[key][self.tokens:]
         n = len(out.output_ids)
-        meta["completion_tokens"] = meta["output_token_logprobs_length"] = n
+        meta["completion_tokens"] = n
+        if self.params.return_logprob:
+            meta["output_token_logprobs_length"] = n
         chunk = out.text[len(self.text):]  # the sent text is a prefix of the final text (see `_printable`)
         self.text, self.tokens = out.text, n
         return chunk, meta
 
 
 class ReaderPacing:
-    """Hands a streamed gen's chunks to SGLang's stream readers one at a time.
+    """Hands a streamed gen's chunks to SGLang's stream readers one at a time, without a fixed wait for a reader.
 
     A reader (`ProgramState.text_iter` / `text_async_iter`, in another thread) waits on an event the interpreter
     sets per chunk, clears it, then reads the variable's new text and its meta_info - which the interpreter
     *replaces* per chunk.  Two chunks landing before one read show both chunks' text with the second chunk's
     meta_info only: the first chunk's incremental entries (`output_token_logprobs`) are lost.  A server's decode
-    step is slower than a reader's wake-up; the embedded engine's can be faster.  So before every chunk but the
-    first the generator waits until a reader took the previous one - cleared this gen's variable event or the
-    text event - at most `wait_s`; when that runs out it assumes nobody reads this stream and stops waiting.
-    Events that arrive meanwhile are merged into the next chunk (a slow reader gets bigger chunks).
+    step is slower than a reader's wake-up; the embedded engine's can be faster.  So a chunk is sent only once a
+    reader took what was set last - cleared this gen's variable event (set by the interpreter before the first
+    chunk and with every chunk) or the text event since it was set; until then the engine's progress events are
+    merged into a later chunk (each event holds all tokens so far, and `StreamChunks` gives a chunk the entries of
+    all its tokens).  A stream nobody reads is thus sent as one last chunk, costing no time (it used to wait a
+    second per gen before giving up on a reader), and a reader that comes later finds its whole text.  Only the
+    last chunk of a stream a reader has taken chunks of waits for that reader to take the previous one (at most
+    `wait_s`: a reader that stopped reading), since it cannot be merged into a later one.
     """
 
     def __init__(self, s: StreamExecutor, wait_s: float = 1.0) -> None:
         self.s = s
         self.wait_s = wait_s
         self.active = getattr(s, "stream_var_event", None) is not None
+        self.var_event: threading.Event | None = None
+        self.text_event: threading.Event | None = None
+        self.text_was_set = False
+        if self.active:
+            # this gen: the one variable assigned ("" before the first chunk) whose gen has not finished
+            running = [name for name in list(s.variables) if name in s.variable_event
+                       and not s.variable_event[name].is_set() and name in s.stream_var_event]
+            self.var_event = s.stream_var_event[running[0]] if len(running) == 1 else None
+            self.text_event = s.stream_text_event
+            self.text_was_set = self.text_event is not None and self.text_event.is_set()
 
-    def _events(self, sent_text: str) -> list[threading.Event]:
-        events = [self.s.stream_text_event]
-        names = [name for name, value in list(self.s.variables.items()) if value == sent_text]
-        if len(names) == 1 and names[0] in self.s.stream_var_event:  # this gen's variable (what we appended)
-            events.append(self.s.stream_var_event[names[0]])
-        return [e for e in events if e is not None]
+    def _taken(self) -> bool:
+        """Whether a reader cleared this gen's variable event, or the text event after it was set or while a reader
+        waits on it (before this gen's first chunk the text event may be clear without having been set: the gen
+        opened the program)."""
+        if self.var_event is not None and not self.var_event.is_set():
+            return True
+        if self.text_event is not None:
+            if self.text_event.is_set():
+                self.text_was_set = True
+            elif self.text_was_set or has_waiter(self.text_event):
+                return True
+        return False
 
-    def wait_for_reader(self, sent_text: str) -> None:
-        """Return once a reader took the chunks sent so far (`sent_text`), or after wait_s."""
+    def may_send(self, sent_text: str) -> bool:
+        """Whether the next (not the last) chunk may be sent now, after `sent_text` was sent."""
         if not self.active:
+            return True
+        if not self._taken():
+            return False
+        if sent_text:
+            time.sleep(0.001)  # the reader reads the text and meta_info right after clearing the event
+        return True
+
+    def before_last(self, sent_text: str) -> None:
+        """Before the last chunk: wait (at most wait_s) until a reader took the chunks sent so far, if any were."""
+        if not self.active or not sent_text:
             return
-        events = self._events(sent_text)
         deadline = time.monotonic() + self.wait_s
-        while events and all(e.is_set() for e in events):
+        while not self._taken():
             if time.monotonic() > deadline:
-                self.active = False
                 return
             time.sleep(0.0005)
-        time.sleep(0.001)  # the reader reads the text and meta_info right after clearing the event
+        time.sleep(0.001)
+
+
+def has_waiter(event: threading.Event) -> bool:
+    """Whether a thread waits on `event` now (CPython's Event keeps its waiting threads in `_cond._waiters`; False
+    where an implementation does not)."""
+    return bool(getattr(getattr(event, "_cond", None), "_waiters", None))
 
 
 def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:
@@ -381,10 +419,7 @@ class TokenExactBackend(BaseBackend):
         chunks = StreamChunks(self.tokenizer, params, len(ids))
         pacing = ReaderPacing(s)
         while True:
-            event = events.get()
-            if chunks.text:
-                pacing.wait_for_reader(chunks.text)
-            event = latest_event(events, event)
+            event = latest_event(events, events.get())
             if event.error is not None:
                 raise EngineError(f"request {rid}: {event.error}") from event.error
             if event.finished:
@@ -392,8 +427,11 @@ class TokenExactBackend(BaseBackend):
                     raise EngineError(f"request {rid}: the stream finished without an output")
                 self._count(event.output)
                 self._remember_generation(text_before, ids, event.output, s)
+                pacing.before_last(chunks.text)
                 yield chunks.final(event.output)
                 return
+            if not pacing.may_send(chunks.text):
+                continue  # merged into a later chunk: each event holds all tokens so far
             chunk = chunks.update(event)
             if chunk is not None:
                 yield chunk

@@ -17,9 +17,11 @@ this order:
        not (output_ids keep the token that completed it).  So a chat template's "<|im_end|>" stops at the
        <|im_end|> token even under ignore_eos, and "ab" is not completed by "a", a special token, "b";
     2. stop_regex patterns, in list order (`re.search` on that same text).  The whole text is decoded and searched
-       only when a window of the newest tokens matches, or when a pattern's match is unbounded or looks outside
-       itself (anchors, lookarounds, backreferences): a new match of a self-contained pattern that matches at most
-       W characters lies in the last W characters and what the newest token added;
+       only when a window of the newest tokens matches, or when a pattern's match is unbounded or looks far
+       outside itself (lookarounds, backreferences): a new match of a pattern that depends on at most W characters
+       (its widest match, plus the character on each side an anchor reads) lies in the last W characters and what
+       the newest token added.  An unbounded pattern ("x+", "a.*b") costs a whole-text search per step, as in
+       SGLang, whose tail window (get_max_seq_length: 2**30 for an unbounded repeat) is then the whole output;
     3. EOS and stop_token_ids, unless `ignore_eos` (which ignores both): kept in output_ids, dropped from the text;
     4. max_new_tokens;
     5. a constrained request (grammar) whose grammar terminated - it accepted an EOS id where the grammar
@@ -37,6 +39,9 @@ and forerun does not follow: it searches only a tail window of the newest tokens
 match at the window's start, and a match longer than its estimate is missed) and an empty stop string stops at
 once; here the whole output text is searched and empty stop strings are dropped.
 
+The per-token keys (output_token_logprobs and SGLang's output_token_logprobs_length, output_token_logp0,
+output_token_entropy, output_top_logprobs) are in meta_info only under `return_logprob`, as SGLang returns its
+logprobs; the GenerateOutput fields always hold them.
 meta_info["output_token_logprobs_masked"] says which distribution output_token_logprobs are of: True for a
 constrained request (q_τ restricted to the grammar's allowed tokens, renormalised - what the token was drawn
 from, as an SGLang server reports) and for one with min_new_tokens > 0 (its first tokens drawn with EOS and the
@@ -151,40 +156,45 @@ def tail_has_stop(tokenizer: Any, output_ids: Sequence[int], stops: Sequence[str
     return tail is None or any(st and st in tail for st in stops)
 
 
-_LOOKS_OUTSIDE = {"AT", "ASSERT", "ASSERT_NOT", "GROUPREF", "GROUPREF_EXISTS"}
+_LOOKS_OUTSIDE = {"ASSERT", "ASSERT_NOT", "GROUPREF", "GROUPREF_EXISTS"}
 
 
-def _self_contained(node: Any) -> bool:
-    """No anchor, lookaround or backreference anywhere in a parsed pattern (sre's parse tree)."""
+def _ops(node: Any) -> set[str]:
+    """The names of the operations anywhere in a parsed pattern (sre's parse tree)."""
     if isinstance(node, (list, tuple)):
-        return all(_self_contained(x) for x in node)
+        return set().union(*(_ops(x) for x in node)) if node else set()
     if isinstance(node, sre_parse.SubPattern):
-        return all(str(op) not in _LOOKS_OUTSIDE and _self_contained(av) for op, av in node.data)
-    return True
+        return set().union(*({str(op)} | _ops(av) for op, av in node.data)) if node.data else set()
+    return set()
 
 
 @functools.lru_cache(maxsize=512)
 def regex_match_chars(pattern: str) -> int | None:
-    """The most characters a match of `pattern` spans when it is self-contained (whether it matches at a place
-    depends on those characters alone: no anchor, lookaround or backreference) and at most 4096; None otherwise,
-    or when the pattern does not parse (then the whole-text search raises as it always did)."""
+    """The most characters whether `pattern` matches at a place depends on, when that is at most 4096: the
+    widest match, plus one character on each side when the pattern has an anchor (^, $, \\A, \\Z, \\b, \\B: each
+    reads at most the character next to it).  None for a lookaround or backreference (which can read any distance
+    away), for a wider pattern, or when the pattern does not parse (then the whole-text search raises as it always
+    did).  SGLang (get_max_seq_length) bounds its window for anchored patterns too."""
     try:
         tree = sre_parse.parse(pattern)
         widest = tree.getwidth()[1]
     except Exception:  # noqa: BLE001 - an invalid pattern: the full search reports it
         return None
-    return widest if widest <= 4096 and _self_contained(tree) else None
+    ops = _ops(tree)
+    chars = widest + (2 if "AT" in ops else 0)
+    return chars if chars <= 4096 and not ops & _LOOKS_OUTSIDE else None
 
 
 def tail_may_match(tokenizer: Any, output_ids: Sequence[int], patterns: Sequence[str]) -> bool:
     """Cheap pre-check: can a stop_regex pattern have matched with the newest token?
 
-    Each step runs after the previous one found no match, so a new match of a self-contained pattern of at most W
-    characters ends in what the newest token added and starts at most W characters before it.  Those characters
-    (and the ≤ 3 bytes of a character the newest token completed) lie in the last 4 W + 16 tokens (a character is at
-    most 4 bytes, a token - special ones spelled out - at least one), so when no pattern matches their text none
-    matches the whole text; a match there, or any pattern that is not self-contained and bounded
-    (`regex_match_chars`), sends the step to the whole-text search.
+    Each step runs after the previous one found no match, so a new match of a pattern that depends on at most W
+    characters (`regex_match_chars`) reads what the newest token added and starts at most W characters before it
+    (an anchor at the window's start may match there spuriously: the whole-text search then decides).  Those
+    characters (and the ≤ 3 bytes of a character the newest token completed) lie in the last 4 W + 16 tokens (a
+    character is at most 4 bytes, a token - special ones spelled out - at least one), so when no pattern matches
+    their text none matches the whole text; a match there, or any pattern without such a W (`regex_match_chars`:
+    None), sends the step to the whole-text search.
     """
     widths = [regex_match_chars(p) for p in patterns]
     if any(w is None for w in widths):
@@ -220,13 +230,15 @@ def _meta_info(r: Request, tokenizer: Any) -> dict[str, Any]:
         "cached_tokens": r.cached_tokens,
         "e2e_latency": time.perf_counter() - r.submitted,
         "sampling_seed": r.seed,
-        "output_token_logprobs": [[lq, t, token_text(tokenizer, t)] for lq, t in zip(r.logq, r.output_ids)],
-        "output_token_logp0": list(r.logp0),
-        "output_token_entropy": list(r.entropy),
         "output_token_logprobs_masked": r.grammar is not None or r.params.min_new_tokens > 0,
     }
-    if p.top_logprobs_num > 0:
-        meta["output_top_logprobs"] = r.top
+    if p.return_logprob:  # SGLang's tokenizer manager adds the logprob keys only then (add_logprob_to_meta_info)
+        meta["output_token_logprobs"] = [[lq, t, token_text(tokenizer, t)] for lq, t in zip(r.logq, r.output_ids)]
+        meta["output_token_logprobs_length"] = len(r.output_ids)
+        meta["output_token_logp0"] = list(r.logp0)
+        meta["output_token_entropy"] = list(r.entropy)
+        if p.top_logprobs_num > 0:
+            meta["output_top_logprobs"] = r.top
     if p.logprob_temperatures:
         meta["logprob_temperatures"] = list(p.logprob_temperatures)
         # [temperature index][token index]: log q_τ'(y_t | ·) over the full vocabulary

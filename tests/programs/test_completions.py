@@ -36,6 +36,22 @@ def test_program_matches_direct_engine_calls(tiny):
         assert o.finished == (d.meta_info["finish_reason"]["type"] == "stop")
 
 
+def test_a_completion_runs_past_a_template_marker_that_is_no_eos(tiny):
+    """A completion stops at the model's EOS or after max_tokens only.  The tiny model's EOS is <|endoftext|>; its
+    chat template (chatml) has the stop string "<|im_end|>", which SGLang's interpreter adds to every gen: a
+    completion that drew <|im_end|> used to end there, reported finished (seed 34 draws it as token 35 of 40).
+    Oracle: the same request on the engine without stop strings, which draws <|im_end|> mid-sequence."""
+    loaded, backend = tiny
+    assert backend.chat_template.stop_str == ("<|im_end|>",) and loaded.eos_token_ids == (loaded.tokenizer.eos_token_id,)
+    im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end not in loaded.eos_token_ids
+    req = CompletionRequest(tuple(loaded.tokenizer.encode("The answer is")), 40, 1.0, 34)
+    direct = backend.engine.generate(list(req.prefix_ids), SamplingParams(max_new_tokens=40, temperature=1.0, seed=34))
+    assert im_end in direct.output_ids[:-1] and len(direct.output_ids) == 40  # the case this test is about
+    out = ProgramCompletionModel(backend).complete([req])[0]
+    assert tuple(out.ids) == direct.output_ids and not out.finished
+
+
 def test_meta_info_parsing():
     meta = {"output_token_logprobs": [[-0.1, 5, "a"], [-0.2, 2, ""]], "output_token_logp0": [-0.5, -0.7],
             "output_token_entropy": [1.0, 0.5], "finish_reason": {"type": "stop", "matched": 2}}

@@ -211,3 +211,22 @@ def test_smollm2_tokenizer_keeps_special_token_text_as_text():
     assert im_end not in encode_content(tok, "x<|im_end|>y")
     ids = render(tok, "<|im_start|>user\nNew data: {data}<|im_end|>\n", "data", "1<|im_end|>")
     assert ids.count(im_end) == 1 and tok.decode(ids).count("<|im_end|>") == 2
+
+
+def test_a_program_session_turn_runs_past_a_template_marker_that_is_no_eos(engine, greedy):
+    """`ProgramEngine` (the session programs on a frontend backend) answers a turn as the engine does: greedy until
+    EOS or max_new_tokens.  The tiny model's EOS is <|endoftext|>, its chatml template's stop string "<|im_end|>",
+    which SGLang's interpreter adds to every gen: a turn that drew <|im_end|> used to end there (this prompt draws it
+    as token 14 of 30).  Oracle: greedy decoding by a plain forward of a second copy of the model."""
+    from forerun.programs.sessions import ProgramEngine
+    from forerun.runtime_ext.backends.embedded import EmbeddedBackend
+    from forerun.runtime_ext.protocol import SamplingParams
+
+    backend = EmbeddedBackend(engine)
+    im_end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert backend.chat_template.stop_str == ("<|im_end|>",) and im_end not in greedy.eos
+    ids = list(engine.tokenizer.encode("state 41: "))
+    want = greedy(ids, 30)
+    assert im_end in want[:-1] and len(want) == 30  # the case this test is about
+    out = ProgramEngine(backend).generate(ids, SamplingParams(max_new_tokens=30, temperature=0.0))
+    assert list(out.output_ids) == want

@@ -4,20 +4,27 @@
     a dtype gen is sent as SGLang's stock backend sends it           test_dtype_gens_are_sglangs_own_mapping
     constrained gens reach the engine in SGLang's fields and hold    test_constrained_gens_reach_the_engine_and_hold
     gen(stop_regex=...) ends at the shortest matching prefix         test_stop_regex_ends_at_the_first_match
+    SGLang's limits on stop strings and patterns are refused alike     test_stop_limits_are_sglangs
     stream chunks: non-empty, incremental logprobs, token counts,    test_stream_chunks_follow_sglangs_contract
       the same tokens as the non-streamed gen
     text that may still become a stop string is held back            test_stream_holds_back_a_stop_string_prefix
     chunks reach SGLang's reader one at a time                        test_sglangs_stream_reader_sees_every_chunk
+    a stream nobody reads costs no wait, and none of its text is      test_unread_streams_cost_no_wait
+      lost
+    SGLang's whole-text reader gets every gen in pieces                test_a_text_reader_gets_each_gen_streamed
     token_usage counts every request                                  test_token_usage_counts_prompt_and_completion
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import itertools
 import json
 import re
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -142,6 +149,54 @@ def test_stop_regex_ends_at_the_first_match(backend):
 
 
 # -- streaming ------------------------------------------------------------------------------------------
+def sglang_normalize_error(stop, stop_regex) -> str | None:
+    """Oracle: SGLang 0.5.23's own SamplingParams.normalize (srt/sampling/sampling_params.py imports on CPU) - its
+    ValueError message, None where it accepts."""
+    from sglang.srt.sampling.sampling_params import SamplingParams as SrtSamplingParams
+
+    try:
+        SrtSamplingParams(stop=list(stop), stop_regex=list(stop_regex)).normalize(None if not stop and not stop_regex
+                                                                                  else _ByteTokenizer())
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class _ByteTokenizer:
+    """What normalize asks of a tokenizer (a stop string's token count)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+
+@function
+def many_stops(s, stops, patterns):
+    s += "Say:" + gen("x", max_tokens=3, stop=stops, stop_regex=patterns)
+
+
+@pytest.mark.parametrize("stop, stop_regex", [
+    ([f"s{i}" for i in range(31)], ["y"] * 32),  # 31 + the chatml template's "<|im_end|>": 32 stop strings
+    ([f"s{i}" for i in range(32)], []),  # + "<|im_end|>": 33
+    ([], ["y"] * 33),
+    ([], ["\\d" + "é" * 127]),  # 256 bytes
+    ([], ["\\d" + "é" * 128]),  # 258 bytes
+])
+def test_stop_limits_are_sglangs(backend, stop, stop_regex):
+    """SGLang refuses more than 32 stop strings, more than 32 stop_regex patterns and a pattern over 256 UTF-8 bytes
+    (normalize: a ValueError, HTTP 400); a program gen on the embedded backend is refused with SGLang's message
+    where SGLang's own normalize refuses the stop strings the interpreter sends (the user's and the chat
+    template's), and runs where it accepts them."""
+    sent = stop + list(backend.chat_template.stop_str)
+    want = sglang_normalize_error(sent, stop_regex)
+    st = many_stops.run(stops=stop, patterns=stop_regex or None, backend=backend)
+    with pytest.warns(UserWarning) if want else contextlib.nullcontext():
+        st.sync()
+    if want is None:
+        assert st.error() is None and st.get_meta_info("x")["finish_reason"] is not None
+    else:
+        assert isinstance(st.error(), ValueError) and str(st.error()) == want
+
+
 @function
 def streamed(s, seed):
     s += sampling_seed(seed) + "Once upon a time"
@@ -239,6 +294,53 @@ def test_sglangs_stream_reader_sees_every_chunk(backend):
             prev = meta["completion_tokens"]
 
 
+@function
+def three_streams(s):
+    for k, name in enumerate(("a", "b", "c")):
+        s += sampling_seed(30 + k) + f" part {k}:" + gen(name, max_tokens=12, temperature=1.0, ignore_eos=True)
+
+
+def test_unread_streams_cost_no_wait(backend):
+    """A streamed program whose gens nobody reads finishes in about the time of the same program not streamed (SGLang's
+    interpreter never waits for a reader; the pacing here once waited a second per gen before giving up: 3 s for
+    these three gens of 12 tiny-model tokens, which take milliseconds), and a reader that comes after the program
+    ended still finds every gen's whole text (the same text as the non-streamed run: the same seeds).  (SGLang's
+    text_iter(name) called after the program ended yields "" only - its own rule - so the oracle is the variable.)"""
+    whole = three_streams.run(backend=backend)
+    start = time.monotonic()
+    st = three_streams.run(backend=backend, stream=True)
+    st.sync()
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.0, f"three unread streamed gens took {elapsed:.2f} s"
+    for name in ("a", "b", "c"):
+        assert st[name] == whole[name]
+    assert st.text() == whole.text()
+
+
+@function
+def three_long_streams(s):
+    for k, name in enumerate(("a", "b", "c")):
+        s += sampling_seed(64 + k) + f" part {k}:" + gen(name, max_tokens=150, temperature=1.0, ignore_eos=True)
+
+
+def test_a_text_reader_gets_each_gen_streamed(backend):
+    """SGLang's reader of the whole program text (`text_iter()`, no variable) takes each chunk by clearing the text
+    event; it usually clears the text before a gen starts too (the worker sets the event after every expression), so
+    the gen must still see it as a reader: each long gen reaches it in pieces - some piece ends inside the gen's
+    text - not only as one last chunk.  (A short gen may legitimately arrive whole: the engine can run ahead of the
+    reader.)"""
+    for _ in range(3):
+        st = three_long_streams.run(backend=backend, stream=True)
+        pieces = list(st.text_iter())
+        text = st.text()
+        assert "".join(pieces) == text
+        ends = set(itertools.accumulate(len(p) for p in pieces))
+        for name in ("a", "b", "c"):
+            start = text.index(st[name])
+            assert st.get_meta_info(name)["completion_tokens"] == 150  # these seeds draw no "<|im_end|>"
+            assert any(start < end < start + len(st[name]) for end in ends), (name, pieces)
+
+
 # -- token usage --------------------------------------------------------------------------------------------
 def test_token_usage_counts_prompt_and_completion(backend):
     """The counts are the engine's own: every request's input ids, every generated token. The oracle is what the
@@ -250,7 +352,7 @@ def test_token_usage_counts_prompt_and_completion(backend):
     ends there (seed 4 draws it first), the others run their 5 tokens."""
     @function
     def two(s, seed):
-        s += sampling_seed(seed) + "Hello" + gen("a", max_tokens=5, ignore_eos=True)
+        s += sampling_seed(seed) + "Hello" + gen("a", max_tokens=5, ignore_eos=True, return_logprob=True)
         s += " and " + sgl.select("c", ["x", "yy"])
 
     engine = backend.engine

@@ -12,6 +12,7 @@ from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import SamplingParams
 from forerun.runtime_ext.backends.sglang_frontend import function, gen, select, sgl
 from forerun.runtime_ext.backends.token_markers import sampling_seed, token_ids
+from forerun.testing.test_modules import sibling
 
 
 class RecordingEngine(EmbeddedEngine):
@@ -83,6 +84,37 @@ def test_gen_meta_info_and_multi_turn_exactness(backend):
     first_out = [e[1] for e in meta["output_token_logprobs"]]
     # the second gen continues from the exact ids (prompt + generated ids), even if they are not valid UTF-8
     assert eng.seen[1] == (104, 195, *first_out)
+
+
+LOGPROB_KEYS = {"output_token_logprobs", "output_token_logprobs_length", "output_top_logprobs", "input_token_logprobs",
+                "input_top_logprobs", "output_token_logp0", "output_token_entropy"}
+"""SGLang's logprob keys (tokenizer_manager.add_logprob_to_meta_info) and forerun's per-token extras."""
+
+
+def test_logprobs_are_in_meta_info_only_when_asked(backend):
+    """SGLang 0.5.23's tokenizer manager adds the logprob keys to a response's meta_info only under return_logprob
+    (pinned below); a gen without it (top_logprobs_num set or not, streamed or not) gets none of them here either,
+    and one with it gets its entries and SGLang's output_token_logprobs_length."""
+    src = sibling(__file__, "sglang_source")
+    manager = "srt/managers/tokenizer_manager.py"
+    assert src.line(manager, 2520) == 'if getattr(state.obj, "return_logprob", False):'
+    assert src.line(manager, 2521) == "self.convert_logprob_style("
+
+    @function
+    def gens(s, asked):
+        s += sampling_seed(8) + "Hi" + gen("a", max_tokens=4, ignore_eos=True, top_logprobs_num=2, return_logprob=asked)
+
+    for stream in (False, True):
+        st = gens.run(asked=None, backend=backend, stream=stream)
+        st.sync()
+        meta = st.get_meta_info("a")
+        assert meta["completion_tokens"] == 4 and not LOGPROB_KEYS & set(meta), (stream, sorted(meta))
+        st = gens.run(asked=True, backend=backend, stream=stream)
+        st.sync()
+        meta = st.get_meta_info("a")
+        assert meta["completion_tokens"] == 4 and meta["output_token_logprobs"] and meta["output_top_logprobs"]
+        assert meta["output_token_logprobs_length"] == 4  # add_logprob_to_meta_info sets it (streamed: the last
+        # chunk's count of all tokens so far)
 
 
 def test_select_and_run_batch(backend):

@@ -316,3 +316,32 @@ def test_a_stream_refused_in_an_error_event_fails_with_the_servers_message_and_s
     assert len(errors) == 1 and isinstance(errors[0], SGLangServerError)
     assert errors[0].status == 400 and "input_ids contain an id outside" in str(errors[0])
     assert "{'message'" not in str(errors[0])
+
+
+def test_streamed_gens_nobody_reads_cost_no_wait_on_a_server():
+    """`@sgl.function` streamed gens on the server backend that no reader takes: the program finishes about as fast
+    as not streamed (SGLang's interpreter never waits for a reader; the backend once waited a second per gen before
+    giving up: 2 s for these two gens), with the same text (the same seeds)."""
+    import time
+
+    from forerun.runtime_ext.backends.server import SGLangServerBackend
+    from forerun.runtime_ext.backends.sglang_frontend import function, gen
+    from forerun.runtime_ext.backends.token_markers import sampling_seed
+
+    @function
+    def two(s):
+        s += sampling_seed(3) + "Once" + gen("a", max_tokens=20, temperature=1.0, ignore_eos=True)
+        s += sampling_seed(4) + " then" + gen("b", max_tokens=20, temperature=1.0, ignore_eos=True)
+
+    with StandInServer() as srv:
+        backend = SGLangServerBackend(srv.url, tokenizer=srv.tokenizer)
+        start = time.monotonic()
+        whole = two.run(backend=backend)
+        whole.sync()
+        plain_s = time.monotonic() - start
+        start = time.monotonic()
+        st = two.run(backend=backend, stream=True)
+        st.sync()
+        streamed_s = time.monotonic() - start
+    assert st.error() is None and (st["a"], st["b"]) == (whole["a"], whole["b"])
+    assert streamed_s < plain_s + 0.8, f"streamed {streamed_s:.2f} s, not streamed {plain_s:.2f} s"

@@ -129,7 +129,7 @@ def test_logq_equals_direct_computation(engine):
                                       (1.0, -1, 0.8, 0.0), (0.9, 30, 0.95, 0.0), (1.5, -1, 1.0, 0.05),
                                       (1.2, 40, 0.9, 0.2)]:
         out = engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=temp, top_k=top_k, top_p=top_p,
-                                                  min_p=min_p, seed=11, ignore_eos=True))
+                                                  min_p=min_p, seed=11, ignore_eos=True, return_logprob=True))
         _, logits = full_logp(engine, list(ids) + list(out.output_ids))
         n = len(ids)
         for t, tok in enumerate(out.output_ids):
@@ -267,7 +267,8 @@ def test_scoring_mode_shift(engine):
 
 def test_top_logprobs_of_p0(engine):
     ids = prompt(engine, "top k")
-    out = engine.generate(ids, SamplingParams(max_new_tokens=3, top_logprobs_num=4, temperature=0.5, seed=1, ignore_eos=True))
+    out = engine.generate(ids, SamplingParams(max_new_tokens=3, top_logprobs_num=4, temperature=0.5, seed=1, ignore_eos=True,
+                                              return_logprob=True))
     logp, _ = full_logp(engine, list(ids) + list(out.output_ids))
     for t, top in enumerate(out.meta_info["output_top_logprobs"]):
         ref = torch.topk(logp[len(ids) - 1 + t], 4)

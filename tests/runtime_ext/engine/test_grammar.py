@@ -227,7 +227,8 @@ def test_alone_and_in_a_batch_of_20_give_the_same_ids(engine):
 def test_logprobs_are_of_the_masked_distribution(engine):
     tau = 0.8
     ids = prompt(engine, "Pick: ")
-    out = engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=tau, seed=5, regex="(" + "|".join(WORDS) + ")"))
+    out = engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=tau, seed=5, regex="(" + "|".join(WORDS) + ")",
+                                              return_logprob=True))
     free = engine.generate(ids, SamplingParams(max_new_tokens=3, temperature=tau, seed=5))
     assert out.meta_info["output_token_logprobs_masked"] is True
     assert free.meta_info["output_token_logprobs_masked"] is False

@@ -225,10 +225,66 @@ def test_stop_strings_stop_where_the_whole_spelled_text_search_does(tokenizer, s
 
 
 @pytest.mark.parametrize("pattern, chars", [("Q:", 2), ("a{2,4}b", 5), ("x|yy", 2), ("😀.", 2), (r"\d+", None),
-                                            ("^a", None), ("(?=a)a", None), ("(a)\\1", None), ("a$", None),
-                                            (r"\bQ", None), ("[", None)])
+                                            ("^a", 3), ("(?=a)a", None), ("(a)\\1", None), ("a$", 3),
+                                            (r"\bQ", 3), (r"(?m)^a|b\Z", 3), ("[", None)])
 def test_which_patterns_a_window_can_decide(pattern, chars):
     assert regex_match_chars(pattern) == chars
+
+
+ANCHORED = ["^yb", r"\bQ1", "y$", r"(?m)^\d", r"\B1", r"\Aab", r"a\Z", r"\b\d\b", r"é\b", r"x$|^Q", r"(?m):$"]
+PIECES_NL = PIECES + ["\n", "\n"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_anchored_patterns_stop_where_the_whole_text_search_does(tokenizer, seed):
+    """An anchored pattern (^, $, \\A, \\Z, \\b, \\B, multi-line ^ and $) is decided by a window of the newest tokens
+    too; on random outputs longer than that window, with newlines: the stop step and pattern of searching the whole
+    text after every token."""
+    rng = random.Random(1000 + seed)
+    patterns = tuple(rng.sample(ANCHORED, rng.randint(1, 3)))
+    ids = []
+    while len(ids) < 150:
+        ids += [rng.choice((256, 258))] if rng.random() < 0.04 else byte_ids(rng.choice(PIECES_NL))
+    want = whole_text_stop(tokenizer, ids, patterns)
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=patterns, ignore_eos=True),
+                        output_ids=[], grammar=None, stop_text_cut=None)
+    got = None
+    for i, t in enumerate(ids):
+        r.output_ids.append(t)
+        reason = stop_reason(r, t, (256,), tokenizer)
+        if reason is not None:
+            got = i, reason["matched"]
+            break
+    assert got == want, (patterns, tokenizer.decode(ids))
+
+
+class CountingTokenizer:
+    """The tiny tokenizer, counting the token ids it decodes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.decoded = 0
+
+    def decode(self, ids, **kw):
+        self.decoded += len(ids)
+        return self.tokenizer.decode(ids, **kw)
+
+
+@pytest.mark.parametrize("pattern", [r"\bZZZ\b", "^ZZZ", "ZZZ$", r"\BZ"])
+def test_an_anchored_pattern_costs_a_bounded_window_per_token(tokenizer, pattern):
+    """SGLang bounds the text it searches for an anchored pattern by the pattern's length (get_max_seq_length counts
+    an anchor as 0; Req.tail_str decodes that many + 1 tokens); so does the engine: over 800 tokens that never match,
+    at most 4 (W + 2) + 16 tokens are decoded per token (W the pattern's widest match), not the whole output (n² / 2
+    = 320,000 tokens in all)."""
+    counting = CountingTokenizer(tokenizer)
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=1000, stop_regex=(pattern,), ignore_eos=True),
+                        output_ids=[], grammar=None, stop_text_cut=None)
+    ids = byte_ids("ab cd " * 134)[:800]
+    for t in ids:
+        r.output_ids.append(t)
+        assert stop_reason(r, t, (256,), counting) is None
+    widest = sum(1 for ch in pattern if ch == "Z")
+    assert counting.decoded <= len(ids) * (4 * (widest + 2) + 16)
 
 
 @pytest.mark.parametrize("pattern, text", [("x(?=[^:]*:)", "x" + "ab" * 40 + ":"), ("(?<=x)a", "x" + "a"),

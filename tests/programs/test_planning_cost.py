@@ -2,7 +2,8 @@
 
 A round's plan reads the cuts of its affordable depths only; drawing the cut of every remaining transition k..K−1
 (a keyed generator each) made a chain of K steps cost O(K²) cut draws: `forerun sample --presto --K 100000` on the
-tiny model ran about one transition per second.  The work is counted here (cut draws per plan), not timed.
+tiny model ran about one transition per second.  Streaming PreSTO's per-decision work likewise stays bounded
+(rows kept, history and started rows read).  The work is counted here, not timed.
 """
 
 from __future__ import annotations
@@ -97,3 +98,59 @@ def test_a_long_block_keeps_the_sequential_chain(kind, traversal):
     pre = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=6, traversal=traversal, **extra)
                        ).run([1, 2, 3], prompt_id="p")
     assert_same_chain(seq, pre, f"{kind} {traversal}")
+
+
+class CountingList(list):
+    """A list that counts the items its iterations hand out (sum(), comprehensions, for loops)."""
+
+    read = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            CountingList.read += 1
+            yield item
+
+
+def _streaming_block_work(monkeypatch, K: int) -> tuple[int, int, int]:
+    """A streaming chain of one block of K steps: (history items and started rows read by the planner and the
+    window records, the most rows it kept after a decision, transitions)."""
+    from forerun.programs import streaming_presto
+    from forerun.programs.streaming_presto import StreamingPrestoSampler
+    from forerun.testing.stepped_streams import SteppedStreams
+
+    init, decided = streaming_presto._BlockRun.__init__, streaming_presto._BlockRun.decided
+    kept: list[int] = []
+
+    def counted_init(self, sampler, result, stream, block):
+        result.history = CountingList(result.history)
+        init(self, sampler, result, stream, block)
+        self.started = CountingList(self.started)
+
+    def counted_decided(self, *args):
+        decided(self, *args)
+        kept.append(len(self.by_rid))
+
+    monkeypatch.setattr(streaming_presto._BlockRun, "__init__", counted_init)
+    monkeypatch.setattr(streaming_presto._BlockRun, "decided", counted_decided)
+    CountingList.read = 0
+    model = LogitTableModel(5, seed=3)
+    cfg = SamplerConfig(kind="power-mh", response_length=8, block_size=8, steps_per_block=K, seed=1, alpha=2.0)
+    res = StreamingPrestoSampler(model, cfg, PrefetchConfig(budget=6, streaming=True),
+                                 streams=SteppedStreams(model)).run([1, 2, 3], prompt_id="p")
+    read = CountingList.read
+    monkeypatch.undo()
+    return read, max(kept), res.transitions
+
+
+def test_streaming_work_per_decision_does_not_grow_with_the_chain(monkeypatch):
+    """Streaming PreSTO kept every completed row of the block in its row tables (each decision's prune and each plan
+    scanned them all), summed the whole history for the acceptance rate at every decision and scanned every started
+    row for every window: O(K²) per block (K = 6000: 13.8 ms a transition, against 1.1 ms at K = 1000 after)."""
+    short, long = _streaming_block_work(monkeypatch, 60), _streaming_block_work(monkeypatch, 600)
+    assert short[2] == 60 and long[2] == 600
+    # rows kept: the running ones (<= N_pf + the walk's own) and the completed ones of transitions still ahead
+    # (measured: 12 at K = 60, 16 at K = 600; every row of the block before, 600+)
+    assert long[1] <= 4 * 6, (short[1], long[1])
+    # history and started rows are read a bounded number of times per decision (the window records read each
+    # started row once)
+    assert long[0] <= 10 * 600, long[0]

@@ -39,7 +39,7 @@ class CountingKernel:
         return self._kernel.cut(state, j, stream)
 
 
-def _presto(kind: str, K: int, npf: int, **prefetch) -> tuple[PrestoSampler, list[int], SamplerConfig]:
+def _presto(kind: str, K: int, npf: int, **prefetch) -> tuple[PrestoSampler, list[int]]:
     """A PreSTO sampler whose kernel counts cut draws; returns it with the per-plan draw counts it records."""
     model = LogitTableModel(4, seed=3, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
     cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=K, seed=7, alpha=2.0,
@@ -57,7 +57,7 @@ def _presto(kind: str, K: int, npf: int, **prefetch) -> tuple[PrestoSampler, lis
         return out
 
     sampler.plan = counted_plan
-    return sampler, per_plan, cfg
+    return sampler, per_plan
 
 
 @pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
@@ -68,7 +68,7 @@ def test_a_plan_draws_the_cuts_of_its_affordable_depths_only(kind, traversal):
     npf = 6
     extra = {"branch_prob": lambda node: 0.5} if traversal == "predictive" else {}
     for K in (20, 500):
-        sampler, per_plan, _ = _presto(kind, K, npf, traversal=traversal, reuse_suffixes=False, **extra)
+        sampler, per_plan = _presto(kind, K, npf, traversal=traversal, reuse_suffixes=False, **extra)
         assert sampler.run([1, 2, 3], prompt_id="p").transitions == K
         assert max(per_plan) <= npf + 2, (K, per_plan[:5])
 
@@ -80,7 +80,7 @@ def test_with_the_suffix_cache_a_plan_still_draws_a_bounded_number_of_cuts(kind)
     npf = 6
     most = {}
     for K in (40, 600):
-        sampler, per_plan, _ = _presto(kind, K, npf)
+        sampler, per_plan = _presto(kind, K, npf)
         assert sampler.run([1, 2, 3], prompt_id="p").transitions == K
         most[K] = max(per_plan)
     assert most[600] <= 4 * (npf + 2), most

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -335,25 +335,35 @@ class PrestoSampler(BlockwiseSampler):
         """Collect the round's requests (BFS or predictive) with per-depth cuts of transitions k + d.  Under the
         request unit a depth costs the requests of its transition not yet in the chain's cache."""
         pf = self.prefetch
-        cuts = self.kernel.cuts(root, range(k, k + (cap if pf.budget_unit == "request" else min(cap, pf.budget))),
-                                stream)
         costs = None
-        if pf.budget_unit == "request":
-            costs, spent = [], 0
-            for d, c in enumerate(cuts):  # only the affordable leading depths (and the root's) matter
+        if pf.budget_unit != "request":
+            cuts = self.kernel.cuts(root, range(k, k + min(cap, pf.budget)), stream)
+        else:
+            cuts, costs, spent = [], [], 0
+            for d, c in enumerate(self._cuts_ahead(root, k, cap, stream)):  # the affordable leading depths only
                 prefix = prompt_ids + tuple(int(t) for t in root.tokens[:c])
                 cost = sum(1 for r in self.kernel.requests(prefix, c, root.length, k + d, stream)
                            if cache is None or r not in cache)
                 if d and cost and spent + cost > pf.budget:
                     break
+                cuts.append(c)
                 costs.append(cost)
                 spent += cost
-            cuts = cuts[: len(costs)]
         stats = [root_cut_features(root, c, self.config.alpha) for c in cuts]
         features = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
         return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
                              tree_position=pf.tree_position, budget_unit=pf.budget_unit, depth_costs=costs,
                              max_nodes=pf.max_nodes, call_overhead=pf.call_overhead, depth_features=features)
+
+    def _cuts_ahead(self, root: ChainState, k: int, cap: int, stream: DecisionStream) -> Iterator[int]:
+        """The cuts of transitions k, k + 1, ..., k + cap − 1, drawn as they are consumed, in chunks of doubling size
+        (from N_pf + 2): a round reads only its affordable depths, and drawing all K − k of them made every round's
+        planning cost grow with the steps left in the block."""
+        d, size = 0, int(self.prefetch.budget) + 2
+        while d < cap:
+            chunk = self.kernel.cuts(root, range(k + d, k + min(cap, d + size)), stream)
+            yield from chunk
+            d, size = d + len(chunk), 2 * size
 
     def _run_block(self, result, stream, block):
         K = self.config.steps_per_block

@@ -181,8 +181,9 @@ class _BlockRun:
         self.needs: tuple[SuffixRequest, ...] = ()
         self.max_nodes = self.pf.max_nodes
         self.hhat_memo: dict[Any, float] = {}
-        """ĥ by (transition, cut, κ, accepts), or the acceptance rate ("rate"), below the current realized state
-        (reset at every decision)."""
+        """ĥ by (transition, cut, κ, accepts) below the current realized state (reset at every decision)."""
+        self.accepts = sum(result.history)
+        """Accepted decisions of the chain so far (the rate's numerator, kept as the walk decides)."""
         self.parked: dict[SuffixRequest, tuple[Suffix, Row]] = {}
         """request -> what an aborted row of it decoded (with per-token quantities) and that row: a later start
         of the request resumes after those tokens."""
@@ -298,6 +299,7 @@ class _BlockRun:
                 row = row.previous
         self.windows[-1].decisions.append(decision)
         self.result.history.append(decision[3])
+        self.accepts += bool(decision[3])
         if proposal is not None:
             self.result.state = proposal
             self.root = StateRef.root(proposal)
@@ -313,6 +315,8 @@ class _BlockRun:
         proposal that repeats the old tokens up to the row's cut) - until the next `plan` finds a node of the
         new tree that asks for it or aborts it."""
         assert self.root.state is not None
+        for row in [row for row in self.by_rid.values() if row.suffix is not None and row.transition <= self.k]:
+            del self.by_rid[row.rid], self.rows[row.request]  # a decided transition's: never asked for again
         head, tokens = len(self.result.prompt_ids), tuple(self.root.state.tokens.tolist())
         for row in self.by_rid.values():
             row.paths = {p[1:] for p in row.paths if p and p[0] == accepted}
@@ -398,10 +402,7 @@ class _BlockRun:
         acceptance rate so far, (accepts + 1) / (decisions + 2)."""
         assert self.root.state is not None
         if self.pf.traversal != "predictive":
-            if "rate" not in self.hhat_memo:  # reset with the memo at every decision
-                history = self.result.history
-                self.hhat_memo["rate"] = (sum(history) + 1.0) / (len(history) + 2.0)
-            return self.hhat_memo["rate"]
+            return (self.accepts + 1.0) / (len(self.result.history) + 2.0)
         assert self.pf.branch_prob is not None
         cut = node.cut if node.cut is not None else self.kernel.cut(self.root.state, node.transition, self.stream)
         key = (node.transition, cut, node.known_cut, node.accepts) if self.pf.tree_position else (node.transition, cut, 0, 0)
@@ -477,12 +478,14 @@ class _BlockRun:
         """One CallRecord per window: tokens and waste of the rows started in it; every row into the chain's
         `request_ledger`."""
         res, s = self.result, self.sampler
+        of_window: dict[int, list[Row]] = {}
         for row in self.started:  # the chain's ledger: every started row is a generation (restarts repeat one)
+            of_window.setdefault(row.window, []).append(row)
             res.requests.generated(row.request, row.decoded, start=row.first)
             if row.used:
                 res.requests.used([row.request])
         for w_index, w in enumerate(self.windows):
-            rows = [r for r in self.started if r.window == w_index]
+            rows = of_window.get(w_index, [])
             tokens = sum(r.decoded for r in rows)
             wasted = sum(r.decoded for r in rows if not r.used)
             call_index = len(res.calls)

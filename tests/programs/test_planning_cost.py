@@ -1,0 +1,156 @@
+"""The planning work of one PreSTO round is bounded by the prefetch budget, not by the steps left in the block.
+
+A round's plan reads the cuts of its affordable depths only; drawing the cut of every remaining transition k..K−1
+(a keyed generator each) made a chain of K steps cost O(K²) cut draws: `forerun sample --presto --K 100000` on the
+tiny model ran about one transition per second.  Streaming PreSTO's per-decision work likewise stays bounded
+(rows kept, history and started rows read).  The work is counted here, not timed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
+from forerun.programs.sampler_factory import make_sampler
+from forerun.programs.samplers import PrestoSampler
+from forerun.testing.chains import assert_same_chain
+from forerun.testing.logit_table_model import LogitTableModel
+
+TEMPS = (0.25, 0.5, 1.0)
+
+
+class CountingKernel:
+    """The sampler's kernel, counting the transitions whose cut it draws (`cuts` and `cut`)."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+        self.drawn = 0
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def cuts(self, state, transitions, stream):
+        transitions = list(transitions)
+        self.drawn += len(transitions)
+        return self._kernel.cuts(state, transitions, stream)
+
+    def cut(self, state, j, stream):
+        self.drawn += 1
+        return self._kernel.cut(state, j, stream)
+
+
+def _presto(kind: str, K: int, npf: int, **prefetch) -> tuple[PrestoSampler, list[int]]:
+    """A PreSTO sampler whose kernel counts cut draws; returns it with the per-plan draw counts it records."""
+    model = LogitTableModel(4, seed=3, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
+    cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=K, seed=7, alpha=2.0,
+                        mtm_candidates=2)
+    sampler = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=npf, **prefetch))
+    counter = CountingKernel(sampler.kernel)
+    sampler.kernel = counter
+    per_plan: list[int] = []
+    plan = sampler.plan
+
+    def counted_plan(*args, **kwargs):
+        before = counter.drawn
+        out = plan(*args, **kwargs)
+        per_plan.append(counter.drawn - before)
+        return out
+
+    sampler.plan = counted_plan
+    return sampler, per_plan
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+@pytest.mark.parametrize("traversal", ["bfs", "predictive"])
+def test_a_plan_draws_the_cuts_of_its_affordable_depths_only(kind, traversal):
+    """Without the suffix cache every depth costs >= 1 request, so a plan pays at most N_pf + 1 depths and its
+    first chunk of N_pf + 2 cuts is all it draws, at K = 500 as at K = 20 (it drew the K − k left before)."""
+    npf = 6
+    extra = {"branch_prob": lambda node: 0.5} if traversal == "predictive" else {}
+    for K in (20, 500):
+        sampler, per_plan = _presto(kind, K, npf, traversal=traversal, reuse_suffixes=False, **extra)
+        assert sampler.run([1, 2, 3], prompt_id="p").transitions == K
+        assert max(per_plan) <= npf + 2, (K, per_plan[:5])
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+def test_with_the_suffix_cache_a_plan_still_draws_a_bounded_number_of_cuts(kind):
+    """Cached depths cost nothing and the plan reads on past them, but the cache holds at most what earlier rounds
+    generated: the draws per plan do not grow with K."""
+    npf = 6
+    most = {}
+    for K in (40, 600):
+        sampler, per_plan = _presto(kind, K, npf)
+        assert sampler.run([1, 2, 3], prompt_id="p").transitions == K
+        most[K] = max(per_plan)
+    assert most[600] <= 4 * (npf + 2), most
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+@pytest.mark.parametrize("traversal", ["bfs", "predictive"])
+def test_a_long_block_keeps_the_sequential_chain(kind, traversal):
+    """Drawing the cuts lazily leaves the chain as it was: the sequential sampler's, over a block of 150 steps."""
+    model = LogitTableModel(4, seed=3, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
+    cfg = SamplerConfig(kind=kind, response_length=6, block_size=6, steps_per_block=150, seed=11, alpha=2.0,
+                        mtm_candidates=2)
+    extra = {"branch_prob": lambda node: 0.5} if traversal == "predictive" else {}
+    seq = make_sampler(model, cfg).run([1, 2, 3], prompt_id="p")
+    pre = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=6, traversal=traversal, **extra)
+                       ).run([1, 2, 3], prompt_id="p")
+    assert_same_chain(seq, pre, f"{kind} {traversal}")
+
+
+class CountingList(list):
+    """A list that counts the items its iterations hand out (sum(), comprehensions, for loops)."""
+
+    read = 0
+
+    def __iter__(self):
+        for item in super().__iter__():
+            CountingList.read += 1
+            yield item
+
+
+def _streaming_block_work(monkeypatch, K: int) -> tuple[int, int, int]:
+    """A streaming chain of one block of K steps: (history items and started rows read by the planner and the
+    window records, the most rows it kept after a decision, transitions)."""
+    from forerun.programs import streaming_presto
+    from forerun.programs.streaming_presto import StreamingPrestoSampler
+    from forerun.testing.stepped_streams import SteppedStreams
+
+    init, decided = streaming_presto._BlockRun.__init__, streaming_presto._BlockRun.decided
+    kept: list[int] = []
+
+    def counted_init(self, sampler, result, stream, block):
+        result.history = CountingList(result.history)
+        init(self, sampler, result, stream, block)
+        self.started = CountingList(self.started)
+
+    def counted_decided(self, *args):
+        decided(self, *args)
+        kept.append(len(self.by_rid))
+
+    monkeypatch.setattr(streaming_presto._BlockRun, "__init__", counted_init)
+    monkeypatch.setattr(streaming_presto._BlockRun, "decided", counted_decided)
+    CountingList.read = 0
+    model = LogitTableModel(5, seed=3)
+    cfg = SamplerConfig(kind="power-mh", response_length=8, block_size=8, steps_per_block=K, seed=1, alpha=2.0)
+    res = StreamingPrestoSampler(model, cfg, PrefetchConfig(budget=6, streaming=True),
+                                 streams=SteppedStreams(model)).run([1, 2, 3], prompt_id="p")
+    read = CountingList.read
+    monkeypatch.undo()
+    return read, max(kept), res.transitions
+
+
+def test_streaming_work_per_decision_does_not_grow_with_the_chain(monkeypatch):
+    """Streaming PreSTO kept every completed row of the block in its row tables (each decision's prune and each plan
+    scanned them all), summed the whole history for the acceptance rate at every decision and scanned every started
+    row for every window: O(K²) per block (K = 6000: 13.8 ms a transition, against 1.1 ms at K = 1000 after)."""
+    short, long = _streaming_block_work(monkeypatch, 60), _streaming_block_work(monkeypatch, 600)
+    assert short[2] == 60 and long[2] == 600
+    # rows kept: the running ones (<= N_pf + the walk's own) and the completed ones of transitions still ahead
+    # (measured: 12 at K = 60, 16 at K = 600; every row of the block before, 600+)
+    assert long[1] <= 4 * 6, (short[1], long[1])
+    # history and started rows are read a bounded number of times per decision (the window records read each
+    # started row once)
+    assert long[0] <= 10 * 600, long[0]

@@ -28,6 +28,7 @@ from .args import (
     utf8_text,
 )
 from .applicability import reject_inapplicable
+from .config_flags import flags_named
 from .errors import CommandError, reports_errors
 from ..eval.preposition.config import BenchConfig
 from ..runtime_ext.preposition.gate import GateConfig
@@ -264,14 +265,12 @@ def bench_preposition_command(args: argparse.Namespace) -> int:
     from ..eval.preposition.bench import run_bench
     from ..eval.preposition.report import format_report
 
-    try:
+    with flags_named(args, BenchConfig, trace_interval_s="trace_interval"):
         cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
                           trace_interval_s=args.trace_interval, trace_idle_factor=args.trace_idle_factor,
                           calib_windows=args.calib_windows, status_windows=args.status_windows, tau=args.tau,
                           r_max=args.r_max, agentic_turns=args.agentic_turns,
                           energy_iterations=args.energy_iterations, seed=args.seed)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
     t0 = time.perf_counter()
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         res = run_bench(engine, engine.tokenizer, cfg, progress=_bar,

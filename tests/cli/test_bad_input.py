@@ -107,7 +107,7 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--sampler", "gibbs"], "invalid choice"),
     ("sample", ["sample", "--prompt", "x", "--n", "0"], "--n"),
     ("sample", ["sample", "--prompt", "x", "--alpha", "nan"], "--alpha"),
-    ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "block_size"),
+    ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "--block B must divide --n n=6"),
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "1e-320"],
      "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: exit 1 from the first call, after the load
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "2e6"],

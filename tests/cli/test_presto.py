@@ -66,7 +66,7 @@ def test_sample_rejects_bad_input(capsys):
     assert main(["sample", "--prompt", "", "--model", "tiny", "--n", "4", "--K", "2"]) == 2
     assert "prompt" in capsys.readouterr().err
     assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--block", "4"]) == 2
-    assert "block_size" in capsys.readouterr().err
+    assert "--block B must divide --n n=6, got 4" in capsys.readouterr().err  # the flags, not the fields
     assert main(["sample", "--prompt", "x", "--model", "/nonexistent/model", "--n", "4"]) == 2
 
 

@@ -31,7 +31,7 @@ from .config_flags import flags_named
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
 from .inputs import check_utf8, dataset_paths, naming_undecodable
-from .output import make_output_dir, not_an_input, output_dir, progress_bar
+from .output import make_output_dir, output_dir, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
@@ -422,11 +422,8 @@ def report_command(args: argparse.Namespace) -> int:
     try:
         if not Path(args.run).is_file():
             raise ValueError(f"{args.run}: no such run file")
-        out = output_dir(args.out, "--out")
-        for path in (out / name for name in REPORT_FILES if out.is_dir()):  # each is replaced: not the run file
-            if path.is_dir():
-                raise ValueError(f"--out {out}: {path} is a directory; the report writes a file there")
-            not_an_input(path, "--out", {"RUN.jsonl": args.run})
+        out = output_dir(args.out, "--out", files=REPORT_FILES, inputs={"RUN.jsonl": args.run},  # each is replaced
+                         writer="the report")
         records = final_records(load_run(check_utf8(args.run, complete_lines=True), repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")

@@ -261,8 +261,10 @@ def _agentic_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any)
 @reports_errors("bench preposition")
 def bench_preposition_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
-    plots = output_dir(args.plots, "--plots")
-    from ..eval.preposition.bench import run_bench
+    from ..eval.preposition.bench import FIGURE_FILES, run_bench
+
+    figures = [name for figure, name in FIGURE_FILES.items() if figure != 7 or args.calib_windows]  # 7: calibration
+    plots = output_dir(args.plots, "--plots", files=figures, writer="the benchmark")
     from ..eval.preposition.report import format_report
 
     with flags_named(args, BenchConfig, trace_interval_s="trace_interval"):

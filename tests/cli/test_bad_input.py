@@ -38,6 +38,11 @@ def files(tmp_path_factory):
     (root / "a_dir").mkdir()
     os.mkfifo(root / "a_fifo")  # opening it to write blocks until a reader comes
     os.mkfifo(root / "a_fifo.png")
+    for folder, name in (("plots_fifo", "fig4_latency_vs_entry.png"), ("report_fifo", "summary.json")):
+        (root / folder).mkdir()  # an output folder holding a FIFO where the command writes one of its files
+        os.mkfifo(root / folder / name)
+    (root / "plots_dir" / "fig6_amortization.png").mkdir(parents=True)
+    (root / "one_item_run.jsonl").write_text('{"key": "math500|greedy|p0|1"}\n')
     from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
 
     fitted = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "node_id"))).fit(
@@ -64,6 +69,9 @@ def unwritable(root: Path) -> str | None:
 
 NO_SUCH = "/no/such/model"
 MISSING_PARENT = "/no-such-directory-forerun/out"
+TINY_PREPOSITION = ["--model", "tiny", "--requests", "1", "--trace-updates", "0", "--calib-windows", "0",
+                    "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0"]
+"""A `bench preposition` that takes seconds: a bad output path found only after it still fails fast."""
 
 # (command, argv, what the one line must say); {root} is the fixture folder; exit 2 unless noted in CODE_1
 CASES = [
@@ -159,6 +167,12 @@ CASES = [
     # bench preposition
     ("bench preposition", ["bench", "preposition", "--plots", MISSING_PARENT], "does not exist (create it first)"),
     ("bench preposition", ["bench", "preposition", "--plots", "{root}/a_file.txt"], "is not a directory"),
+    ("bench preposition", ["bench", "preposition", "--plots", "{root}/plots_fifo", *TINY_PREPOSITION],
+     "plots_fifo/fig4_latency_vs_entry.png is a FIFO, not a regular file"),  # was: after the whole benchmark
+    ("bench preposition", ["bench", "preposition", "--plots", "{root}/plots_dir", *TINY_PREPOSITION],
+     "plots_dir/fig6_amortization.png is a directory"),  # was: after the whole benchmark
+    ("eval report", ["eval", "report", "{root}/one_item_run.jsonl", "--out", "{root}/report_fifo"],
+     "report_fifo/summary.json is a FIFO, not a regular file"),  # was: hung on the FIFO
     ("bench preposition", ["bench", "preposition", "--rhos", "1,nan"], "--rhos"),
     ("bench preposition", ["bench", "preposition", "--rhos", "0"], "--rhos"),
     ("bench preposition", ["bench", "preposition", "--r-max", "5"], "--r-max"),
@@ -241,6 +255,7 @@ REAL_PROCESS = {
     "classifier train:train --records {root}/malformed.jsonl --out {root}/m.json",
     "classifier cv:cv --records /no/such.jsonl",
     "forerun:smaple",
+    "eval report:report {root}/one_item_run.jsonl --out {root}/report_fifo",  # a FIFO hangs its writer
 }
 """Cases that run the real `forerun` in a subprocess: one or more per command."""
 

@@ -179,6 +179,18 @@ def test_predict_row_cost_prints_each_variants_speedup_at_that_lambda(capsys):
     assert refused.value.code == 2
 
 
+def test_a_huge_finite_predict_row_cost_is_a_number_in_the_json(capsys):
+    """--predict-row-cost 1e308 (finite, so accepted) printed null: λ·G overflowed to inf / inf."""
+    argv = ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "2", "--traversal", "streaming",
+            "--no-cost-model", "--predict-row-cost", "1e308", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+    (r,) = out["rows"]
+    (s_seq, s_pre), (g_seq, g_pre) = r["decode_steps"], r["row_steps"]
+    assert "undefined" not in out and g_pre > 0
+    assert r["cost_model_prediction"]["speedup_at_row_cost"]["1e+308"] == pytest.approx(g_seq / g_pre, rel=1e-9)
+
+
 def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):
     from forerun.runtime_ext.standin.server import StandInServer, unused_port
 

@@ -57,3 +57,23 @@ def test_records_of_a_dataset_left_out_of_a_resume_are_checked(tmp_path, run_for
     assert proc.returncode == 0, proc.stderr
     assert sorted((r["dataset"], r["prompt_index"]) for r in load_run(run)) == [
         ("math500", 0), ("math500", 1), ("math500", 2), ("mmlu", 0), ("mmlu", 1)]
+
+
+def test_a_run_file_saved_without_its_last_newline_keeps_its_last_record(tmp_path, run_forerun_in_process):
+    """A run file edited by hand and saved without its final newline: `eval report` left the last record out
+    without a word, and --resume deleted it as a torn line and ran the item again."""
+    run = tmp_path / "run.jsonl"
+    argv = [*SMALL, "--datasets", "mmlu", "--limit", "2", "--out", str(run)]
+    assert run_forerun_in_process(argv).returncode == 0
+    whole = run.read_text()
+    run.write_text(whole.removesuffix("\n"))
+    proc = run_forerun_in_process(["eval", "report", str(run), "--out", str(tmp_path / "report"), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    (cell,) = json.loads(proc.stdout)["cells"]
+    assert cell["n"] == 2
+    proc = run_forerun_in_process([*argv, "--resume", "--json"])
+    assert proc.returncode == 0 and json.loads(proc.stdout)["written_now"] == 0, proc.stderr
+    assert run.read_text() == whole.removesuffix("\n")  # nothing to run, nothing written or cut
+    proc = run_forerun_in_process([*argv[:-4], "--limit", "3", "--out", str(run), "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    assert run.read_text().startswith(whole) and [r["prompt_index"] for r in load_run(run)] == [0, 1, 2]

@@ -187,8 +187,9 @@ def generate_command(args: argparse.Namespace) -> int:
     reject_inapplicable(backend_rules(args))
     from ..runtime_ext.protocol import SamplingParams
 
-    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
+    with flags_named(args, SamplingParams, max_new_tokens="max_tokens"):
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
     # a bad model or request: one line on stderr (ValueError: exit 2; an EngineError, e.g. no server: 1)
     with open_pool_from(args) as pool, pool.lease() as runtime:
         check_pool_serves(pool, seeded=args.seed is not None)

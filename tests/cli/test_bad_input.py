@@ -82,7 +82,7 @@ CASES = [
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--dtype", "int8"], "dtype must be one of"),
     ("generate", ["generate", "--prompt", "x", "--temperature", "-1"], "--temperature"),
     ("generate", ["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
-    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "top_p"),
+    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "--top-p must be in (0, 1]"),
     ("generate", ["generate", "--prompt", "x", "--seed", "-5"], "--seed"),
     ("generate", ["generate", "--prompt", "x", "--seed", str(2**64 + 1)], "--seed"),  # aliased seed 1 before
     ("generate", ["generate", "--model", "tiny", "--max-tokens", "2", "--prompt", "word " * 3000],
@@ -218,9 +218,11 @@ CASES = [
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl"], "--out"),
     # classifier cv
     ("classifier cv", ["classifier", "cv", "--records", "/no/such.jsonl"], "cannot read records file"),
-    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"], "folds"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"],
+     "argument --folds: expected an integer >= 2, got 1"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
-    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"], "l2_penalty"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"],
+     "--l2-penalty must be a positive finite number"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--features", "nope"], "nope"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "4294967296"],
      "argument --seed: expected a seed in [0, 2**32 - 1]"),  # was scikit-learn's message, the option unnamed

@@ -32,9 +32,18 @@ def test_field_names_become_flags_as_whole_words_only():
      "--root-tokens (5) too small for 21 distinct cuts", ("root_tokens",)),
     (["bench", "work-split", "--model", "tiny", "--neighbour-duty", "1"],
      "--neighbour-duty must be in [0, 1), got [1.0]", ("neighbour_duties", "neighbour duties")),
+    (["generate", "--model", "tiny", "--prompt", "x", "--top-p", "2"], "--top-p must be in (0, 1], got 2.0", ("top_p",)),
+    (["generate", "--model", "tiny", "--prompt", "x", "--max-tokens", "2", "--top-k", "-5"],
+     "--top-k must be -1 (off) or >= 1, got -5", ("top_k",)),
+    (["classifier", "cv", "--records", "{tmp}/records.jsonl", "--l2-penalty", "-1"],
+     "--l2-penalty must be a positive finite number, got -1.0", ("l2_penalty",)),
 ])
 def test_a_config_error_names_the_flag_typed(tmp_path, run_forerun_in_process, assert_one_line_error, argv,
                                              flag_message, fields):
+    from forerun.programs.records import RecordWriter
+    from forerun.testing.synthetic_records import synthetic_node_records
+
+    RecordWriter(tmp_path / "records.jsonl").write_nodes(synthetic_node_records(n_prompts=3, seed=1))
     proc = run_forerun_in_process([a.replace("{tmp}", str(tmp_path)) for a in argv])
     assert_one_line_error(proc, flag_message, code=2)
     assert not any(field in proc.stderr for field in fields), proc.stderr

@@ -54,6 +54,11 @@ def fold_seed_int(text: str) -> int:
     return seed
 
 
+def fold_count(text: str) -> int:
+    """Cross-validation folds: an integer >= 2."""
+    return int(_number(text, int, 2, True))
+
+
 def positive_float(text: str) -> float:
     return float(_number(text, float, 0, False))
 

@@ -21,7 +21,8 @@ from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreacha
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import fold_seed_int, positive_int
+from .args import fold_count, fold_seed_int, positive_int
+from .config_flags import flags_named
 from .errors import CommandError, reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
@@ -129,7 +130,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
     cv = sub.add_parser("cv", help="cross-validate the classifier against constant baselines (App. E.7)")
     _add_common(cv)
-    cv.add_argument("--folds", type=int, default=5, help="number of folds (default 5)")
+    cv.add_argument("--folds", type=fold_count, default=5, help="number of folds, >= 2 (default 5)")
     cv.add_argument("--seed", type=fold_seed_int, default=0, help="fold shuffling seed, below 2**32 (default 0)")
     cv.add_argument(
         "--no-group",
@@ -152,12 +153,13 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
 
 def _config(args: argparse.Namespace, *, allow_missing: bool = False) -> CertaintyConfig:
-    return CertaintyConfig(
-        epsilon=DEFAULT_EPSILON if args.epsilon is None else args.epsilon,
-        features=args.features,
-        l2_penalty=args.l2_penalty,
-        allow_missing_classes=allow_missing,
-    )
+    with flags_named(args, CertaintyConfig, allow_missing_classes="allow_missing_classes"):
+        return CertaintyConfig(
+            epsilon=DEFAULT_EPSILON if args.epsilon is None else args.epsilon,
+            features=args.features,
+            l2_penalty=args.l2_penalty,
+            allow_missing_classes=allow_missing,
+        )
 
 
 def _of_sampler(records: list[NodeRecord], sampler: str) -> list[NodeRecord]:

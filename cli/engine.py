@@ -27,6 +27,7 @@ from .args import (
     utf8_text,
 )
 from .applicability import backend_rules, reject_inapplicable
+from .config_flags import flags_named
 from .errors import CommandError, reports_errors
 from .output import bars_enabled, print_json, progress_bar
 
@@ -186,8 +187,9 @@ def generate_command(args: argparse.Namespace) -> int:
     reject_inapplicable(backend_rules(args))
     from ..runtime_ext.protocol import SamplingParams
 
-    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
+    with flags_named(args, SamplingParams, max_new_tokens="max_tokens"):
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, return_logprob=True)
     # a bad model or request: one line on stderr (ValueError: exit 2; an EngineError, e.g. no server: 1)
     with open_pool_from(args) as pool, pool.lease() as runtime:
         check_pool_serves(pool, seeded=args.seed is not None)
@@ -227,10 +229,11 @@ def _prompt_ids(tok: Any, prompt: str, raw: bool) -> list[int]:
 def bench_engine_command(args: argparse.Namespace) -> int:
     from ..eval.engine_bench.bench import EngineBenchConfig, format_engine_bench, run_engine_bench
 
-    config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
-                               num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
-                               decode_tokens=args.decode_tokens, constrained_batch_rows=args.constrained_rows,
-                               repeats=args.repeats, seed=args.seed)
+    with flags_named(args, EngineBenchConfig, num_suffixes="suffixes", constrained_batch_rows="constrained_rows"):
+        config = EngineBenchConfig(model=args.model, dtype=args.dtype, root_tokens=args.root_tokens,
+                                   num_suffixes=args.suffixes, suffix_tokens=args.suffix_tokens,
+                                   decode_tokens=args.decode_tokens, constrained_batch_rows=args.constrained_rows,
+                                   repeats=args.repeats, seed=args.seed)
     result = run_engine_bench(config, progress=bars_enabled())  # a bad config or model: one line (cli/errors.py)
     if args.json:
         print_json(result, indent=2)
@@ -243,8 +246,9 @@ def bench_engine_command(args: argparse.Namespace) -> int:
 def bench_work_split_command(args: argparse.Namespace) -> int:
     from ..eval.engine_bench.work_split import WorkSplitConfig, format_work_split, run_work_split
 
-    config = WorkSplitConfig(model=args.model, dtype=args.dtype, rows=tuple(args.rows), repeats=args.repeats,
-                             tokens=args.tokens, neighbour_duties=tuple(args.neighbour_duty))  # bad: one line
+    with flags_named(args, WorkSplitConfig, neighbour_duties="neighbour_duty"):  # bad: one line naming the flag
+        config = WorkSplitConfig(model=args.model, dtype=args.dtype, rows=tuple(args.rows), repeats=args.repeats,
+                                 tokens=args.tokens, neighbour_duties=tuple(args.neighbour_duty))
     with progress_bar(total=len(config.neighbour_duties) * len(config.rows) * config.repeats,
                       desc="bench work-split", unit="pair", leave=False, disable=args.json) as bar:
         result = run_work_split(config, progress=lambda: bar.update(1))

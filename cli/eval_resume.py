@@ -1,6 +1,6 @@
 """`forerun eval --resume`: what a run file must agree on before it is resumed — its header's settings, and each
 record's prompt (the dataset row, the chat wording, the prompt token ids) against the prompts loaded now, including
-the prompts a smaller --limit leaves out (their records stay in the file and in its report)."""
+the prompts a smaller --limit or fewer --datasets leave out (their records stay in the file and in its report)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,40 @@ __all__ = ["check_resumable", "check_same_input_ids", "check_same_prompts", "pro
 
 def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], records: list[dict[str, Any]],
                              files: dict[str, str]) -> dict[str, list[Any]]:
-    """The prompts loaded now, extended in each dataset to the last prompt the run file's records name (a resume with
-    a smaller --limit keeps the records past it, which the report still counts, so they are checked too).  A source
-    that cannot give more (the packaged slices' 20 prompts) leaves them unchecked, as before."""
+    """The prompts loaded now, extended to every prompt the run file's records name: they stay in the file and in
+    its report, so they are checked too.  In a dataset of --datasets, up to the last prompt a record names (a resume
+    with a smaller --limit); a source that cannot give more (the packaged slices' 20 prompts) leaves those records
+    unchecked, as before.  A dataset the records name that is not among --datasets (a resume with fewer
+    datasets) is loaded from this run's data source; one that cannot be loaded is refused (its records would be
+    kept unchecked)."""
     from ..eval.datasets.loading import load_prompts
     from ..eval.datasets.registry import DatasetError
+    from .inputs import dataset_paths, naming_undecodable
 
     prompts = dict(plan["prompts"])
+    gpqa_seed = plan["settings"].gpqa_shuffle_seed
     for ds, rows in plan["prompts"].items():
         named = [r["prompt_index"] for r in records if r.get("dataset") == ds and isinstance(r.get("prompt_index"), int)]
         if named and max(named) >= len(rows) and args.limit is not None:
             try:
                 prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=max(named) + 1, file=files.get(ds),
-                                           gpqa_seed=plan["settings"].gpqa_shuffle_seed)
+                                           gpqa_seed=gpqa_seed)
             except (DatasetError, OSError):
                 pass
+    for ds in dict.fromkeys(r.get("dataset") for r in records):
+        if ds is None or ds in prompts:
+            continue
+        indices = [r.get("prompt_index") for r in records if r.get("dataset") == ds]
+        limit = max(indices) + 1 if all(isinstance(i, int) for i in indices) else None
+        try:
+            with naming_undecodable(dataset_paths(ds, args.data_dir)):
+                prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=limit, gpqa_seed=gpqa_seed)
+        except (KeyError, DatasetError, OSError, UnicodeDecodeError) as exc:
+            reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise ValueError(f"--resume: the run file holds results for {ds}, which is not among --datasets; they "
+                             f"stay in the file and its report, but cannot be checked against the prompts now "
+                             f"({reason}); add {ds} to --datasets with the data it was run on, or start another run "
+                             "file") from None
     return prompts
 
 

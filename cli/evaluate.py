@@ -27,10 +27,11 @@ from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
+from .config_flags import flags_named
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
 from .inputs import check_utf8, dataset_paths, naming_undecodable
-from .output import make_output_dir, not_an_input, output_dir, progress_bar
+from .output import make_output_dir, output_dir, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
@@ -224,12 +225,14 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     reject_inapplicable(eval_rules(args, methods, EvalSettings()))
     if not 0 <= args.smc_ess <= 1:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
-    settings = EvalSettings(n=args.n[0], budgets=args.n[1], system=args.system, chat_template=args.chat_template,
-                            thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
-                            K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
-                            best_of_select=args.best_of_select, smc_particles=args.smc_particles, smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
-                            smc_final=args.smc_final, gpqa_shuffle_seed=args.gpqa_shuffle_seed,
-                            fixed_horizon=args.fixed_horizon, forced_answer=args.forced_answer)
+    with flags_named(args, EvalSettings, budgets="n"):
+        settings = EvalSettings(n=args.n[0], budgets=args.n[1], system=args.system, chat_template=args.chat_template,
+                                thinking=None if args.thinking is None else args.thinking == "on", block=args.block,
+                                K=args.K, npf=args.npf, alpha=args.alpha, beta=args.beta, best_of=args.best_of,
+                                best_of_select=args.best_of_select, smc_particles=args.smc_particles,
+                                smc_block=args.smc_block, smc_ramp=args.smc_ramp, smc_ess=args.smc_ess,
+                                smc_final=args.smc_final, gpqa_shuffle_seed=args.gpqa_shuffle_seed,
+                                fixed_horizon=args.fixed_horizon, forced_answer=args.forced_answer)
     seeds = list(args.seed)
     if args.samples is not None:
         if len(seeds) > 1:
@@ -245,7 +248,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     if stray:
         raise ValueError(f"--n {stray[0]}: {stray[0].split('=')[0]} is not among --datasets ({', '.join(names)})")
     for ds in names:  # --block must divide every dataset's n, α suit every method: refused before any item runs
-        _check_methods(settings.for_dataset(ds), methods, seeds[0])
+        with flags_named(args, EvalSettings, budgets="n"):
+            resolved = settings.for_dataset(ds)
+        _check_methods(resolved, methods, seeds[0])
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
@@ -417,11 +422,8 @@ def report_command(args: argparse.Namespace) -> int:
     try:
         if not Path(args.run).is_file():
             raise ValueError(f"{args.run}: no such run file")
-        out = output_dir(args.out, "--out")
-        for path in (out / name for name in REPORT_FILES if out.is_dir()):  # each is replaced: not the run file
-            if path.is_dir():
-                raise ValueError(f"--out {out}: {path} is a directory; the report writes a file there")
-            not_an_input(path, "--out", {"RUN.jsonl": args.run})
+        out = output_dir(args.out, "--out", files=REPORT_FILES, inputs={"RUN.jsonl": args.run},  # each is replaced
+                         writer="the report")
         records = final_records(load_run(check_utf8(args.run, complete_lines=True), repair=False))
         if not records:
             raise ValueError(f"{args.run} holds no finished item")

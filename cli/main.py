@@ -28,6 +28,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 with interrupt_exits():  # importing the commands takes a second or more (torch)
     from . import bench_external, classifier, engine, evaluate, preposition, presto
     from .args import check_model_path
+    from .config_flags import record_flags
     from .output import quiet_bars
 
 COMMAND_MODULES = (engine, classifier, preposition, presto, bench_external, evaluate)
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(sub, bench_sub)
     for leaf in _leaf_parsers(parser):
         leaf.add_argument("--quiet", "-q", action="store_true", help="no progress bars (--json implies it)")
+        record_flags(leaf)  # a config's error names the flag, not the field (cli/config_flags.py)
     return parser
 
 

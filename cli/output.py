@@ -4,8 +4,8 @@
 every non-finite float becomes null and its path is listed under the top-level key "undefined" with the
 reason (from `reasons`, keyed by the field's name, or a generic one), then `json.dumps(allow_nan=False)`.
 
-`output_file(path, what)` / `output_dir(path, what)` check a path a command will write (--records, --out,
---plot, --plots) before it loads a model: the parent directory must already exist (a missing parent is
+`output_file(path, what)` / `output_dir(path, what, files=...)` check a path a command will write (--records, --out,
+--plot, --plots, and the files a directory receives) before it loads a model: the parent directory must already exist (a missing parent is
 never created: run as root, that made folders at /), the path must not be a directory (a file) or a file
 (a directory) or a FIFO or socket (opening one blocks), it must be writable (probed by opening it, since os.access answers yes to root), and it must
 not be one of the command's input files (`inputs`: appending records to the classifier the command reads, or
@@ -21,7 +21,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -162,9 +162,12 @@ def output_file(path: str | os.PathLike[str] | None, option: str, *, suffixes: t
     return p
 
 
-def output_dir(path: str | os.PathLike[str] | None, option: str) -> Path | None:
+def output_dir(path: str | os.PathLike[str] | None, option: str, *, files: Iterable[str] = (),
+               inputs: Mapping[str, Any] | None = None, writer: str = "the command") -> Path | None:
     """Check a directory a command will write files into: it exists, or its parent does (then
-    `make_output_dir` creates it when the files are written); None passes through."""
+    `make_output_dir` creates it when the files are written); None passes through.  `files`: the names the
+    command writes there; in an existing directory, each that is already there must be a file it can write (not
+    a directory, FIFO or socket: writing one failed after the work, or blocked) and not one of `inputs`."""
     if path is None:
         return None
     if not str(path).strip():
@@ -175,6 +178,15 @@ def output_dir(path: str | os.PathLike[str] | None, option: str) -> Path | None:
     if not p.exists():
         _parent_ok(p, option)
     _probe_dir(p if p.exists() else p.parent, option, p)
+    for f in (p / name for name in files if p.is_dir()):
+        if f.is_dir():
+            raise CommandError(f"{option} {p}: {f} is a directory; {writer} writes a file there")
+        if f.is_fifo() or f.is_socket():
+            raise CommandError(f"{option} {p}: {f} is a {'FIFO' if f.is_fifo() else 'socket'}, not a regular file; "
+                               f"{writer} writes a file there")
+        not_an_input(f, option, inputs or {})
+        if f.exists():
+            _probe_file(f, option)
     return p
 
 

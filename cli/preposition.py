@@ -28,6 +28,7 @@ from .args import (
     utf8_text,
 )
 from .applicability import reject_inapplicable
+from .config_flags import flags_named
 from .errors import CommandError, reports_errors
 from ..eval.preposition.config import BenchConfig
 from ..runtime_ext.preposition.gate import GateConfig
@@ -260,18 +261,18 @@ def _agentic_demo(engine: Any, gate: Any, rows: list[dict[str, Any]], tick: Any)
 @reports_errors("bench preposition")
 def bench_preposition_command(args: argparse.Namespace) -> int:
     _check_r_max(args.r_max)
-    plots = output_dir(args.plots, "--plots")
-    from ..eval.preposition.bench import run_bench
+    from ..eval.preposition.bench import FIGURE_FILES, run_bench
+
+    figures = [name for figure, name in FIGURE_FILES.items() if figure != 7 or args.calib_windows]  # 7: calibration
+    plots = output_dir(args.plots, "--plots", files=figures, writer="the benchmark")
     from ..eval.preposition.report import format_report
 
-    try:
+    with flags_named(args, BenchConfig, trace_interval_s="trace_interval"):
         cfg = BenchConfig(requests=args.requests, trace_updates=args.trace_updates, rhos=args.rhos,
                           trace_interval_s=args.trace_interval, trace_idle_factor=args.trace_idle_factor,
                           calib_windows=args.calib_windows, status_windows=args.status_windows, tau=args.tau,
                           r_max=args.r_max, agentic_turns=args.agentic_turns,
                           energy_iterations=args.energy_iterations, seed=args.seed)
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
     t0 = time.perf_counter()
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         res = run_bench(engine, engine.tokenizer, cfg, progress=_bar,

@@ -36,6 +36,7 @@ from .args import (
 )
 from .applicability import bench_presto_rules, reject_inapplicable, sample_rules
 from .classifier import classifier_from_args, warn_shipped
+from .config_flags import flags_named
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
 from .inputs import dataset_paths, naming_undecodable
@@ -185,8 +186,9 @@ def default_stream_rows(args: argparse.Namespace, npf: int | None, configs: list
 def _configs(args: argparse.Namespace, kinds, st: dict[str, Any]):
     from ..programs.sampler_config import SamplerConfig
 
-    return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
-                          alpha=st["alpha"], beta=args.beta or CPU_SAMPLER.beta, seed=st["seed"]) for k in kinds]
+    with flags_named(args, SamplerConfig, response_length="n", block_size="block", steps_per_block="K"):
+        return [SamplerConfig(kind=k, response_length=st["n"], block_size=st["block"], steps_per_block=st["K"],
+                              alpha=st["alpha"], beta=args.beta or CPU_SAMPLER.beta, seed=st["seed"]) for k in kinds]
 
 
 @contextlib.contextmanager

@@ -64,7 +64,7 @@ class WorkSplitConfig:
         if not self.rows or min(self.rows) < 1 or self.repeats < 1 or self.tokens < 1:
             raise ValueError("rows, repeats and tokens must be >= 1")
         if not self.neighbour_duties or any(not 0.0 <= d < 1.0 for d in self.neighbour_duties):
-            raise ValueError("neighbour duties must be in [0, 1)")
+            raise ValueError(f"neighbour_duties must be in [0, 1), got {list(self.neighbour_duties)}")
 
 
 @contextmanager

@@ -4,7 +4,9 @@ Durability.  Each finished item is ONE `os.write` of the whole line (JSON + "\\n
 opened with O_APPEND, then `fsync`.  A kill (SIGINT, SIGKILL, power loss) therefore loses only the items
 still running; the only damage it can leave is a trailing partial line (a write the kernel did not finish),
 which `load_run` truncates away before resuming - only once every complete line has been read as a forerun
-line: a file that is not a run is refused untouched.  Lines are strict JSON (NaN/inf become null).
+line: a file that is not a run is refused untouched.  A last line that is a whole record lacking only its newline
+(a file edited by hand) is a record, kept, and the next write puts the newline first.  Lines are strict JSON
+(NaN/inf become null).
 
 The first line is the run's header (`{"forerun_run": 1, ...}`): model, dtype, concurrency and every setting that
 defines an item's output; `--resume` refuses a run whose header differs (`header_differences`).  An item that
@@ -93,10 +95,22 @@ def _torn_header(data: bytes) -> bool:
     return torn.startswith(mark) or len(torn) > 2 and mark.startswith(torn)
 
 
+def _whole_record(tail: bytes) -> dict[str, Any] | None:
+    """The file's unterminated last line when it is a whole record that only lacks its newline (an edited file saved
+    without one); None for a torn line (a header without its newline is a run that never started, `_torn_header`)."""
+    try:
+        rec = json.loads(tail)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) and "key" in rec and rec.get(HEADER_MARK) is None else None
+
+
 def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """(header or None, records) of a run file.  Every complete line must be a forerun line (the header first,
     then records with a 'key'), else `RunFileError` and the file is left untouched; then a trailing partial
-    line (from a kill mid-write, the header's included) is truncated away when `repair` (else ignored)."""
+    line (from a kill mid-write, the header's included) is truncated away when `repair` (else ignored).  A last
+    line that is a whole record without its newline is read as one and kept (`RunWriter` adds the newline before
+    it appends): it used to be truncated away as torn, a finished result deleted (and left out of a report)."""
     p = Path(path)
     if not p.exists():
         return None, []
@@ -117,7 +131,10 @@ def read_run(path: str | os.PathLike[str], *, repair: bool = True) -> tuple[dict
         else:
             raise RunFileError(f"{p}:{lineno}: not a forerun run file (not an eval record)")
         first = False
-    if end < len(data) and repair:
+    whole = _whole_record(data[end:]) if data[end:].strip() else None
+    if whole is not None:
+        records.append(whole)
+    elif end < len(data) and repair:
         if end == 0 and data.strip() and not _torn_header(data):
             raise RunFileError(f"{p}: not a forerun run file (one unterminated line)")
         os.truncate(p, end)  # a torn record, or the torn header of a run killed as it started: nothing was run
@@ -151,15 +168,29 @@ def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def _ends_unterminated(path: Path) -> bool:
+    """Whether the regular file `path` is not empty and its last byte is not a newline."""
+    try:
+        with open(path, "rb") as fh:
+            if not fh.seek(0, os.SEEK_END):
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 class RunWriter:
     """Appends records to a run file: one os.write of the full line on an O_APPEND fd, then fsync."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._newline_first = _ends_unterminated(self.path)  # a whole record without its newline (`read_run`)
 
     def write(self, record: dict[str, Any]) -> None:
-        data = encode_line(record)
+        data = (b"\n" if self._newline_first else b"") + encode_line(record)  # else glued to that line, both lost
+        self._newline_first = False
         try:
             n = os.write(self.fd, data)
             os.fsync(self.fd)

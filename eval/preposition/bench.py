@@ -55,6 +55,9 @@ from ...runtime_ext.preposition.ready_cache import SessionState
 from ...runtime_ext.preposition.gate import GateConfig
 
 ARMS = ("cold", "fast", "fall_0", "fall_entry")
+FIGURE_FILES = {4: "fig4_latency_vs_entry.png", 5: "fig5_cost_anatomy.png", 6: "fig6_amortization.png",
+                7: "fig7_risk_coverage.png"}
+"""The files `run_bench` writes in `plots_dir`, by figure of the paper (7: only with the gate calibration)."""
 
 
 def _pct(xs: Sequence[float]) -> dict[str, float]:
@@ -273,7 +276,7 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
     calib["fast_tokens"] = top_counts([tokenizer.decode([p.fast_token]) for p in pairs])
     calib["full_tokens"] = top_counts([tokenizer.decode([p.full_token]) for p in pairs])
     if plots_dir:
-        plot_risk_coverage(points, f"{plots_dir}/fig7_risk_coverage.png",
+        plot_risk_coverage(points, f"{plots_dir}/{FIGURE_FILES[7]}",
                            title=f"trend task, all {len(pairs)} windows", tau_marker=tau)
     return calib
 
@@ -373,12 +376,12 @@ def _plots(out: dict[str, Any], consts: LatencyConstants, g: float | None, plots
     """Figures 4-6 from the measured constants (Figure 7 is drawn by the gate calibration)."""
     p50 = {a: out["latency"][a]["p50_ms"] for a in ARMS}
     L_entry = out["entry_len"]
-    plot_latency_vs_entry(consts, f"{plots_dir}/fig4_latency_vs_entry.png", measured_entry=L_entry,
+    plot_latency_vs_entry(consts, f"{plots_dir}/{FIGURE_FILES[4]}", measured_entry=L_entry,
                           measured_cold=[(L_entry, p50["cold"])])
-    plot_cost_anatomy(consts, L_entry, f"{plots_dir}/fig5_cost_anatomy.png",
+    plot_cost_anatomy(consts, L_entry, f"{plots_dir}/{FIGURE_FILES[5]}",
                       measured=[p50["cold"], p50["fall_0"], p50["fall_entry"], p50["fast"]])
     points = out.get("trace", {}).get("points", [])
     measured = [(t["rho"], t["measured_h"], *t["h_ci95"]) for t in points]
     fast = [(t["rho"], t["h_fast"]["rate"], *t["h_fast"]["ci95"]) for t in points if t["h_fast"]["n"]]
-    plot_amortization(consts, L_entry, g, f"{plots_dir}/fig6_amortization.png", measured=measured, measured_fast=fast)
+    plot_amortization(consts, L_entry, g, f"{plots_dir}/{FIGURE_FILES[6]}", measured=measured, measured_fast=fast)
     out["plots"] = plots_dir

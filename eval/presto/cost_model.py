@@ -47,10 +47,14 @@ def step_cost_curve(engine: Any, prompt_ids: Sequence[int], rows: Sequence[int] 
 
 def speedup_at_row_cost(row: dict[str, Any], row_cost: float) -> float:
     """(S_seq + λ·G_seq) ÷ (S_variant + λ·G_variant) from the row's decode steps S and row-steps G (means per
-    chain): the speedup predicted where one more row costs λ of a decode step (λ = 0: rows free)."""
+    chain): the speedup predicted where one more row costs λ of a decode step (λ = 0: rows free).  Past λ = 1 both
+    sides are divided by λ: the same ratio, and a huge finite λ (1e308) no longer overflows λ·G to inf / inf."""
     (s_seq, s_pre), (g_seq, g_pre) = row["decode_steps"], row["row_steps"]
-    t_pre = s_pre + row_cost * g_pre
-    return (s_seq + row_cost * g_seq) / t_pre if t_pre else math.nan
+    if row_cost > 1:
+        t_seq, t_pre = s_seq / row_cost + g_seq, s_pre / row_cost + g_pre
+    else:
+        t_seq, t_pre = s_seq + row_cost * g_seq, s_pre + row_cost * g_pre
+    return t_seq / t_pre if t_pre else math.nan
 
 
 def cost_model_prediction(row: dict[str, Any], fit: dict[str, float] | None = None,

@@ -38,6 +38,11 @@ def files(tmp_path_factory):
     (root / "a_dir").mkdir()
     os.mkfifo(root / "a_fifo")  # opening it to write blocks until a reader comes
     os.mkfifo(root / "a_fifo.png")
+    for folder, name in (("plots_fifo", "fig4_latency_vs_entry.png"), ("report_fifo", "summary.json")):
+        (root / folder).mkdir()  # an output folder holding a FIFO where the command writes one of its files
+        os.mkfifo(root / folder / name)
+    (root / "plots_dir" / "fig6_amortization.png").mkdir(parents=True)
+    (root / "one_item_run.jsonl").write_text('{"key": "math500|greedy|p0|1"}\n')
     from forerun.classifiers.certainty import CertaintyClassifier, CertaintyConfig
 
     fitted = CertaintyClassifier(CertaintyConfig(features=("cut_fraction", "node_id"))).fit(
@@ -64,6 +69,9 @@ def unwritable(root: Path) -> str | None:
 
 NO_SUCH = "/no/such/model"
 MISSING_PARENT = "/no-such-directory-forerun/out"
+TINY_PREPOSITION = ["--model", "tiny", "--requests", "1", "--trace-updates", "0", "--calib-windows", "0",
+                    "--status-windows", "0", "--agentic-turns", "0", "--energy-iterations", "0"]
+"""A `bench preposition` that takes seconds: a bad output path found only after it still fails fast."""
 
 # (command, argv, what the one line must say); {root} is the fixture folder; exit 2 unless noted in CODE_1
 CASES = [
@@ -74,7 +82,7 @@ CASES = [
     ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--dtype", "int8"], "dtype must be one of"),
     ("generate", ["generate", "--prompt", "x", "--temperature", "-1"], "--temperature"),
     ("generate", ["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
-    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "top_p"),
+    ("generate", ["generate", "--prompt", "x", "--model", "tiny", "--top-p", "2"], "--top-p must be in (0, 1]"),
     ("generate", ["generate", "--prompt", "x", "--seed", "-5"], "--seed"),
     ("generate", ["generate", "--prompt", "x", "--seed", str(2**64 + 1)], "--seed"),  # aliased seed 1 before
     ("generate", ["generate", "--model", "tiny", "--max-tokens", "2", "--prompt", "word " * 3000],
@@ -107,7 +115,7 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--sampler", "gibbs"], "invalid choice"),
     ("sample", ["sample", "--prompt", "x", "--n", "0"], "--n"),
     ("sample", ["sample", "--prompt", "x", "--alpha", "nan"], "--alpha"),
-    ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "block_size"),
+    ("sample", ["sample", "--prompt", "x", "--n", "6", "--block", "4"], "--block B must divide --n n=6"),
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "1e-320"],
      "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: exit 1 from the first call, after the load
     ("sample", ["sample", "--prompt", "x", "--model", "tiny", "--n", "4", "--alpha", "2e6"],
@@ -159,6 +167,12 @@ CASES = [
     # bench preposition
     ("bench preposition", ["bench", "preposition", "--plots", MISSING_PARENT], "does not exist (create it first)"),
     ("bench preposition", ["bench", "preposition", "--plots", "{root}/a_file.txt"], "is not a directory"),
+    ("bench preposition", ["bench", "preposition", "--plots", "{root}/plots_fifo", *TINY_PREPOSITION],
+     "plots_fifo/fig4_latency_vs_entry.png is a FIFO, not a regular file"),  # was: after the whole benchmark
+    ("bench preposition", ["bench", "preposition", "--plots", "{root}/plots_dir", *TINY_PREPOSITION],
+     "plots_dir/fig6_amortization.png is a directory"),  # was: after the whole benchmark
+    ("eval report", ["eval", "report", "{root}/one_item_run.jsonl", "--out", "{root}/report_fifo"],
+     "report_fifo/summary.json is a FIFO, not a regular file"),  # was: hung on the FIFO
     ("bench preposition", ["bench", "preposition", "--rhos", "1,nan"], "--rhos"),
     ("bench preposition", ["bench", "preposition", "--rhos", "0"], "--rhos"),
     ("bench preposition", ["bench", "preposition", "--r-max", "5"], "--r-max"),
@@ -204,9 +218,11 @@ CASES = [
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl"], "--out"),
     # classifier cv
     ("classifier cv", ["classifier", "cv", "--records", "/no/such.jsonl"], "cannot read records file"),
-    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"], "folds"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"],
+     "argument --folds: expected an integer >= 2, got 1"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
-    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"], "l2_penalty"),
+    ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--l2-penalty", "-1"],
+     "--l2-penalty must be a positive finite number"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--features", "nope"], "nope"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--seed", "4294967296"],
      "argument --seed: expected a seed in [0, 2**32 - 1]"),  # was scikit-learn's message, the option unnamed
@@ -241,6 +257,7 @@ REAL_PROCESS = {
     "classifier train:train --records {root}/malformed.jsonl --out {root}/m.json",
     "classifier cv:cv --records /no/such.jsonl",
     "forerun:smaple",
+    "eval report:report {root}/one_item_run.jsonl --out {root}/report_fifo",  # a FIFO hangs its writer
 }
 """Cases that run the real `forerun` in a subprocess: one or more per command."""
 

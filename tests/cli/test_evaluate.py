@@ -423,7 +423,7 @@ def test_a_block_that_does_not_divide_a_datasets_budget_is_refused_before_any_it
     rc = main(["eval", "--model", "tiny", "--datasets", "math500,aime", "--methods", "power-mh", "--limit", "1",
                "--n", "math500=32", "--block", "8", "--K", "2", "--out", str(run)])
     err = capsys.readouterr().err
-    assert rc == 2 and "block B=8 does not divide n=214 of aime" in err and err.count("\n") == 1
+    assert rc == 2 and "--block B=8 does not divide --n=214 of aime" in err and err.count("\n") == 1
     assert not run.exists()
 
 

@@ -63,3 +63,22 @@ def test_output_dir_checks(tmp_path):
     with pytest.raises(CommandError, match="does not exist"):
         output_dir(tmp_path / "a" / "b", "--plots")
     assert not (tmp_path / "a").exists()
+
+
+def test_output_dir_checks_the_files_it_will_receive(tmp_path):
+    """A FIFO or a folder where a command writes one of its files was found only when the file was written, after
+    all the work (a FIFO blocked the writer); each file a directory will receive is checked with the directory."""
+    import os
+
+    os.mkfifo(tmp_path / "a.png")
+    (tmp_path / "b.png").mkdir()
+    (tmp_path / "c.png").write_text("x")
+    with pytest.raises(CommandError, match="a.png is a FIFO, not a regular file; the benchmark writes a file there"):
+        output_dir(tmp_path, "--plots", files=["c.png", "a.png"], writer="the benchmark")
+    with pytest.raises(CommandError, match="b.png is a directory; the command writes a file there"):
+        output_dir(tmp_path, "--plots", files=["b.png"])
+    with pytest.raises(CommandError, match="is also the RUN.jsonl input"):
+        output_dir(tmp_path, "--out", files=["c.png"], inputs={"RUN.jsonl": tmp_path / "c.png"})
+    assert output_dir(tmp_path, "--plots", files=["c.png", "new.png"]) == tmp_path
+    assert (tmp_path / "c.png").read_text() == "x" and not (tmp_path / "new.png").exists()
+    assert output_dir(tmp_path / "later", "--plots", files=["a.png"]) == tmp_path / "later"  # created when written

@@ -66,7 +66,7 @@ def test_sample_rejects_bad_input(capsys):
     assert main(["sample", "--prompt", "", "--model", "tiny", "--n", "4", "--K", "2"]) == 2
     assert "prompt" in capsys.readouterr().err
     assert main(["sample", "--prompt", "x", "--model", "tiny", "--n", "6", "--block", "4"]) == 2
-    assert "block_size" in capsys.readouterr().err
+    assert "--block B must divide --n n=6, got 4" in capsys.readouterr().err  # the flags, not the fields
     assert main(["sample", "--prompt", "x", "--model", "/nonexistent/model", "--n", "4"]) == 2
 
 
@@ -177,6 +177,18 @@ def test_predict_row_cost_prints_each_variants_speedup_at_that_lambda(capsys):
     with pytest.raises(SystemExit) as refused:  # a negative λ: a usage error
         main(argv[:-2] + ["-1"])
     assert refused.value.code == 2
+
+
+def test_a_huge_finite_predict_row_cost_is_a_number_in_the_json(capsys):
+    """--predict-row-cost 1e308 (finite, so accepted) printed null: λ·G overflowed to inf / inf."""
+    argv = ["bench", "presto", "--model", "tiny", "--prompts", "1", "--n", "8", "--K", "2", "--traversal", "streaming",
+            "--no-cost-model", "--predict-row-cost", "1e308", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+    (r,) = out["rows"]
+    (s_seq, s_pre), (g_seq, g_pre) = r["decode_steps"], r["row_steps"]
+    assert "undefined" not in out and g_pre > 0
+    assert r["cost_model_prediction"]["speedup_at_row_cost"]["1e+308"] == pytest.approx(g_seq / g_pre, rel=1e-9)
 
 
 def test_server_backend_samplers_that_need_more_than_a_stock_server_fail_clearly(capsys):

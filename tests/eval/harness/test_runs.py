@@ -57,6 +57,24 @@ def test_writer_appends_and_load_repairs_a_torn_tail(tmp_path):
     assert [r["key"] for r in load_run(path)] == ["a", "b", "c"]
 
 
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path):
+    """A file saved without its final newline (edited by hand) ends in a whole record: it was truncated away as a
+    torn line by --resume (a finished result deleted, and the item run again) and left out of `eval report`
+    without a word.  It is read as a record, the file is not changed by reading it, and the next record written
+    goes on a line of its own."""
+    path = tmp_path / "run.jsonl"
+    head = run_header({"n": 32}, "m", "float32", 1)
+    text = json.dumps(head) + "\n" + '{"key": "a", "v": 1}\n' + '{"key": "b", "v": 2}'
+    path.write_text(text)
+    assert read_run(path, repair=False) == (head, [{"key": "a", "v": 1}, {"key": "b", "v": 2}])
+    assert read_run(path) == (head, [{"key": "a", "v": 1}, {"key": "b", "v": 2}]) and path.read_text() == text
+    with RunWriter(path) as w:
+        w.write({"key": "c", "v": 3})
+        w.write({"key": "d", "v": 4})
+    assert path.read_text() == text + '\n{"key": "c", "v": 3}\n{"key": "d", "v": 4}\n'
+    assert [r["key"] for r in load_run(path)] == ["a", "b", "c", "d"]
+
+
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_failed_write_names_the_run_file():
     """A failed write (a full disk: /dev/full fails every write) is an OSError naming the run file; the CLI's

@@ -19,6 +19,16 @@ def test_rows_free_and_at_row_cost_are_ratios_of_step_counts():
     assert math.isnan(speedup_at_row_cost({"decode_steps": [3, 0], "row_steps": [3, 0]}, 0.0))
 
 
+@pytest.mark.parametrize("lam", [1e200, 1e308, 1.7e308])
+def test_a_huge_finite_row_cost_gives_the_exact_ratio_not_nan(lam):
+    """λ·G overflowed to inf for λ near the largest float: inf / inf, a NaN printed as null in --json."""
+    from fractions import Fraction
+
+    (s_seq, s_pre), (g_seq, g_pre) = [Fraction(x) for x in ROW["decode_steps"]], [Fraction(x) for x in ROW["row_steps"]]
+    exact = (s_seq + Fraction(lam) * g_seq) / (s_pre + Fraction(lam) * g_pre)  # rational arithmetic: no overflow
+    assert speedup_at_row_cost(ROW, lam) == pytest.approx(float(exact), rel=1e-12)
+
+
 def test_a_fit_predicts_the_same_speedup_as_its_lambda():
     fit = {"a_s": 0.02, "b_s": 0.0013}
     pred = cost_model_prediction(ROW, fit, row_costs=[0.006, row_cost_of(fit)])

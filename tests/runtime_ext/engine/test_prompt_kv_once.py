@@ -53,8 +53,13 @@ def check_against_oracle(eng, out) -> None:
 
 
 def alone(requests):
+    """Each request run by itself in a fresh engine: (tokens, log p0 of each), which batching must not change a bit."""
     with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0)) as eng:
-        return [list(eng.generate(ids, p).output_ids) for ids, p in requests]
+        return [bits(eng.generate(ids, p)) for ids, p in requests]
+
+
+def bits(out):
+    return list(out.output_ids), list(out.output_logp0)
 
 
 def watch_steps(eng, also=None):
@@ -103,7 +108,7 @@ def test_rows_decoding_after_a_prompt_their_batch_prefilled_hold_it_once():
         assert eng.stats()["peak_kv_pool_tokens"] == 300 + 4 * 6
         for out in outs:
             check_against_oracle(eng, out)
-    assert [list(o.output_ids) for o in outs] == alone(requests)
+    assert [bits(o) for o in outs] == alone(requests)
 
 
 def test_a_row_reading_a_node_that_a_later_request_splits_holds_its_prompt_once():
@@ -128,7 +133,7 @@ def test_a_row_reading_a_node_that_a_later_request_splits_holds_its_prompt_once(
         assert len(seen) > 4 and all(held == tree for held, tree in seen), seen
         for out in (out_a, out_b):
             check_against_oracle(eng, out)
-    assert [list(out_a.output_ids), list(out_b.output_ids)] == alone([a, b])
+    assert [bits(out_a), bits(out_b)] == alone([a, b])
 
 
 def test_a_prompt_the_tree_takes_only_in_part_is_still_held_once():
@@ -145,4 +150,4 @@ def test_a_prompt_the_tree_takes_only_in_part_is_still_held_once():
         assert len(trees) == 1 and 0 < trees.pop() < 300  # the tree took part of the prompt only
         assert seen[0][0] == 300 and seen[1][0] == 300, seen
         check_against_oracle(eng, out)
-    assert [list(out.output_ids)] == alone([request])
+    assert [bits(out)] == alone([request])

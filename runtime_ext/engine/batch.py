@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from .forward import TOKEN_AXIS, copy_segments, kv_buffer_shape
+from .radix_cache import node_depth, path_kv
 from .requests import Request
 
 
@@ -194,8 +195,19 @@ class RunningBatch:
         return x, positions, mask, [P - own(r) for r in rows]
 
     def prefixes(self) -> list[list[torch.Tensor]] | None:
-        """Each row's prefix segments (share_prefix), else None."""
-        return [r.prefix for r in self.rows] if self.share_prefix else None
+        """Each row's prefix segments (share_prefix), else None; first brought up to date (`track_tree`)."""
+        if not self.share_prefix:
+            return None
+        self.track_tree()
+        return [r.prefix for r in self.rows]
+
+    def track_tree(self) -> None:
+        """Point each row's prefix at the tensors the radix tree holds now (`tree_prefix`; share_prefix only): a
+        node a row reads that a prefill or an insertion split since holds its KV in two new tensors, and the old
+        one, kept alive by the row alone, is let go."""
+        if self.share_prefix:
+            for r in self.rows:
+                r.prefix = tree_prefix(r)
 
     def advance(self) -> None:
         """After a step's forward: every row holds one more column of KV."""
@@ -221,11 +233,25 @@ def own(r: Request) -> int:
     return r.kv_len - r.prefix_len
 
 
+def tree_prefix(r: Request) -> list[torch.Tensor]:
+    """Row r's prefix segments as the radix tree holds them now: the KV of the path down to the node r locks, then
+    the part of its prompt the tree could not take (r's own last segment).  A split node's KV is two new tensors
+    (`RadixCache._split`); reading the old one kept it alive beside them, the prompt held twice."""
+    if r.node is None:
+        return r.prefix
+    path = path_kv(r.node)
+    rest = r.prefix_len - sum(int(t.shape[TOKEN_AXIS]) for t in path)
+    if rest == 0:
+        return path
+    if rest > 0 and r.prefix and int(r.prefix[-1].shape[TOKEN_AXIS]) == rest:
+        return path + [r.prefix[-1]]
+    return r.prefix
+
+
 def private_kv(r: Request, share_prefix: bool) -> int:
     """KV tokens running row r holds outside the radix tree: all its KV when its prefix was copied into the row,
-    else all but the cached prefix it matched (read in place; what its prefill computed is the row's own tensor,
-    the tree holding a clone)."""
-    return r.kv_len - (r.cached_tokens if share_prefix else 0)
+    else all but the prefix the tree holds for it (the path to the node it locks, read in place)."""
+    return r.kv_len - (node_depth(r.node) if share_prefix and r.node is not None else 0)
 
 
 def own_after_join(r: Request, segs: Sequence[torch.Tensor], share_prefix: bool) -> int:

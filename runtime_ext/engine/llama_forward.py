@@ -67,7 +67,13 @@ _NO_SEGMENTS = torch.empty(0, dtype=torch.long)
 def segment_table(segments: Sequence[Sequence[torch.Tensor]] | None, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(seg [S, 2] = (address, tokens), seg_off [B + 1]) of each row's prefix segments, for the attention
-    kernel; empty tensors when no row has any.  The caller keeps the tensors alive during the call."""
+    kernel; empty tensors when no row has any.  The caller keeps the tensors alive during the call.
+
+    The engine does so by construction: both callers (`prefill.compute_prompt_kv`, `EmbeddedEngine._step` via
+    `RunningBatch.prefixes`) pass lists that hold the tensors themselves, and `LeanForward.forward` holds those lists
+    until its native call returns.  The radix tree changes only on the engine thread, between forwards, and an
+    eviction or a split drops the tree's reference to a tensor, never the list's, nor writes into it (a split
+    clones; a row locks its prefix's nodes)."""
     if not segments or not any(len(row) for row in segments):
         return _NO_SEGMENTS, _NO_SEGMENTS
     table, off = [], [0]

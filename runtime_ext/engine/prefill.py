@@ -23,9 +23,9 @@ import torch
 
 from ..protocol import EngineError
 from .admission import release_held_prefix
-from .forward import all_finite, copy_segments, empty_kv_buffer
+from .forward import TOKEN_AXIS, all_finite, copy_segments, empty_kv_buffer
 from .output import top_entries
-from .radix_cache import RadixCache
+from .radix_cache import RadixCache, path_kv
 from .requests import Request, RequestMode
 from .sampling import vocab_stats
 
@@ -114,7 +114,12 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     radix.lock(node)
     radix.unlock(r.node)
     r.node = node
-    segments.append(new_kv)
+    if share_prefix:  # the row reads the tree's copy of its prompt in place; only what the tree could not take
+        segments = path_kv(node)  # stays the row's own (the prefill buffer itself is dropped: the prompt held once)
+        if covered < need:
+            segments.append(new_kv.narrow(TOKEN_AXIS, covered - m, need - covered).contiguous())
+    else:
+        segments.append(new_kv)
     return PromptKV(segments, covered=covered, logits=logits, logits_from=need - keep)
 
 

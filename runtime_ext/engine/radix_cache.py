@@ -37,6 +37,24 @@ class RadixNode:
     last_access: int = 0
 
 
+def path_kv(node: RadixNode) -> list[torch.Tensor]:
+    """The KV tensors of the nodes from the root down to `node` (the tree's own, not copies), in token order."""
+    kv: list[torch.Tensor] = []
+    while node.parent is not None:
+        assert node.kv is not None, "radix cache: a node on a live path has no KV (it was evicted)"
+        kv.append(node.kv)
+        node = node.parent
+    return kv[::-1]
+
+
+def node_depth(node: RadixNode) -> int:
+    """How many tokens the path from the root down to `node` covers."""
+    depth = 0
+    while node is not None:
+        depth, node = depth + len(node.key), node.parent
+    return depth
+
+
 @dataclass(frozen=True)
 class PrefixMatch:
     """Result of `match_prefix`: the deepest matched node, the matched length and the KV segments."""

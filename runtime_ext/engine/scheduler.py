@@ -374,8 +374,8 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
             if joined is not None:
                 joins[1 if r.priority < 0 else 0].append((r, joined))
         for key, batch in ((0, self._normal), (1, self._background)):
-            if joins[key]:
-                batch.join(joins[key])
+            batch.track_tree()  # a prefill may have split a node running rows read: their old tensor goes now
+            batch.join(joins[key])
         self._note_pool()
         if take:  # an abort that arrived during a prefill ends its request before it decodes a token
             self._handle_aborts()

@@ -7,6 +7,8 @@
   session's pinned state is charged once and an unpinned state in full.
 * The engine's headroom counts each KV token once: a pinned prefix that a running row reads in place is
   not charged again.
+* A standing query whose pre-position's pin the engine dropped (and whose KV it evicted) still gets the fresh
+  answer: oracle, greedy decoding by plain transformers forwards.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from forerun.programs.session_text import render
 from forerun.programs.sessions import SessionFormat, StreamingSession
@@ -25,6 +28,7 @@ from forerun.runtime_ext.preposition.engines import kv_headroom
 from forerun.runtime_ext.preposition.ready_cache import SessionState
 from forerun.runtime_ext.preposition.gate import GateConfig
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
+from forerun.testing.transformers_oracle import norms_in_model_dtype
 
 SYSTEM = "You watch a pump."
 DATA = "p=1.25 t=40 flow=ok"
@@ -156,3 +160,48 @@ def test_the_engine_headroom_charges_a_pinned_prefix_once():
         twice = budget - seen["radix_locked_tokens"] - seen["active_kv_tokens"]
         assert seen["active_kv_tokens"] >= 100 and twice < seen["kv_headroom_tokens"] - 90 + seen["radix_reserved_tokens"]
         eng.unpin(handle)
+
+
+def greedy_oracle(eng, ids, n):
+    """Oracle: n greedy tokens after `ids` from plain transformers forwards of the whole sequence (no cache)."""
+    seq = list(ids)
+    with torch.inference_mode(), norms_in_model_dtype():
+        for _ in range(n):
+            seq.append(int(torch.argmax(eng.model(input_ids=torch.tensor([seq])).logits[0, -1])))
+    return seq[len(ids):]
+
+
+@pytest.mark.parametrize("threshold, path", [(float("inf"), "fall"), (0.0, "fast")])
+def test_serving_a_standing_query_whose_pin_the_engine_dropped_gives_the_fresh_answer(threshold, path):
+    """Every pre-position's pin dropped and its KV evicted by a user request that needs the whole pool: serving the
+    standing query still answers as a fresh greedy decode of state ‖ entry (oracle: a plain transformers forward),
+    through the engine when the gate does not fire (nothing of the entry resident any more), from the ready
+    distribution when it does."""
+    state, entries, header, adhoc = lengths()
+    budget = state + sum(entries) + header + 40
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=budget)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=threshold), background=False))
+        s = StreamingSession(pp, system=SYSTEM)
+        try:
+            for name, q in QUERIES.items():
+                s.register_query(name, q)
+            s.append_data(DATA)
+            pins = {slot.pin for slot in s.state._slots.values()}
+            assert len(pins) == len(QUERIES) + 1 and None not in pins
+            # a user request whose row needs all but the session's pinned state: every background pin yields
+            filler = [(13 * i) % 200 + 30 for i in range(budget - state - 11)]
+            eng.generate(filler, SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True))
+            st = eng.stats()
+            assert st["pins_yielded"] == len(pins) and st["yielding_pins"] == 0 and pins <= eng._yielded
+            for n in (1, 3) if path == "fall" else (1,):
+                r = s.ask_standing("q0", max_new_tokens=n)
+                assert r.match == "exact" and r.path == (path if n == 1 else "fall")
+                assert eng.pinned_prefix(r.state + r.entry) == len(r.state)  # only the state is still pinned
+                got = [r.token_id] if r.output is None else list(r.output.output_ids)
+                assert got == greedy_oracle(eng, r.state + r.entry, n)
+                if r.output is not None and n == 1:
+                    assert r.cached_tokens == len(r.state)  # nothing of the entry was resident: prefilled again
+        finally:
+            s.close()
+            pp.close()
+        assert eng.stats()["pins"] == 0  # the session's pin released; unpin of a dropped pin is a no-op

@@ -658,9 +658,9 @@ def _no_invalidation(monkeypatch):
 @pytest.mark.parametrize("breakage", [_toggling_tokenization, _no_invalidation], ids=["tokenization", "invalidation"])
 def test_the_session_stress_fails_when_tokenization_races_or_invalidation_is_off(engine, monkeypatch, breakage):
     """Teeth: the same stress, with thread-unsafe tokenization again or invalidation switched off, finds wrong,
-    stale or lost answers (a race needs luck: up to three seeds)."""
+    stale or lost answers (a race needs luck: up to eight seeds; three missed it once on a loaded machine)."""
     breakage(monkeypatch)
-    for seed in (11, 12, 13):
+    for seed in range(11, 19):
         report = run_session_stress(engine, threads=8, ops=240, seed=seed, first_only=True)
         if report.wrong or report.stale or report.lost:
             break

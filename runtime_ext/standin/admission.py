@@ -5,13 +5,17 @@ EVERY item before it sends any (`tokenizer_manager._handle_batch_request`: `_sho
 for a batch without text, and `_batch_tokenize_and_process` builds all the tokenized requests, each through
 `_create_tokenized_object`'s `SamplingParams.normalize` / `verify`, before `_send_batch_request`), so a bad item
 refuses the whole batch with nothing run.  What only the scheduler refuses (a session abort, a logprob_start_len
-past the prompt) is the server's, once the items run.
+past the prompt) is the server's, once the items run.  A batch of `text` (SGLang tokenizes and sends its items one
+by one, and aborts those sent when a later one is refused) is checked whole here too.
 
     SGLang                                            here
     input_ids: ints of the vocabulary, not empty       prompt_error
     _validate_one_request: the context                 stopping.context_error
-    SamplingParams.verify                              request_sampling: byte_model.sampling_error,
-                                                       min_new_tokens <= max_new_tokens
+    SamplingParams.verify                              request_sampling: beam_width < 1 first (L253), then
+                                                       byte_model.sampling_error, min_new_tokens <= max_new_tokens
+    beam_width > 1                                     a beam search request (io_struct L517-529: no fan-out for n;
+                                                       the scheduler's BeamCoordinator): refused, as the stand-in
+                                                       lacks it (it sampled one sequence, beam_width ignored)
     sampling_params.n != 1, repetition_penalty != 1    refused, as the stand-in lacks them
 """
 
@@ -55,6 +59,9 @@ def prompt_error(ids: Any) -> str | None:
 def missing_features(sp: dict[str, Any], batched: bool) -> list[str]:
     """What a request asks for that the stand-in does not implement (never ignored silently)."""
     missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
+    beam_width = sp.get("beam_width")
+    if beam_width is not None and beam_width > 1:
+        missing.append(f"beam search (beam_width = {beam_width!r})")
     if sp.get("n") not in (None, 1):
         missing.append(f"parallel sampling (n = {sp['n']!r}; only n = 1)")
     return missing
@@ -64,6 +71,9 @@ def request_sampling(sp: dict[str, Any], *, batched: bool, deterministic: bool,
                      fresh_seed: Callable[[], int]) -> Sampling:
     """SGLang's sampling_params with its defaults, its verify (HTTP 400) and its seed rule: `sampling_seed`, 42
     when none under deterministic inference; `fresh_seed()` otherwise (no seed tensor: torch.multinomial)."""
+    beam_width = sp.get("beam_width")
+    if beam_width is not None and beam_width < 1:  # the first check of SamplingParams.verify
+        raise HTTPError(400, f"beam_width must be at least 1, got {beam_width}.")
     temperature = float(sp.get("temperature", 1.0))
     fields = dict(
         temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,

@@ -87,3 +87,48 @@ def test_a_batch_with_a_refused_item_runs_none_of_its_items(srv, bad):
     assert srv.counters == before
     again = _post(srv, {"input_ids": prompts[0], "sampling_params": good}).json()
     assert again["meta_info"]["cached_tokens"] == 0  # item 0 never ran: nothing of it in the prefix cache
+
+
+SAMPLING_PARAMS = "srt/sampling/sampling_params.py"
+IO_STRUCT = "srt/managers/io_struct.py"
+
+
+def _sglang_beam_verdict(beam_width) -> str | int:
+    """SGLang's own reading of `beam_width` in a request otherwise valid: its `SamplingParams.verify` message, else
+    the request's beam width (`GenerateReqInput._sampling_params_beam_width`: 1 is not a beam request)."""
+    verify = src.compile_function(src.method_def(SAMPLING_PARAMS, "SamplingParams", "verify"),
+                                  {"math": __import__("math"),
+                                   "get_request_reasoning_end_token_ids": lambda *a, **k: None}, SAMPLING_PARAMS)
+    params = SimpleNamespace(beam_width=beam_width, temperature=1.0, top_p=1.0, min_p=0.0, top_k=1 << 30,
+                             frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                             max_new_tokens=3, logit_bias=None, sampling_seed=None, custom_params=None,
+                             json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    try:
+        verify(params, 256)
+    except ValueError as exc:
+        return str(exc)
+    width = src.compile_function(src.method_def(IO_STRUCT, "GenerateReqInput", "_sampling_params_beam_width"), {},
+                                 IO_STRUCT)
+    return width(SimpleNamespace(sampling_params={} if beam_width is None else {"beam_width": beam_width}))
+
+
+@pytest.mark.parametrize("beam_width", [None, 1, 2, 4, 0, -1])
+def test_beam_width_is_refused_where_sglang_would_run_beam_search(srv, beam_width):
+    """SGLang runs a request with beam_width > 1 as beam search and refuses beam_width < 1 (SamplingParams.verify);
+    the stand-in ignored beam_width and sampled one sequence.  It now refuses a beam search (it has none) and a
+    beam_width < 1 with SGLang's message, running nothing; beam_width 1 or none answers as before."""
+    plain = {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 5}
+    sp = plain if beam_width is None else {**plain, "beam_width": beam_width}
+    want = _sglang_beam_verdict(beam_width)
+    before = dict(srv.counters)
+    r = _post(srv, {"input_ids": [BOS_ID, 5], "sampling_params": sp})
+    if isinstance(want, str):
+        assert r.status_code == 400 and r.json()["error"]["message"] == want
+        assert srv.counters == before
+    elif want > 1:
+        assert r.status_code == 400 and f"beam search (beam_width = {beam_width})" in r.json()["error"]["message"]
+        assert srv.counters == before
+    else:
+        assert r.status_code == 200
+        assert r.json()["output_ids"] == _post(srv, {"input_ids": [BOS_ID, 5], "sampling_params": plain}).json()[
+            "output_ids"]

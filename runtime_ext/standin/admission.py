@@ -16,7 +16,13 @@ by one, and aborts those sent when a later one is refused) is checked whole here
     beam_width > 1                                     a beam search request (io_struct L517-529: no fan-out for n;
                                                        the scheduler's BeamCoordinator): refused, as the stand-in
                                                        lacks it (it sampled one sequence, beam_width ignored)
-    sampling_params.n != 1, repetition_penalty != 1    refused, as the stand-in lacks them
+    sampling_params.n                                  GenerateReqInput._handle_parallel_sampling: only n > 1 fans
+                                                       out, so a single request with n <= 1 (0, -1 too) is one
+                                                       request; n > 1 (n samples per prompt) is refused, as the
+                                                       stand-in lacks it, and so is n != 1 in a batch (SGLang's
+                                                       batch path expands it to 0 copies, then indexes them: an
+                                                       IndexError, HTTP 500)
+    repetition_penalty != 1                            refused, as the stand-in lacks it
 """
 
 from __future__ import annotations
@@ -62,8 +68,9 @@ def missing_features(sp: dict[str, Any], batched: bool) -> list[str]:
     beam_width = sp.get("beam_width")
     if beam_width is not None and beam_width > 1:
         missing.append(f"beam search (beam_width = {beam_width!r})")
-    if sp.get("n") not in (None, 1):
-        missing.append(f"parallel sampling (n = {sp['n']!r}; only n = 1)")
+    n = sp.get("n")
+    if n is not None and (n > 1 or (batched and n != 1)):
+        missing.append(f"parallel sampling (n = {n!r}; only n = 1)")
     return missing
 
 

@@ -9,6 +9,7 @@ past the prompt) is the server's, once the items run.  A batch of `text` (SGLang
 by one, and aborts those sent when a later one is refused) is checked whole here too.
 
     SGLang                                            here
+    GenerateReqInput._validate_rid_uniqueness          rid_error: a rid list naming one rid twice
     input_ids: ints of the vocabulary, not empty       prompt_error
     _validate_one_request: the context                 stopping.context_error
     SamplingParams.verify                              request_sampling: beam_width < 1 first (L253), then
@@ -49,6 +50,16 @@ class Admitted:
     sp: dict[str, Any]
     sampling: Sampling
     rules: StopRules
+
+
+def rid_error(rid: Any) -> str | None:
+    """SGLang's refusal of a request whose rid list names a rid more than once (None when it does not)."""
+    if not isinstance(rid, list) or len(set(map(str, rid))) == len(rid):
+        return None
+    counts: dict[str, int] = {}
+    for r in rid:
+        counts[r] = counts.get(r, 0) + 1
+    return f"Duplicate request IDs detected within the request: {[r for r, c in counts.items() if c > 1]}"
 
 
 def prompt_error(ids: Any) -> str | None:

@@ -80,7 +80,7 @@ from .byte_model import (
     byte_tokenizer,
     generate,
 )
-from .admission import Admitted, admit
+from .admission import Admitted, admit, rid_error
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .routes import HTTPError, SchedulerAbort, make_handler
@@ -280,6 +280,9 @@ class StandInServer:
             return val
 
         stream = bool(body.get("stream")) and not batched
+        duplicate = rid_error(body.get("rid"))
+        if duplicate:
+            raise HTTPError(400, duplicate)
         admitted = [  # every item checked before any runs (`admission`)
             admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, batched=batched,
                   context_length=self.context_length, deterministic=self.deterministic, fresh_seed=self._fresh_seed)

@@ -132,3 +132,21 @@ def test_beam_width_is_refused_where_sglang_would_run_beam_search(srv, beam_widt
         assert r.status_code == 200
         assert r.json()["output_ids"] == _post(srv, {"input_ids": [BOS_ID, 5], "sampling_params": plain}).json()[
             "output_ids"]
+
+
+def test_a_batch_naming_a_rid_twice_is_refused_with_sglangs_message(srv):
+    """SGLang's normalize refuses a rid list with a duplicate (`GenerateReqInput._validate_rid_uniqueness`) before
+    anything runs; the stand-in ran both items under the one rid."""
+    from collections import Counter
+
+    check = src.compile_function(src.method_def(IO_STRUCT, "GenerateReqInput", "_validate_rid_uniqueness"),
+                                 {"Counter": Counter}, IO_STRUCT)
+    rids = ["a", "b", "a", "b", "c"]
+    with pytest.raises(ValueError) as sglang:
+        check(SimpleNamespace(rid=rids))
+    before = dict(srv.counters)
+    r = _post(srv, {"input_ids": [[BOS_ID, 5]] * 5, "rid": rids, "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and r.json()["error"]["message"] == str(sglang.value)
+    assert srv.counters == before
+    ok = _post(srv, {"input_ids": [[BOS_ID, 5]] * 2, "rid": ["a", "b"], "sampling_params": {"max_new_tokens": 1}})
+    assert ok.status_code == 200 and [o["meta_info"]["id"] for o in ok.json()] == ["a", "b"]

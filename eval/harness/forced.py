@@ -8,18 +8,20 @@ gets ONE greedy continuation on the same runtime (engine or server) as the metho
     prefix   = prompt ids + response ids before its first EOS (the EOS itself dropped) + the forcing text's ids
     forced   = greedy continuation of prefix: at most `max_tokens` tokens, stopping at EOS
     graded   = response text + forcing text + forced text, by the dataset's grader (`eval.graders.grade`),
-               exactly as a response is graded; mc: the forced text only up to the end of its first non-blank
-               line (`graded_text`), so the letter the forcing text opens is the answer and a later line (the
-               options of a next question, "A) ...", a restart) cannot override it
+               exactly as a response is graded, but only the answer the forcing text opens (`graded_text`):
+               math: the continuation up to the brace that closes the box the forcing text opens, so a later box
+               (a next problem's "\\boxed{43}", a restart) cannot override it; mc: up to the end of its first
+               non-blank line, so a later line (the options of a next question, "A) ...", a restart) cannot
+               override it
 
     answer kind   datasets                    forcing text                   max_tokens
-    math          math500, aime, aime2024/25  "\\n\\nFinal answer: $\\boxed{"    32 (the last \\boxed{} is read)
+    math          math500, aime, aime2024/25  "\\n\\nFinal answer: $\\boxed{"    32 (the box it opens is read)
     mc            gpqa, mmlu                  "\\n\\nThe answer is ("           8  ("answer is (X" is read)
     code          humaneval, mbpp, lcb-v5/6   none: a program cannot be forced in a few tokens, so code items
                                               get no forced pass (their forced fields are null, the column –)
 
 Record fields (next to the response's): `forced_text` (forcing text + continuation, all of it: the forced pass is
-graded on `response + forced_text`, for mc cut as said above), `forced_ids` (the continuation),
+graded on `response + forced_text`, cut as said above), `forced_ids` (the continuation),
 `forced_grade`, `forced_correct`, `forced_tokens` (tokens the forced pass decoded: never added to the method's
 `tokens_decoded`), `forced_wall_s` (its time: outside the item's `wall_s`).  The run header's settings hold
 `forced_answer`, and its `forced_answers` the forcing texts and budgets (`forcing_header`), so `--resume` refuses
@@ -47,10 +49,13 @@ class ForcedAnswer:
     first_line: bool = False
     """Grade the continuation only up to the end of its first non-blank line (the answer the forcing text opens,
     not what a later line says)."""
+    closes_box: bool = False
+    """The forcing text ends inside a box ("\\boxed{"): grade the continuation only up to the brace that closes
+    it (the answer the forcing text opens, not a later box)."""
 
 
 FORCED_ANSWERS: dict[str, ForcedAnswer] = {
-    "math": ForcedAnswer("\n\nFinal answer: $\\boxed{", 32),
+    "math": ForcedAnswer("\n\nFinal answer: $\\boxed{", 32, closes_box=True),
     "mc": ForcedAnswer("\n\nThe answer is (", 8, first_line=True),
 }
 """Per answer kind (`Prompt.category`); a kind not listed (code) gets no forced pass."""
@@ -90,11 +95,25 @@ def forced_text(forced: ForcedAnswer, continuation_text: str) -> str:
     return forced.text + continuation_text
 
 
+def through_closing_brace(text: str) -> str:
+    """`text` up to and including the "}" that closes a brace opened before it (braces counted as the math grader
+    balances them, escaped or not); all of it when that brace never closes."""
+    depth = 1
+    for i, c in enumerate(text):
+        depth += (c == "{") - (c == "}")
+        if depth == 0:
+            return text[:i + 1]
+    return text
+
+
 def graded_text(forced: ForcedAnswer, continuation_text: str) -> str:
     """What of the forced pass is graded after the response: the forcing text and the continuation, cut after its
-    first non-blank line where `forced.first_line`."""
+    first non-blank line where `forced.first_line`, after the brace closing the opened box where
+    `forced.closes_box`."""
     if forced.first_line:
         continuation_text = re.sub(r"(?s)(\S[^\n]*)\n.*", r"\1", continuation_text, count=1)
+    if forced.closes_box:
+        continuation_text = through_closing_brace(continuation_text)
     return forced.text + continuation_text
 
 

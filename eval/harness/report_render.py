@@ -104,9 +104,9 @@ def tost_table(summary: dict[str, Any]) -> list[str]:
 
 FORCED_NOTE = (" Forced answer (--forced-answer): after each response, cut at its first EOS, a forcing text "
                "(math: \"Final answer: $\\boxed{\", multiple choice: \"The answer is (\") and a short greedy "
-               "continuation, graded like a response (multiple choice: the continuation up to the end of its first "
-               "line); errors count as wrong; code datasets get no forced pass (–); its tokens are apart from tokens "
-               "decoded.")
+               "continuation, graded like a response (math: the continuation up to the close of the box it opens; "
+               "multiple choice: up to the end of its first line); errors count as wrong; code datasets get no "
+               "forced pass (–); its tokens are apart from tokens decoded.")
 
 
 def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Sequence[str]) -> str:

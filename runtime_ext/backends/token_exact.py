@@ -377,6 +377,10 @@ class TokenExactBackend(BaseBackend):
                 out.extend(self._tokenize(seg.text, at_start=not out))
         if not out:  # a program that starts with a gen: SGLang tokenizes "" (a BOS where the tokenizer adds one)
             out = self._tokenize("", at_start=True)
+        if not out and not text:
+            raise ValueError("empty prompt: the program has no text before its first gen or select, and this "
+                             "model's tokenizer adds no BOS token to \"\", so there is no token to continue from; "
+                             "start the program with some text (or token_ids)")
         return out, directives
 
     # -- BaseBackend ---------------------------------------------------------------------------

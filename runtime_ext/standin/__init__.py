@@ -10,6 +10,7 @@ the test suite runs it as the server the SGLang server client is tested against.
     module       responsibility
     server       StandInServer: lifecycle, /generate (SGLang's logprob shift, seed rule, sessions, plugin
                  keys), failure injection, the `python -m` entry point
+    admission    what SGLang's tokenizer manager refuses before a request runs (a batch: every item before any)
     routes       the HTTP handler: routes, SGLang's status codes and error bodies, failure injection
     byte_model   ByteModel (deterministic byte-vocabulary logits and sampling), its tokenizer, the prefix cache,
                  the decode loop

@@ -61,7 +61,6 @@ Every request body is recorded in `server.requests` as (path, parsed JSON), its 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import threading
 import uuid
@@ -74,25 +73,19 @@ import numpy as np
 from .byte_model import (
     BOS_ID,
     EOS_ID,
-    GREEDY_BELOW,
     VOCAB_SIZE,
     ByteModel,
     Generation,
     PrefixTrie,
-    Sampling,
     byte_tokenizer,
     generate,
-    sampling_error,
 )
+from .admission import Admitted, admit, rid_error
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stopping import StopRules, context_error, request_stop_rules
 from .stream import stream_chunks
-
-PENALTIES_OFF = {"repetition_penalty": 1.0}
-"""The SGLang penalty the stand-in lacks (frequency / presence it applies): another value, or n != 1, is HTTP 400."""
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -100,8 +93,6 @@ __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandIn
 FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang", "nan")
 PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
-UNSEEDED_DETERMINISTIC_SEED = 42
-"""SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
 
 
 @dataclass
@@ -289,17 +280,18 @@ class StandInServer:
             return val
 
         stream = bool(body.get("stream")) and not batched
+        duplicate = rid_error(body.get("rid"))
+        if duplicate:
+            raise HTTPError(400, duplicate)
+        admitted = [  # every item checked before any runs (`admission`)
+            admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, batched=batched,
+                  context_length=self.context_length, deterministic=self.deterministic, fresh_seed=self._fresh_seed)
+            for i, ids in enumerate(prompts)]
         outs = []
-        for i, ids in enumerate(prompts):
-            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise HTTPError(400, "input_ids must be a list of ints (or a list of such lists)")
-            if len(ids) == 0:
-                raise HTTPError(400, "The input_ids is empty.")
-            if any(t < 0 or t >= VOCAB_SIZE for t in ids):
-                raise HTTPError(400, f"input_ids contain an id outside [0, {VOCAB_SIZE})")
+        for i, request in enumerate(admitted):
             rid = self._item_rid(body.get("rid"), i, n, batched)
             outs.append(self._generate_one(
-                ids, item("sampling_params", {}, i) or {}, rid=rid, session=body.get("session_params"),
+                request, rid=rid, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
                 logprob_start_len=int(item("logprob_start_len", -1, i)),
                 top_logprobs_num=int(item("top_logprobs_num", 0, i)),
@@ -332,18 +324,11 @@ class StandInServer:
             raise
         return (full if full is not None else ids), abort
 
-    def _generate_one(self, ids: list[int], sp: dict[str, Any], *, rid: str, session: Any, return_logprob: bool,
+    def _generate_one(self, request: Admitted, *, rid: str, session: Any, return_logprob: bool,
                       logprob_start_len: int, top_logprobs_num: int, return_text: bool, stream: bool
                       ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
-        """One request's response and its sends (output tokens, text so far: a stream's chunks)."""
-        too_long = context_error(len(ids), sp.get("max_new_tokens"), self.context_length)
-        if too_long:
-            raise HTTPError(400, too_long)
-        sampling = self._sampling(sp)
-        rules = self._stop_rules(sp)
-        if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
-            raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "
-                                 f"{sampling.min_new_tokens}.")
+        """One admitted request's response and its sends (output tokens, text so far: a stream's chunks)."""
+        ids, sp, sampling, rules = request.ids, request.sp, request.sampling, request.rules
         tok = self.tokenizer
 
         def text_of(t: int) -> str | None:
@@ -394,44 +379,10 @@ class StandInServer:
             return None
         return [float(t) for t in custom.get("forerun_logq_temperatures") or []]
 
-    def _stop_rules(self, sp: dict[str, Any]) -> StopRules:
-        """When the request stops (`stopping`): SGLang's defaults, its normalize's limits (HTTP 400)."""
-        try:
-            return request_stop_rules(self.tokenizer, sp)
-        except ValueError as exc:
-            raise HTTPError(400, str(exc)) from None
-        except re.error:  # not a ValueError: it escapes SGLang's handlers
-            raise HTTPError(500, "Internal Server Error") from None
-
-    def _sampling(self, sp: dict[str, Any]) -> Sampling:
-        """SGLang's sampling_params with its defaults and its seed rule (see the module docstring)."""
-        temperature = float(sp.get("temperature", 1.0))
-        fields = dict(
-            temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
-            top_k=int(sp.get("top_k", -1)),
-            top_p=float(sp.get("top_p", 1.0)),
-            min_new_tokens=int(sp.get("min_new_tokens", 0)),
-            min_p=float(sp.get("min_p", 0.0)),
-            **{name: float(sp.get(name, 0.0)) for name in ("frequency_penalty", "presence_penalty")},
-        )
-        problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
-        if problem is not None:  # SGLang's verify: HTTP 400
-            raise HTTPError(400, problem)
-        missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
-        missing += [f"parallel sampling (n = {sp['n']!r}; only n = 1)"] if sp.get("n") not in (None, 1) else []
-        if missing:  # never ignored silently
-            raise HTTPError(400, f"the stand-in server does not implement {', '.join(missing)}")
-        seed = sp.get("sampling_seed")
-        if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
-            raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
-        if not self.deterministic:
-            seed = None  # SamplingBatchInfo builds no seed tensor: torch.multinomial
-        elif seed is None:
-            seed = UNSEEDED_DETERMINISTIC_SEED
-        if seed is None:
-            with self.lock:
-                seed = int(self._seed_rng.integers(0, 2**62))
-        return Sampling(seed=seed, **fields)
+    def _fresh_seed(self) -> int:
+        """A seed for a request whose sampling_seed the server ignores (not deterministic: fresh noise)."""
+        with self.lock:
+            return int(self._seed_rng.integers(0, 2**62))
 
     def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,
                       text_of: Any) -> dict[str, Any]:

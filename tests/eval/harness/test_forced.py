@@ -14,6 +14,7 @@ import pytest
 from forerun.cli.main import main
 from forerun.eval.datasets.loading import load_prompts
 from forerun.eval.graders.choice import extract_choice
+from forerun.eval.graders.math_answers import extract_final_answer
 from forerun.eval.harness import forced, items, methods
 from forerun.eval.harness.forced import FORCED_ANSWERS, forced_prefix, forcing_header, graded_text
 from forerun.eval.harness.report import summarize
@@ -106,7 +107,7 @@ def test_the_mc_forced_pass_reads_the_letter_the_forcing_text_opens(continuation
     """Graded as the whole text, a later line of the 8-token continuation overrode the forced letter (the last
     label or explicit answer wins in a response)."""
     assert extract_choice("I think about the orbitals" + graded_text(FORCED_ANSWERS["mc"], continuation)) == letter
-    assert graded_text(FORCED_ANSWERS["math"], "42}$\nmore") == FORCED_ANSWERS["math"].text + "42}$\nmore"
+    assert graded_text(FORCED_ANSWERS["math"], "42}$\nmore") == FORCED_ANSWERS["math"].text + "42}"  # its box
 
 
 def test_a_later_line_of_the_forced_continuation_does_not_override_its_letter(tmp_path, capsys, monkeypatch):
@@ -120,6 +121,32 @@ def test_a_later_line_of_the_forced_continuation_does_not_override_its_letter(tm
     r = next(r for r in read_run(run)[1] if r["dataset"] == "mmlu")
     assert r["forced_correct"] is True and r["forced_grade"]["extracted"] == gold
     assert r["forced_text"] == FORCED_ANSWERS["mc"].text + f"{gold})\n\n{other}) 3"  # recorded whole
+
+
+@pytest.mark.parametrize("continuation,answer", [
+    ("42}$", "42"),
+    ("42}$\n\nNext problem: what is 6*7+1? Final answer: $\\boxed{43}$", "42"),  # a next problem's box
+    ("42}$. Wait, that is wrong: $\\boxed{43}$", "42"),  # a restart after the forced box closed
+    ("\\frac{1}{2}}$ and \\boxed{43}", "\\frac{1}{2}"),  # braces nested in the forced box
+    ("\\{1, 2\\}}$ \\boxed{43}", "\\{1, 2\\}"),  # escaped braces balance as the grader counts them
+])
+def test_the_math_forced_pass_reads_the_box_the_forcing_text_opens(continuation, answer):
+    """Graded as the whole text, a later box of the 32-token continuation overrode the forced answer (the last
+    \\boxed{} wins in a response)."""
+    assert extract_final_answer("So we compute" + graded_text(FORCED_ANSWERS["math"], continuation)) == answer
+
+
+def test_a_later_box_of_the_forced_continuation_does_not_override_its_answer(tmp_path, capsys, monkeypatch):
+    seen = _stub_method_and_continuation(monkeypatch)
+    gold = load_prompts("math500", limit=1)[0].answer
+    continued = f"{gold}}}$\n\nNext problem: what is 2+2? Final answer: $\\boxed{{4}}$"
+    seen["golds"]["math"] = continued
+    run = tmp_path / "run.jsonl"
+    assert main([*SMALL, "--forced-answer", "--out", str(run)]) == 0
+    capsys.readouterr()
+    r = next(r for r in read_run(run)[1] if r["dataset"] == "math500")
+    assert r["forced_correct"] is True and r["forced_grade"]["extracted"] == gold
+    assert r["forced_text"] == FORCED_ANSWERS["math"].text + continued  # recorded whole
 
 
 def test_forced_pass_changes_nothing_of_the_method_and_resume_checks_it(tmp_path, capsys):

@@ -36,8 +36,9 @@ def class_def(path: str, name: str) -> ast.ClassDef:
     return next(n for n in _tree(path).body if isinstance(n, ast.ClassDef) and n.name == name)
 
 
-def method_def(path: str, cls: str, name: str) -> ast.FunctionDef:
-    return next(n for n in class_def(path, cls).body if isinstance(n, ast.FunctionDef) and n.name == name)
+def method_def(path: str, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    return next(n for n in class_def(path, cls).body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name)
 
 
 def function_def(path: str, name: str) -> ast.FunctionDef:

@@ -227,3 +227,16 @@ def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_betwee
         first = prompt_ids + [e[1] for e in st.get_meta_info("a")["output_token_logprobs"]]
         second = [ids for ids in eng.seen if len(ids) > len(first) and ids[:len(prompt_ids)] == tuple(prompt_ids)]
         assert len(second) == 1 and list(second[0][:len(first)]) == first, seed
+
+
+def test_a_program_that_starts_with_a_gen_fails_clearly_on_a_model_without_bos(backend):
+    """The tiny model's tokenizer adds no BOS, so a program with no text before its first gen has no prompt ids;
+    the error used to be the engine's bare "empty prompt (input_ids is empty)"."""
+    assert list(backend.engine.tokenizer.encode("")) == []
+
+    @function
+    def starts_with_a_gen(s):
+        s += gen("x", max_tokens=2)
+
+    error = str(starts_with_a_gen.run(backend=backend).error())
+    assert "no text before its first gen" in error and "start the program with some text" in error

@@ -169,3 +169,18 @@ def test_a_program_that_starts_with_a_gen_sends_the_empty_texts_ids():
     assert backend.tokenizer.encode("") == [BOS_ID]
     state = prog.run(backend=backend)
     assert state["x"] == "aa" and backend.requests[0][0] == [BOS_ID]
+
+
+def test_a_program_that_starts_with_a_gen_on_a_tokenizer_without_bos_is_refused_clearly():
+    """Where the tokenizer adds no BOS (the tiny model's, Qwen's), "" is no ids at all: there is no token to continue
+    from.  The backend sent an empty prompt on (the engine then said only "empty prompt (input_ids is empty)");
+    it now refuses the program before any request, saying why and what to do."""
+    @function
+    def prog(s):
+        s += gen("x", max_tokens=2)
+
+    backend = RecordingBackend()
+    assert backend.tokenizer.encode("", add_special_tokens=True) == []
+    state = prog.run(backend=backend)
+    assert "no text before its first gen" in str(state.error()) and "adds no BOS" in str(state.error())
+    assert backend.requests == []  # nothing sent

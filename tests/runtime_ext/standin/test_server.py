@@ -269,10 +269,16 @@ def test_parallel_sampling_n_is_refused_where_sglang_would_answer_n_samples(srv,
 
 
 @pytest.mark.parametrize("n", [0, -1])
-def test_other_values_of_n_are_refused_too(srv, n):
-    """Stricter than SGLang, whose `_handle_parallel_sampling` keeps a single request with n <= 0 single (what its
-    batch path then does with 0 copies was not followed); a non-integer n fails SGLang's own request schema, which
-    the stand-in runs first."""
-    assert _sglang_parallel_sampling({"n": n}, False) == (n, True)
-    r = _post(srv, "/generate", {"input_ids": [BOS_ID, 5], "sampling_params": {"max_new_tokens": 2, "n": n}})
-    assert r.status_code == 400 and "parallel sampling" in r.json()["error"]["message"]
+def test_a_single_request_with_n_below_one_is_one_request_as_in_sglang(srv, n):
+    """SGLang's `_handle_parallel_sampling` fans out only n > 1: a single request with n <= 0 stays one request
+    (SamplingParams.verify does not check n), answered as with n = 1; the stand-in refused it with HTTP 400.  In a
+    batch, n != 1 is still refused (SGLang expands the batch to 0 copies, then fails indexing them); a non-integer
+    n fails SGLang's own request schema, which the stand-in runs first."""
+    assert _sglang_parallel_sampling({"n": n}, False) == (n, True)  # one request, answered as one object
+    sp = {"max_new_tokens": 2, "temperature": 0.0}
+    r = _post(srv, "/generate", {"input_ids": [BOS_ID, 5], "sampling_params": {**sp, "n": n}})
+    assert r.status_code == 200
+    assert r.json()["output_ids"] == _post(srv, "/generate", {"input_ids": [BOS_ID, 5], "sampling_params": sp}).json()[
+        "output_ids"]
+    batch = _post(srv, "/generate", {"input_ids": [[BOS_ID, 5]], "sampling_params": [{**sp, "n": n}]})
+    assert batch.status_code == 400 and "parallel sampling" in batch.json()["error"]["message"]

@@ -1,0 +1,141 @@
+"""What SGLang 0.5.23's tokenizer manager checks before a /generate reaches its scheduler, for the stand-in server.
+
+A request the tokenizer manager refuses (a ValueError: HTTP 400) never runs.  For a batch of `input_ids` it checks
+EVERY item before it sends any (`tokenizer_manager._handle_batch_request`: `_should_use_batch_tokenization` is true
+for a batch without text, and `_batch_tokenize_and_process` builds all the tokenized requests, each through
+`_create_tokenized_object`'s `SamplingParams.normalize` / `verify`, before `_send_batch_request`), so a bad item
+refuses the whole batch with nothing run.  What only the scheduler refuses (a session abort, a logprob_start_len
+past the prompt) is the server's, once the items run.  A batch of `text` (SGLang tokenizes and sends its items one
+by one, and aborts those sent when a later one is refused) is checked whole here too.
+
+    SGLang                                            here
+    GenerateReqInput._validate_rid_uniqueness          rid_error: a rid list naming one rid twice
+    input_ids: ints of the vocabulary, not empty       prompt_error
+    _validate_one_request: the context                 stopping.context_error
+    SamplingParams.verify                              request_sampling: beam_width < 1 first (L253), then
+                                                       byte_model.sampling_error, min_new_tokens <= max_new_tokens
+    beam_width > 1                                     a beam search request (io_struct L517-529: no fan-out for n;
+                                                       the scheduler's BeamCoordinator): refused, as the stand-in
+                                                       lacks it (it sampled one sequence, beam_width ignored)
+    sampling_params.n                                  GenerateReqInput._handle_parallel_sampling: only n > 1 fans
+                                                       out, so a single request with n <= 1 (0, -1 too) is one
+                                                       request; n > 1 (n samples per prompt) is refused, as the
+                                                       stand-in lacks it, and so is n != 1 in a batch (SGLang's
+                                                       batch path expands it to 0 copies, then indexes them: an
+                                                       IndexError, HTTP 500)
+    repetition_penalty != 1                            refused, as the stand-in lacks it
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .byte_model import GREEDY_BELOW, VOCAB_SIZE, Sampling, sampling_error
+from .routes import HTTPError
+from .stopping import StopRules, context_error, request_stop_rules
+
+PENALTIES_OFF = {"repetition_penalty": 1.0}
+"""The SGLang penalty the stand-in lacks (frequency / presence it applies): another value is HTTP 400."""
+UNSEEDED_DETERMINISTIC_SEED = 42
+"""SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """One request the tokenizer manager accepted: its prompt, sampling_params, and how it samples and stops."""
+
+    ids: list[int]
+    sp: dict[str, Any]
+    sampling: Sampling
+    rules: StopRules
+
+
+def rid_error(rid: Any) -> str | None:
+    """SGLang's refusal of a request whose rid list names a rid more than once (None when it does not)."""
+    if not isinstance(rid, list) or len(set(map(str, rid))) == len(rid):
+        return None
+    counts: dict[str, int] = {}
+    for r in rid:
+        counts[r] = counts.get(r, 0) + 1
+    return f"Duplicate request IDs detected within the request: {[r for r, c in counts.items() if c > 1]}"
+
+
+def prompt_error(ids: Any) -> str | None:
+    """Why `ids` is not a prompt the server runs (None when it is)."""
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        return "input_ids must be a list of ints (or a list of such lists)"
+    if len(ids) == 0:
+        return "The input_ids is empty."
+    if any(t < 0 or t >= VOCAB_SIZE for t in ids):
+        return f"input_ids contain an id outside [0, {VOCAB_SIZE})"
+    return None
+
+
+def missing_features(sp: dict[str, Any], batched: bool) -> list[str]:
+    """What a request asks for that the stand-in does not implement (never ignored silently)."""
+    missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
+    beam_width = sp.get("beam_width")
+    if beam_width is not None and beam_width > 1:
+        missing.append(f"beam search (beam_width = {beam_width!r})")
+    n = sp.get("n")
+    if n is not None and (n > 1 or (batched and n != 1)):
+        missing.append(f"parallel sampling (n = {n!r}; only n = 1)")
+    return missing
+
+
+def request_sampling(sp: dict[str, Any], *, batched: bool, deterministic: bool,
+                     fresh_seed: Callable[[], int]) -> Sampling:
+    """SGLang's sampling_params with its defaults, its verify (HTTP 400) and its seed rule: `sampling_seed`, 42
+    when none under deterministic inference; `fresh_seed()` otherwise (no seed tensor: torch.multinomial)."""
+    beam_width = sp.get("beam_width")
+    if beam_width is not None and beam_width < 1:  # the first check of SamplingParams.verify
+        raise HTTPError(400, f"beam_width must be at least 1, got {beam_width}.")
+    temperature = float(sp.get("temperature", 1.0))
+    fields = dict(
+        temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
+        top_k=int(sp.get("top_k", -1)),
+        top_p=float(sp.get("top_p", 1.0)),
+        min_new_tokens=int(sp.get("min_new_tokens", 0)),
+        min_p=float(sp.get("min_p", 0.0)),
+        **{name: float(sp.get(name, 0.0)) for name in ("frequency_penalty", "presence_penalty")},
+    )
+    problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
+    if problem is not None:
+        raise HTTPError(400, problem)
+    missing = missing_features(sp, batched)
+    if missing:
+        raise HTTPError(400, f"the stand-in server does not implement {', '.join(missing)}")
+    seed = sp.get("sampling_seed")
+    if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
+        raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+    if not deterministic:
+        seed = fresh_seed()
+    elif seed is None:
+        seed = UNSEEDED_DETERMINISTIC_SEED
+    return Sampling(seed=seed, **fields)
+
+
+def request_rules(tokenizer: Any, sp: dict[str, Any]) -> StopRules:
+    """When the request stops (`stopping`): SGLang's defaults, its normalize's limits (HTTP 400)."""
+    try:
+        return request_stop_rules(tokenizer, sp)
+    except ValueError as exc:
+        raise HTTPError(400, str(exc)) from None
+    except re.error:  # not a ValueError: it escapes SGLang's handlers
+        raise HTTPError(500, "Internal Server Error") from None
+
+
+def admit(tokenizer: Any, ids: Any, sp: dict[str, Any], *, batched: bool, context_length: int, deterministic: bool,
+          fresh_seed: Callable[[], int]) -> Admitted:
+    """One request (or batch item) through the tokenizer manager's checks: Admitted, or HTTPError."""
+    problem = prompt_error(ids) or context_error(len(ids), sp.get("max_new_tokens"), context_length)
+    if problem:
+        raise HTTPError(400, problem)
+    sampling = request_sampling(sp, batched=batched, deterministic=deterministic, fresh_seed=fresh_seed)
+    rules = request_rules(tokenizer, sp)
+    if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
+        raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "
+                             f"{sampling.min_new_tokens}.")
+    return Admitted(list(ids), sp, sampling, rules)

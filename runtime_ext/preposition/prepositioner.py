@@ -50,7 +50,7 @@ from ..shutdown import close_at_exit
 from .counters import PrepositionCounters
 from .engines import PrepositionEngine, as_preposition_engine, context_limit, kv_headroom
 from .gate import GateConfig, gate_decision, gate_fires
-from .serve_result import ServePath, ServeReceipt, ServeResult
+from .serve_result import ServePath, ServeReceipt, ServeResult, as_restored, fall_path
 from .ready_cache import (
     Lookup,
     ReadyDistribution,
@@ -351,13 +351,15 @@ class Prepositioner:
             reason = gate_decision(gap, token, self.config.gate, token_text=self._decode(token)).reason
             if fires:
                 reason += f", but the fast path serves one token and the request asks for {max_new_tokens}"
-        path, delta, reason, receipt = self._fall_path(look, realized, reason)
+        path, delta, reason, receipt = fall_path(look, realized, reason)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=max_new_tokens == 1)
         out = self.runner.generate(look.state + realized, params, priority=0)
         if not out.output_ids:
             raise RuntimeError("engine returned no output token for a served request")
         latency = time.perf_counter() - t0
         cached = out.meta_info.get("cached_tokens")
+        if cached:  # 0: no cache hit reported at all (a server client's default, a cache-less server): says nothing
+            delta, reason = as_restored(delta, reason, len(look.state), len(realized), int(cached))
         result = ServeResult(
             path=path, token_id=int(out.output_ids[0]), text=out.text, latency_s=latency, logit_gap=gap,
             delta=delta, state=look.state, entry=realized, cached_tokens=None if cached is None else int(cached),
@@ -394,31 +396,6 @@ class Prepositioner:
         return ServeResult(path=path, token_id=token, text=text, latency_s=latency, logit_gap=gap, delta=0,
                            state=look.state, entry=look.ready.entry_ids, version=look.version, match=look.match,
                            reason=why, receipt=receipt)
-
-    @staticmethod
-    def _fall_path(look: Lookup, realized: tuple[int, ...],
-                   gate_reason: str) -> tuple[ServePath, int, str, ServeReceipt]:
-        """(path, Δ, reason, receipt) of a request that does not take the fast path (Eq. 5 / Eq. 2)."""
-        if look.match == "exact":
-            assert look.ready is not None
-            return ("fall", 0, gate_reason + "; the pre-paid entry is restored (Δ = 0)",
-                    ServeReceipt((look.ready,), "fell_through"))
-        if look.match == "relaxed":
-            why = "relaxed match of the generic header, " + gate_reason
-            if look.prepaid is not None:
-                return ("fall", len(realized) - look.prepaid.entry_len, why,
-                        ServeReceipt((look.prepaid,), "fell_through"))
-            return "fall", len(realized), why + "; nothing of this entry is pre-paid", ServeReceipt((), "fell_through")
-        if look.match == "prefix":
-            assert look.ready is not None
-            delta = len(realized) - look.ready.entry_len
-            return ("fall", delta, f"the entry extends a pre-positioned one: resumes after it (Δ = {delta})",
-                    ServeReceipt((look.ready,), "fell_through"))
-        if look.held:
-            return ("fall", len(realized), "the entry matches no pre-positioned entry (no relaxed match allowed here)",
-                    ServeReceipt((), "fell_through"))
-        return ("cold", len(realized), "no valid pre-position (none yet, invalidated by an update, or skipped)",
-                ServeReceipt((), "cold"))
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None, *, session: SessionState | None = None) -> bool:

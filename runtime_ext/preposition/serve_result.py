@@ -1,5 +1,5 @@
-"""What serving one request returns (`ServeResult`: the path of Algorithm 2, the first token, its latency) and
-what it counts on its session (`ServeReceipt`)."""
+"""What serving one request returns (`ServeResult`: the path of Algorithm 2, the first token, its latency), what it
+counts on its session (`ServeReceipt`), and how a request that misses the fast path gets its path and Δ (Eq. 5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..protocol import GenerateOutput
-from .ready_cache import MatchKind, ReadyDistribution
+from .ready_cache import Lookup, MatchKind, ReadyDistribution
 
 ServePath = Literal["fast", "fast_relaxed", "fall", "cold"]
 
@@ -48,3 +48,40 @@ class ServeReceipt:
 
     consumed: tuple[ReadyDistribution, ...]
     counter: str
+
+
+def as_restored(delta: int, reason: str, state_len: int, entry_len: int, cached: int) -> tuple[int, str]:
+    """(Δ, reason) as the engine's reported cache hit shows them: an engine under memory pressure may have
+    dropped a pre-position's pin and evicted its KV, and then fewer tokens than planned are restored (one less
+    is normal: the last token is recomputed for its logits).  Δ becomes the entry's tokens prefilled again."""
+    prepaid = entry_len - delta
+    resident = cached - state_len
+    if resident >= prepaid - 1:
+        return delta, reason
+    actual = entry_len - max(0, resident)
+    return actual, (f"{reason}; but the engine had dropped the pre-paid KV: {cached} of {state_len + prepaid} "
+                    f"tokens restored (Δ = {actual})")
+
+
+def fall_path(look: Lookup, realized: tuple[int, ...], gate_reason: str) -> tuple[ServePath, int, str, ServeReceipt]:
+    """(path, Δ, reason, receipt) of a request that does not take the fast path (Eq. 5 / Eq. 2)."""
+    if look.match == "exact":
+        assert look.ready is not None
+        return ("fall", 0, gate_reason + "; the pre-paid entry is restored (Δ = 0)",
+                ServeReceipt((look.ready,), "fell_through"))
+    if look.match == "relaxed":
+        why = "relaxed match of the generic header, " + gate_reason
+        if look.prepaid is not None:
+            return ("fall", len(realized) - look.prepaid.entry_len, why,
+                    ServeReceipt((look.prepaid,), "fell_through"))
+        return "fall", len(realized), why + "; nothing of this entry is pre-paid", ServeReceipt((), "fell_through")
+    if look.match == "prefix":
+        assert look.ready is not None
+        delta = len(realized) - look.ready.entry_len
+        return ("fall", delta, f"the entry extends a pre-positioned one: resumes after it (Δ = {delta})",
+                ServeReceipt((look.ready,), "fell_through"))
+    if look.held:
+        return ("fall", len(realized), "the entry matches no pre-positioned entry (no relaxed match allowed here)",
+                ServeReceipt((), "fell_through"))
+    return ("cold", len(realized), "no valid pre-position (none yet, invalidated by an update, or skipped)",
+            ServeReceipt((), "cold"))

@@ -201,6 +201,8 @@ def test_serving_a_standing_query_whose_pin_the_engine_dropped_gives_the_fresh_a
                 assert got == greedy_oracle(eng, r.state + r.entry, n)
                 if r.output is not None and n == 1:
                     assert r.cached_tokens == len(r.state)  # nothing of the entry was resident: prefilled again
+                    # ... and the result says so: the whole entry is Δ, not the planned 0
+                    assert r.delta == len(r.entry) and "dropped the pre-paid KV" in r.reason, (r.delta, r.reason)
         finally:
             s.close()
             pp.close()

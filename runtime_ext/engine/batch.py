@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from .forward import TOKEN_AXIS, copy_segments, kv_buffer_shape
-from .radix_cache import node_depth, path_kv
+from .radix_cache import RadixCache, node_depth, path_kv
 from .requests import Request
 
 
@@ -85,6 +85,9 @@ class RunningBatch:
         self._flat: torch.Tensor | None = None  # buf's memory
         self.end = 0
         self.rebuilds = 0
+        self._splits_seen = -1
+        self._untracked = True
+        """A row joined since the last track_tree (its prefix is re-read once, whatever the splits)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -137,6 +140,7 @@ class RunningBatch:
         """Add rows between steps (in place when they fit)."""
         if not add:
             return
+        self._untracked = True  # a node on a joining row's path may have split after its prefill
         fits = (
             self.buf is not None
             and len(self.rows) + len(add) <= self.buf.shape[2]
@@ -205,9 +209,10 @@ class RunningBatch:
         """Point each row's prefix at the tensors the radix tree holds now (`tree_prefix`; share_prefix only): a
         node a row reads that a prefill or an insertion split since holds its KV in two new tensors, and the old
         one, kept alive by the row alone, is let go."""
-        if self.share_prefix:
+        if self.share_prefix and (self._splits_seen != RadixCache.splits or self._untracked):
             for r in self.rows:
                 r.prefix = tree_prefix(r)
+            self._splits_seen, self._untracked = RadixCache.splits, False
 
     def advance(self) -> None:
         """After a step's forward: every row holds one more column of KV."""

@@ -67,6 +67,10 @@ class PrefixMatch:
 class RadixCache:
     """Prefix tree of KV under a token budget (see module docstring)."""
 
+    splits = 0
+    """Node splits so far, in every cache of the process: the only change of the tree that moves the tensors a
+    live path holds (`RunningBatch.track_tree` re-reads the rows' paths only after one)."""
+
     def __init__(self, max_total_tokens: int, *, token_axis: int = 3) -> None:
         if max_total_tokens <= 0:
             raise ValueError(f"max_total_tokens must be > 0, got {max_total_tokens}")
@@ -104,6 +108,7 @@ class RadixCache:
             last_access=node.last_access,
         )
         node.kv = node.kv.narrow(self.token_axis, at, len(node.key) - at).clone()
+        RadixCache.splits += 1
         node.key = node.key[at:]
         node.parent = head
         head.children[node.key[0]] = node

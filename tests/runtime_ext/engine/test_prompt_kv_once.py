@@ -151,3 +151,21 @@ def test_a_prompt_the_tree_takes_only_in_part_is_still_held_once():
         assert seen[0][0] == 300 and seen[1][0] == 300, seen
         check_against_oracle(eng, out)
     assert [bits(out)] == alone([request])
+
+
+def test_rows_re_read_their_tree_path_only_after_a_split_or_a_join(monkeypatch):
+    """track_tree walks each row's path to the root: once after the rows join and once after a split, not at every
+    decode step (a deep PreSTO tree made that a per-step cost on the critical path)."""
+    from forerun.runtime_ext.engine import batch as batch_module
+
+    walks = []
+    real = batch_module.tree_prefix
+    monkeypatch.setattr(batch_module, "tree_prefix", lambda r: walks.append(r.rid) or real(r))
+    requests = [(PROMPT + [k], SamplingParams(max_new_tokens=20, seed=k, ignore_eos=True)) for k in range(3)]
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=50.0)) as eng:
+        if not eng._normal.share_prefix:
+            pytest.skip("rows copy their prefix without the native forward")
+        outs = eng.generate_batch(requests)
+        assert eng.stats()["decode_steps"] >= 19
+        assert len(walks) <= 2 * len(requests), len(walks)  # not 3 rows x 20 steps
+    assert [bits(o) for o in outs] == alone(requests)

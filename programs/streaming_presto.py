@@ -462,7 +462,7 @@ class _BlockRun:
         """The record of a realized decision; an early rejection's log A is the bound it was decided by (A is at
         most that): `extra` says so and how many proposal tokens it read."""
         rec = self.sampler._node_record(self.result, self.block, call_index, accept_child(0), self.T, cut, j, log_a,
-                                        True, accepted, state)
+                                        True, accepted, root_cut_features(state, cut, self.sampler.config.alpha))
         if read is None:
             return rec
         return replace(rec, extra={**rec.extra, "log_accept_is_bound": True, "early_rejection_read": read,

@@ -154,3 +154,71 @@ def test_streaming_work_per_decision_does_not_grow_with_the_chain(monkeypatch):
     # history and started rows are read a bounded number of times per decision (the window records read each
     # started row once)
     assert long[0] <= 10 * 600, long[0]
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut", "multitry-mh"])
+@pytest.mark.parametrize("traversal", ["bfs", "predictive"])
+def test_a_round_computes_each_cut_statistic_once(monkeypatch, kind, traversal):
+    """The node records carry the root's statistics at their cut (`cut_statistics`), and every node of a depth has
+    the depth's cut: each record recomputed them (about 20 % of a round's planning at 256 nodes).  Counted here:
+    within one round no statistic of the root is computed twice at the same cut, and the records hold the values
+    computed directly from the root."""
+    from forerun.programs import cut_statistics
+
+    computed: list[tuple[int, int]] = []
+    original = cut_statistics.cut_statistics
+
+    def counted(values, cut):
+        computed.append((id(values), int(cut)))
+        return original(values, cut)
+
+    monkeypatch.setattr(cut_statistics, "cut_statistics", counted)
+    per_round: list[list[tuple[int, int]]] = []
+    roots = []
+
+    def on_call(call):
+        if call.kind in ("mh", "reuse"):  # (a block's extension computes none)
+            per_round.append(list(computed))
+            computed.clear()
+
+    model = LogitTableModel(4, seed=3, tempered_temperatures=TEMPS if kind == "multitry-mh" else ())
+    cfg = SamplerConfig(kind=kind, response_length=8, block_size=8, steps_per_block=30, seed=5, alpha=2.0,
+                        mtm_candidates=2)
+    extra = {"branch_prob": lambda node: 0.6} if traversal == "predictive" else {}
+    sampler = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=6, traversal=traversal, **extra))
+    round_ = sampler._round
+
+    def recorded_round(result, *args):
+        roots.append(result.state)
+        return round_(result, *args)
+
+    sampler._round = recorded_round
+    res = sampler.run([1, 2, 3], prompt_id="p", on_call=on_call)
+    rounds = res.rounds
+    assert len(per_round) == len(rounds) == len(roots)
+    assert max(len(c.nodes) for c in rounds) > 6  # rounds with several nodes at a depth
+    for calls, c, root in zip(per_round, rounds, roots):
+        assert len(calls) == len(set(calls)), (c.call_index, sorted(calls))
+        for node in c.nodes:
+            assert node.extra == original_features(root, node.cut, cfg.alpha)
+    monkeypatch.undo()
+
+
+def original_features(root, cut, alpha):
+    """Features 3/4 and the ratio statistics written out from their definitions (`cut_statistics` docstring)."""
+    import math
+
+    import numpy as np
+
+    out = {}
+    for prefix, a in (("logq", np.asarray(root.logq, float)), ("entropy", np.asarray(root.entropy, float))):
+        if prefix == "entropy" and not all(math.isfinite(h) for h in a):
+            continue
+        out[f"{prefix}_at_cut"] = float(a[cut])
+        out[f"{prefix}_jump_in"] = float(a[cut] - (a[cut - 1] if cut else 0.0))
+        out[f"{prefix}_jump_out"] = float(a[cut + 1] - a[cut]) if cut + 1 < len(a) else 0.0
+        out[f"{prefix}_suffix_mean"] = float(np.mean(a[cut:]))
+    log_z = alpha * np.asarray(root.logp0, float) - np.asarray(root.logq, float)
+    out["logz_suffix_sum"] = float(np.sum(log_z[cut:]))
+    out["logz_suffix_expected"] = float((len(log_z) - cut) * np.mean(log_z))
+    return out

@@ -222,3 +222,44 @@ def original_features(root, cut, alpha):
     out["logz_suffix_sum"] = float(np.sum(log_z[cut:]))
     out["logz_suffix_expected"] = float((len(log_z) - cut) * np.mean(log_z))
     return out
+
+
+def _streaming_kept(monkeypatch, kind: str, K: int) -> tuple[int, int, list[int], int]:
+    """A streaming chain of one block of K steps: (the most parked partial rows and memoized draws held after a
+    decision, the transitions of what was held there from decided transitions, transitions realized)."""
+    from forerun.programs import streaming_presto
+    from forerun.programs.streaming_presto import StreamingPrestoSampler
+    from forerun.testing.stepped_streams import SteppedStreams
+
+    decided = streaming_presto._BlockRun.decided
+    parked, memo, stale = [0], [0], []
+
+    def counted_decided(self, *args):
+        decided(self, *args)
+        parked[0] = max(parked[0], len(self.parked))
+        # the memo's draw keys are (name, args, kwargs), args[0] the transition; they may be grouped (by transition)
+        keys = [key for k, v in self.stream._memo.items() for key in (v if isinstance(v, dict) else [k])]
+        held = [key[1][0] for key in keys if key[1]]
+        memo[0] = max(memo[0], len(held))
+        stale.extend(j for j in held if j < self.k)
+        stale.extend(row.transition for _, row in self.parked.values() if row.transition < self.k)
+
+    monkeypatch.setattr(streaming_presto._BlockRun, "decided", counted_decided)
+    model = LogitTableModel(5, seed=3)
+    cfg = SamplerConfig(kind=kind, response_length=8, block_size=8, steps_per_block=K, seed=1, alpha=2.0)
+    res = StreamingPrestoSampler(model, cfg, PrefetchConfig(budget=6, streaming=True),
+                                 streams=SteppedStreams(model)).run([1, 2, 3], prompt_id="p")
+    monkeypatch.undo()
+    return parked[0], memo[0], stale, res.transitions
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
+def test_streaming_keeps_nothing_of_decided_transitions(monkeypatch, kind):
+    """Streaming PreSTO kept the partial rows of aborted requests (`parked`) and its memoized decision draws (for
+    EntropyCut a Gumbel array of the response's length per transition) for every transition of the block: memory
+    that grew with K (power-mh at K = 400: 68 parked rows, 1200 draws).  No later decision reads a decided
+    transition's draw or request: after every decision none is held, and what is held does not grow with K."""
+    short, long = _streaming_kept(monkeypatch, kind, 60), _streaming_kept(monkeypatch, kind, 600)
+    assert short[3] == 60 and long[3] == 600
+    assert not short[2] and not long[2], sorted(set(long[2]))[:10]
+    assert long[0] <= 6 and long[1] <= 3 * 60, (short[:2], long[:2])

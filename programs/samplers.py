@@ -353,7 +353,7 @@ class PrestoSampler(BlockwiseSampler):
                 costs.append(cost)
                 spent += cost
         features = features if features is not None else RootCutFeatures(root, self.config.alpha)
-        stats = [features.at(c) for c in cuts]
+        stats = [features.at(c) for c in cuts] if pf.traversal == "predictive" else []  # BFS reads no feature
         by_name = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
         return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
                              tree_position=pf.tree_position, budget_unit=pf.budget_unit, depth_costs=costs,

@@ -263,3 +263,34 @@ def test_streaming_keeps_nothing_of_decided_transitions(monkeypatch, kind):
     assert short[3] == 60 and long[3] == 600
     assert not short[2] and not long[2], sorted(set(long[2]))[:10]
     assert long[0] <= 6 and long[1] <= 3 * 60, (short[:2], long[:2])
+
+
+@pytest.mark.parametrize("kind", ["power-mh", "entropy-cut"])
+def test_a_bfs_round_computes_statistics_only_where_it_scores(monkeypatch, kind):
+    """BFS reads no per-depth feature, yet every plan computed the root's statistics at the cut of every depth it
+    might pay: under the node unit min(K − k, N_pf) depths (64 here) for a tree that reaches about log2(64).  The
+    statistics a BFS round computes are those of the cuts its node records carry."""
+    from forerun.programs import cut_statistics
+
+    computed: set[int] = set()
+    original = cut_statistics.cut_statistics
+
+    def counted(values, cut):
+        computed.add(int(cut))
+        return original(values, cut)
+
+    monkeypatch.setattr(cut_statistics, "cut_statistics", counted)
+    extra: list[set[int]] = []
+
+    def on_call(call):
+        if call.kind in ("mh", "reuse"):
+            extra.append(computed - {node.cut for node in call.nodes})
+            computed.clear()
+
+    model = LogitTableModel(4, seed=3)
+    cfg = SamplerConfig(kind=kind, response_length=64, block_size=64, steps_per_block=80, seed=5, alpha=2.0)
+    sampler = make_sampler(model, cfg, presto=True, prefetch=PrefetchConfig(budget=64, budget_unit="node"))
+    res = sampler.run([1, 2, 3], prompt_id="p", on_call=on_call)
+    assert res.transitions == 80 and len(extra) == len(res.rounds)
+    assert not any(extra), [sorted(e) for e in extra if e][:3]
+    monkeypatch.undo()

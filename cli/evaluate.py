@@ -26,7 +26,7 @@ from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
-from .config_flags import flags_named
+from .config_flags import field_flags, flags_named, name_flags
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
 from .inputs import check_utf8, dataset_paths, naming_undecodable
@@ -249,7 +249,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     for ds in names:  # --block must divide every dataset's n, α suit every method: refused before any item runs
         with flags_named(args, EvalSettings, budgets="n"):
             resolved = settings.for_dataset(ds)
-        _check_methods(resolved, methods, seeds[0])
+        _check_methods(args, resolved, methods, seeds[0])
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
@@ -261,9 +261,10 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             "dataset_files": files}
 
 
-def _check_methods(settings: Any, methods: list[str], seed: int) -> None:
+def _check_methods(args: argparse.Namespace, settings: Any, methods: list[str], seed: int) -> None:
     """Every method's settings built once (`MethodRunner.config`): one that cannot run (power-smc at α < 1) is
-    one line naming the method, before any model loads, instead of an error line per item."""
+    one line naming the method and the flags for the config's fields (`config_flags`), before any model loads,
+    instead of an error line per item."""
     from ..eval.harness.methods import MethodRunner
 
     runner = MethodRunner(None, settings)
@@ -271,7 +272,24 @@ def _check_methods(settings: Any, methods: list[str], seed: int) -> None:
         try:
             runner.config(method, seed)
         except ValueError as exc:
-            raise ValueError(f"--methods {method}: {exc}") from None
+            config_type, dests = _method_config_dests(method)
+            message = name_flags(_one_line(exc), field_flags(args, config_type, dests))
+            raise ValueError(f"--methods {method}: {message}") from None
+
+
+def _method_config_dests(method: str) -> tuple[type, dict[str, str]]:
+    """The config `MethodRunner.config` builds for `method` and {field: the eval flag's dest} where they differ."""
+    from ..eval.harness.methods import Method
+    from ..programs.baselines import BaselineConfig
+    from ..programs.power_smc import PowerSMCConfig
+    from ..programs.sampler_config import SamplerConfig
+
+    if Method.parse(method).is_mh:
+        return SamplerConfig, {"response_length": "n", "block_size": "block", "steps_per_block": "K"}
+    if method == "power-smc":
+        return PowerSMCConfig, {"particles": "smc_particles", "max_new_tokens": "n", "block_size": "smc_block",
+                                "ramp_tokens": "smc_ramp", "ess_threshold": "smc_ess", "final": "smc_final"}
+    return BaselineConfig, {"max_new_tokens": "n", "samples": "best_of", "select": "best_of_select"}
 
 
 def _classifier(args: argparse.Namespace, methods: list[str]):

@@ -64,3 +64,18 @@ def root_cut_features(root: ChainState, cut: int, alpha: float | None = None) ->
         out["logz_suffix_sum"] = float(np.sum(log_z[cut:]))
         out["logz_suffix_expected"] = float((len(log_z) - cut) * np.mean(log_z))
     return out
+
+
+class RootCutFeatures:
+    """`root_cut_features` of one root state, computed once per cut: a PreSTO round reads the same cut for its
+    depth's planning features and for the record of every node scored at that depth."""
+
+    def __init__(self, root: ChainState, alpha: float | None = None) -> None:
+        self.root, self.alpha = root, alpha
+        self._by_cut: dict[int, dict[str, float]] = {}
+
+    def at(self, cut: int) -> dict[str, float]:
+        """The features at `cut` (a fresh dict each call: a record may extend its own)."""
+        if cut not in self._by_cut:
+            self._by_cut[cut] = root_cut_features(self.root, cut, self.alpha)
+        return dict(self._by_cut[cut])

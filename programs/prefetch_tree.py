@@ -271,11 +271,13 @@ def plan_from_selection(
     *, predicted_transitions: float | None = None,
 ) -> PrefetchPlan:
     """Requests for an explicit selection ℐ of expanded nodes (e.g. the predictive DP's), in BFS order."""
-    sel = sorted(set(check_node(i) for i in selected), key=lambda i: (node_depth(i), i))
-    known = known_cuts(sel, request_cuts, horizon)
+    chosen = set(check_node(i) for i in selected)
+    sel = sorted(chosen, key=lambda i: (node_depth(i), i))
+    check_request_cuts(request_cuts, horizon)
+    known = {0: int(horizon)}  # κ of each node is set by its parent, met earlier in BFS order: linear in |ℐ|
     requests = []
     for node in sel:
-        if node != 0 and parent_of(node) not in sel:
+        if node != 0 and parent_of(node) not in chosen:
             raise ValueError(f"selection is not ancestor-closed: {node} without its parent")
         depth = node_depth(node)
         cut = int(request_cuts[depth])

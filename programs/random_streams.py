@@ -149,11 +149,13 @@ def uniform_cut(u: float, horizon: int) -> int:
 
 
 class MemoStream:
-    """A `DecisionStream` whose draws are computed once (the tree asks for the same j many times)."""
+    """A `DecisionStream` whose draws are computed once (the tree asks for the same j many times); the draws of
+    transitions no later decision reads are dropped by `forget_before`."""
 
     def __init__(self, stream: DecisionStream) -> None:
         self._stream = stream
-        self._memo: dict[Any, Any] = {}
+        self._memo: dict[Any, dict[Any, Any]] = {}
+        """transition (a draw's first argument; None for `extend_seed`) -> {(name, args, kwargs): the draw}."""
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self._stream, name)
@@ -162,7 +164,18 @@ class MemoStream:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             key = (name, args, tuple(sorted(kwargs.items())))
-            if key not in self._memo:
-                self._memo[key] = fn(*args, **kwargs)
-            return self._memo[key]
+            memo = self._memo.setdefault(args[0] if args else kwargs.get("transition"), {})
+            if key not in memo:
+                memo[key] = fn(*args, **kwargs)
+            return memo[key]
         return call
+
+    def forget_before(self, transition: int) -> None:
+        """Drop the draws of transitions < `transition` (decided: their draws are never asked for again)."""
+        for j in [j for j in self._memo if j is not None and j < transition]:
+            del self._memo[j]
+
+    @property
+    def kept(self) -> int:
+        """Draws held."""
+        return sum(len(m) for m in self._memo.values())

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .acceptance import accept_decision, epsilon_class
-from .cut_statistics import root_cut_features
+from .cut_statistics import RootCutFeatures, root_cut_features
 from .transitions import ChainState, EntropyCutKernel, MultiTryKernel, PowerMHKernel, TransitionKernel
 from .prefetch_round import round_requests, score_round
 from .prefetch_tree import PrefetchPlan, accept_child, accepts_on_path, mh_transition, node_depth, parent_of
@@ -221,8 +221,9 @@ class BlockwiseSampler:
 
     def _node_record(self, result: ChainResult, block: int, call_index: int, node: int, parent_cut: int,
                      cut: int, j: int, log_a: float, realized: bool, accepted: bool | None,
-                     root: ChainState) -> NodeRecord:
-        """The record of a scored node; Features 3/4 are the ROOT state's statistics at the cut."""
+                     root_features: dict[str, float]) -> NodeRecord:
+        """The record of a scored node; `root_features` are the ROOT state's statistics at the cut (Features 3/4,
+        `cut_statistics`)."""
         a = math.exp(log_a)
         prefetch = getattr(self, "prefetch", None)  # PreSTO samplers; the sequential one has none
         return NodeRecord(prompt_id=result.prompt_id, sampler=self.name,
@@ -232,7 +233,7 @@ class BlockwiseSampler:
                           parent_cut=parent_cut, cut_fraction=cut / result.state.length,
                           accepts_on_path=accepts_on_path(parent_of(node)), accept_prob=a, log_accept=log_a,
                           certainty_class=epsilon_class(a, self.config.epsilon), realized=realized,
-                          accepted=accepted, extra=root_cut_features(root, cut, self.config.alpha))
+                          accepted=accepted, extra=root_features)
 
     def run(self, prompt_ids: Sequence[int], prompt_id: str = "", *,
             progress: Callable[[int], None] | None = None,
@@ -304,7 +305,8 @@ class SequentialSampler(BlockwiseSampler):
             accepted = accept_decision(stream.accept_log_uniform(j), decision.log_accept)
             call_index = len(result.calls)
             node = self._node_record(result, block, call_index, accept_child(0), horizon, cut, j,
-                                     decision.log_accept, True, accepted, state)
+                                     decision.log_accept, True, accepted,
+                                     root_cut_features(state, cut, self.config.alpha))
             result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,
                                            kind="mh", block=block, wall_time=wall, nodes_scored=1,
                                            distinct_requests=distinct, generated_requests=generated,
@@ -331,9 +333,10 @@ class PrestoSampler(BlockwiseSampler):
         return f"presto-{self.config.kind}"
 
     def plan(self, root: ChainState, k: int, cap: int, stream: DecisionStream, prompt_ids: tuple[int, ...],
-             cache: SuffixCache | None = None) -> PrefetchPlan:
+             cache: SuffixCache | None = None, features: RootCutFeatures | None = None) -> PrefetchPlan:
         """Collect the round's requests (BFS or predictive) with per-depth cuts of transitions k + d.  Under the
-        request unit a depth costs the requests of its transition not yet in the chain's cache."""
+        request unit a depth costs the requests of its transition not yet in the chain's cache.  `features`: the
+        round's statistics of the root by cut (shared with its node records; default computed here)."""
         pf = self.prefetch
         costs = None
         if pf.budget_unit != "request":
@@ -349,11 +352,12 @@ class PrestoSampler(BlockwiseSampler):
                 cuts.append(c)
                 costs.append(cost)
                 spent += cost
-        stats = [root_cut_features(root, c, self.config.alpha) for c in cuts]
-        features = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
+        features = features if features is not None else RootCutFeatures(root, self.config.alpha)
+        stats = [features.at(c) for c in cuts] if pf.traversal == "predictive" else []  # BFS reads no feature
+        by_name = {name: [f[name] for f in stats] for name in stats[0]} if stats else {}
         return plan_prefetch(cuts, root.length, pf.budget, cap, traversal=pf.traversal, branch_prob=pf.branch_prob,
                              tree_position=pf.tree_position, budget_unit=pf.budget_unit, depth_costs=costs,
-                             max_nodes=pf.max_nodes, call_overhead=pf.call_overhead, depth_features=features)
+                             max_nodes=pf.max_nodes, call_overhead=pf.call_overhead, depth_features=by_name)
 
     def _cuts_ahead(self, root: ChainState, k: int, cap: int, stream: DecisionStream) -> Iterator[int]:
         """The cuts of transitions k, k + 1, ..., k + cap − 1, drawn as they are consumed, in chunks of doubling size
@@ -379,7 +383,8 @@ class PrestoSampler(BlockwiseSampler):
     def _round(self, result: ChainResult, stream: DecisionStream, block: int, k: int, cap: int,
                cache: SuffixCache | None) -> int:
         root = result.state
-        plan = self.plan(root, k, cap, stream, result.prompt_ids, cache)
+        features = RootCutFeatures(root, self.config.alpha)  # once per cut this round (plan and records)
+        plan = self.plan(root, k, cap, stream, result.prompt_ids, cache, features)
         if not plan.requests:
             raise RuntimeError("prefetch round collected no request (the root's request is always feasible)")
         by_depth = round_requests(self.kernel, result.prompt_ids, root, plan.requests, k, stream)
@@ -405,7 +410,8 @@ class PrestoSampler(BlockwiseSampler):
         call_index = len(result.calls)
         nodes = tuple(
             self._node_record(result, block, call_index, r.node, r.parent_cut, r.cut, k + r.depth,
-                              scored.decisions[r.node].log_accept, r.parent in taken, taken.get(r.parent), root)
+                              scored.decisions[r.node].log_accept, r.parent in taken, taken.get(r.parent),
+                              features.at(r.cut))
             for r in plan.requests if r.node in scored.decisions
         )
         result.calls.append(CallRecord(prompt_id=result.prompt_id, sampler=self.name, call_index=call_index,

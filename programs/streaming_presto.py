@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -71,65 +71,10 @@ from .records import CallRecord
 from .samplers import BlockwiseSampler, ChainResult
 from .sampler_config import PrefetchConfig, SamplerConfig
 from .stream_proposals import ProposalStreams
+from .stream_rows import Row, Window
 from .stream_tree import StateRef, TreeNode, walk_tree
 from .transitions import ChainState
 from .traversal import CandidateNode
-
-
-@dataclass(eq=False)
-class Row:
-    """One started request: its tokens so far, its suffix once complete."""
-
-    rid: str
-    request: SuffixRequest
-    window: int
-    transition: int
-    """j: the transition whose proposal this request is (its seed is transition j's)."""
-    ids: tuple[int, ...] = ()
-    logq: tuple[float, ...] = ()
-    logp0: tuple[float, ...] = ()
-    """log q_τ and log p0 of `ids` while the row runs, when the engine reports them (else empty)."""
-    suffix: Suffix | None = None
-    aborted: bool = False
-    used: bool = False
-    paths: set[tuple[bool, ...]] = field(default_factory=set)
-    """The decision paths from the realized state to the nodes that asked for this row (True: accept): the row
-    is reachable while one of them agrees with the decisions the walk makes."""
-    resumed: Suffix | None = None
-    """What an aborted earlier row of this request decoded: this row decodes the rest (`ids` and `suffix` are
-    of the whole request)."""
-    previous: "Row | None" = None
-    """That aborted row (used when this one is)."""
-
-    @property
-    def running(self) -> bool:
-        return self.suffix is None and not self.aborted
-
-    @property
-    def first(self) -> int:
-        """The request's first token this row decodes (after what the aborted row it resumes decoded)."""
-        return 0 if self.resumed is None else len(self.resumed.ids)
-
-    @property
-    def decoded(self) -> int:
-        """Tokens this row decoded itself."""
-        return (len(self.suffix.ids) if self.suffix is not None else len(self.ids)) - self.first
-
-
-@dataclass
-class Window:
-    """One window of the MH phase (see module docstring)."""
-
-    start: float
-    end: float = 0.0
-    decisions: list[tuple[int, int, float, bool, Any, int | None]] = field(default_factory=list)
-    """(transition j, cut, log A, accepted, state, None) of each realized decision; an early rejection has the
-    bound of log A and the proposal tokens it read (`_BlockRun.reject_early`)."""
-    rows_started: int = 0
-    rows_aborted: int = 0
-    steps: int = 0
-    row_steps: int = 0
-    max_rows: int = 0
 
 
 class StreamingPrestoSampler(BlockwiseSampler):
@@ -317,6 +262,8 @@ class _BlockRun:
         assert self.root.state is not None
         for row in [row for row in self.by_rid.values() if row.suffix is not None and row.transition <= self.k]:
             del self.by_rid[row.rid], self.rows[row.request]  # a decided transition's: never asked for again
+        self.parked = {r: p for r, p in self.parked.items() if p[1].transition > self.k}  # (nor resumed)
+        self.stream.forget_before(self.k + 1)  # the draws of decided transitions (EntropyCut: T Gumbels each)
         head, tokens = len(self.result.prompt_ids), tuple(self.root.state.tokens.tolist())
         for row in self.by_rid.values():
             row.paths = {p[1:] for p in row.paths if p and p[0] == accepted}
@@ -444,8 +391,9 @@ class _BlockRun:
 
     def park(self, row: Row | None, partial: Suffix | None) -> None:
         """Keep what an aborted row decoded (the engine's report of it) for a later start of its request."""
-        if row is None or row.used or partial is None or len(partial.ids) == 0 or row.request in self.rows:
-            return  # (a row the walk read, e.g. an early rejection's, is never asked for again)
+        if row is None or row.used or partial is None or len(partial.ids) == 0 or row.request in self.rows or \
+                row.transition < self.k:
+            return  # (a row the walk read, e.g. an early rejection's, or of a decided transition: never asked again)
         whole = partial if row.resumed is None else row.resumed.then(partial)
         if 0 < len(whole.ids) < row.request.max_tokens:
             self.parked[row.request] = (whole, row)
@@ -462,7 +410,7 @@ class _BlockRun:
         """The record of a realized decision; an early rejection's log A is the bound it was decided by (A is at
         most that): `extra` says so and how many proposal tokens it read."""
         rec = self.sampler._node_record(self.result, self.block, call_index, accept_child(0), self.T, cut, j, log_a,
-                                        True, accepted, state)
+                                        True, accepted, root_cut_features(state, cut, self.sampler.config.alpha))
         if read is None:
             return rec
         return replace(rec, extra={**rec.extra, "log_accept_is_bound": True, "early_rejection_read": read,

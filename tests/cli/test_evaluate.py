@@ -430,9 +430,10 @@ def test_a_block_that_does_not_divide_a_datasets_budget_is_refused_before_any_it
 
 
 @pytest.mark.parametrize("methods,alpha,message", [
-    ("power-smc", "0.5", "--methods power-smc: alpha must be >= 1"),  # Power-SMC sharpens: α < 1 is not its target
-    ("greedy,low-temp", "1e-320", "--methods low-temp: alpha 1e-320 is too small: τ = 1/α overflows to inf"),
-    ("power-mh", "1e-320", "--methods power-mh: alpha 1e-320 is too small"),
+    ("power-smc", "0.5", "--methods power-smc: --alpha must be >= 1"),  # Power-SMC sharpens: α < 1 is not its target
+    ("greedy,low-temp", "1e-320", "--methods low-temp: --alpha 1e-320 is too small: τ = 1/α overflows to inf"),
+    ("power-mh", "1e-320", "--methods power-mh: --alpha 1e-320 is too small"),
+    ("presto-entropy-cut", "1e-320", "--methods presto-entropy-cut: --alpha 1e-320 is too small"),
     ("power-smc", "4e6", "--methods power-smc: τ (1/α) = 2.5e-07 is below 1e-06"),  # q_τ reported as p0: wrong weights
 ])
 def test_an_alpha_a_method_cannot_run_with_is_refused_before_any_item(tmp_path, capsys, methods, alpha, message):
@@ -444,3 +445,22 @@ def test_an_alpha_a_method_cannot_run_with_is_refused_before_any_item(tmp_path, 
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1, err
     assert not run.exists()
+
+
+def test_the_method_error_flags_follow_the_configs_the_methods_build():
+    """A method's config error names the eval flags for its fields (`evaluate._method_config_dests`): the map is of
+    the config `MethodRunner.config` builds, for every method, and each dest it names is an eval option."""
+    import dataclasses
+
+    from forerun.cli.evaluate import _method_config_dests
+    from forerun.cli.main import build_parser
+    from forerun.eval.harness.methods import MethodRunner
+    from forerun.eval.harness.settings import EvalSettings, parse_methods
+
+    args = build_parser().parse_args(["eval", "--datasets", "math500", "--out", "x.jsonl"])
+    runner = MethodRunner(None, EvalSettings(n=8))
+    for method in parse_methods("all"):
+        config_type, dests = _method_config_dests(method)
+        assert type(runner.config(method, 1)) is config_type, method
+        fields = {f.name for f in dataclasses.fields(config_type)}
+        assert set(dests) <= fields and all(hasattr(args, d) for d in dests.values()), (method, dests)

@@ -137,3 +137,64 @@ def test_bad_input():
         bfs_collect([1], 4, 1, 0)
     with pytest.raises(ValueError, match="root"):
         parent_of(0)
+
+
+def naive_selection_plan(selected, cuts, horizon):
+    """Reference: each selected node's κ found by walking down from the root edge by edge (an accept edge sets the
+    transition's cut, a reject edge keeps κ); (node+, parent, depth, cut, κ) in BFS order, or None if infeasible."""
+    out = []
+    for node in sorted(set(selected), key=lambda v: (len(bin(v + 1)), v)):
+        kappa, v, edges = horizon, node, []
+        while v:
+            edges.append(v % 2 == 1)
+            v = (v - 1) // 2
+        for depth, accepted in enumerate(reversed(edges)):
+            if accepted:
+                kappa = cuts[depth]
+        depth = len(edges)
+        if cuts[depth] > kappa:
+            return None
+        out.append((2 * node + 1, node, depth, cuts[depth], kappa))
+    return out
+
+
+def random_closed_selection(rng, size, max_depth):
+    chosen, frontier = {0}, [1, 2]
+    while len(chosen) < size and frontier:
+        v = frontier.pop(rng.randrange(len(frontier)))
+        if node_depth(v) < max_depth:
+            chosen.add(v)
+            frontier += [2 * v + 1, 2 * v + 2]
+    return chosen
+
+
+def test_plan_from_selection_matches_the_reference_in_linear_work(monkeypatch):
+    """The requests and κ of random ancestor-closed selections (≤ 256 nodes, up to 255 deep) are the reference's;
+    the tree work is linear in the selection (κ was found by walking every node's path to the root: a 256-deep
+    chain took ~65k parent steps)."""
+    from forerun.programs import prefetch_tree
+
+    rng = random.Random(4)
+    for trial in range(60):
+        depth = rng.choice([3, 8, 40, 255])
+        sel = random_closed_selection(rng, rng.randint(1, 256), depth)
+        horizon = rng.randint(1, 30)
+        cuts = [rng.randint(0, horizon) for _ in range(depth + 1)]
+        if trial % 2:  # feasible everywhere: cuts that never grow
+            cuts = sorted(cuts, reverse=True)
+        want = naive_selection_plan(sel, cuts, horizon)
+        if want is None:
+            with pytest.raises(ValueError, match="Condition 1"):
+                plan_from_selection(sel, cuts, horizon)
+            continue
+        plan = plan_from_selection(sel, cuts, horizon)
+        assert [(r.node, r.parent, r.depth, r.cut, r.parent_cut) for r in plan.requests] == want
+        for node, parent, _, cut, kappa in want:
+            assert plan.known_cut[parent] == kappa and plan.known_cut[node] == cut
+            assert plan.known_cut[2 * parent + 2] == kappa
+    steps = []
+    original = prefetch_tree.parent_of
+    monkeypatch.setattr(prefetch_tree, "parent_of", lambda v: steps.append(v) or original(v))
+    chain = [0] + [2 ** d - 2 for d in range(2, 257)]  # 0, 2, 6, 14, ...: 256 nodes down the reject edges
+    plan_from_selection(chain, [0] * 257, horizon=10)
+    assert len(steps) <= 2 * len(chain), len(steps)

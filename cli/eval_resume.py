@@ -1,6 +1,7 @@
 """`forerun eval --resume`: what a run file must agree on before it is resumed — its header's settings, and each
 record's prompt (the dataset row, the chat wording, the prompt token ids) against the prompts loaded now, including
-the prompts a smaller --limit or fewer --datasets leave out (their records stay in the file and in its report)."""
+the prompts a smaller --limit or fewer --datasets leave out (their records stay in the file and in its report);
+records that cannot be checked so are refused, not kept blind."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
                              files: dict[str, str]) -> dict[str, list[Any]]:
     """The prompts loaded now, extended to every prompt the run file's records name: they stay in the file and in
     its report, so they are checked too.  In a dataset of --datasets, up to the last prompt a record names (a resume
-    with a smaller --limit); a source that cannot give more (the packaged slices' 20 prompts) leaves those records
-    unchecked, as before.  A dataset the records name that is not among --datasets (a resume with fewer
+    with a smaller --limit); a source that cannot give them (fewer rows than the run was made on) is refused, as
+    such records would be kept unchecked.  A dataset the records name that is not among --datasets (a resume with fewer
     datasets) is loaded from this run's data source; one that cannot be loaded is refused (its records would be
     kept unchecked)."""
     from ..eval.datasets.loading import load_prompts
@@ -33,6 +34,11 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
                                            gpqa_seed=gpqa_seed)
             except (DatasetError, OSError):
                 pass
+            if max(named) >= len(prompts[ds]):
+                raise ValueError(f"--resume: the run file holds results for {ds} prompts up to index {max(named)}, "
+                                 f"but its data now has {len(prompts[ds])} rows, so they cannot be checked against "
+                                 "the prompts they were made on; resume with the data the run was made on "
+                                 "(--data-dir / --dataset-file), or start another run file")
     for ds in dict.fromkeys(r.get("dataset") for r in records):
         if ds is None or ds in prompts:
             continue

@@ -77,3 +77,24 @@ def test_a_run_file_saved_without_its_last_newline_keeps_its_last_record(tmp_pat
     proc = run_forerun_in_process([*argv[:-4], "--limit", "3", "--out", str(run), "--resume"])
     assert proc.returncode == 0, proc.stderr
     assert run.read_text().startswith(whole) and [r["prompt_index"] for r in load_run(run)] == [0, 1, 2]
+
+
+def test_records_past_a_smaller_limit_that_the_data_now_lacks_are_refused(tmp_path, run_forerun_in_process,
+                                                                         assert_one_line_error):
+    """A resume with a smaller --limit keeps the records past it (file and report) and checks them against the rows
+    loaded up to the last one they name; data that no longer has those rows (a shorter file) left them unchecked
+    while a resume with fewer --datasets refuses the same case: refused too, the file untouched."""
+    data = _data_dir(tmp_path, "data", None)
+    run = tmp_path / "run.jsonl"
+    argv = [*SMALL, "--datasets", "math500", "--out", str(run)]
+    assert run_forerun_in_process([*argv, "--limit", "3", "--data-dir", str(data)]).returncode == 0
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "math500.jsonl").write_text((data / "math500.jsonl").read_text().splitlines(True)[0])
+    before = run.read_bytes()
+    proc = run_forerun_in_process([*argv, "--limit", "1", "--data-dir", str(short), "--resume"])
+    assert_one_line_error(proc, "holds results for math500 prompts up to index 2, but its data now has 1 rows",
+                          code=2)
+    assert run.read_bytes() == before
+    proc = run_forerun_in_process([*argv, "--limit", "1", "--data-dir", str(data), "--resume", "--json"])
+    assert proc.returncode == 0, proc.stderr  # the data it was made on: the records past the limit check out

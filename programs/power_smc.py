@@ -126,8 +126,11 @@ def log_weight_increment(logp0_before: float, logq_block: float, logp0_block: fl
 
 
 def effective_sample_size(log_w: np.ndarray) -> float:
-    """ESS = (Σ w)² / Σ w² of unnormalized log-weights."""
-    return float(math.exp(2 * logsumexp(log_w) - logsumexp(2 * log_w)))
+    """ESS = (Σ w)² / Σ w² of unnormalized log-weights, with w scaled so the largest is exactly 1: equal weights
+    give exactly P (the exp/log round trip of logsumexp gave 6.999999999999999 for 7 equal weights, so κ = 1
+    resampled a cloud whose ESS is P)."""
+    w = np.exp(log_w - np.max(log_w))
+    return float(np.sum(w) ** 2 / np.sum(w * w))
 
 
 def resample_indices(log_w: np.ndarray, uniforms: np.ndarray, systematic: bool) -> np.ndarray:

@@ -137,6 +137,26 @@ def test_smc_resampling_ancestors_and_weights_match_the_hand_computation(resampl
     assert [tuple(r.prefix_ids[len(PROMPT):]) for r in model.calls[1]] == [FIRST[a][0] for a in ancestors if a < 2]
 
 
+class EqualWeights:
+    """Every token has log q = log p0 = −0.5 (dyadic, so every α = 1 weight is exactly 0)."""
+
+    def complete(self, requests):
+        return [Completion(np.ones(r.max_tokens, dtype=np.int64), np.full(r.max_tokens, -0.5),
+                           np.full(r.max_tokens, -0.5), np.zeros(r.max_tokens), False) for r in requests]
+
+
+@pytest.mark.parametrize("particles", [5, 7, 64])
+def test_equal_weights_have_ess_p_and_are_not_resampled_at_kappa_one(particles):
+    """(Σ w)² / Σ w² of P equal weights is P, and the trigger is ESS < κ·P: at κ = 1 nothing is resampled.  The
+    logsumexp form gave 6.999999999999999 for 7 (and 63.99999999999998 for 64) equal weights, so every block
+    was resampled and `resamples` counted them."""
+    cfg = PowerSMCConfig(alpha=1.0, particles=particles, max_new_tokens=4, block_size=2, ramp_tokens=0,
+                         ess_threshold=1.0)
+    res = PowerSMC(EqualWeights(), cfg).run(PROMPT)
+    assert res.extra["log_weights"] == [0.0] * particles
+    assert res.extra["ess"] == [particles, particles] and res.extra["resamples"] == 0
+
+
 # ---- best-of-N ---------------------------------------------------------------------------------------
 
 CANDIDATES = [((1, 2), (-1.0, -1.0), (-0.5, -0.6)),    # Σ log q -2.0, Σ log p0 -1.1

@@ -222,6 +222,23 @@ def test_greedy_is_argmax_of_a_plain_forward(tiny):
     assert res.response_ids == tuple(expected)
 
 
+def test_low_temperature_samples_at_tau_one_over_alpha(tiny):
+    """The low-temp sample's log q per token is log_softmax(logits / τ) at τ = 1/α of a plain forward, and its log
+    p0 is log_softmax(logits): the temperature reached the engine as documented."""
+    loaded, backend = tiny
+    prompt = list(loaded.tokenizer.encode("low temperature"))
+    res = DecodingBaseline(ProgramCompletionModel(backend),
+                           BaselineConfig(kind="low-temp", alpha=2.0, max_new_tokens=6, seed=4)).run(prompt)
+    seq = prompt + list(res.response_ids)
+    with torch.inference_mode(), norms_in_model_dtype():
+        logits = loaded.model(input_ids=torch.tensor([seq])).logits[0].double()
+    rows = [logits[len(prompt) - 1 + t] for t in range(len(res.response_ids))]
+    want_q = [float(torch.log_softmax(r / 0.5, -1)[y]) for r, y in zip(rows, res.response_ids)]
+    want_p = [float(torch.log_softmax(r, -1)[y]) for r, y in zip(rows, res.response_ids)]
+    assert list(res.response.logq) == pytest.approx(want_q, abs=1e-9)
+    assert list(res.response.logp0) == pytest.approx(want_p, abs=1e-9)
+
+
 class OneAtATime:
     """The same model, every request in a call of its own (batch size 1)."""
 

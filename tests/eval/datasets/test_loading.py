@@ -329,6 +329,11 @@ LCB_ROW = {"question_content": "Add.", "starter_code": "class Solution:\n    def
      "public_test_cases test 1: a functional test's input lines and output must be JSON"),
     ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases=json.dumps([dict(LCB_TEST, output=3)])),
      "public_test_cases test 1: input and output must be strings"),
+    # a code row with no tests: MBPP's empty test_list let any code pass (no assert ran); LCB's graded every
+    # response as failed ("no tests")
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_list=[]), "field 'test_list' holds no tests"),
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_list=["", " "]), "field 'test_list' holds no tests"),
+    ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases="[]"), "no tests"),
 ])
 def test_a_malformed_field_is_refused_naming_file_and_line(tmp_path, name, fname, row, match):
     _refused(tmp_path, name, fname, row, match)
@@ -352,3 +357,12 @@ def test_an_aime_year_read_from_a_file_of_any_name_uses_that_years_schema(tmp_pa
     _write(tmp_path / "aime2024_copy.jsonl", [json.dumps({"id": "2025-I-1", "problem": "q", "answer": "7"})])
     (p,) = load_prompts("aime2025", file=tmp_path / "aime2024_copy.jsonl")
     assert (p.id, p.answer, p.extra["year"]) == ("2025-I-1", "7", 2025)
+
+
+def test_an_mbpp_row_without_tests_would_pass_any_code():
+    """Why an MBPP row with an empty test_list is refused: graded, it passes code that solves nothing."""
+    from forerun.eval.graders.code import grade_code
+
+    passed, *_ = grade_code("```python\ndef add(a, b):\n    return 0\n```", "mbpp",
+                            {"task_id": 11, "test_list": [], "test_setup_code": "", "challenge_test_list": []})
+    assert passed

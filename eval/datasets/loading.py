@@ -109,7 +109,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> DataSour
 # -- readers ----------------------------------------------------------------------------------------------
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, encoding="utf-8-sig")  # -sig: a byte-order mark at the start (an editor's "UTF-8 with BOM")
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
     with fh:
@@ -127,7 +127,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        fh = open(path, encoding="utf-8", newline="")
+        fh = open(path, encoding="utf-8-sig", newline="")  # a BOM would otherwise join the first column's name
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
     with fh:

@@ -366,3 +366,20 @@ def test_an_mbpp_row_without_tests_would_pass_any_code():
     passed, *_ = grade_code("```python\ndef add(a, b):\n    return 0\n```", "mbpp",
                             {"task_id": 11, "test_list": [], "test_setup_code": "", "challenge_test_list": []})
     assert passed
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_read_as_utf8(tmp_path):
+    """A file saved as "UTF-8 with BOM": the JSONL reader refused line 1 ("bad JSON (Unexpected UTF-8 BOM)"), and
+    the CSV reader read the BOM into the first column's name, so a GPQA file whose first column is Record ID was
+    refused with "missing field 'Record ID'" on a row that has it."""
+    bom = b"\xef\xbb\xbf"
+    row = {"problem": "1+1?", "answer": "2", "unique_id": "test/algebra/1.json"}
+    tmp = tmp_path
+    tmp.joinpath("math500.jsonl").write_bytes(bom + json.dumps(row).encode() + b"\r\n")
+    (p,) = load_prompts("math500", data_dir=tmp)
+    assert (p.id, p.question, p.answer) == ("test/algebra/1.json", "1+1?", "2")
+    header = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\r\n"
+    tmp.joinpath("gpqa_diamond.csv").write_bytes(bom + (header + "rec1,Which?,right,w1,w2,w3\r\n").encode())
+    (g,) = load_prompts("gpqa", data_dir=tmp)
+    assert g.id == "rec1" and g.choices[g.extra["answer_index"]] == "right"
+    assert sorted(g.choices) == ["right", "w1", "w2", "w3"]

@@ -130,16 +130,23 @@ def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         fh = open(path, encoding="utf-8-sig", newline="")  # a BOM would otherwise join the first column's name
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
-    with fh:
-        reader = csv.DictReader(fh)
+    with fh:  # records named by their first line: a quoted field may run over many lines (GPQA's do)
+        reader = csv.reader(fh)
+        start = 1
         try:
-            for row in reader:
-                if None in row or any(v is None for v in row.values()):
-                    raise DatasetError(f"{path}:{reader.line_num}: row has a different number of fields "
-                                       "than the header")
-                yield reader.line_num, row
+            header = next(reader, None)
+            while header is not None:
+                start = reader.line_num + 1
+                fields = next(reader, None)
+                if fields is None:
+                    return
+                if not fields:  # a blank line
+                    continue
+                if len(fields) != len(header):
+                    raise DatasetError(f"{path}:{start}: row has {len(fields)} fields, the header {len(header)}")
+                yield start, dict(zip(header, fields))
         except csv.Error as e:
-            raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from e
+            raise DatasetError(f"{path}:{start}: bad CSV ({e})") from e
 
 
 def _parsed(spec: DatasetSpec, path: Path, gpqa_seed: int) -> Iterator[tuple[Prompt, str]]:

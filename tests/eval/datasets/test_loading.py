@@ -383,3 +383,21 @@ def test_a_byte_order_mark_at_the_start_of_a_file_is_read_as_utf8(tmp_path):
     (g,) = load_prompts("gpqa", data_dir=tmp)
     assert g.id == "rec1" and g.choices[g.extra["answer_index"]] == "right"
     assert sorted(g.choices) == ["right", "w1", "w2", "w3"]
+
+
+def test_a_csv_record_over_many_lines_is_named_by_its_first_line(tmp_path):
+    """GPQA's records run over many lines (quoted fields with newlines: every record of the offline copy, up to
+    ~290 lines): an error named the record's last line, so "file:N" pointed past the row at fault."""
+    header = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3"
+    good = 'rec1,"Which\nof these\nholds?",a,b,c,d'  # lines 2-4
+    path = tmp_path / "gpqa_diamond.csv"
+    for bad, match in [('rec2,"Two\nlines",,b,c,d', "field 'Correct Answer' is empty"),
+                       ('rec1,"Again\nthe same id",a,b,c,d', "prompt id 'rec1' repeats the one at .*csv:2$"),
+                       ('rec3,"Short\nrow",a,b,c', "row has 5 fields, the header 6")]:
+        text = "\n".join([header, good, "", bad, ""])  # a blank line between the records, one at the end
+        first_line_of_bad = text.split("\n").index(bad.split("\n")[0]) + 1  # 6: counted here, not by csv
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DatasetError, match=re.escape(f"gpqa_diamond.csv:{first_line_of_bad}: ") + match):
+            load_prompts("gpqa", data_dir=tmp_path)
+    path.write_text("\n".join([header, good, "", 'rec2,"x\ny",a,b,c,d', ""]), encoding="utf-8")
+    assert [p.id for p in load_prompts("gpqa", data_dir=tmp_path)] == ["rec1", "rec2"]

@@ -144,7 +144,8 @@ def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     continue
                 if len(fields) != len(header):
                     raise DatasetError(f"{path}:{start}: row has {len(fields)} fields, the header {len(header)}")
-                yield start, dict(zip(header, fields))
+                # a CRLF file's line end inside a quoted field is the file's, not text: read as the LF file is
+                yield start, {name: value.replace("\r\n", "\n") for name, value in zip(header, fields)}
         except csv.Error as e:
             raise DatasetError(f"{path}:{start}: bad CSV ({e})") from e
 

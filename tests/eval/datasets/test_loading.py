@@ -401,3 +401,23 @@ def test_a_csv_record_over_many_lines_is_named_by_its_first_line(tmp_path):
             load_prompts("gpqa", data_dir=tmp_path)
     path.write_text("\n".join([header, good, "", 'rec2,"x\ny",a,b,c,d', ""]), encoding="utf-8")
     assert [p.id for p in load_prompts("gpqa", data_dir=tmp_path)] == ["rec1", "rec2"]
+
+
+def test_crlf_non_ascii_and_trailing_blank_lines_parse_as_written(tmp_path):
+    """Odd but valid files: CRLF line ends, raw (unescaped) UTF-8 text, blank lines at the end.  A CSV saved with
+    CRLF line ends (a Windows copy of gpqa_diamond.csv) gives the prompts of the LF file: the CRLF inside a quoted
+    multi-line field is the file's line end, not text (it reached the question as "\r\n", so the chat and the
+    prompt fingerprints differed from the original's and `eval --resume` refused the same questions)."""
+    row = {"ID": "2024-I-1", "Problem": "Soit $x \u2208 \u211d$, caf\u00e9 \u2014 \u65e5\u672c", "Answer": "033"}
+    (tmp_path / "aime2024.jsonl").write_bytes(json.dumps(row, ensure_ascii=False).encode() + b"\r\n\r\n  \r\n")
+    (p,) = load_prompts("aime2024", data_dir=tmp_path)
+    assert (p.id, p.question, p.answer) == ("2024-I-1", row["Problem"], "33")
+    lines = ["Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3",
+             'rec\u00e9,"Wh\u00e9re?', 'Second line",\u00b5m,nm,pm,fm', "", ""]
+    (tmp_path / "lf").mkdir()
+    (tmp_path / "lf" / "gpqa_diamond.csv").write_bytes("\n".join(lines).encode())
+    (tmp_path / "gpqa_diamond.csv").write_bytes("\r\n".join(lines).encode())
+    (g,) = load_prompts("gpqa", data_dir=tmp_path)
+    assert g.id == "rec\u00e9" and g.question == "Wh\u00e9re?\nSecond line"
+    assert g.choices[g.extra["answer_index"]] == "\u00b5m"
+    assert load_prompts("gpqa", data_dir=tmp_path / "lf") == [g]

@@ -109,7 +109,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> DataSour
 # -- readers ----------------------------------------------------------------------------------------------
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, encoding="utf-8-sig")  # -sig: a byte-order mark at the start (an editor's "UTF-8 with BOM")
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
     with fh:
@@ -127,19 +127,27 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        fh = open(path, encoding="utf-8", newline="")
+        fh = open(path, encoding="utf-8-sig", newline="")  # a BOM would otherwise join the first column's name
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
-    with fh:
-        reader = csv.DictReader(fh)
+    with fh:  # records named by their first line: a quoted field may run over many lines (GPQA's do)
+        reader = csv.reader(fh)
+        start = 1
         try:
-            for row in reader:
-                if None in row or any(v is None for v in row.values()):
-                    raise DatasetError(f"{path}:{reader.line_num}: row has a different number of fields "
-                                       "than the header")
-                yield reader.line_num, row
+            header = next(reader, None)
+            while header is not None:
+                start = reader.line_num + 1
+                fields = next(reader, None)
+                if fields is None:
+                    return
+                if not fields:  # a blank line
+                    continue
+                if len(fields) != len(header):
+                    raise DatasetError(f"{path}:{start}: row has {len(fields)} fields, the header {len(header)}")
+                # a CRLF file's line end inside a quoted field is the file's, not text: read as the LF file is
+                yield start, {name: value.replace("\r\n", "\n") for name, value in zip(header, fields)}
         except csv.Error as e:
-            raise DatasetError(f"{path}:{reader.line_num}: bad CSV ({e})") from e
+            raise DatasetError(f"{path}:{start}: bad CSV ({e})") from e
 
 
 def _parsed(spec: DatasetSpec, path: Path, gpqa_seed: int) -> Iterator[tuple[Prompt, str]]:

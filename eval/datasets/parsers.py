@@ -93,6 +93,8 @@ def parse_humaneval(row: dict, where: str) -> Prompt:
 def parse_mbpp(row: dict, where: str) -> Prompt:
     tid = require_field(row, "task_id", int, where)
     tests = strings(row, "test_list", where)
+    if not any(t.strip() for t in tests):  # the grader runs these asserts: with none, any code would pass
+        raise DatasetError(f"{where}: field 'test_list' holds no tests")
     setup = row.get("test_setup_code") or ""
     if not isinstance(setup, str):
         raise DatasetError(f"{where}: field 'test_setup_code' must be str, got {type(setup).__name__}")
@@ -179,6 +181,8 @@ def parse_lcb(row: dict, where: str, index: int, name: str = "lcb-v5") -> Prompt
     tests = decode_lcb_tests(require_field(row, "public_test_cases", (str, list), where), where, "public_test_cases")
     private_raw = row.get("private_test_cases")
     private = decode_lcb_tests(private_raw, where, "private_test_cases") if private_raw else []
+    if not tests and not private:  # nothing to grade against: every response would fail as "no tests"
+        raise DatasetError(f"{where}: no tests (public_test_cases and private_test_cases are empty)")
     starter = row.get("starter_code") or ""
     m = _FUNC_NAME.search(starter)
     func = m.group(1) if m else None

@@ -329,6 +329,11 @@ LCB_ROW = {"question_content": "Add.", "starter_code": "class Solution:\n    def
      "public_test_cases test 1: a functional test's input lines and output must be JSON"),
     ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases=json.dumps([dict(LCB_TEST, output=3)])),
      "public_test_cases test 1: input and output must be strings"),
+    # a code row with no tests: MBPP's empty test_list let any code pass (no assert ran); LCB's graded every
+    # response as failed ("no tests")
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_list=[]), "field 'test_list' holds no tests"),
+    ("mbpp", "mbpp.jsonl", dict(MBPP_ROW, test_list=["", " "]), "field 'test_list' holds no tests"),
+    ("lcb", "lcb.jsonl", dict(LCB_ROW, public_test_cases="[]"), "no tests"),
 ])
 def test_a_malformed_field_is_refused_naming_file_and_line(tmp_path, name, fname, row, match):
     _refused(tmp_path, name, fname, row, match)
@@ -352,3 +357,67 @@ def test_an_aime_year_read_from_a_file_of_any_name_uses_that_years_schema(tmp_pa
     _write(tmp_path / "aime2024_copy.jsonl", [json.dumps({"id": "2025-I-1", "problem": "q", "answer": "7"})])
     (p,) = load_prompts("aime2025", file=tmp_path / "aime2024_copy.jsonl")
     assert (p.id, p.answer, p.extra["year"]) == ("2025-I-1", "7", 2025)
+
+
+def test_an_mbpp_row_without_tests_would_pass_any_code():
+    """Why an MBPP row with an empty test_list is refused: graded, it passes code that solves nothing."""
+    from forerun.eval.graders.code import grade_code
+
+    passed, *_ = grade_code("```python\ndef add(a, b):\n    return 0\n```", "mbpp",
+                            {"task_id": 11, "test_list": [], "test_setup_code": "", "challenge_test_list": []})
+    assert passed
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_read_as_utf8(tmp_path):
+    """A file saved as "UTF-8 with BOM": the JSONL reader refused line 1 ("bad JSON (Unexpected UTF-8 BOM)"), and
+    the CSV reader read the BOM into the first column's name, so a GPQA file whose first column is Record ID was
+    refused with "missing field 'Record ID'" on a row that has it."""
+    bom = b"\xef\xbb\xbf"
+    row = {"problem": "1+1?", "answer": "2", "unique_id": "test/algebra/1.json"}
+    tmp = tmp_path
+    tmp.joinpath("math500.jsonl").write_bytes(bom + json.dumps(row).encode() + b"\r\n")
+    (p,) = load_prompts("math500", data_dir=tmp)
+    assert (p.id, p.question, p.answer) == ("test/algebra/1.json", "1+1?", "2")
+    header = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\r\n"
+    tmp.joinpath("gpqa_diamond.csv").write_bytes(bom + (header + "rec1,Which?,right,w1,w2,w3\r\n").encode())
+    (g,) = load_prompts("gpqa", data_dir=tmp)
+    assert g.id == "rec1" and g.choices[g.extra["answer_index"]] == "right"
+    assert sorted(g.choices) == ["right", "w1", "w2", "w3"]
+
+
+def test_a_csv_record_over_many_lines_is_named_by_its_first_line(tmp_path):
+    """GPQA's records run over many lines (quoted fields with newlines: every record of the offline copy, up to
+    ~290 lines): an error named the record's last line, so "file:N" pointed past the row at fault."""
+    header = "Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3"
+    good = 'rec1,"Which\nof these\nholds?",a,b,c,d'  # lines 2-4
+    path = tmp_path / "gpqa_diamond.csv"
+    for bad, match in [('rec2,"Two\nlines",,b,c,d', "field 'Correct Answer' is empty"),
+                       ('rec1,"Again\nthe same id",a,b,c,d', "prompt id 'rec1' repeats the one at .*csv:2$"),
+                       ('rec3,"Short\nrow",a,b,c', "row has 5 fields, the header 6")]:
+        text = "\n".join([header, good, "", bad, ""])  # a blank line between the records, one at the end
+        first_line_of_bad = text.split("\n").index(bad.split("\n")[0]) + 1  # 6: counted here, not by csv
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DatasetError, match=re.escape(f"gpqa_diamond.csv:{first_line_of_bad}: ") + match):
+            load_prompts("gpqa", data_dir=tmp_path)
+    path.write_text("\n".join([header, good, "", 'rec2,"x\ny",a,b,c,d', ""]), encoding="utf-8")
+    assert [p.id for p in load_prompts("gpqa", data_dir=tmp_path)] == ["rec1", "rec2"]
+
+
+def test_crlf_non_ascii_and_trailing_blank_lines_parse_as_written(tmp_path):
+    """Odd but valid files: CRLF line ends, raw (unescaped) UTF-8 text, blank lines at the end.  A CSV saved with
+    CRLF line ends (a Windows copy of gpqa_diamond.csv) gives the prompts of the LF file: the CRLF inside a quoted
+    multi-line field is the file's line end, not text (it reached the question as "\r\n", so the chat and the
+    prompt fingerprints differed from the original's and `eval --resume` refused the same questions)."""
+    row = {"ID": "2024-I-1", "Problem": "Soit $x \u2208 \u211d$, caf\u00e9 \u2014 \u65e5\u672c", "Answer": "033"}
+    (tmp_path / "aime2024.jsonl").write_bytes(json.dumps(row, ensure_ascii=False).encode() + b"\r\n\r\n  \r\n")
+    (p,) = load_prompts("aime2024", data_dir=tmp_path)
+    assert (p.id, p.question, p.answer) == ("2024-I-1", row["Problem"], "33")
+    lines = ["Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3",
+             'rec\u00e9,"Wh\u00e9re?', 'Second line",\u00b5m,nm,pm,fm', "", ""]
+    (tmp_path / "lf").mkdir()
+    (tmp_path / "lf" / "gpqa_diamond.csv").write_bytes("\n".join(lines).encode())
+    (tmp_path / "gpqa_diamond.csv").write_bytes("\r\n".join(lines).encode())
+    (g,) = load_prompts("gpqa", data_dir=tmp_path)
+    assert g.id == "rec\u00e9" and g.question == "Wh\u00e9re?\nSecond line"
+    assert g.choices[g.extra["answer_index"]] == "\u00b5m"
+    assert load_prompts("gpqa", data_dir=tmp_path / "lf") == [g]

@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-from ..runtime_ext.protocol import as_finite, as_integer, check_proposal_temperature
+from ..runtime_ext.protocol import EngineError, as_finite, as_integer, check_proposal_temperature
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import FINAL_RULES
@@ -193,6 +193,9 @@ class PowerSMC:
         outs = self.model.complete(reqs)
         wall = self.clock() - start
         for i, out in zip(alive, outs):
+            if len(out.ids) == 0 and not out.finished:  # the next call would ask the same again, for ever
+                raise EngineError(f"Power-SMC: the backend returned no token and no EOS for particle {i} "
+                                  f"(block {block}, {len(particles[i].ids)} tokens so far); its context may be full")
             p = particles[i]
             t0, before = len(p.ids), float(sum(p.logp0))
             p.ids += [int(t) for t in out.ids]

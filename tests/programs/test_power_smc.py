@@ -234,3 +234,23 @@ def test_ill_typed_smc_and_baseline_configs_are_refused_at_construction(make, ba
     with pytest.raises(ValueError, match=match):
         make(**bad)
     assert make(max_new_tokens=np.int64(8), seed=np.int64(3)).max_new_tokens == 8
+
+
+def test_a_backend_that_returns_nothing_unfinished_is_an_error_not_a_loop():
+    """A completion with no token and no EOS (a server cut at its context) left the particle unfinished with the
+    same request to send again: PowerSMC.run looped for ever.  It is an EngineError naming the particle."""
+    from forerun.programs.completions import Completion
+    from forerun.runtime_ext.protocol import EngineError
+
+    class Silent:
+        calls = 0
+
+        def complete(self, requests):
+            Silent.calls += 1
+            assert Silent.calls < 5, "looping"
+            empty = np.zeros(0)
+            return [Completion(np.zeros(0, dtype=np.int64), empty, empty, empty, False) for _ in requests]
+
+    smc = PowerSMC(Silent(), PowerSMCConfig(alpha=2.0, particles=3, max_new_tokens=8, block_size=4, ramp_tokens=0))
+    with pytest.raises(EngineError, match="no token and no EOS for particle 0"):
+        smc.run([1, 2, 3])

@@ -304,12 +304,17 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     args.answer_lead = "" if args.answer_lead is None else args.answer_lead
     from ..eval.preposition.calibration import plot_risk_coverage
     from ..eval.preposition.trend_task import answer_tokens, collect_pairs, make_windows, report
+    from ..runtime_ext.preposition.ready_cache import ContextOverflow
 
     windows = make_windows(args.windows, args.window_len, seed=args.seed)
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         tok = engine.tokenizer
         with _bar("trend windows", len(windows)) as tick:
-            pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
+            try:
+                pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
+            except ContextOverflow as exc:  # was the session's own line, naming neither option that made it long
+                raise CommandError(f"--window-len {args.window_len} with an --answer-lead of {len(args.answer_lead)} "
+                                   f"characters: a trend window does not fit the model: {exc}") from exc
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if plot is not None:
         plot_risk_coverage(points, str(plot), title=f"trend task, all {len(pairs)} windows, model {args.model}",

@@ -198,6 +198,11 @@ CASES = [
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/figure.txt"], "expected a file ending in .png"),
     ("calibrate gate", ["calibrate", "gate", "--threads", "100000"], "--threads"),
     ("calibrate gate", ["calibrate", "gate", "--model", NO_SUCH], "does not exist"),
+    # a trend window too long for the model's context: was the session's line, naming neither option
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--window-len", "500"],
+     "--window-len 500 with an --answer-lead of 0 characters: a trend window does not fit the model: appending"),
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--answer-lead", "x" * 3000],
+     "--window-len 12 with an --answer-lead of 3000 characters: a trend window does not fit the model"),
     # classifier train
     ("classifier train", ["classifier", "train", "--records", "/no/such.jsonl", "--out", "{root}/m.json"],
      "cannot read records file"),

@@ -21,7 +21,7 @@ from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreacha
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import fold_count, fold_seed_int, positive_int
+from .args import fold_count, fold_seed_int, input_path, positive_int
 from .config_flags import flags_named
 from .errors import CommandError, reports_errors
 from .inputs import naming_undecodable
@@ -81,7 +81,8 @@ def warn_shipped(command: str, args: argparse.Namespace, model: str | None, samp
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", nargs="+", required=True, metavar="FILE", help="JSONL scored-node records")
+    p.add_argument("--records", nargs="+", type=input_path, required=True, metavar="FILE",
+                   help="JSONL scored-node records")
     p.add_argument(
         "--features",
         type=_features,
@@ -141,10 +142,10 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
     top = sub.add_parser("ceiling", help="on BFS records, the expected transitions per call of BFS, the predictive "
                                          "rule and an oracle that knows every A: the most any classifier could gain")
-    top.add_argument("--records", nargs="+", required=True, metavar="FILE",
+    top.add_argument("--records", nargs="+", type=input_path, required=True, metavar="FILE",
                      help="JSONL scored-node records of round-based BFS (`bench presto --traversals bfs --records`)")
     top.add_argument("--npf", type=positive_int, default=20, help="the budget N_pf in scored nodes (default 20)")
-    top.add_argument("--classifier", default=None,
+    top.add_argument("--classifier", type=input_path, default=None,
                      help="certainty classifier JSON for the predictive rule (default: the shipped one)")
     top.add_argument("--sampler", default="presto-power-mh",
                      help="records of this sampler only (default presto-power-mh)")

@@ -221,8 +221,17 @@ CASES = [
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
                           "--sampler", "nope"], "samplers found"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl"], "--out"),
+    # an empty file argument (an unset shell variable): was read as the current directory ('.: cannot read records
+    # file (Is a directory)'), and an empty ceiling --classifier silently used the shipped classifier
+    ("classifier train", ["classifier", "train", "--records", "", "--out", "{root}/m.json"],
+     "argument --records: expected a file path, got ''"),
+    ("classifier ceiling", ["classifier", "ceiling", "--records", "{root}/records.jsonl", ""],
+     "argument --records: expected a file path, got ''"),
+    ("classifier ceiling", ["classifier", "ceiling", "--records", "{root}/records.jsonl", "--classifier", ""],
+     "argument --classifier: expected a file path, got ''"),
     # classifier cv
     ("classifier cv", ["classifier", "cv", "--records", "/no/such.jsonl"], "cannot read records file"),
+    ("classifier cv", ["classifier", "cv", "--records", ""], "argument --records: expected a file path, got ''"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"],
      "argument --folds: expected an integer >= 2, got 1"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
@@ -261,6 +270,7 @@ REAL_PROCESS = {
     "calibrate gate:gate --model /no/such/model",
     "classifier train:train --records {root}/malformed.jsonl --out {root}/m.json",
     "classifier cv:cv --records /no/such.jsonl",
+    "classifier ceiling:ceiling --records {root}/records.jsonl --classifier ",  # the empty argument through a real argv
     "forerun:smaple",
     "eval report:report {root}/one_item_run.jsonl --out {root}/report_fifo",  # a FIFO hangs its writer
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
@@ -23,7 +24,7 @@ from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
 from .args import fold_count, fold_seed_int, input_path, positive_int
 from .config_flags import flags_named
-from .errors import CommandError, reports_errors
+from .errors import CommandError, one_line, reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
@@ -264,8 +265,12 @@ def _branch_grid(model: CertaintyClassifier) -> list[float]:
 def cv_command(args: argparse.Namespace) -> int:
     config = _config(args)
     records, dropped, duplicates = _read(args)
-    report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
-                                      group_by_prompt=not args.no_group, progress=bars_enabled())
+    with warnings.catch_warnings(record=True) as caught:  # scikit-learn's were two raw lines (its file and source)
+        warnings.simplefilter("always")
+        report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
+                                          group_by_prompt=not args.no_group, progress=bars_enabled())
+    for message in dict.fromkeys(one_line(w.message) for w in caught):  # each once, on one line
+        _warn(message)
     if args.json:
         print_json({**report.to_dict(), "dropped_unreachable": dropped, "dropped_duplicates": duplicates}, indent=2)
     else:

@@ -105,6 +105,14 @@ CASES = [
      "'http://127.0.0.1:0': the port is not a number from 1 to 65535"),  # was: a connection to port 80, exit 1
     ("generate", ["generate", "--prompt", "x", "--backend", "http://[::1"], "'http://[::1': Invalid IPv6 URL"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
+    # a host no name lookup takes: was the HTTP client's or the socket's error, exit 1 as a server failure
+    # ('request failed: URL has an invalid label.') or a line naming neither --backend nor the URL
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://.:1"], "argument --backend: 'http://.:1': '.' is not"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://a..b:1"], "'a..b' is not a host name (an empty"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://" + "a" * 64 + ":1"], "a label over 63 characters"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://\udcff:1"], "'\\udcff' is not a host name"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://a\x01b:1"],
+     "argument --backend: 'http://a\\x01b:1' contains a control character"),
     # sample
     ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),
     ("sample", ["sample", "--dataset", "math500", "--index", "100000", "--model", "tiny"], "--index 100000"),

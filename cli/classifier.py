@@ -226,7 +226,12 @@ def train_command(args: argparse.Namespace) -> int:
     config = _config(args, allow_missing=args.allow_missing_classes)
     records, dropped, duplicates = _read(args)
     model = CertaintyClassifier(config).fit(records)
-    path = model.save(out)
+    try:
+        path = model.save(out)
+    except OSError as exc:  # a full disk: was '[Errno 28] No space left on device', naming no file
+        failure = OSError(f"--out {out}: the classifier was not written whole ({exc.strerror or exc})")
+        failure.errno = exc.errno  # a write failure (exit 1), not bad input
+        raise failure from exc
     summary = {
         "out": str(path),
         "training_size": model.training_size,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -192,3 +193,12 @@ def test_a_library_warning_during_cv_is_one_warning_line(tmp_path, run_forerun):
     assert json.loads(proc.stdout)["n_records"] == len(recs)
     assert proc.stderr.splitlines() == ["forerun classifier: warning: The least populated class in y has only 2 "
                                         "members, which is less than n_splits=3."], proc.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a device whose every write fails ENOSPC)")
+def test_a_full_disk_under_train_out_names_the_file(record_files, run_forerun, assert_one_line_error):
+    """Was: 'forerun classifier train: [Errno 28] No space left on device', naming no file."""
+    files, _ = record_files
+    proc = run_forerun(["classifier", "train", "--records", *files, "--out", "/dev/full"])
+    assert_one_line_error(proc, "forerun classifier train: --out /dev/full: the classifier was not written whole "
+                                "(No space left on device)", code=1)

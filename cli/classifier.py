@@ -247,7 +247,9 @@ def train_command(args: argparse.Namespace) -> int:
         else None,
     }
     if args.json:
-        print_json({**summary, "model": model.to_dict()}, indent=2)
+        undefined = {} if summary["branch_prob_accept_at"] is not None else {"undefined": {"branch_prob_accept_at":
+                     "the model has features besides cut_fraction: ĥ(v+) is not a function of c/T alone"}}
+        print_json({**summary, "model": model.to_dict(), **undefined}, indent=2)
     else:
         counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
         if args.drop_unreachable:

@@ -168,6 +168,11 @@ CASES = [
      "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: found by the reference's code, after the load
     # session demo
     ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
+    # a negative number argparse did not know for one ('-inf', '-1e-3'): was 'expected one argument'
+    ("session demo", ["session", "demo", "--tau", "-inf"],
+     "argument --tau: expected a number >= 0 (or inf: the gate never fires), got -inf"),
+    ("generate", ["generate", "--prompt", "x", "--temperature", "-1e-3"],
+     "argument --temperature: expected a number >= 0, got -1e-3"),
     ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),
     ("session demo", ["session", "demo", "--threads", "0"], "--threads"),
     ("session demo", ["session", "demo", "--model", NO_SUCH], "does not exist"),

@@ -78,6 +78,14 @@ def finite_float(text: str) -> float:
     return value
 
 
+def input_path(text: str) -> str:
+    """A file the command reads: an empty argument (an unset shell variable) is refused, not read as the current
+    directory or taken for the option's absent default."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file path, got ''")
+    return text
+
+
 def utf8_text(text: str) -> str:
     """Text given on the command line (a prompt, a system turn): bytes of an argument that are not UTF-8 (Python
     keeps them as lone surrogates, which no tokenizer takes) are refused as input files that are not UTF-8 are,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from ..classifiers.ceiling import ceiling, format_ceiling, recorded_rounds
@@ -21,9 +22,9 @@ from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreacha
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import fold_count, fold_seed_int, positive_int
+from .args import fold_count, fold_seed_int, input_path, positive_int
 from .config_flags import flags_named
-from .errors import CommandError, reports_errors
+from .errors import CommandError, one_line, reports_errors
 from .inputs import naming_undecodable
 from .output import bars_enabled, output_file, print_json
 
@@ -81,7 +82,8 @@ def warn_shipped(command: str, args: argparse.Namespace, model: str | None, samp
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", nargs="+", required=True, metavar="FILE", help="JSONL scored-node records")
+    p.add_argument("--records", nargs="+", type=input_path, required=True, metavar="FILE",
+                   help="JSONL scored-node records")
     p.add_argument(
         "--features",
         type=_features,
@@ -141,10 +143,10 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
 
     top = sub.add_parser("ceiling", help="on BFS records, the expected transitions per call of BFS, the predictive "
                                          "rule and an oracle that knows every A: the most any classifier could gain")
-    top.add_argument("--records", nargs="+", required=True, metavar="FILE",
+    top.add_argument("--records", nargs="+", type=input_path, required=True, metavar="FILE",
                      help="JSONL scored-node records of round-based BFS (`bench presto --traversals bfs --records`)")
     top.add_argument("--npf", type=positive_int, default=20, help="the budget N_pf in scored nodes (default 20)")
-    top.add_argument("--classifier", default=None,
+    top.add_argument("--classifier", type=input_path, default=None,
                      help="certainty classifier JSON for the predictive rule (default: the shipped one)")
     top.add_argument("--sampler", default="presto-power-mh",
                      help="records of this sampler only (default presto-power-mh)")
@@ -224,7 +226,12 @@ def train_command(args: argparse.Namespace) -> int:
     config = _config(args, allow_missing=args.allow_missing_classes)
     records, dropped, duplicates = _read(args)
     model = CertaintyClassifier(config).fit(records)
-    path = model.save(out)
+    try:
+        path = model.save(out)
+    except OSError as exc:  # a full disk: was '[Errno 28] No space left on device', naming no file
+        failure = OSError(f"--out {out}: the classifier was not written whole ({exc.strerror or exc})")
+        failure.errno = exc.errno  # a write failure (exit 1), not bad input
+        raise failure from exc
     summary = {
         "out": str(path),
         "training_size": model.training_size,
@@ -240,7 +247,9 @@ def train_command(args: argparse.Namespace) -> int:
         else None,
     }
     if args.json:
-        print_json({**summary, "model": model.to_dict()}, indent=2)
+        undefined = {} if summary["branch_prob_accept_at"] is not None else {"undefined": {"branch_prob_accept_at":
+                     "the model has features besides cut_fraction: ĥ(v+) is not a function of c/T alone"}}
+        print_json({**summary, "model": model.to_dict(), **undefined}, indent=2)
     else:
         counts = ", ".join(f"{c} {n}" for c, n in model.class_counts.items())
         if args.drop_unreachable:
@@ -263,8 +272,12 @@ def _branch_grid(model: CertaintyClassifier) -> list[float]:
 def cv_command(args: argparse.Namespace) -> int:
     config = _config(args)
     records, dropped, duplicates = _read(args)
-    report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
-                                      group_by_prompt=not args.no_group, progress=bars_enabled())
+    with warnings.catch_warnings(record=True) as caught:  # scikit-learn's were two raw lines (its file and source)
+        warnings.simplefilter("always")
+        report = cross_validate_certainty(records, config, folds=args.folds, seed=args.seed,
+                                          group_by_prompt=not args.no_group, progress=bars_enabled())
+    for message in dict.fromkeys(one_line(w.message) for w in caught):  # each once, on one line
+        _warn(message)
     if args.json:
         print_json({**report.to_dict(), "dropped_unreachable": dropped, "dropped_duplicates": duplicates}, indent=2)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any, NoReturn, Sequence
 
@@ -34,6 +35,10 @@ with interrupt_exits():  # importing the commands takes a second or more (torch)
 COMMAND_MODULES = (engine, classifier, preposition, presto, bench_external, evaluate)
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+"""A command-line word that is a negative number (float() reads it) rather than an option."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with its usage errors on one line: `forerun sample: error: ... (see --help)`, and no abbreviated
     options (`--budget` is not `--budget-unit`)."""
@@ -41,6 +46,9 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # what is a negative number, not an option: argparse's own pattern knows only -5 and -.5, so `--tau -inf` or
+        # `--temperature -1e-3` ended in 'expected one argument' instead of the option's own range message
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")

@@ -42,6 +42,17 @@ TAU_REASONS = {key: "τ = inf: the gate never fires" for key in ("tau", "thresho
     "hit_rate": "no pre-position was resolved", "wasted_fraction": "no pre-position was resolved",
 }
 
+NO_CALIBRATED_TAU = "no τ has r(τ) ≤ r_max with a decision point accepted on the calibration windows"
+
+
+def _uncalibrated(calibration: dict[str, Any], path: str, more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{"undefined": reasons} for a calibration's nulls that are None, not NaN (print_json explains only non-finite
+    floats), merged with `more` (another such dict); {} when there are none."""
+    reasons = dict((more or {}).get("undefined", {}))
+    if calibration["calibrated"] is None:
+        reasons |= {f"{path}.calibrated": NO_CALIBRATED_TAU, f"{path}.held_out_at_calibrated": NO_CALIBRATED_TAU}
+    return {"undefined": reasons} if reasons else {}
+
 
 def _rhos(text: str) -> tuple[float, ...]:
     try:
@@ -304,19 +315,27 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     args.answer_lead = "" if args.answer_lead is None else args.answer_lead
     from ..eval.preposition.calibration import plot_risk_coverage
     from ..eval.preposition.trend_task import answer_tokens, collect_pairs, make_windows, report
+    from ..runtime_ext.preposition.ready_cache import ContextOverflow
 
     windows = make_windows(args.windows, args.window_len, seed=args.seed)
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         tok = engine.tokenizer
         with _bar("trend windows", len(windows)) as tick:
-            pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
+            try:
+                pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
+            except ContextOverflow as exc:  # was the session's own line, naming neither option that made it long
+                raise CommandError(f"--window-len {args.window_len} with an --answer-lead of {len(args.answer_lead)} "
+                                   f"characters: a trend window does not fit the model: {exc}") from exc
     rep, points = report(pairs, tau=args.tau, r_max=args.r_max, answer_set_size=len(answer_tokens(tok)))
     if plot is not None:
         plot_risk_coverage(points, str(plot), title=f"trend task, all {len(pairs)} windows, model {args.model}",
                            tau_marker=args.tau)
     if args.json:
-        print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": rep.as_dict(),
-                    "sweep": [p.as_dict() for p in points]}, indent=2, reasons=TAU_REASONS)
+        report_dict = rep.as_dict()
+        print_json({"model": args.model, "task": "trend", "answer_lead": args.answer_lead, "report": report_dict,
+                    "sweep": [p.as_dict() for p in points]}
+                   | _uncalibrated(report_dict["calibration"], "report.calibration"),
+                   indent=2, reasons=TAU_REASONS)
         return 0
     _print_gate_report(rep, pairs, tok)
     return 0
@@ -343,7 +362,8 @@ def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     out = {"model": args.model, "task": "status", "question": QUESTION, "exact": exact.as_dict(),
            "relaxed": relaxed.as_dict(), "held_out_accuracy": sum(p.label == p.truth for p in held) / len(held)}
     if args.json:
-        print_json(out, indent=2, reasons=TAU_REASONS)
+        print_json(out | _uncalibrated(out["exact"], "exact", _uncalibrated(out["relaxed"], "relaxed")), indent=2,
+                   reasons=TAU_REASONS)
         return 0
     from ..eval.preposition.report import format_gate_point as point
 

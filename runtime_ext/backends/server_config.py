@@ -4,6 +4,7 @@ and the gateway's routing header."""
 from __future__ import annotations
 
 import threading
+import unicodedata
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -110,6 +111,13 @@ def check_server_url(url: str) -> str:
         raise ValueError(f"{url!r} contains white space (expected http://host:port)")
     if not parts.hostname:
         raise ValueError(f"{url!r} names no host (expected http://host:port)")
+    if any(unicodedata.category(c) == "Cc" for c in text):  # was sent to the HTTP client, exit 1 as a server failure
+        raise ValueError(f"{url!r} contains a control character (expected http://host:port)")
+    try:
+        parts.hostname.encode("idna")  # what the socket layer does with the name: it failed there, naming no option
+    except UnicodeError:
+        raise ValueError(f"{url!r}: {parts.hostname!r} is not a host name (an empty label, a label over 63 "
+                         "characters or a character no host name has; expected http://host:port)") from None
     if parts.username is not None or parts.password is not None:  # never echoed: not even in this message
         raise ValueError(f"a server URL with credentials ({parts.scheme}://...@{parts.hostname}) is not supported: "
                          "forerun names its server URLs in messages and SGLang's server reads none")

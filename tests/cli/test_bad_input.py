@@ -105,6 +105,14 @@ CASES = [
      "'http://127.0.0.1:0': the port is not a number from 1 to 65535"),  # was: a connection to port 80, exit 1
     ("generate", ["generate", "--prompt", "x", "--backend", "http://[::1"], "'http://[::1': Invalid IPv6 URL"),
     ("generate", ["generate", "--prompt", "x", "--backend", "http://user:hunter2@127.0.0.1:1"], "with credentials"),
+    # a host no name lookup takes: was the HTTP client's or the socket's error, exit 1 as a server failure
+    # ('request failed: URL has an invalid label.') or a line naming neither --backend nor the URL
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://.:1"], "argument --backend: 'http://.:1': '.' is not"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://a..b:1"], "'a..b' is not a host name (an empty"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://" + "a" * 64 + ":1"], "a label over 63 characters"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://\udcff:1"], "'\\udcff' is not a host name"),
+    ("generate", ["generate", "--prompt", "x", "--backend", "http://a\x01b:1"],
+     "argument --backend: 'http://a\\x01b:1' contains a control character"),
     # sample
     ("sample", ["sample", "--dataset", "nope", "--model", "tiny"], "unknown dataset 'nope'"),
     ("sample", ["sample", "--dataset", "math500", "--index", "100000", "--model", "tiny"], "--index 100000"),
@@ -160,6 +168,11 @@ CASES = [
      "alpha 1e-320 is too small: τ = 1/α overflows to inf"),  # was: found by the reference's code, after the load
     # session demo
     ("session demo", ["session", "demo", "--tau", "nan"], "--tau"),
+    # a negative number argparse did not know for one ('-inf', '-1e-3'): was 'expected one argument'
+    ("session demo", ["session", "demo", "--tau", "-inf"],
+     "argument --tau: expected a number >= 0 (or inf: the gate never fires), got -inf"),
+    ("generate", ["generate", "--prompt", "x", "--temperature", "-1e-3"],
+     "argument --temperature: expected a number >= 0, got -1e-3"),
     ("session demo", ["session", "demo", "--threads", "100000"], "--threads"),
     ("session demo", ["session", "demo", "--threads", "0"], "--threads"),
     ("session demo", ["session", "demo", "--model", NO_SUCH], "does not exist"),
@@ -198,6 +211,11 @@ CASES = [
     ("calibrate gate", ["calibrate", "gate", "--plot", "{root}/figure.txt"], "expected a file ending in .png"),
     ("calibrate gate", ["calibrate", "gate", "--threads", "100000"], "--threads"),
     ("calibrate gate", ["calibrate", "gate", "--model", NO_SUCH], "does not exist"),
+    # a trend window too long for the model's context: was the session's line, naming neither option
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--window-len", "500"],
+     "--window-len 500 with an --answer-lead of 0 characters: a trend window does not fit the model: appending"),
+    ("calibrate gate", ["calibrate", "gate", "--model", "tiny", "--windows", "2", "--answer-lead", "x" * 3000],
+     "--window-len 12 with an --answer-lead of 3000 characters: a trend window does not fit the model"),
     # classifier train
     ("classifier train", ["classifier", "train", "--records", "/no/such.jsonl", "--out", "{root}/m.json"],
      "cannot read records file"),
@@ -216,8 +234,17 @@ CASES = [
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl", "--out", "{root}/m.json",
                           "--sampler", "nope"], "samplers found"),
     ("classifier train", ["classifier", "train", "--records", "{root}/records.jsonl"], "--out"),
+    # an empty file argument (an unset shell variable): was read as the current directory ('.: cannot read records
+    # file (Is a directory)'), and an empty ceiling --classifier silently used the shipped classifier
+    ("classifier train", ["classifier", "train", "--records", "", "--out", "{root}/m.json"],
+     "argument --records: expected a file path, got ''"),
+    ("classifier ceiling", ["classifier", "ceiling", "--records", "{root}/records.jsonl", ""],
+     "argument --records: expected a file path, got ''"),
+    ("classifier ceiling", ["classifier", "ceiling", "--records", "{root}/records.jsonl", "--classifier", ""],
+     "argument --classifier: expected a file path, got ''"),
     # classifier cv
     ("classifier cv", ["classifier", "cv", "--records", "/no/such.jsonl"], "cannot read records file"),
+    ("classifier cv", ["classifier", "cv", "--records", ""], "argument --records: expected a file path, got ''"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "1"],
      "argument --folds: expected an integer >= 2, got 1"),
     ("classifier cv", ["classifier", "cv", "--records", "{root}/records.jsonl", "--folds", "50"], "distinct prompt_id"),
@@ -256,6 +283,7 @@ REAL_PROCESS = {
     "calibrate gate:gate --model /no/such/model",
     "classifier train:train --records {root}/malformed.jsonl --out {root}/m.json",
     "classifier cv:cv --records /no/such.jsonl",
+    "classifier ceiling:ceiling --records {root}/records.jsonl --classifier ",  # the empty argument through a real argv
     "forerun:smaple",
     "eval report:report {root}/one_item_run.jsonl --out {root}/report_fifo",  # a FIFO hangs its writer
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -178,3 +179,26 @@ def test_a_node_recorded_twice_counts_once(record_files, capsys):
     twice = json.loads(capsys.readouterr().out)
     assert twice["n_records"] == once["n_records"] == n and twice["dropped_duplicates"] == n
     assert twice["classifier"] == once["classifier"]
+
+
+def test_a_library_warning_during_cv_is_one_warning_line(tmp_path, run_forerun):
+    """Was: scikit-learn's UserWarning on stderr as Python prints it, two raw lines (its file and line number, then
+    `warnings.warn(`). A class with 2 records and 3 folds makes StratifiedKFold warn; the report still comes."""
+    recs = synthetic_node_records(n_prompts=3, calls_per_prompt=2, nodes_per_call=2, seed=1)
+    assert sorted(r.certainty_class for r in recs).count("reject") == 2
+    path = tmp_path / "nodes.jsonl"
+    write_node_records(path, recs)
+    proc = run_forerun(["classifier", "cv", "--records", str(path), "--folds", "3", "--no-group", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_records"] == len(recs)
+    assert proc.stderr.splitlines() == ["forerun classifier: warning: The least populated class in y has only 2 "
+                                        "members, which is less than n_splits=3."], proc.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a device whose every write fails ENOSPC)")
+def test_a_full_disk_under_train_out_names_the_file(record_files, run_forerun, assert_one_line_error):
+    """Was: 'forerun classifier train: [Errno 28] No space left on device', naming no file."""
+    files, _ = record_files
+    proc = run_forerun(["classifier", "train", "--records", *files, "--out", "/dev/full"])
+    assert_one_line_error(proc, "forerun classifier train: --out /dev/full: the classifier was not written whole "
+                                "(No space left on device)", code=1)

@@ -52,9 +52,14 @@ CASES = {
     "session demo tau inf": ["session", "demo", "--tau", "inf", *TINY],
     "calibrate gate": ["calibrate", "gate", "--windows", "3", *TINY],
     "calibrate gate nothing accepted": ["calibrate", "gate", "--windows", "2", "--tau", "1e9", *TINY],
+    "calibrate gate no tau qualifies": ["calibrate", "gate", "--windows", "2", "--r-max", "0", *TINY],
+    "calibrate gate status no tau qualifies": ["calibrate", "gate", "--task", "status", "--windows", "2",
+                                               "--r-max", "0", *TINY],
     "classifier train": ["classifier", "train", "--records", "{records}", "--out", "{root}/clf.json",
                          "--allow-missing-classes"],
     "classifier cv": ["classifier", "cv", "--records", "{records}", "--folds", "2"],
+    "classifier train two features": ["classifier", "train", "--records", "{records}", "--out", "{root}/clf2.json",
+                                      "--allow-missing-classes", "--features", "cut_fraction,depth"],
 }
 
 REAL_PROCESS = {"generate", "classifier cv"}
@@ -78,6 +83,22 @@ def test_json_output_is_strict(name, records, run_forerun, run_forerun_in_proces
     if name == "calibrate gate nothing accepted":
         assert out["report"]["at_tau"]["false_accept"] is None
         assert "r(τ) is undefined" in out["undefined"]["report.at_tau.false_accept"]
+    # were: calibration.calibrated null with no reason when no τ qualified, and classifier train's
+    # branch_prob_accept_at null with no reason for a model of more features than c/T
+    if name.startswith(("calibrate gate", "classifier")):
+        assert not [path for path in _null_paths(out) if path not in out.get("undefined", {})], out.get("undefined")
+    if name.endswith("no tau qualifies"):  # r_max = 0: only a τ whose accepted points are all right would qualify
+        calibration = out["report"]["calibration"] if "report" in out else out["exact"]
+        assert calibration["calibrated"] is None or calibration["calibrated"]["wrong"] == 0
+
+
+def _null_paths(value, path=""):
+    """The paths of every null in `value`, spelled as the "undefined" keys spell them (a.b[0].c)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _null_paths(v, f"{path}.{k}" if path else k)]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _null_paths(v, f"{path}[{i}]")]
+    return [path] if value is None else []
 
 
 def test_sample_on_a_stock_server_reports_the_undefined_confidence_with_its_reason(run_forerun_in_process):

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import SEED_MAX, add_model_arguments, nonnegative_int, positive_float, positive_int, seed_int, utf8_text
+from .args import (SEED_MAX, add_model_arguments, input_path, nonnegative_int, positive_float, positive_int, seed_int,
+                   utf8_text)
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
@@ -137,7 +138,7 @@ def register(subparsers: Any, bench_subparsers: Any) -> None:
     e.add_argument("--dataset-file", action="append", default=[], metavar="NAME=PATH",
                    help="read dataset NAME from this one file (its usual schema), e.g. lcb-v6=lcb_release_v6.jsonl; "
                         "repeatable")
-    e.add_argument("--classifier", default=None, help="certainty classifier JSON (presto-*-predictive methods; default: the "
+    e.add_argument("--classifier", type=input_path, default=None, help="certainty classifier JSON (presto-*-predictive methods; default: the "
                    "shipped one, trained on PowerMH chains of the default model)")
     _settings_arguments(e)
     e.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")

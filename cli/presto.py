@@ -27,6 +27,7 @@ from typing import Any, Iterator
 from .args import (
     add_model_arguments,
     dataset_name,
+    input_path,
     nonnegative_float,
     nonnegative_int,
     positive_float,
@@ -73,7 +74,7 @@ def _common(p: argparse.ArgumentParser, *, concurrency: bool = False) -> None:
                    help="tree traversal rule (bfs); streaming[-predictive]: streaming PreSTO, rows started the moment "
                         "their prefix exists, N_pf rows at once, best first by the probability that the walk reaches "
                         "them (ĥ: the chain's acceptance rate, or the classifier's)")
-    p.add_argument("--classifier", default=None,
+    p.add_argument("--classifier", type=input_path, default=None,
                    help="certainty classifier JSON for the predictive traversals (default: the shipped one, trained on "
                         "PowerMH chains of the default model; a warning on stderr for another model or sampler)")
     p.add_argument("--budget-unit", choices=BUDGET_UNITS, default=None,

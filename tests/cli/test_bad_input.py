@@ -136,6 +136,13 @@ CASES = [
     ("sample", ["sample", "--prompt", "x", "--records", "{root}/a_fifo"], "is a FIFO, not a regular file"),  # hung
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", "/no/clf.json"],
      "cannot read classifier file"),
+    # an empty --classifier (an unset shell variable) was taken for "not given": the shipped classifier, silently
+    ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier", ""],
+     "argument --classifier: expected a file path, got ''"),
+    ("bench presto", ["bench", "presto", "--traversals", "predictive", "--classifier", ""],
+     "argument --classifier: expected a file path, got ''"),
+    ("eval", ["eval", "--datasets", "math500", "--methods", "presto-power-mh-predictive", "--classifier", ""],
+     "argument --classifier: expected a file path, got ''"),
     ("sample", ["sample", "--prompt", "x", "--presto", "--traversal", "predictive", "--classifier",
                 "{root}/classifier.json"], "not valid JSON"),
     # bench presto

@@ -11,20 +11,8 @@ from forerun.programs.power_smc import PowerSMC, PowerSMCConfig
 from forerun.runtime_ext.protocol import EngineError, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from forerun.runtime_ext.backends.embedded import EmbeddedBackend
-    from forerun.runtime_ext.engine import EmbeddedEngine
-    from forerun.runtime_ext.engine.models import load_model
-
-    loaded = load_model("tiny")
-    engine = EmbeddedEngine(loaded)
-    yield loaded, EmbeddedBackend(engine)
-    engine.close()
-
-
-def test_program_matches_direct_engine_calls(tiny):
-    loaded, backend = tiny
+def test_program_matches_direct_engine_calls(tiny_loaded_backend):
+    loaded, backend = tiny_loaded_backend
     prompt = tuple(loaded.tokenizer.encode("hello"))
     reqs = [CompletionRequest(prompt, 6, 0.25, 7), CompletionRequest(prompt + (100,), 5, 0.0, 0)]
     out = ProgramCompletionModel(backend).complete(reqs)
@@ -36,12 +24,12 @@ def test_program_matches_direct_engine_calls(tiny):
         assert o.finished == (d.meta_info["finish_reason"]["type"] == "stop")
 
 
-def test_a_completion_runs_past_a_template_marker_that_is_no_eos(tiny):
+def test_a_completion_runs_past_a_template_marker_that_is_no_eos(tiny_loaded_backend):
     """A completion stops at the model's EOS or after max_tokens only.  The tiny model's EOS is <|endoftext|>; its
     chat template (chatml) has the stop string "<|im_end|>", which SGLang's interpreter adds to every gen: a
     completion that drew <|im_end|> used to end there, reported finished (seed 34 draws it as token 35 of 40).
     Oracle: the same request on the engine without stop strings, which draws <|im_end|> mid-sequence."""
-    loaded, backend = tiny
+    loaded, backend = tiny_loaded_backend
     assert backend.chat_template.stop_str == ("<|im_end|>",) and loaded.eos_token_ids == (loaded.tokenizer.eos_token_id,)
     im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end not in loaded.eos_token_ids
@@ -63,8 +51,8 @@ def test_meta_info_parsing():
         completion_from_meta({"output_token_logprobs": [[-0.1, 5, "a"]]})
 
 
-def test_power_smc_and_baselines_run_on_the_engine(tiny):
-    loaded, backend = tiny
+def test_power_smc_and_baselines_run_on_the_engine(tiny_loaded_backend):
+    loaded, backend = tiny_loaded_backend
     model = ProgramCompletionModel(backend)
     prompt = loaded.tokenizer.encode("abc")
     cfg = PowerSMCConfig(particles=4, max_new_tokens=8, block_size=4, ramp_tokens=4, seed=3)

@@ -195,20 +195,8 @@ def test_best_of_one_is_the_low_temperature_sample():
 
 # ---- the tiny engine ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny():
-    from forerun.runtime_ext.backends.embedded import EmbeddedBackend
-    from forerun.runtime_ext.engine import EmbeddedEngine
-    from forerun.runtime_ext.engine.models import load_model
-
-    loaded = load_model("tiny")
-    engine = EmbeddedEngine(loaded)
-    yield loaded, EmbeddedBackend(engine)
-    engine.close()
-
-
-def test_greedy_is_argmax_of_a_plain_forward(tiny):
-    loaded, backend = tiny
+def test_greedy_is_argmax_of_a_plain_forward(tiny_loaded_backend):
+    loaded, backend = tiny_loaded_backend
     prompt = list(loaded.tokenizer.encode("greedy by hand"))
     res = DecodingBaseline(ProgramCompletionModel(backend), BaselineConfig(kind="greedy", max_new_tokens=8)).run(prompt)
     ids, expected = list(prompt), []
@@ -222,10 +210,10 @@ def test_greedy_is_argmax_of_a_plain_forward(tiny):
     assert res.response_ids == tuple(expected)
 
 
-def test_low_temperature_samples_at_tau_one_over_alpha(tiny):
+def test_low_temperature_samples_at_tau_one_over_alpha(tiny_loaded_backend):
     """The low-temp sample's log q per token is log_softmax(logits / τ) at τ = 1/α of a plain forward, and its log
     p0 is log_softmax(logits): the temperature reached the engine as documented."""
-    loaded, backend = tiny
+    loaded, backend = tiny_loaded_backend
     prompt = list(loaded.tokenizer.encode("low temperature"))
     res = DecodingBaseline(ProgramCompletionModel(backend),
                            BaselineConfig(kind="low-temp", alpha=2.0, max_new_tokens=6, seed=4)).run(prompt)
@@ -249,8 +237,8 @@ class OneAtATime:
         return [self.model.complete([r])[0] for r in requests]
 
 
-def test_same_seed_same_output_across_runs_and_batch_sizes(tiny):
-    loaded, backend = tiny
+def test_same_seed_same_output_across_runs_and_batch_sizes(tiny_loaded_backend):
+    loaded, backend = tiny_loaded_backend
     prompt = loaded.tokenizer.encode("batch sizes")
     model = ProgramCompletionModel(backend)
     cfg = PowerSMCConfig(particles=4, max_new_tokens=8, block_size=4, ramp_tokens=4, seed=13)

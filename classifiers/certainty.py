@@ -22,8 +22,11 @@ The classifier supplies ĥ only: `branch_prob_of` is the callable the one planne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -365,10 +368,28 @@ class CertaintyClassifier:
             raise bad(str(exc)) from None
 
     def save(self, path: str | Path) -> Path:
-        """Write the model as JSON (coefficients, classes, features, standardization, training size)."""
+        """Write the model as JSON (coefficients, classes, features, standardization, training size).  A regular file
+        is replaced whole or not at all (written beside it, then renamed over it): a write that fails half-way (a
+        full disk) leaves the model that was there.  A device or FIFO (/dev/stdout) is written in place."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        if path.exists() and not path.is_file():
+            path.write_text(text, encoding="utf-8")
+            return path
+        target = path.resolve()  # through a symlink: the file it names is replaced, the link stays
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            mask = os.umask(0o022)
+            os.umask(mask)
+            os.chmod(tmp, (target.stat().st_mode & 0o777) if target.exists() else 0o666 & ~mask)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return path
 
     @classmethod

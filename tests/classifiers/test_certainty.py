@@ -86,6 +86,33 @@ def test_probabilities_and_branch_prob(fitted):
         fitted.predict_proba(1.5)
 
 
+def test_a_save_that_fails_leaves_the_model_that_was_there(tmp_path, fitted, monkeypatch):
+    """`classifier train --out` over a good model: a write that fails (a full disk) must not leave a truncated file
+    in its place; the model is written beside it and renamed over it.  Its mode and a symlink to it are kept."""
+    import os
+
+    from forerun.classifiers import certainty
+
+    path = fitted.save(tmp_path / "model.json")
+    os.chmod(path, 0o640)
+    path.write_text(path.read_text().replace('"training_size"', '"training_size" ', 1))  # the older model's bytes
+    before = path.read_bytes()
+
+    def disk_full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(certainty.os, "replace", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        fitted.save(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.json"]
+    monkeypatch.undo()
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    fitted.save(link)
+    assert link.is_symlink() and path.read_bytes() != before and path.stat().st_mode & 0o777 == 0o640
+    assert CertaintyClassifier.load(link).training_size == fitted.training_size
+
+
 def test_save_load_roundtrip_is_json(tmp_path, fitted):
     path = fitted.save(tmp_path / "sub" / "model.json")
     data = json.loads(path.read_text())

@@ -9,6 +9,12 @@ import argparse
 import json
 from typing import Any
 
+from ..eval.datasets.loading import load_prompts
+from ..eval.datasets.prompt import ids_fingerprint
+from ..eval.datasets.registry import DatasetError
+from ..eval.harness.runs import header_differences, strict_json
+from .inputs import dataset_paths, naming_undecodable
+
 __all__ = ["check_resumable", "check_same_input_ids", "check_same_prompts", "prompts_named_by_records"]
 
 
@@ -20,10 +26,6 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
     such records would be kept unchecked.  A dataset the records name that is not among --datasets (a resume with fewer
     datasets) is loaded from this run's data source; one that cannot be loaded is refused (its records would be
     kept unchecked)."""
-    from ..eval.datasets.loading import load_prompts
-    from ..eval.datasets.registry import DatasetError
-    from .inputs import dataset_paths, naming_undecodable
-
     prompts = dict(plan["prompts"])
     gpqa_seed = plan["settings"].gpqa_shuffle_seed
     for ds, rows in plan["prompts"].items():
@@ -58,8 +60,6 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
 
 def check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
     """A resumed run must have been made with the same model, dtype, concurrency and settings."""
-    from ..eval.harness.runs import header_differences, strict_json
-
     if header is not None:
         diff = header_differences(header, json.loads(json.dumps(strict_json(new))))
         if diff:
@@ -97,8 +97,7 @@ def check_same_input_ids(records: list[dict[str, Any]], prompts: dict[str, list[
     another tokenizer or chat template under the same model name (an edited local model folder, a transformers
     that renders the template otherwise) is refused (`input_sha`).  Checked once the model's tokenizer is loaded;
     records from before input_sha are not checked."""
-    from ..eval.datasets.prompt import ids_fingerprint
-    from ..eval.harness.items import prompt_input_ids
+    from ..eval.harness.items import prompt_input_ids  # ~0.9 s (the SGLang frontend, the graders): not at --help
 
     loaded = {(ds, p.id): p for ds, rows in prompts.items() for p in rows}
     now: dict[tuple[str, str], str] = {}

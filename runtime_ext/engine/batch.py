@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from .forward import TOKEN_AXIS, copy_segments, kv_buffer_shape
-from .radix_cache import RadixCache, node_depth, path_kv
+from .radix_cache import RadixCache, path_kv
 from .requests import Request
 
 
@@ -245,7 +245,7 @@ def tree_prefix(r: Request) -> list[torch.Tensor]:
     if r.node is None:
         return r.prefix
     path = path_kv(r.node)
-    rest = r.prefix_len - sum(int(t.shape[TOKEN_AXIS]) for t in path)
+    rest = r.prefix_len - r.node.depth
     if rest == 0:
         return path
     if rest > 0 and r.prefix and int(r.prefix[-1].shape[TOKEN_AXIS]) == rest:
@@ -256,7 +256,7 @@ def tree_prefix(r: Request) -> list[torch.Tensor]:
 def private_kv(r: Request, share_prefix: bool) -> int:
     """KV tokens running row r holds outside the radix tree: all its KV when its prefix was copied into the row,
     else all but the prefix the tree holds for it (the path to the node it locks, read in place)."""
-    return r.kv_len - (node_depth(r.node) if share_prefix and r.node is not None else 0)
+    return r.kv_len - (r.node.depth if share_prefix and r.node is not None else 0)
 
 
 def own_after_join(r: Request, segs: Sequence[torch.Tensor], share_prefix: bool) -> int:

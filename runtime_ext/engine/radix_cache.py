@@ -35,6 +35,8 @@ class RadixNode:
     children: dict[int, "RadixNode"] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    depth: int = 0
+    """Tokens on the path from the root to the end of `key` (a split leaves a node's depth as it was)."""
 
 
 def path_kv(node: RadixNode) -> list[torch.Tensor]:
@@ -45,14 +47,6 @@ def path_kv(node: RadixNode) -> list[torch.Tensor]:
         kv.append(node.kv)
         node = node.parent
     return kv[::-1]
-
-
-def node_depth(node: RadixNode) -> int:
-    """How many tokens the path from the root down to `node` covers."""
-    depth = 0
-    while node is not None:
-        depth, node = depth + len(node.key), node.parent
-    return depth
 
 
 @dataclass(frozen=True)
@@ -106,6 +100,7 @@ class RadixCache:
             parent=parent,
             lock_ref=node.lock_ref,
             last_access=node.last_access,
+            depth=parent.depth + at,
         )
         node.kv = node.kv.narrow(self.token_axis, at, len(node.key) - at).clone()
         RadixCache.splits += 1
@@ -205,7 +200,7 @@ class RadixCache:
                 self.skipped_tokens += want - take
             if take > 0:
                 seg = kv.narrow(self.token_axis, pos - offset, take).clone()
-                leaf = RadixNode(key=ids[pos : pos + take], kv=seg, parent=node)
+                leaf = RadixNode(key=ids[pos : pos + take], kv=seg, parent=node, depth=node.depth + take)
                 node.children[ids[pos]] = leaf
                 self.total_tokens += take
                 self.inserted_tokens += take

@@ -112,3 +112,8 @@ def test_random_workload_matches_brute_force():
         stored[seq] = None
         assert c.total_tokens <= 60
         assert c.total_tokens == sum(len(n.key) for n in c._nodes())
+        for n in c._nodes():  # each node's kept depth is the tokens on its path, counted here
+            walk, up = 0, n
+            while up is not None:
+                walk, up = walk + len(up.key), up.parent
+            assert n.depth == walk

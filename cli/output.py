@@ -100,6 +100,11 @@ def _parent_ok(path: Path, option: str) -> None:
         raise CommandError(f"{option} {path}: {parent} is not a directory")
 
 
+def _blocking_kind(p: Path) -> str | None:
+    """"FIFO" or "socket" when opening `p` to write would block until a reader comes, else None."""
+    return "FIFO" if p.is_fifo() else "socket" if p.is_socket() else None
+
+
 def _probe_file(p: Path, option: str) -> None:
     """Open the file as the command will (append, or create): os.access says yes to root even where the
     write then fails (read-only or virtual filesystems).  A probe-created file is removed again."""
@@ -155,9 +160,8 @@ def output_file(path: str | os.PathLike[str] | None, option: str, *, suffixes: t
         raise CommandError(f"{option} {p}: expected a file ending in {' or '.join(suffixes)}")
     _parent_ok(p, option)
     not_an_input(p, option, inputs or {})
-    if p.is_fifo() or p.is_socket():  # opening it to write blocked until a reader came: the command hung
-        raise CommandError(f"{option} {p} is a {'FIFO' if p.is_fifo() else 'socket'}, not a regular file; "
-                           "give a file path")
+    if _blocking_kind(p):  # opening it to write blocked until a reader came: the command hung
+        raise CommandError(f"{option} {p} is a {_blocking_kind(p)}, not a regular file; give a file path")
     _probe_file(p, option)
     return p
 
@@ -181,9 +185,9 @@ def output_dir(path: str | os.PathLike[str] | None, option: str, *, files: Itera
     for f in (p / name for name in files if p.is_dir()):
         if f.is_dir():
             raise CommandError(f"{option} {p}: {f} is a directory; {writer} writes a file there")
-        if f.is_fifo() or f.is_socket():
-            raise CommandError(f"{option} {p}: {f} is a {'FIFO' if f.is_fifo() else 'socket'}, not a regular file; "
-                               f"{writer} writes a file there")
+        if _blocking_kind(f):
+            raise CommandError(f"{option} {p}: {f} is a {_blocking_kind(f)}, not a regular file; {writer} writes a "
+                               "file there")
         not_an_input(f, option, inputs or {})
         if f.exists():
             _probe_file(f, option)

@@ -15,6 +15,7 @@ counted as a wrong answer, retried by `--resume`; the run then exits 1.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -397,6 +398,8 @@ def _execute(args: argparse.Namespace, plan: dict[str, Any], pool: Any, existing
 
 def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], written: int, wall: float) -> int:
     """The run's cells on stdout; exit 1 when any item still failed (its error line is retried by --resume)."""
+    from ..eval.harness.intervals import NO_SPREAD
+    from ..eval.harness.report import NO_FORCED_PASS
     from ..eval.harness.report import summarize
 
     summary = summarize(records)
@@ -408,7 +411,7 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
            "selection_rules": summary["selection_rules"]}
     failed = sum(c["errors"] for c in summary["cells"])
     if args.json:
-        print_json(out)
+        print_json(out, reasons={"diff_ci95": NO_SPREAD, "forced_tokens": NO_FORCED_PASS})
     else:
         print(f"{args.out}: {len(records)} items ({written} new, {wall:.1f} s)")
         for line in out["selection_rules"].values():
@@ -424,8 +427,9 @@ def _print_summary(args: argparse.Namespace, records: list[dict[str, Any]], writ
                   f"{c['wall_s']:8.2f} s/item" + (f"  errors {c['errors']}" if c["errors"] else ""))
         for c in out["comparisons"]:
             lo, hi = c["diff_ci95"]
+            interval = f"[{100 * lo:+.1f}, {100 * hi:+.1f}]" if math.isfinite(lo) else f"[no interval: {NO_SPREAD}]"
             print(f"  {c['dataset']:<10} {c['method']} vs {c['baseline']}: Δ pass@1 {100 * c['diff']:+.1f} pts "
-                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {c['test']} p = {c['p_value']:.3g} ({c['pairs']} pairs)")
+                  f"{interval}, {c['test']} p = {c['p_value']:.3g} ({c['pairs']} pairs)")
     if failed:
         print(f"forerun eval: {failed} item(s) failed after retries (error lines in {args.out}); rerun with "
               "--resume to retry them", file=sys.stderr)

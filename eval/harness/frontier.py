@@ -1,10 +1,10 @@
 """The one table of every sampler (issue 30): per dataset, and over every dataset all methods ran on, one row per
-method with pass@1 and its bootstrap interval, tokens decoded and wall time per answer, and whether the method
+method with pass@1 and its 95 % interval, tokens decoded and wall time per answer, and whether the method
 lies on the accuracy / time Pareto frontier of its scope.
 
     notion                          code
     answer                          one record (dataset, method, prompt, seed); an error counts as wrong
-    pass@1, its 95 % interval       statistics.sample_statistics (bootstrap over prompts)
+    pass@1, its 95 % interval       statistics.sample_statistics (intervals.prompt_interval over prompts)
     tokens decoded per answer       mean `tokens_decoded` (every sample, particle, proposal; rejected included)
     wall time per answer            mean `wall_s` (the item's whole generation: harness.methods)
     Pareto frontier                 pareto_front: no other method is at least as accurate AND at least as fast,
@@ -61,7 +61,7 @@ def common_datasets(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def sampler_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The every-sampler rows of final records, over the (prompt, seed) items every method of a dataset has (a cut
-    run compares the same items): scope "all" first (prompt ids namespaced by dataset, so the bootstrap resamples
+    run compares the same items): scope "all" first (prompt ids namespaced by dataset, so the interval counts
     each (dataset, prompt) as one cluster), then each dataset; `frontier` per scope."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     common = set(common_datasets(records))

@@ -45,6 +45,8 @@ from .runs import final_records
 from .settings import METHODS, Method
 from .statistics import compare, forced_statistics, in_item_order, item_order, sample_statistics, speedup_ci
 
+NO_FORCED_PASS = "the run had no forced-answer pass (--forced-answer not given)"
+"""Why a cell's forced_tokens is undefined (the JSON reason of its null)."""
 TOST_MARGIN_SD = 0.2
 TOST_LEVEL = 0.05
 TOST_STATS = ("correct", "log_likelihood", "confidence")

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from .intervals import NO_SPREAD
+
 
 def _f(x: Any, fmt: str = ".2f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -117,17 +119,19 @@ def render_markdown(summary: dict[str, Any], header: Sequence[str], figures: Seq
         common = summary.get("sampler_datasets") or []
         lines += ["## Every sampler: accuracy, tokens and wall time per answer", "",
                   f"Same prompts for every method; dataset \"all\": {', '.join(common) or 'none shared'} pooled "
-                  "(the interval resamples (dataset, prompt) clusters).  Pareto frontier: no other method on the same "
+                  "(its interval counts (dataset, prompt) clusters).  Pareto frontier: no other method on the same "
                   "dataset (or on \"all\") is at least as accurate and at least as fast per answer, one of the two "
                   "strictly; errors count as wrong answers.  Figure: accuracy_vs_latency.png.", "",
                   *sampler_table(summary), ""]
     lines += ["## Accuracy", "",
-             "pass@k: unbiased estimator over each prompt's samples; interval: bootstrap over prompts (samples "
+             "pass@k: unbiased estimator over each prompt's samples; interval: Wilson score interval of k of P "
+             "prompts when every prompt's samples are all right or all wrong, else bootstrap over prompts (samples "
              "nested in their prompt); errors count as wrong answers; tokens decoded: every token the method "
              "decoded per answer, rejected proposals included." + (FORCED_NOTE if summary.get("forced_answer") else ""),
              "", *accuracy_table(summary), ""]
     if summary["comparisons"]:
         lines += ["## Each method against its baseline (paired, errors as wrong answers)", "",
+                  f"An interval of –: {NO_SPREAD}; the test's p says what the pairs can.", "",
                   *comparison_table(summary), ""]
     lines += ["## Cost per item (means)", "",
               "wall = generation time of the item (every model call); call time = App. D.2 model-call time (MH: "

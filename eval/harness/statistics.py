@@ -10,13 +10,17 @@ prompt's samples to one number, then resamples PROMPTS (a cluster bootstrap, see
     maj@k                mean over prompts: the most frequent extracted answer among the first k
                          samples (ties: the earliest; correct answers vote as one, being equal
                          to the gold) is a correct one                                     lighteval maj@n
-    ci95                 percentile bootstrap over prompts of pass@1                       scipy.stats.bootstrap
-    forced_ci95          the same, of the forced-answer pass's accuracy (--forced-answer)  scipy.stats.bootstrap
+    ci95                 95 % interval over prompts of pass@1 (`prompt_interval`): the     scipy.stats.binomtest
+                         Wilson score interval of k of P prompts when every prompt's       (Wilson), else
+                         value is 0 or 1 (one seed, or seeds that agree), else the         scipy.stats.bootstrap
+                         percentile bootstrap over prompts of the per-prompt values
+    forced_ci95          the same, of the forced-answer pass's accuracy (--forced-answer)
     p (test)             one seed per prompt: exact McNemar test on per-prompt correctness,
                          method vs baseline (the EntropyCut reference's test)              statsmodels mcnemar
                          several seeds: exact sign test over prompts of the per-prompt
                          accuracy difference (seeds are not independent pairs)             statsmodels sign_test
     diff_ci95            paired bootstrap over prompts of pass@1(method) − pass@1(baseline) scipy.stats.bootstrap
+                         (undefined, NaN, when every prompt's difference is the same)
     speedup_ci95         paired bootstrap over prompts (each its seeds' mean call times) of
                          Eq. 20's ratio of mean call times                                 scipy.stats.bootstrap
 """
@@ -28,19 +32,11 @@ from collections import Counter, defaultdict
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.stats import bootstrap
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.descriptivestats import sign_test
 
 from ..graders.math_answers import vote_key
-
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-"""Fixed: a report of the same items prints the same intervals, whatever order they were written in (`item_order`)."""
-BOOTSTRAP_BATCH = 100
-"""Resamples drawn at once: the same intervals as all at once (one random stream), in bounded memory (MMLU's
-14,042 prompts: 0.15 GB and 0.7 s for a pass@1 and a paired interval, against 1.2 GB and 4.6 s)."""
-
+from .intervals import paired_ci, percentile_ci, prompt_interval
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one prompt with `c` correct among `n` samples (k ≤ n)."""
@@ -94,38 +90,9 @@ def _answer(r: dict[str, Any]) -> str | None:
     return " ".join(str(a).split()) if a is not None else None
 
 
-def percentile_ci(values: Sequence[float], statistic: Callable[..., float] = np.mean) -> list[float]:
-    """Bootstrap 95 % interval of `statistic` over the values (one per prompt); a point when they do not vary."""
-    x = np.asarray(values, dtype=float)
-    if len(x) == 0:
-        return [math.nan, math.nan]
-    if len(x) < 2 or np.all(x == x[0]):
-        v = float(statistic(x))
-        return [v, v]
-    res = bootstrap((x,), statistic, confidence_level=0.95, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
-                    random_state=BOOTSTRAP_SEED, batch=BOOTSTRAP_BATCH)
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-
-
-def paired_ci(a: Sequence[float], b: Sequence[float], statistic: Callable[[np.ndarray, np.ndarray], float]
-              ) -> list[float]:
-    """Paired bootstrap 95 % interval of statistic(a, b) (pairs resampled together)."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(x) < 2:
-        v = float(statistic(x, y)) if len(x) else math.nan
-        return [v, v]
-    if np.all(x == x[0]) and np.all(y == y[0]):
-        v = float(statistic(x, y))
-        return [v, v]
-    res = bootstrap((x, y), statistic, paired=True, vectorized=False, confidence_level=0.95,
-                    n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", random_state=BOOTSTRAP_SEED,
-                    batch=BOOTSTRAP_BATCH)
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
-
-
 def sample_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """pass@k for k = 1..k_max and maj@k_max (k_max: the fewest samples any prompt has; errors count as wrong
-    samples), the bootstrap interval of pass@1 over prompts, and the prompts."""
+    samples), the interval of pass@1 over prompts (`prompt_interval`), and the prompts."""
     groups = by_prompt(records)
     if not groups:
         return {"prompts": 0, "samples": 0, "pass_at_k": {}, "maj_at_k": {}, "ci95": [math.nan, math.nan]}
@@ -136,19 +103,19 @@ def sample_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     maj = {} if code else {str(k_max): float(np.mean(
         [majority_correct([(_answer(r), bool(r.get("correct"))) for r in rs[:k_max]]) for rs in groups.values()]))}
     return {"prompts": len(groups), "samples": k_max, "pass_at_k": pass_k, "maj_at_k": maj,
-            "ci95": percentile_ci([c / n for n, c in per_prompt])}
+            "ci95": prompt_interval([c / n for n, c in per_prompt])}
 
 
 def forced_statistics(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy of the forced-answer pass (`harness.forced`) over a cell's records (errors: wrong) and its
-    bootstrap interval over prompts, as `ci95` is for pass@1; None for both where the cell had no forced pass
+    interval over prompts, as `ci95` is for pass@1; None for both where the cell had no forced pass
     (a run without --forced-answer, a code dataset)."""
     if not any(r.get("forced_correct") is not None for r in records):
         return {"forced_correct": None, "forced_accuracy": None, "forced_ci95": None}
     hits = [bool(r.get("forced_correct")) for r in records]
     per_prompt = [float(np.mean([bool(r.get("forced_correct")) for r in rs])) for rs in by_prompt(records).values()]
     return {"forced_correct": sum(hits), "forced_accuracy": sum(hits) / len(hits),
-            "forced_ci95": percentile_ci(per_prompt)}
+            "forced_ci95": prompt_interval(per_prompt)}
 
 
 def paired_p(pairs_by_prompt: dict[str, list[tuple[bool, bool]]]) -> tuple[float, str]:

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy.stats import binomtest
+
+from ..harness.intervals import wilson_interval
 
 
 @dataclass(frozen=True)
@@ -55,18 +56,6 @@ class GatePoint:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n; (nan, nan) when n = 0."""
-    if n < 0 or k < 0 or k > n:
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if n == 0:
-        return (math.nan, math.nan)
-    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return (float(ci.low), float(ci.high))
 
 
 def gate_point(pairs: Sequence[GatePair], threshold: float, confidence: float = 0.95) -> GatePoint:

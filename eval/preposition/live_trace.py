@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .calibration import wilson_interval
+from ..harness.intervals import wilson_interval
 from .latency_model import hit_rate, hit_rate_delayed, poisson_trace, replay_trace
 from .status_task import LABELS, QUESTION, answer_tokens, batch_text, status_session
 from ...programs.sessions import AgenticSession

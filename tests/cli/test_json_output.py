@@ -55,6 +55,8 @@ CASES = {
     "calibrate gate no tau qualifies": ["calibrate", "gate", "--windows", "2", "--r-max", "0", *TINY],
     "calibrate gate status no tau qualifies": ["calibrate", "gate", "--task", "status", "--windows", "2",
                                                "--r-max", "0", *TINY],
+    "eval": ["eval", "--datasets", "math500", "--limit", "2", "--methods", "greedy,power-mh", "--n", "4", "--K", "1",
+             "--out", "{root}/eval.jsonl", *TINY],
     "classifier train": ["classifier", "train", "--records", "{records}", "--out", "{root}/clf.json",
                          "--allow-missing-classes"],
     "classifier cv": ["classifier", "cv", "--records", "{records}", "--folds", "2"],
@@ -85,6 +87,11 @@ def test_json_output_is_strict(name, records, run_forerun, run_forerun_in_proces
         assert "r(τ) is undefined" in out["undefined"]["report.at_tau.false_accept"]
     # were: calibration.calibrated null with no reason when no τ qualified, and classifier train's
     # branch_prob_accept_at null with no reason for a model of more features than c/T
+    if name == "eval":  # both methods 0 of 2 right: the paired bootstrap has no spread; no forced pass was run
+        assert out["comparisons"][0]["diff_ci95"] == [None, None]
+        assert "no spread" in out["undefined"]["comparisons[0].diff_ci95[0]"]
+        assert "--forced-answer" in out["undefined"]["cells[0].forced_tokens"]
+        assert out["forced_answer"] is False  # which is why the cells' other forced_* fields are null
     if name.startswith(("calibrate gate", "classifier")):
         assert not [path for path in _null_paths(out) if path not in out.get("undefined", {})], out.get("undefined")
     if name.endswith("no tau qualifies"):  # r_max = 0: only a τ whose accepted points are all right would qualify

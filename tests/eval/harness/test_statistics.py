@@ -1,6 +1,6 @@
 """The eval statistics against independent computations: pass@k by enumerating k-subsets, maj@k by hand, the
 exact McNemar test as a binomial test on the discordant pairs, bootstrap intervals resampling prompts (never
-seeds) with scipy directly."""
+seeds) with scipy directly, Wilson intervals by statsmodels."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
 
 from forerun.eval.harness.statistics import (compare, majority_correct, pass_at_k, percentile_ci,
                                              sample_statistics, speedup_ci)
@@ -61,7 +62,20 @@ def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():
     want = stats.bootstrap((per_prompt,), np.mean, n_resamples=2000, method="percentile", random_state=0)
     assert s["ci95"] == pytest.approx([want.confidence_interval.low, want.confidence_interval.high])
     code = sample_statistics([_rec("a", 1, True, None, "code")])
-    assert code["maj_at_k"] == {} and code["ci95"] == [1.0, 1.0]
+    assert code["maj_at_k"] == {} and code["ci95"] == pytest.approx(proportion_confint(1, 1, method="wilson"))
+
+
+def test_an_accuracy_of_none_right_is_not_reported_as_certain():
+    """One seed, 0 of 21 prompts right: the report printed "0 [0, 0]".  Oracle: statsmodels' Wilson interval."""
+    s = sample_statistics([_rec(f"p{i}", 10086, False, "1") for i in range(21)])
+    assert s["pass_at_k"]["1"] == 0.0
+    assert s["ci95"] == pytest.approx(proportion_confint(0, 21, method="wilson"))
+    assert s["ci95"][1] > 0.15
+    # several seeds that agree on every prompt: k of P prompts, not of P x seeds samples
+    agree = sample_statistics([_rec(f"p{i}", s, i < 2, "1") for i in range(6) for s in range(4)])
+    assert agree["ci95"] == pytest.approx(proportion_confint(2, 6, method="wilson"))
+    both_wrong = compare([_rec(f"p{i}", 1, False) for i in range(3)], [_rec(f"p{i}", 1, False) for i in range(3)])
+    assert both_wrong["diff"] == 0.0 and all(math.isnan(v) for v in both_wrong["diff_ci95"])
 
 
 def test_mcnemar_is_an_exact_binomial_test_on_the_discordant_pairs():

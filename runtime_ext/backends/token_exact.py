@@ -45,6 +45,7 @@ from .sglang_frontend import (
     sgl,
     token_length_normalized,
 )
+from .text_ids import continuation_ids
 from .token_markers import Directives, IdsSegment, parse_marked_text, parse_marked_text_directives
 
 
@@ -299,7 +300,11 @@ class TokenExactBackend(BaseBackend):
 
     # -- text -> ids --------------------------------------------------------------------------
     def _tokenize(self, text: str, at_start: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens and at_start))
+        """Ids of program text: at the start, as the tokenizer encodes it (its BOS where it adds one); after earlier
+        ids, as the same text inside the whole program text (`text_ids.continuation_ids`)."""
+        if at_start:
+            return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
+        return continuation_ids(self.tokenizer, text)
 
     def _remember(self, text: str, ids: Sequence[int], stream: Any = None) -> None:
         with self._memory_lock:

@@ -42,6 +42,7 @@ from .sglang_frontend import (
     ChoicesDecision,
     SglSamplingParams,
     StreamExecutor,
+    refuse_kept_special_tokens,
     sgl,
     token_length_normalized,
 )
@@ -387,6 +388,7 @@ class TokenExactBackend(BaseBackend):
     def _request(self, text: str, sampling_params: SglSamplingParams, stream: Any = None
                  ) -> tuple[list[int], SamplingParams]:
         """The exact ids of a program text and the engine parameters of a gen (a dtype gen's regex set)."""
+        refuse_kept_special_tokens()
         ids, directives = self.request_of(text, stream)
         params = SamplingParams.from_sgl(
             dtype_to_regex(sampling_params), seed=directives.seed,

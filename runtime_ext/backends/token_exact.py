@@ -258,11 +258,11 @@ def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:
 
 
 def refuse_images(s: StreamExecutor) -> None:
-    """forerun's backends send token ids only: a program with `sgl.image(...)` gets a clear error, never an answer
-    to its text with the image dropped (SGLang's RuntimeEndpoint would send the image)."""
+    """forerun's backends send token ids only: a program with `sgl.image(...)` or `sgl.video(...)` (the interpreter
+    keeps both in `images_`) gets a clear error, never an answer to its text with the media dropped."""
     if getattr(s, "images_", None):
-        raise NotImplementedError("sgl.image: forerun backends send the prompt as token ids and carry no images; "
-                                  "run multimodal programs on SGLang's own RuntimeEndpoint")
+        raise NotImplementedError("sgl.image / sgl.video: forerun backends send the prompt as token ids and carry no "
+                                  "images or videos; run multimodal programs on SGLang's own RuntimeEndpoint")
 
 
 class TokenExactBackend(BaseBackend):

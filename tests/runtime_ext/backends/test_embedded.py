@@ -168,6 +168,23 @@ def test_a_program_with_an_image_gets_a_clear_error(backend, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Error in stream_executor")
+def test_a_program_with_a_video_gets_an_error_that_names_video(backend, tmp_path, monkeypatch):
+    """SGLang's interpreter keeps a video in `images_` as it does an image (interpreter.py `_execute_video`): the
+    refusal must name sgl.video, not only sgl.image.  Frame extraction (cv2) is replaced by a fixed string."""
+    from sglang.lang import interpreter
+
+    monkeypatch.setattr(interpreter, "encode_video_base64", lambda path, num_frames: "AAAA")
+
+    @function
+    def watch(s):
+        s += sgl.user(sgl.video(str(tmp_path / "x.mp4"), 2) + "What happens?")
+        s += sgl.assistant(gen("x", max_tokens=2))
+
+    st = watch.run(backend=backend)
+    assert isinstance(st.error(), NotImplementedError) and "sgl.video" in str(st.error())
+
+
+@pytest.mark.filterwarnings("ignore:Error in stream_executor")
 def test_a_sampled_select_is_refused_as_sglangs_runtime_endpoint_refuses_it(backend):
     """SGLang's RuntimeEndpoint.select asserts temperature <= 1e-5; forerun ran such a select greedily, silently."""
     @function

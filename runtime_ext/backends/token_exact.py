@@ -444,7 +444,9 @@ class TokenExactBackend(BaseBackend):
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
         """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`.  Only
-        greedy: SGLang's RuntimeEndpoint asserts temperature <= 1e-5, so a sampled select is refused, not run greedy."""
+        greedy: SGLang's RuntimeEndpoint asserts temperature <= 1e-5, so a sampled select is refused, not run greedy.
+        normalized_prompt_logprobs average the choice's tokens only; 0.5.23's RuntimeEndpoint averages in the last prompt
+        token too (its removal of it tests the wrong entry), so on unequal lengths it may pick another choice."""
         refuse_images(s)
         if not temperature <= 1e-5:
             raise ValueError(f"select: temperature {temperature} is not supported: a select is greedy (SGLang's "

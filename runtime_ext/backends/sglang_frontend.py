@@ -57,6 +57,17 @@ from sglang.lang.ir import SglSamplingParams  # noqa: E402
 
 
 
+def refuse_kept_special_tokens() -> None:
+    """Refuse `sgl.global_config.skip_special_tokens_in_output = False`: SGLang's RuntimeEndpoint sends it as the
+    request's `skip_special_tokens` (lang/backend/runtime_endpoint.py, `generate` / `generate_stream`), so the gen's
+    text keeps special tokens there; forerun's backends always return the text with special tokens skipped (their
+    stop trimming and remembered ids are built on it), so the setting would be silently ignored."""
+    if not sgl.global_config.skip_special_tokens_in_output:
+        raise NotImplementedError("sgl.global_config.skip_special_tokens_in_output = False: forerun backends return "
+                                  "the generated text with special tokens skipped (SGLang's default); set it back "
+                                  "to True, or read the token ids from meta_info (return_logprob=True)")
+
+
 def hook_registry() -> tuple[type, type]:
     """(HookRegistry, HookType) of the SGLang runtime's plugin system (`sglang.srt.plugins`); only importable in
     a server process, where the runtime is installed."""
@@ -99,6 +110,7 @@ __all__ = [
     "function",
     "gen",
     "generate_contract_error",
+    "refuse_kept_special_tokens",
     "runtime_installed",
     "select",
     "set_default_backend",

@@ -7,8 +7,8 @@ Stock `RuntimeEndpoint` sends `s.text_` and lets the server re-tokenize it; fore
 * text this backend generated earlier is remembered with its ids (a bounded LRU keyed by the full
   program text after the generation), so a later request whose text extends it reuses those ids
   exactly - this is what keeps forks and multi-gen programs exact without markers;  each program stream
-  (`StreamExecutor`) also keeps its own latest generation, so its next gen extends its own ids however many
-  other programs' generations (other threads, a sampler's thousands of requests) pushed it out of the LRU;
+  (`StreamExecutor`) also keeps its own latest generation, which its next gen and its fork children's first gens
+  extend however many other programs' generations pushed it out of the LRU (`generation_memory`);
 * any other text is tokenized.
 
 Constraints (issue 32): `gen(regex=...)`, `gen(json_schema=...)` and the dtype gens (`gen_int`, `gen_string`,
@@ -29,8 +29,6 @@ import queue
 import threading
 import time
 import uuid
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -42,9 +40,11 @@ from .sglang_frontend import (
     ChoicesDecision,
     SglSamplingParams,
     StreamExecutor,
+    refuse_kept_special_tokens,
     sgl,
     token_length_normalized,
 )
+from .generation_memory import GenerationMemory
 from .text_ids import continuation_ids
 from .token_markers import Directives, IdsSegment, parse_marked_text, parse_marked_text_directives
 
@@ -258,11 +258,11 @@ def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:
 
 
 def refuse_images(s: StreamExecutor) -> None:
-    """forerun's backends send token ids only: a program with `sgl.image(...)` gets a clear error, never an answer
-    to its text with the image dropped (SGLang's RuntimeEndpoint would send the image)."""
+    """forerun's backends send token ids only: a program with `sgl.image(...)` or `sgl.video(...)` (the interpreter
+    keeps both in `images_`) gets a clear error, never an answer to its text with the media dropped."""
     if getattr(s, "images_", None):
-        raise NotImplementedError("sgl.image: forerun backends send the prompt as token ids and carry no images; "
-                                  "run multimodal programs on SGLang's own RuntimeEndpoint")
+        raise NotImplementedError("sgl.image / sgl.video: forerun backends send the prompt as token ids and carry no "
+                                  "images or videos; run multimodal programs on SGLang's own RuntimeEndpoint")
 
 
 class TokenExactBackend(BaseBackend):
@@ -277,12 +277,9 @@ class TokenExactBackend(BaseBackend):
     def __init__(self, tokenizer: Any, *, memory_size: int = 4096, add_special_tokens: bool = True) -> None:
         super().__init__()
         self.tokenizer = tokenizer
-        self.memory_size = memory_size
         self.add_special_tokens = add_special_tokens
-        self._memory: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
-        self._memory_lock = threading.Lock()
-        self._stream_memory: "weakref.WeakKeyDictionary[Any, tuple[str, tuple[int, ...]]]" = weakref.WeakKeyDictionary()
-        """Per program stream (`StreamExecutor`), its latest remembered generation (text, ids): not evicted."""
+        self.memory = GenerationMemory(memory_size)
+        """The generations this backend remembers (text -> exact ids): `generation_memory`."""
         self.token_usage = TokenUsage()
 
     # -- to implement -------------------------------------------------------------------------
@@ -305,15 +302,6 @@ class TokenExactBackend(BaseBackend):
         if at_start:
             return list(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
         return continuation_ids(self.tokenizer, text)
-
-    def _remember(self, text: str, ids: Sequence[int], stream: Any = None) -> None:
-        with self._memory_lock:
-            if stream is not None:
-                self._stream_memory[stream] = (text, tuple(ids))
-            self._memory[text] = tuple(ids)
-            self._memory.move_to_end(text)
-            while len(self._memory) > self.memory_size:
-                self._memory.popitem(last=False)
 
     def _decode(self, ids: Sequence[int]) -> str | None:
         """The literal text of `ids` (special tokens included); None if the tokenizer cannot decode."""
@@ -344,24 +332,8 @@ class TokenExactBackend(BaseBackend):
         back = 8 + (len(matched.encode("utf-8", "surrogatepass")) if isinstance(matched, str) else 0)
         for k in range(n, max(n - back, 0), -1):
             if self._decode(out.output_ids[:k]) == out.text:
-                self._remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]), stream)
+                self.memory.remember(text_before + out.text, list(ids_before) + list(out.output_ids[:k]), stream)
                 return
-
-    def _longest_remembered(self, text: str, stream: Any = None) -> tuple[str, tuple[int, ...]]:
-        """The longest remembered text that `text` begins with, and its ids; `stream`'s own latest generation wins
-        a tie (another program may have generated the same text as other ids)."""
-        best = ""
-        ids: tuple[int, ...] = ()
-        with self._memory_lock:
-            own = self._stream_memory.get(stream) if stream is not None else None
-            if own is not None and text.startswith(own[0]):
-                best, ids = own
-            for key, val in self._memory.items():
-                if len(key) > len(best) and text.startswith(key):
-                    best, ids = key, val
-            if best in self._memory:
-                self._memory.move_to_end(best)
-        return best, ids
 
     def input_ids_of(self, text: str, stream: Any = None) -> tuple[list[int], int | None]:
         """Exact ids of a program text, and the sampling seed its markers set (None if none)."""
@@ -372,7 +344,7 @@ class TokenExactBackend(BaseBackend):
         """Exact ids of a program text (of program stream `stream`, when given), and the request settings its
         markers set."""
         _, directives = parse_marked_text_directives(text)
-        known, ids = self._longest_remembered(text, stream)
+        known, ids = self.memory.longest(text, stream)
         out = list(ids)
         segments, _ = parse_marked_text(text[len(known):])
         for seg in segments:
@@ -392,6 +364,7 @@ class TokenExactBackend(BaseBackend):
     def _request(self, text: str, sampling_params: SglSamplingParams, stream: Any = None
                  ) -> tuple[list[int], SamplingParams]:
         """The exact ids of a program text and the engine parameters of a gen (a dtype gen's regex set)."""
+        refuse_kept_special_tokens()
         ids, directives = self.request_of(text, stream)
         params = SamplingParams.from_sgl(
             dtype_to_regex(sampling_params), seed=directives.seed,
@@ -447,7 +420,9 @@ class TokenExactBackend(BaseBackend):
 
     def select(self, s: StreamExecutor, choices: list[str], temperature: float, choices_method=None):
         """Score every choice appended to the exact prompt ids (prompt log p0) and pick by `choices_method`.  Only
-        greedy: SGLang's RuntimeEndpoint asserts temperature <= 1e-5, so a sampled select is refused, not run greedy."""
+        greedy: SGLang's RuntimeEndpoint asserts temperature <= 1e-5, so a sampled select is refused, not run greedy.
+        normalized_prompt_logprobs average the choice's tokens only; 0.5.23's RuntimeEndpoint averages in the last prompt
+        token too (its removal of it tests the wrong entry), so on unequal lengths it may pick another choice."""
         refuse_images(s)
         if not temperature <= 1e-5:
             raise ValueError(f"select: temperature {temperature} is not supported: a select is greedy (SGLang's "

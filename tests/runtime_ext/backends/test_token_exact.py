@@ -184,3 +184,28 @@ def test_a_program_that_starts_with_a_gen_on_a_tokenizer_without_bos_is_refused_
     state = prog.run(backend=backend)
     assert "no text before its first gen" in str(state.error()) and "adds no BOS" in str(state.error())
     assert backend.requests == []  # nothing sent
+
+
+def test_kept_special_tokens_setting_is_refused_not_ignored():
+    """SGLang's RuntimeEndpoint sends `skip_special_tokens = global_config.skip_special_tokens_in_output` with every
+    gen (lang/backend/runtime_endpoint.py, generate and generate_stream): set False, the text keeps special tokens.
+    forerun's texts always skip them, so the setting must fail the gen, streamed or not, rather than be ignored."""
+    from forerun.runtime_ext.backends.sglang_frontend import sgl
+
+    @function
+    def one_gen(s):
+        s += "Hi " + gen("out", max_tokens=2)
+
+    backend = RecordingBackend()
+    sgl.global_config.skip_special_tokens_in_output = False
+    try:
+        for stream in (False, True):
+            state = one_gen.run(backend=backend, stream=stream)
+            if stream:
+                list(state.text_iter())
+            error = state.error()
+            assert isinstance(error, NotImplementedError) and "skip_special_tokens_in_output" in str(error)
+        assert backend.requests == []
+    finally:
+        sgl.global_config.skip_special_tokens_in_output = True
+    assert one_gen.run(backend=backend).error() is None

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ..engine import EmbeddedEngine
 from ..protocol import GenerateOutput, RowListener, SamplingParams
-from .sglang_frontend import sgl
+from .sglang_frontend import named_chat_template, sgl
 from .token_exact import TokenExactBackend
 
 
@@ -38,12 +38,16 @@ class EmbeddedBackend(TokenExactBackend):
 
     streams = True
 
-    def __init__(self, engine: EmbeddedEngine, *, memory_size: int = 4096) -> None:
+    def __init__(self, engine: EmbeddedEngine, *, memory_size: int = 4096, chat_template_name: str | None = None
+                 ) -> None:
+        """`chat_template_name`: one of SGLang's registered chat templates (as SGLangServerBackend takes it, and
+        `--chat-template` of an SGLang server); None: matched by the model's path / name (`chat_template_for`)."""
         if not isinstance(engine, EmbeddedEngine):
             raise TypeError(f"EmbeddedBackend needs an EmbeddedEngine, got {type(engine).__name__}")
+        template = named_chat_template(chat_template_name) if chat_template_name is not None else None
         super().__init__(engine.tokenizer, memory_size=memory_size)
         self.engine = engine
-        self.chat_template = chat_template_for(engine)
+        self.chat_template = template if template is not None else chat_template_for(engine)
 
     def run(self, input_ids: Sequence[int], params: SamplingParams) -> GenerateOutput:
         return self.engine.generate(input_ids, params)

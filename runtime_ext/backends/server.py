@@ -16,7 +16,7 @@ import requests
 
 from ..protocol import GenerateOutput, RowListener, SamplingParams
 from .server_client import ServerConfig, SGLangServerClient, SGLangServerError
-from .sglang_frontend import sgl
+from .sglang_frontend import named_chat_template, sgl
 from .token_exact import TokenExactBackend
 
 __all__ = ["SGLangServerBackend", "ServerConfig", "SGLangServerError"]  # the config and error its users meet
@@ -47,7 +47,7 @@ class SGLangServerBackend(TokenExactBackend):
         self.base_url = client.base_url
         self.config = client.config
         templates = sgl.lang.chat_template  # loaded by sglang_frontend (BaseBackend imports it)
-        self.chat_template = (templates.get_chat_template(chat_template_name) if chat_template_name else
+        self.chat_template = (named_chat_template(chat_template_name) if chat_template_name is not None else
                               templates.get_chat_template_by_model_path(client.capabilities.model_path or ""))
 
     def with_routing_key(self, key: str | None) -> "SGLangServerBackend":

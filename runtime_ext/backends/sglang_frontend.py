@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 from .sglang_stub import PATCH_MODULE, is_stub, register_stub
 
@@ -91,6 +92,16 @@ def generate_contract_error(body: object) -> str | None:
     return None
 
 
+def named_chat_template(name: str) -> Any:
+    """SGLang's chat template registered as `name` (sglang.lang.chat_template); a ValueError naming the registered
+    ones for an unknown name (SGLang's own lookup raises a bare KeyError)."""
+    templates = sgl.lang.chat_template  # loaded with BaseBackend's import above
+    if name not in templates.chat_template_registry:
+        raise ValueError(f"unknown chat template {name!r}; SGLang registers: "
+                         f"{', '.join(sorted(templates.chat_template_registry))}")
+    return templates.get_chat_template(name)
+
+
 function = sgl.function
 gen = sgl.gen
 select = sgl.select
@@ -110,6 +121,7 @@ __all__ = [
     "function",
     "gen",
     "generate_contract_error",
+    "named_chat_template",
     "refuse_kept_special_tokens",
     "runtime_installed",
     "select",
@@ -119,3 +131,4 @@ __all__ = [
     "token_length_normalized",
     "user",
 ]
+

@@ -302,3 +302,13 @@ def test_a_program_that_starts_with_a_gen_fails_clearly_on_a_model_without_bos(b
 
     error = str(starts_with_a_gen.run(backend=backend).error())
     assert "no text before its first gen" in error and "start the program with some text" in error
+
+
+def test_a_chat_template_can_be_named_as_on_the_server_backend(backend):
+    """EmbeddedBackend took no template name (SGLangServerBackend does): a local model folder whose path SGLang
+    does not recognize could only run under the guessed template.  An unknown name lists SGLang's registered ones."""
+    named = EmbeddedBackend(backend.engine, chat_template_name="llama-2-chat")
+    assert named.chat_template is sgl.lang.chat_template.get_chat_template("llama-2-chat")
+    assert backend.chat_template.name == "chatml"  # the tiny model speaks <|im_start|>
+    with pytest.raises(ValueError, match="unknown chat template 'no-such'.*chatml.*llama-2-chat"):
+        EmbeddedBackend(backend.engine, chat_template_name="no-such")

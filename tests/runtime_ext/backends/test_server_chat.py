@@ -4,6 +4,8 @@ gen inside `session_params` keeps the session."""
 
 from __future__ import annotations
 
+import pytest
+
 from forerun.runtime_ext.backends.server import SGLangServerBackend
 from forerun.runtime_ext.backends.sglang_frontend import sgl
 from forerun.runtime_ext.standin.server import StandInServer
@@ -48,3 +50,9 @@ def test_a_streamed_gen_inside_session_params_keeps_the_session():
         bodies = [body for path, body in srv.requests if path == "/generate"]
     assert text == state["x"] and bodies and not any(b.get("stream") for b in bodies)
     assert bodies[0]["session_params"]["id"] == sid
+
+
+def test_an_unknown_chat_template_name_is_a_value_error_that_lists_the_known_ones():
+    with StandInServer(model_path="Qwen/Qwen2.5-1.5B-Instruct") as srv:
+        with pytest.raises(ValueError, match="unknown chat template 'chat-ml'.*chatml"):
+            SGLangServerBackend(srv.url, tokenizer=srv.tokenizer, chat_template_name="chat-ml")

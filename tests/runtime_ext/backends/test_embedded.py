@@ -209,6 +209,13 @@ def test_chat_template_and_backend_info(backend):
     backend.flush_cache()
 
 
+@function
+def other_program(s, k):
+    """Another program's request on the same backend (as another thread would send it): one more LRU entry."""
+    s += sampling_seed(k) + token_ids([5, 6, 7, k])
+    s += gen("x", max_tokens=2, temperature=1.0)
+
+
 def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_between_its_gens(backend):
     """A second gen must extend the exact ids of the program's first one.  Those ids were found only in the
     backend's shared memory of generated text (an LRU of `memory_size` entries): requests of other programs on the
@@ -220,11 +227,6 @@ def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_betwee
     small = EmbeddedBackend(eng, memory_size=4)
     prompt = "Question: what is it?\nAnswer:"
     prompt_ids = list(eng.tokenizer.encode(prompt))
-
-    @function
-    def other_program(s, k):
-        s += sampling_seed(k) + token_ids([5, 6, 7, k])
-        s += gen("x", max_tokens=2, temperature=1.0)
 
     @function
     def two_turns(s, seed):
@@ -256,11 +258,6 @@ def test_fork_children_continue_from_the_parents_ids_however_much_other_work_ran
     small = EmbeddedBackend(eng, memory_size=2)
     prompt = "Question: what is it?\nAnswer:"
     prompt_ids = list(eng.tokenizer.encode(prompt))
-
-    @function
-    def other_program(s, k):
-        s += sampling_seed(k) + token_ids([5, 6, 7, k])
-        s += gen("x", max_tokens=2, temperature=1.0)
 
     @function
     def forked(s, seed):

@@ -70,31 +70,27 @@ class EchoBackend(TokenExactBackend):
                                                          "input_token_logprobs": [(-1.0, i, None) for i in input_ids]})
 
 
-def test_a_program_sends_the_ids_an_sglang_server_would_tokenize_from_its_whole_text():
+@function
+def answer(s, head, last):
+    """Ids of "Q: hi" (as a generation leaves them), then the text "\nA:", then `last` (a gen or a select)."""
+    s += token_ids(head)
+    s += "\nA:"
+    s += last
+
+
+def sent_by(last) -> list[list[int]]:
     tok = llama_style_tokenizer()
-    head = tok.encode("Q: hi", add_special_tokens=False)
-
-    @function
-    def turn(s):
-        s += token_ids(head)
-        s += "\nA:"
-        s += gen("a", max_tokens=1)
-
     backend = EchoBackend(tok)
-    turn.run(backend=backend).sync()
-    assert backend.sent == [tok.encode("Q: hi\nA:", add_special_tokens=False)]
+    answer.run(head=tok.encode("Q: hi", add_special_tokens=False), last=last, backend=backend).sync()
+    return backend.sent
+
+
+def test_a_program_sends_the_ids_an_sglang_server_would_tokenize_from_its_whole_text():
+    whole = llama_style_tokenizer().encode("Q: hi\nA:", add_special_tokens=False)
+    assert sent_by(gen("a", max_tokens=1)) == [whole]
 
 
 def test_select_scores_each_choice_as_the_whole_text_tokenizes_it():
     tok = llama_style_tokenizer()
-    head = tok.encode("Q: hi", add_special_tokens=False)
-
-    @function
-    def pick(s):
-        s += token_ids(head)
-        s += "\nA:"
-        s += select("x", choices=[" yes", "no"])
-
-    backend = EchoBackend(tok)
-    pick.run(backend=backend).sync()
-    assert sorted(backend.sent) == sorted(tok.encode(t, add_special_tokens=False) for t in ("Q: hi\nA: yes", "Q: hi\nA:no"))
+    want = [tok.encode(t, add_special_tokens=False) for t in ("Q: hi\nA: yes", "Q: hi\nA:no")]
+    assert sorted(sent_by(select("x", choices=[" yes", "no"]))) == sorted(want)

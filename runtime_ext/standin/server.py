@@ -14,7 +14,9 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           length) or s = len(prompt); s > len(prompt) is refused (HTTP 400)
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1 ([] when none)
-    cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie
+    cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie, at
+                                          most all but its last token and at most logprob_start_len when logprobs
+                                          start there (`prefix_match_limit`)
     finish_reason, stop, stop_regex,      SGLang's stop rules (`stopping`): stop strings and patterns searched
     stop_token_ids, ignore_eos,           in a tail window of the output, then stop ids / EOS (not under
     max_new_tokens, min_new_tokens        ignore_eos), then the length; {"type": "stop", "matched": string |
@@ -347,7 +349,7 @@ class StandInServer:
                                       "logprob_start_len.")
         temps = self._plugin_temperatures(sp)
         grammar = request_grammar(sp)
-        cached = self.cache.match(ids)
+        cached = min(self.cache.match(ids), prefix_match_limit(len(ids), return_logprob, logprob_start_len))
         gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s, grammar)
         self.cache.insert(list(ids) + gen.ids)
         if isinstance(session, dict) and session.get("id") is not None:
@@ -407,6 +409,16 @@ class StandInServer:
             meta["input_top_logprobs"] = in_top
             meta["output_top_logprobs"] = gen.top
         return meta
+
+
+def prefix_match_limit(prompt_len: int, return_logprob: bool, logprob_start_len: int) -> int:
+    """The most prompt tokens SGLang takes from its radix cache (`Req._compute_max_prefix_len`): all but the last
+    (whose logits the request needs), and none past logprob_start_len when the request returns logprobs from there;
+    `cached_tokens` is that prefix."""
+    limit = prompt_len - 1
+    if return_logprob and logprob_start_len >= 0:
+        limit = min(limit, logprob_start_len)
+    return max(limit, 0)
 
 
 def unused_port() -> int:

@@ -132,15 +132,48 @@ def test_bad_requests_are_rejected(srv):
     assert requests.get(srv.url + "/nope", timeout=5).status_code == 404
 
 
+def _sglang_max_prefix_len(prompt_len: int, return_logprob: bool = False, logprob_start_len: int = -1) -> int:
+    """SGLang's own `Req._compute_max_prefix_len` (schedule_batch.py): the most prompt tokens a request takes from
+    the radix cache - its `cached_tokens` when the cache holds the whole prompt.  `logprob_start_len` as the
+    scheduler leaves it (handle_generate_request: -1 with return_logprob becomes the prompt length)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parents[1] / "backends" / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/schedule_batch.py"
+    limit = src.compile_function(src.method_def(path, "Req", "_compute_max_prefix_len"), {}, path)
+    start = prompt_len if return_logprob and logprob_start_len == -1 else logprob_start_len
+    return limit(SimpleNamespace(dllm_config=None, return_logprob=return_logprob, logprob_start_len=start,
+                                 is_dllm=lambda: False), prompt_len)
+
+
 def test_cache_metrics_and_flush(srv):
     body = {"input_ids": [BOS_ID, 1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
-    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 4
+    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == _sglang_max_prefix_len(4) == 3
     assert _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 9]}).json()["meta_info"]["cached_tokens"] == 2
     text = requests.get(srv.url + "/metrics", timeout=5).text
-    assert 'sglang:cached_tokens_total{model_name="forerun-standin-byte-model"} 6.0' in text
+    assert 'sglang:cached_tokens_total{model_name="forerun-standin-byte-model"} 5.0' in text
     assert _post(srv, "/flush_cache", {}).status_code == 200
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("return_logprob, logprob_start_len", [(False, -1), (False, 2), (True, -1), (True, 0),
+                                                                (True, 2), (True, 4), (True, 5)])
+def test_cached_tokens_stop_where_sglangs_radix_match_stops(srv, return_logprob, logprob_start_len):
+    """With the whole prompt in the cache, SGLang takes all but its last token (whose logits the request needs), and
+    none past logprob_start_len when it returns logprobs from there (`Req._compute_max_prefix_len`); the stand-in
+    reported the whole prompt cached (5 of 5, and 5 for a scoring pass from position 0)."""
+    prompt = [BOS_ID, 11, 12, 13, 14]
+    assert _post(srv, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}).status_code == 200
+    body = {"input_ids": prompt, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+            "sampling_params": {"max_new_tokens": 0}}
+    r = _post(srv, "/generate", body)
+    assert r.status_code == 200
+    want = _sglang_max_prefix_len(len(prompt), return_logprob, logprob_start_len)
+    assert r.json()["meta_info"]["cached_tokens"] == want
 
 
 def test_info_health_sessions(srv):

@@ -32,6 +32,8 @@ class SchedulerAbort(HTTPError):
     def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
         super().__init__(status, message)
         self.err_type = err_type
+        self.output: dict[str, Any] | None = None
+        """The aborted output a stream ends with, when the server made it (an abort before the prefill)."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -146,7 +148,9 @@ class Handler(BaseHTTPRequestHandler):
         """A streamed /generate that fails, as `serve_generate_request` streams it (see HTTPError, SchedulerAbort).
         The stand-in decodes a request whole before it streams: an abort after some tokens sends no chunk before
         the abort's."""
-        if isinstance(e, SchedulerAbort):
+        if isinstance(e, SchedulerAbort) and e.output is not None:
+            write_failed_stream(self, e.output)
+        elif isinstance(e, SchedulerAbort):  # an abort during decoding: its tokens so far are not kept here
             ids = body.get("input_ids")
             meta = {"id": body.get("rid") or uuid.uuid4().hex,
                     "finish_reason": {"type": "abort", "message": str(e), "status_code": e.status,

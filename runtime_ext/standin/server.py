@@ -336,19 +336,23 @@ class StandInServer:
         def text_of(t: int) -> str | None:
             return tok.decode([t]) if return_text else None
 
-        ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
-        cap = max(0, self.context_length - 2 - len(ids))  # init_req_max_new_tokens: max_req_len - input_len - 1
-        if rules.max_new_tokens > cap:
-            rules = replace(rules, max_new_tokens=cap)
-            sampling = replace(sampling, min_new_tokens=min(sampling.min_new_tokens, cap))
-        if abort:  # an abort with status 400: the server answers HTTP 400 with its message
-            raise SchedulerAbort(400, abort)
-        if return_logprob and logprob_start_len > len(ids):
-            raise SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of "
-                                      f"input tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
-                                      "logprob_start_len.")
+        try:  # the scheduler's checks before the prefill (handle_generate_request, the grammar manager)
+            ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
+            cap = max(0, self.context_length - 2 - len(ids))  # init_req_max_new_tokens: max_req_len - input_len - 1
+            if rules.max_new_tokens > cap:
+                rules = replace(rules, max_new_tokens=cap)
+                sampling = replace(sampling, min_new_tokens=min(sampling.min_new_tokens, cap))
+            if abort:  # an abort with status 400: the server answers HTTP 400 with its message
+                raise SchedulerAbort(400, abort)
+            if return_logprob and logprob_start_len > len(ids):
+                raise SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of "
+                                          f"input tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
+                                          "logprob_start_len.")
+            grammar = request_grammar(sp)
+        except SchedulerAbort as aborted:
+            aborted.output = self._aborted_before_prefill(request, rid, aborted, return_logprob, top_logprobs_num)
+            raise
         temps = self._plugin_temperatures(sp)
-        grammar = request_grammar(sp)
         cached = min(self.cache.match(ids), prefix_match_limit(len(ids), return_logprob, logprob_start_len))
         gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s, grammar)
         self.cache.insert(list(ids) + gen.ids)
@@ -373,6 +377,31 @@ class StandInServer:
         points = rules.send_points(gen.ids, stream)
         texts = text_after_each_send(tok, ids, gen.ids, points, gen.finish, bool(sp.get("no_stop_trim", False)))
         return {"text": texts[-1], "output_ids": gen.ids, "meta_info": meta}, list(zip(points, texts))
+
+    def _aborted_before_prefill(self, request: Admitted, rid: str, aborted: SchedulerAbort, return_logprob: bool,
+                                top_logprobs_num: int) -> dict[str, Any]:
+        """The output SGLang sends for a request its scheduler aborts before the prefill (`Req.set_finish_with_abort`:
+        the prompt becomes the one token 0 "to skip the long prefill", logprobs off).  The prefill still runs and
+        its token is appended before the abort finishes the request (process_batch_result_prefill), so the output
+        carries one token: sampled after [0], or the dummy 0 of a prefill-only batch (max_new_tokens 0,
+        tp_worker); the requested logprob lists are empty (output_streamer, convert_logprob_style)."""
+        stub = [0]
+        if request.rules.max_new_tokens == 0:
+            out_ids = [0]
+        else:
+            out_ids = generate(self.model, stub, request.sampling, replace(request.rules, max_new_tokens=1), 0,
+                               lambda t: None).ids
+        finish = {"type": "abort", "message": str(aborted), "status_code": aborted.status, "err_type": aborted.err_type}
+        text = text_after_each_send(self.tokenizer, stub, out_ids, [len(out_ids)], finish,
+                                    bool(request.sp.get("no_stop_trim", False)))[-1]
+        meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(stub),
+                                "weight_version": "default", "num_retractions": 0}
+        if return_logprob:
+            meta.update(input_token_logprobs=[], output_token_logprobs=[], output_token_logprobs_length=0)
+            if top_logprobs_num > 0:
+                meta.update(input_top_logprobs=[], output_top_logprobs=[])
+        meta.update(reasoning_tokens=0, completion_tokens=len(out_ids), cached_tokens=0, e2e_latency=0.0)
+        return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     def _plugin_temperatures(self, sp: dict[str, Any]) -> list[float] | None:
         """None unless the plugin runs and the request switched it on; else its extra temperatures."""

@@ -8,13 +8,15 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
+import pytest
 import requests
 
 from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
 from forerun.runtime_ext.runtime import open_runtime
-from forerun.runtime_ext.standin.server import StandInServer
+from forerun.runtime_ext.standin.server import ByteModel, StandInServer
 from forerun.testing.chains import assert_same_chain
 
 
@@ -275,20 +277,50 @@ def test_the_fake_server_streams_a_refused_request_as_sglang_does():
                      "retryable": False}
 
 
-def test_the_fake_server_streams_a_scheduler_abort_as_a_last_chunk():
+def test_sglang_aborts_before_the_prefill_with_a_one_token_prompt_that_still_samples():
+    """What an abort chunk carries, pinned to SGLang 0.5.23's source: `Req.set_finish_with_abort` turns the prompt
+    into the one token 0 and switches logprobs off; the prefill result appends its token before
+    `update_finish_state` takes the abort; a prefill-only batch's token is a dummy 0 (tp_worker)."""
+    import ast
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    batch = "srt/managers/schedule_batch.py"
+    abort = ast.unparse(src.method_def(batch, "Req", "set_finish_with_abort"))
+    assert "self.origin_input_ids = array('q', [0])" in abort and "self.return_logprob = False" in abort
+    prefill = ast.unparse(src.method_def("srt/managers/scheduler_components/batch_result_processor.py",
+                                         "SchedulerBatchResultProcessor", "process_batch_result_prefill"))
+    assert "req.output_ids.append(next_token_id)\n" in prefill
+    assert prefill.index("req.output_ids.append(next_token_id)") < prefill.index("req.update_finish_state()")
+    update = ast.unparse(src.method_def(batch, "Req", "update_finish_state"))
+    assert "if self.to_finish:\n        self.finished_reason = self.to_finish" in update
+    worker = (src.SGLANG / "srt" / "managers" / "tp_worker.py").read_text()
+    assert "# For prefill-only requests, create dummy token IDs on CPU" in worker
+
+
+@pytest.mark.parametrize("max_new_tokens", [2, 0])
+def test_the_fake_server_streams_a_scheduler_abort_as_a_last_chunk(max_new_tokens):
     """logprob_start_len past the prompt (the scheduler's set_finish_with_abort, status 400): a plain request is
-    HTTP 400; streamed, HTTP 200 and one chunk whose finish_reason is the abort, then [DONE]."""
+    HTTP 400; streamed, HTTP 200 and one chunk whose finish_reason is the abort, then [DONE].  That chunk is the
+    output of the one-token prefill SGLang still runs (the test above): one token, the greedy pick after [0] (the
+    dummy 0 for a prefill-only request), prompt_tokens 1, empty logprob lists; the stand-in sent no token and the
+    original prompt length."""
     body = {"input_ids": [5, 6, 7], "rid": "r2", "return_logprob": True, "logprob_start_len": 9,
-            "sampling_params": {"max_new_tokens": 2}}
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
     with StandInServer() as srv:
         plain = requests.post(srv.url + "/generate", json=body, timeout=10)
         status, _, lines = _raw_stream(srv, body)
     assert plain.status_code == 400
     assert status == 200 and len(lines) == 2 and lines[-1] == "data: [DONE]"
     last = json.loads(lines[0][len("data: "):])
-    assert last["output_ids"] == [] and last["meta_info"]["id"] == "r2"
-    assert last["meta_info"]["finish_reason"] == {"type": "abort", "message": plain.json()["error"]["message"],
-                                                  "status_code": 400, "err_type": "BadRequestError"}
+    stub = int(np.argmax(ByteModel().logits([0]))) if max_new_tokens else 0
+    assert last["output_ids"] == [stub] and last["text"] == bytes([stub]).decode("utf-8", errors="replace")
+    meta = last["meta_info"]
+    assert meta["id"] == "r2" and meta["prompt_tokens"] == 1 and meta["completion_tokens"] == 1
+    assert meta["input_token_logprobs"] == meta["output_token_logprobs"] == []
+    assert meta["finish_reason"] == {"type": "abort", "message": plain.json()["error"]["message"],
+                                     "status_code": 400, "err_type": "BadRequestError"}
 
 
 def test_the_fake_server_cuts_a_stream_whose_request_crashes_the_handler():

@@ -20,6 +20,11 @@ import time
 from typing import Any, Iterator, Sequence
 
 
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+"""The finish_reason of a running request /abort_request names: the scheduler's `req.to_finish = FINISH_ABORT()`
+(no message from that route), FINISH_ABORT.to_json (schedule_batch.py)."""
+
+
 def sglang_json(payload: Any) -> bytes:
     """`payload` as SGLang's server writes it (orjson): strict JSON, NaN and ±inf as null (a top-k entry of a token
     a grammar masks is -inf in the server and null on the wire)."""
@@ -83,8 +88,7 @@ def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str,
     try:
         for k, chunk in enumerate(chunks):
             if aborted(rid):
-                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason={
-                    "type": "abort", "message": "Abort request", "status_code": None, "err_type": None}))
+                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason=ABORTED))
                 handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
                 break
             handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")

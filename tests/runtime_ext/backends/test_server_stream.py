@@ -105,6 +105,43 @@ def test_abort_stops_a_streamed_row():
         assert "row" in srv.aborted_rids
 
 
+def _sglang_abort_of_a_running_request() -> dict:
+    """The finish_reason SGLang 0.5.23 gives a running request that /abort_request names: http_server's route sends
+    no message (tokenizer_manager.abort_request -> AbortReq(rid=..., abort_all=...)), so the scheduler sets
+    `req.to_finish = FINISH_ABORT()` (Scheduler.abort_request); its to_json, run from the wheel's source."""
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    assert "req = AbortReq(rid=rid, abort_all=abort_all)" in src.SGLANG.joinpath(
+        "srt/managers/tokenizer_manager.py").read_text()
+    scheduler = src.SGLANG.joinpath("srt/managers/scheduler.py").read_text()
+    running = scheduler[scheduler.index("# Abort method 3: set `to_finish`"):]
+    assert "else:\n                    req.to_finish = FINISH_ABORT()" in running[:1200]
+    finish_abort = src.compile_class("srt/managers/schedule_batch.py", "FINISH_ABORT",
+                                     {"BaseFinishReason": type("BaseFinishReason", (), {})})
+    return finish_abort().to_json()
+
+
+def test_an_aborted_stream_ends_with_sglangs_finish_reason():
+    """/abort_request on a running stream: its last chunk's finish_reason is FINISH_ABORT()'s ("Aborted", no status),
+    then [DONE]; the stand-in wrote the message "Abort request"."""
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.02
+        body = {"input_ids": srv.tokenizer.encode("x"), "rid": "ab", "stream": True,
+                "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
+        chunks = []
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=10) as resp:
+            for ln in resp.iter_lines():
+                if not ln or ln == b"data: [DONE]":
+                    continue
+                chunks.append(json.loads(ln[len(b"data: "):]))
+                if len(chunks) == 2:
+                    assert requests.post(srv.url + "/abort_request", json={"rid": "ab"}, timeout=5).status_code == 200
+    assert len(chunks[-1]["output_ids"]) < 60
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["meta_info"]["finish_reason"] == _sglang_abort_of_a_running_request()
+
+
 def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
     """A consumer may start the next stream of a rid from the finished event of the last one (the listener runs
     before that stream's thread ends): the ending thread must not take the new stream's abort event with it, or

@@ -77,7 +77,6 @@ from .byte_model import (
     EOS_ID,
     VOCAB_SIZE,
     ByteModel,
-    Generation,
     PrefixTrie,
     byte_tokenizer,
     generate,
@@ -85,6 +84,7 @@ from .byte_model import (
 from .admission import Admitted, admit, rid_error
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
+from .responses import aborted_before_prefill, logprob_meta
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
 from .stream import stream_chunks
@@ -350,7 +350,8 @@ class StandInServer:
                                           "logprob_start_len.")
             grammar = request_grammar(sp)
         except SchedulerAbort as aborted:
-            aborted.output = self._aborted_before_prefill(request, rid, aborted, return_logprob, top_logprobs_num)
+            aborted.output = aborted_before_prefill(self.model, self.tokenizer, request, rid, aborted, return_logprob,
+                                                    top_logprobs_num)
             raise
         temps = self._plugin_temperatures(sp)
         cached = min(self.cache.match(ids), prefix_match_limit(len(ids), return_logprob, logprob_start_len))
@@ -369,7 +370,7 @@ class StandInServer:
             "e2e_latency": 0.0,
         }
         if return_logprob:
-            meta.update(self._logprob_meta(ids, gen, logprob_start_len, top_logprobs_num, text_of))
+            meta.update(logprob_meta(self.model, ids, gen, logprob_start_len, top_logprobs_num, text_of))
         if temps is not None:  # customized_info keys, one value per generated token (tokenizer_manager)
             meta["output_token_logp0"] = gen.logp0
             meta["output_token_entropy"] = gen.entropy
@@ -377,31 +378,6 @@ class StandInServer:
         points = rules.send_points(gen.ids, stream)
         texts = text_after_each_send(tok, ids, gen.ids, points, gen.finish, bool(sp.get("no_stop_trim", False)))
         return {"text": texts[-1], "output_ids": gen.ids, "meta_info": meta}, list(zip(points, texts))
-
-    def _aborted_before_prefill(self, request: Admitted, rid: str, aborted: SchedulerAbort, return_logprob: bool,
-                                top_logprobs_num: int) -> dict[str, Any]:
-        """The output SGLang sends for a request its scheduler aborts before the prefill (`Req.set_finish_with_abort`:
-        the prompt becomes the one token 0 "to skip the long prefill", logprobs off).  The prefill still runs and
-        its token is appended before the abort finishes the request (process_batch_result_prefill), so the output
-        carries one token: sampled after [0], or the dummy 0 of a prefill-only batch (max_new_tokens 0,
-        tp_worker); the requested logprob lists are empty (output_streamer, convert_logprob_style)."""
-        stub = [0]
-        if request.rules.max_new_tokens == 0:
-            out_ids = [0]
-        else:
-            out_ids = generate(self.model, stub, request.sampling, replace(request.rules, max_new_tokens=1), 0,
-                               lambda t: None).ids
-        finish = {"type": "abort", "message": str(aborted), "status_code": aborted.status, "err_type": aborted.err_type}
-        text = text_after_each_send(self.tokenizer, stub, out_ids, [len(out_ids)], finish,
-                                    bool(request.sp.get("no_stop_trim", False)))[-1]
-        meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(stub),
-                                "weight_version": "default", "num_retractions": 0}
-        if return_logprob:
-            meta.update(input_token_logprobs=[], output_token_logprobs=[], output_token_logprobs_length=0)
-            if top_logprobs_num > 0:
-                meta.update(input_top_logprobs=[], output_top_logprobs=[])
-        meta.update(reasoning_tokens=0, completion_tokens=len(out_ids), cached_tokens=0, e2e_latency=0.0)
-        return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     def _plugin_temperatures(self, sp: dict[str, Any]) -> list[float] | None:
         """None unless the plugin runs and the request switched it on; else its extra temperatures."""
@@ -414,31 +390,6 @@ class StandInServer:
         """A seed for a request whose sampling_seed the server ignores (not deterministic: fresh noise)."""
         with self.lock:
             return int(self._seed_rng.integers(0, 2**62))
-
-    def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,
-                      text_of: Any) -> dict[str, Any]:
-        """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries.
-        logprob_start_len -1 means none (the scheduler sets it to the prompt length; module docstring)."""
-        m = self.model
-        start = len(ids) if logprob_start_len < 0 else logprob_start_len
-        in_lp: list[list] = [[None, ids[start], text_of(ids[start])]] if start < len(ids) else []
-        in_top: list[Any] = [None] if start < len(ids) else []
-        for j in range(start + 1, len(ids)):
-            lp0 = m.logp0(ids[:j])
-            in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])
-            if top_logprobs_num > 0:
-                top = np.argsort(-lp0, kind="stable")[:top_logprobs_num]
-                in_top.append([[float(lp0[k]), int(k), text_of(int(k))] for k in top])
-        meta: dict[str, Any] = {
-            "input_token_logprobs": in_lp,
-            "output_token_logprobs": [[lq, t, text_of(t)] for lq, t in zip(gen.logq, gen.ids)],
-            "output_token_logprobs_length": len(gen.ids),
-        }
-        if top_logprobs_num > 0:
-            meta["input_top_logprobs"] = in_top
-            meta["output_top_logprobs"] = gen.top
-        return meta
-
 
 def prefix_match_limit(prompt_len: int, return_logprob: bool, logprob_start_len: int) -> int:
     """The most prompt tokens SGLang takes from its radix cache (`Req._compute_max_prefix_len`): all but the last

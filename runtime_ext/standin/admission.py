@@ -17,12 +17,11 @@ by one, and aborts those sent when a later one is refused) is checked whole here
     beam_width > 1                                     a beam search request (io_struct L517-529: no fan-out for n;
                                                        the scheduler's BeamCoordinator): refused, as the stand-in
                                                        lacks it (it sampled one sequence, beam_width ignored)
-    sampling_params.n                                  GenerateReqInput._handle_parallel_sampling: only n > 1 fans
-                                                       out, so a single request with n <= 1 (0, -1 too) is one
-                                                       request; n > 1 (n samples per prompt) is refused, as the
-                                                       stand-in lacks it, and so is n != 1 in a batch (SGLang's
-                                                       batch path expands it to 0 copies, then indexes them: an
-                                                       IndexError, HTTP 500)
+    sampling_params.n                                  parallel_sample_num (GenerateReqInput._handle_parallel_
+                                                       sampling): only n > 1 fans out, so a single request with
+                                                       n <= 1 (0, -1 too) is one request; the server runs n > 1;
+                                                       parallel_sampling_error: n < 1 in a batch is HTTP 500 (SGLang
+                                                       expands it to 0 copies, then indexes them)
     repetition_penalty != 1                            refused, as the stand-in lacks it
 """
 
@@ -73,20 +72,45 @@ def prompt_error(ids: Any) -> str | None:
     return None
 
 
-def missing_features(sp: dict[str, Any], batched: bool) -> list[str]:
+def missing_features(sp: dict[str, Any]) -> list[str]:
     """What a request asks for that the stand-in does not implement (never ignored silently)."""
     missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
     beam_width = sp.get("beam_width")
     if beam_width is not None and beam_width > 1:
         missing.append(f"beam search (beam_width = {beam_width!r})")
-    n = sp.get("n")
-    if n is not None and (n > 1 or (batched and n != 1)):
-        missing.append(f"parallel sampling (n = {n!r}; only n = 1)")
     return missing
 
 
-def request_sampling(sp: dict[str, Any], *, batched: bool, deterministic: bool,
-                     fresh_seed: Callable[[], int]) -> Sampling:
+def parallel_sample_num(sampling_params: Any) -> int:
+    """GenerateReqInput._handle_parallel_sampling: n of the sampling_params (the first item's for a batch, which
+    every item must share: HTTP 400), 1 for a beam search request (n is then how many beams it returns)."""
+    if sampling_params is None:
+        return 1
+    if isinstance(sampling_params, dict):
+        n = sampling_params.get("n", 1)
+    else:
+        if not sampling_params or not all(isinstance(sp, dict) for sp in sampling_params):
+            raise HTTPError(500, "Internal Server Error")  # SGLang indexes / calls .get on them: not a ValueError
+        n = sampling_params[0].get("n", 1)
+        if any(sp.get("n", 1) != n for sp in sampling_params):
+            raise HTTPError(400, "The parallel_sample_num should be the same for all samples in sample params.")
+    first = sampling_params if isinstance(sampling_params, dict) else sampling_params[0]
+    return 1 if (first.get("beam_width") or 1) > 1 else n
+
+
+def parallel_sampling_error(body: dict[str, Any], n: int) -> HTTPError | None:
+    """What a batch with parallel_sample_num `n` != 1 fails with before it runs (None when nothing):
+    `_normalize_logprob_params` refuses per-item logprob lists with n > 1 (HTTP 400); with n < 1 the batch expands
+    to no items and `_handle_batch_request` then indexes them (an IndexError: HTTP 500)."""
+    if n < 1:
+        return HTTPError(500, "Internal Server Error")
+    for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+        if isinstance(body.get(name), list):
+            return HTTPError(400, f"Cannot use list {name} with parallel_sample_num > 1")
+    return None
+
+
+def request_sampling(sp: dict[str, Any], *, deterministic: bool, fresh_seed: Callable[[], int]) -> Sampling:
     """SGLang's sampling_params with its defaults, its verify (HTTP 400) and its seed rule: `sampling_seed`, 42
     when none under deterministic inference; `fresh_seed()` otherwise (no seed tensor: torch.multinomial)."""
     beam_width = sp.get("beam_width")
@@ -104,7 +128,7 @@ def request_sampling(sp: dict[str, Any], *, batched: bool, deterministic: bool,
     problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
     if problem is not None:
         raise HTTPError(400, problem)
-    missing = missing_features(sp, batched)
+    missing = missing_features(sp)
     if missing:
         raise HTTPError(400, f"the stand-in server does not implement {', '.join(missing)}")
     seed = sp.get("sampling_seed")
@@ -127,13 +151,13 @@ def request_rules(tokenizer: Any, sp: dict[str, Any]) -> StopRules:
         raise HTTPError(500, "Internal Server Error") from None
 
 
-def admit(tokenizer: Any, ids: Any, sp: dict[str, Any], *, batched: bool, context_length: int, deterministic: bool,
+def admit(tokenizer: Any, ids: Any, sp: dict[str, Any], *, context_length: int, deterministic: bool,
           fresh_seed: Callable[[], int]) -> Admitted:
     """One request (or batch item) through the tokenizer manager's checks: Admitted, or HTTPError."""
     problem = prompt_error(ids) or context_error(len(ids), sp.get("max_new_tokens"), context_length)
     if problem:
         raise HTTPError(400, problem)
-    sampling = request_sampling(sp, batched=batched, deterministic=deterministic, fresh_seed=fresh_seed)
+    sampling = request_sampling(sp, deterministic=deterministic, fresh_seed=fresh_seed)
     rules = request_rules(tokenizer, sp)
     if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
         raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "

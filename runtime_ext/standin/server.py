@@ -25,6 +25,10 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0;
                                           capped at context_length - 2 - prompt (the scheduler's max_req_len)
     temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
+    n (parallel sampling)                 n > 1: per prompt a prefill-only warm-up, then n samples with fresh rids,
+                                          answered as a list prompt by prompt (tokenizer_manager._handle_batch_
+                                          request); NOT as SGLang: a streamed batch (n > 1 too) is answered whole
+                                          as JSON, where SGLang streams its items' chunks with an "index"
     regex, json_schema, ebnf              xgrammar's mask over the byte vocabulary (`constraints`): every
                                           reported logprob is of the masked logits, as SGLang's
     text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
@@ -62,6 +66,7 @@ Every request body is recorded in `server.requests` as (path, parsed JSON), its 
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
@@ -81,7 +86,7 @@ from .byte_model import (
     byte_tokenizer,
     generate,
 )
-from .admission import Admitted, admit, rid_error
+from .admission import Admitted, admit, parallel_sample_num, parallel_sampling_error, rid_error
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
 from .responses import aborted_before_prefill, logprob_meta
@@ -269,6 +274,11 @@ class StandInServer:
             prompts = [self.tokenizer.encode(t) for t in texts]
         else:
             raise HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
+        samples = parallel_sample_num(body.get("sampling_params"))
+        batched = batched or samples > 1  # a single request with n > 1 becomes a batch of one
+        refused = parallel_sampling_error(body, samples) if batched and samples != 1 else None
+        if refused is not None:
+            raise refused
         n = len(prompts)
 
         def item(key: str, default: Any, i: int) -> Any:
@@ -286,23 +296,34 @@ class StandInServer:
         if duplicate:
             raise HTTPError(400, duplicate)
         admitted = [  # every item checked before any runs (`admission`)
-            admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, batched=batched,
-                  context_length=self.context_length, deterministic=self.deterministic, fresh_seed=self._fresh_seed)
+            admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, context_length=self.context_length,
+                  deterministic=self.deterministic, fresh_seed=self._fresh_seed)
             for i, ids in enumerate(prompts)]
         outs = []
         for i, request in enumerate(admitted):
             rid = self._item_rid(body.get("rid"), i, n, batched)
-            outs.append(self._generate_one(
-                request, rid=rid, session=body.get("session_params"),
+            run = functools.partial(
+                self._generate_one, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
                 logprob_start_len=int(item("logprob_start_len", -1, i)),
                 top_logprobs_num=int(item("top_logprobs_num", 0, i)),
-                return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream,
-            ))
+                return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream)
+            outs.extend(self._samples(request, rid, samples, run))
         if batched:
             return GenerateAnswer([out for out, _ in outs])
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
+
+    def _samples(self, request: Admitted, rid: str, samples: int, run: Any) -> list[Any]:
+        """One prompt's outputs (`run` answers one request): itself; with n > 1 as tokenizer_manager's
+        _handle_batch_request runs it, a prefill-only warm-up of the prompt (its prefix cached for the samples), then
+        n samples, each a request of its own with a fresh rid (fresh noise too, unless the seed is used)."""
+        if samples <= 1:
+            return [run(request, rid=rid)]
+        run(replace(request, rules=replace(request.rules, max_new_tokens=0)), rid=uuid.uuid4().hex)
+        return [run(request if self.deterministic else replace(
+                    request, sampling=replace(request.sampling, seed=self._fresh_seed())), rid=uuid.uuid4().hex)
+                for _ in range(samples)]
 
     @staticmethod
     def _item_rid(rid: Any, i: int, n: int, batched: bool) -> str:

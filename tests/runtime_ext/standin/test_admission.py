@@ -150,3 +150,124 @@ def test_a_batch_naming_a_rid_twice_is_refused_with_sglangs_message(srv):
     assert srv.counters == before
     ok = _post(srv, {"input_ids": [[BOS_ID, 5]] * 2, "rid": ["a", "b"], "sampling_params": {"max_new_tokens": 1}})
     assert ok.status_code == 200 and [o["meta_info"]["id"] for o in ok.json()] == ["a", "b"]
+
+
+class _Item:
+    """One item of a batch as `GenerateReqInput.__getitem__` gives it, with what `_handle_batch_request` touches."""
+
+    def __init__(self, index: int, rid: str) -> None:
+        self.index, self.rid, self.text = index, rid, None
+        self.lora_path = self.lora_id = None
+        self.return_prompt_token_ids = False
+
+    def regenerate_rid(self) -> str:
+        import uuid
+
+        self.rid = uuid.uuid4().hex
+        return self.rid
+
+
+def _sglang_parallel_sampling_run(batch_size: int, n: int) -> tuple[list[tuple[int, int | None, str]], list[dict]]:
+    """What SGLang's own `TokenizerManager._handle_batch_request` sends to its scheduler for a batch of `batch_size`
+    prompts with parallel_sample_num `n` > 1 - (prompt index, max_new_tokens it sets or None, rid) per send - and the
+    order of the outputs it answers with, run on a stand-in manager that records the sends."""
+    import copy
+
+    names = ("_handle_batch_request", "_collect_batch_responses")
+    namespace = {"logger": logging.getLogger("t"), "copy": copy, "asyncio": asyncio}
+    manager_cls = type("Manager", (), {
+        n_: src.compile_function(src.method_def(TOKENIZER_MANAGER, "TokenizerManager", n_), namespace,
+                                 TOKENIZER_MANAGER)
+        for n_ in names})
+    sent: list[tuple[int, int | None, str]] = []
+
+    def state():
+        return SimpleNamespace(time_stats=SimpleNamespace(set_finished_time=lambda: None), lora_released=False)
+
+    class Manager(manager_cls):
+        def __init__(self):
+            self.rid_to_state = {}
+
+        def _init_req_state(self, obj):
+            self.rid_to_state[obj.rid] = state()
+
+        async def _tokenize_one_request(self, obj):
+            return SimpleNamespace(index=obj.index, input_ids=[BOS_ID], rid=obj.rid, stream=False,
+                                   sampling_params=SimpleNamespace(max_new_tokens=None))
+
+        async def _send_one_request(self, tokenized):
+            sent.append((tokenized.index, tokenized.sampling_params.max_new_tokens, tokenized.rid))
+
+        async def _wait_one_response(self, obj, request):
+            yield {"index": obj.index, "rid": obj.rid}
+
+    items = [_Item(i, f"r{i}") for i in range(batch_size)]
+    batch = type("Batch", (), {"batch_size": batch_size, "parallel_sample_num": n, "stream": False,
+                               "rid": [it.rid for it in items], "__getitem__": lambda self, i: items[i]})()
+    manager = Manager()
+    request_states = {it.rid: state() for it in items}
+    manager.rid_to_state.update(request_states)
+    outputs = asyncio.run(manager._handle_batch_request(batch, None, request_states).__anext__())
+    return sent, outputs
+
+
+@pytest.mark.parametrize("batch_size, n", [(1, 3), (2, 2)])
+def test_parallel_sampling_runs_as_sglangs_batch_path_does(srv, batch_size, n):
+    """SGLang answers sampling_params.n > 1 (a single request becomes a batch of one, `_handle_parallel_sampling`):
+    per prompt a prefill-only warm-up, then n samples, each a request of its own with a fresh rid; the answer lists
+    the samples prompt by prompt.  The stand-in refused n > 1 with HTTP 400.  On a deterministic server the n
+    samples share the request's sampling_seed, so each is the plain request's output."""
+    sent, outputs = _sglang_parallel_sampling_run(batch_size, n)
+    warmups = [(i, 0) for i in range(batch_size)]
+    assert [(i, m) for i, m, _ in sent if m == 0] == warmups
+    assert [i for i, m, _ in sent if m is None] == [i for i in range(batch_size) for _ in range(n)]
+    assert len({rid for _, _, rid in sent}) == len(sent) and not {f"r{i}" for i in range(batch_size)} & {
+        rid for _, _, rid in sent}  # every send has a fresh rid
+    assert [o["index"] for o in outputs] == [i for i in range(batch_size) for _ in range(n)]
+
+    sp = {"max_new_tokens": 3, "temperature": 1.0, "sampling_seed": 7}
+    prompts = [[BOS_ID, 20 + i, 30] for i in range(batch_size)]
+    plain = [_post(srv, {"input_ids": p, "sampling_params": sp}).json()["output_ids"] for p in prompts]
+    srv.cache.clear()
+    before = dict(srv.counters)
+    ids = prompts[0] if batch_size == 1 else prompts
+    r = _post(srv, {"input_ids": ids, "rid": "given" if batch_size == 1 else None, "sampling_params": {**sp, "n": n}})
+    assert r.status_code == 200
+    out = r.json()
+    assert [o["output_ids"] for o in out] == [plain[o["index"]] for o in outputs]
+    assert len({o["meta_info"]["id"] for o in out}) == len(out) and all(o["meta_info"]["id"] != "given" for o in out)
+    assert all(o["meta_info"]["cached_tokens"] == len(prompts[0]) - 1 for o in out)  # the warm-up's prefix
+    assert srv.counters["num_requests_total"] - before["num_requests_total"] == len(sent)
+
+
+def test_parallel_sampling_refusals_are_sglangs():
+    """n that differs between the items of a batch is refused by `_handle_parallel_sampling` (its message), per-item
+    logprob lists with n > 1 by `_normalize_logprob_params`; n < 1 in a batch fails later, indexing an empty
+    expansion (HTTP 500)."""
+    io_struct = "srt/managers/io_struct.py"
+    handle = src.compile_function(src.method_def(io_struct, "GenerateReqInput", "_handle_parallel_sampling"), {},
+                                  io_struct)
+    width = src.compile_function(src.method_def(io_struct, "GenerateReqInput", "_sampling_params_beam_width"), {},
+                                 io_struct)
+    beam = src.compile_function(src.method_def(io_struct, "GenerateReqInput", "_handle_beam_search_parallel_sampling"),
+                                {}, io_struct)
+    req = type("Req", (), {"_handle_parallel_sampling": handle, "_sampling_params_beam_width": width,
+                           "_handle_beam_search_parallel_sampling": beam})()
+    req.sampling_params, req.is_single = [{"n": 2}, {"n": 3}], False
+    with pytest.raises(ValueError) as mixed:
+        req._handle_parallel_sampling()
+    logprobs = src.compile_function(src.method_def(io_struct, "GenerateReqInput", "_normalize_logprob_params"),
+                                    {"copy": __import__("copy")}, io_struct)
+    lists = SimpleNamespace(parallel_sample_num=2, return_logprob=[True, True], logprob_start_len=None,
+                            top_logprobs_num=None, return_sampling_mask=None, sampling_logprobs_mode=None,
+                            token_ids_logprob=None)
+    with pytest.raises(ValueError) as listed:
+        logprobs(lists, 4)
+    with StandInServer() as srv:
+        two = [[BOS_ID, 5], [BOS_ID, 6]]
+        r = _post(srv, {"input_ids": two, "sampling_params": [{"n": 2}, {"n": 3}]})
+        assert r.status_code == 400 and r.json()["error"]["message"] == str(mixed.value)
+        r = _post(srv, {"input_ids": two, "return_logprob": [True, True], "sampling_params": {"n": 2}})
+        assert r.status_code == 400 and r.json()["error"]["message"] == str(listed.value)
+        assert _post(srv, {"input_ids": two, "sampling_params": {"n": 0}}).status_code == 500
+        assert srv.counters["num_requests_total"] == 0

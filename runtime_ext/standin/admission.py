@@ -12,8 +12,8 @@ by one, and aborts those sent when a later one is refused) is checked whole here
     GenerateReqInput._validate_rid_uniqueness          rid_error: a rid list naming one rid twice
     input_ids: ints of the vocabulary, not empty       prompt_error
     _validate_one_request: the context                 stopping.context_error
-    SamplingParams.verify                              request_sampling: beam_width < 1 first (L253), then
-                                                       byte_model.sampling_error, min_new_tokens <= max_new_tokens
+    SamplingParams.normalize, then .verify             request_rules (stop limits), then verify_error: every check
+                                                       of verify in its order, the values echoed as given
     beam_width > 1                                     a beam search request (io_struct L517-529: no fan-out for n;
                                                        the scheduler's BeamCoordinator): refused, as the stand-in
                                                        lacks it (it sampled one sequence, beam_width ignored)
@@ -22,21 +22,23 @@ by one, and aborts those sent when a later one is refused) is checked whole here
                                                        n <= 1 (0, -1 too) is one request; the server runs n > 1;
                                                        parallel_sampling_error: n < 1 in a batch is HTTP 500 (SGLang
                                                        expands it to 0 copies, then indexes them)
-    repetition_penalty != 1                            refused, as the stand-in lacks it
+    repetition_penalty != 1, logit_bias                refused, as the stand-in lacks them
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .byte_model import GREEDY_BELOW, VOCAB_SIZE, Sampling, sampling_error
+from .byte_model import GREEDY_BELOW, VOCAB_SIZE, Sampling
 from .routes import HTTPError
 from .stopping import StopRules, context_error, request_stop_rules
 
 PENALTIES_OFF = {"repetition_penalty": 1.0}
-"""The SGLang penalty the stand-in lacks (frequency / presence it applies): another value is HTTP 400."""
+"""The SGLang penalty the stand-in lacks (frequency / presence it applies): another value is HTTP 400, as is a
+logit_bias."""
 UNSEEDED_DETERMINISTIC_SEED = 42
 """SamplingBatchInfo.from_schedule_batch: a request without sampling_seed gets 42 under deterministic inference."""
 
@@ -75,6 +77,8 @@ def prompt_error(ids: Any) -> str | None:
 def missing_features(sp: dict[str, Any]) -> list[str]:
     """What a request asks for that the stand-in does not implement (never ignored silently)."""
     missing = [k for k, off in PENALTIES_OFF.items() if float(sp.get(k, off)) != off]
+    if sp.get("logit_bias"):
+        missing.append("logit_bias")
     beam_width = sp.get("beam_width")
     if beam_width is not None and beam_width > 1:
         missing.append(f"beam search (beam_width = {beam_width!r})")
@@ -110,12 +114,56 @@ def parallel_sampling_error(body: dict[str, Any], n: int) -> HTTPError | None:
     return None
 
 
+def verify_error(sp: dict[str, Any]) -> str | None:
+    """`SamplingParams.verify`'s message for a request's sampling_params (None when it passes), its checks in its
+    order, after its __post_init__ (a temperature in [0, 1e-6) is greedy: top_k 1; top_k -1 is the whole
+    vocabulary); the values as the request gives them (SGLang echoes them unconverted: "got 3", not "got 3.0")."""
+    def get(name: str, default: Any) -> Any:
+        return default if sp.get(name) is None else sp[name]
+
+    beam_width, temperature, top_k = sp.get("beam_width"), get("temperature", 1.0), get("top_k", -1)
+    if beam_width is not None and beam_width < 1:
+        return f"beam_width must be at least 1, got {beam_width}."
+    if 0 <= temperature < GREEDY_BELOW:
+        top_k = 1
+    top_k = 1 << 30 if top_k == -1 else top_k
+    if not math.isfinite(temperature) or temperature < 0.0:
+        return f"temperature must be a non-negative finite number, got {temperature}."
+    for name, default, low, high, closed_low in (("top_p", 1.0, 0.0, 1.0, False), ("min_p", 0.0, 0.0, 1.0, True)):
+        value = get(name, default)
+        if not (low <= value if closed_low else low < value) or not value <= high:
+            return f"{name} must be in {'[' if closed_low else '('}0, 1], got {value}."
+    if top_k < 1:
+        return f"top_k must be -1 (disable) or at least 1, got {top_k}."
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not -2.0 <= get(name, 0.0) <= 2.0:
+            return f"{name} must be in [-2, 2], got {get(name, 0.0)}."
+    if not 0.0 < get("repetition_penalty", 1.0) <= 2.0:
+        return f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {get('repetition_penalty', 1.0)}."
+    min_new, max_new = get("min_new_tokens", 0), sp.get("max_new_tokens", 128)
+    if not 0 <= min_new:
+        return f"min_new_tokens must be in [0, max_new_tokens], got {min_new}."
+    if max_new is not None and max_new < 0:
+        return f"max_new_tokens must be at least 0, got {max_new}."
+    if max_new is not None and not min_new <= max_new:
+        return f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
+    for token_id in sp.get("logit_bias") or {}:
+        if not 0 <= int(token_id) < VOCAB_SIZE:
+            return f"logit_bias must has keys in [0, {VOCAB_SIZE - 1}], got {token_id}."
+    seed = sp.get("sampling_seed")
+    if seed is not None and not isinstance(seed, int):
+        return f"sampling_seed must be an integer, got {type(seed).__name__}."
+    if seed is not None and not -(2**63) <= seed <= 2**63 - 1:
+        return f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}."
+    if sum(sp.get(f) is not None for f in ("json_schema", "regex", "ebnf", "structural_tag")) > 1:
+        return "Only one of json_schema, regex, ebnf, or structural_tag can be set."
+    return None
+
+
 def request_sampling(sp: dict[str, Any], *, deterministic: bool, fresh_seed: Callable[[], int]) -> Sampling:
-    """SGLang's sampling_params with its defaults, its verify (HTTP 400) and its seed rule: `sampling_seed`, 42
-    when none under deterministic inference; `fresh_seed()` otherwise (no seed tensor: torch.multinomial)."""
-    beam_width = sp.get("beam_width")
-    if beam_width is not None and beam_width < 1:  # the first check of SamplingParams.verify
-        raise HTTPError(400, f"beam_width must be at least 1, got {beam_width}.")
+    """How a request that passed `verify_error` samples: SGLang's defaults and its seed rule - `sampling_seed`, 42
+    when none under deterministic inference; `fresh_seed()` otherwise (no seed tensor: torch.multinomial); HTTP 400
+    for what the stand-in does not implement."""
     temperature = float(sp.get("temperature", 1.0))
     fields = dict(
         temperature=0.0 if 0 <= temperature < GREEDY_BELOW else temperature,
@@ -125,15 +173,10 @@ def request_sampling(sp: dict[str, Any], *, deterministic: bool, fresh_seed: Cal
         min_p=float(sp.get("min_p", 0.0)),
         **{name: float(sp.get(name, 0.0)) for name in ("frequency_penalty", "presence_penalty")},
     )
-    problem = sampling_error(temperature, fields["top_k"], fields["top_p"], fields["min_p"])
-    if problem is not None:
-        raise HTTPError(400, problem)
     missing = missing_features(sp)
     if missing:
         raise HTTPError(400, f"the stand-in server does not implement {', '.join(missing)}")
     seed = sp.get("sampling_seed")
-    if seed is not None and not (isinstance(seed, int) and -(2**63) <= seed <= 2**63 - 1):
-        raise HTTPError(400, f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
     if not deterministic:
         seed = fresh_seed()
     elif seed is None:
@@ -157,9 +200,9 @@ def admit(tokenizer: Any, ids: Any, sp: dict[str, Any], *, context_length: int, 
     problem = prompt_error(ids) or context_error(len(ids), sp.get("max_new_tokens"), context_length)
     if problem:
         raise HTTPError(400, problem)
+    rules = request_rules(tokenizer, sp)  # SamplingParams.normalize, then .verify (_create_tokenized_object)
+    problem = verify_error(sp)
+    if problem:
+        raise HTTPError(400, problem)
     sampling = request_sampling(sp, deterministic=deterministic, fresh_seed=fresh_seed)
-    rules = request_rules(tokenizer, sp)
-    if not 0 <= sampling.min_new_tokens <= rules.max_new_tokens:  # SamplingParams.verify
-        raise HTTPError(400, f"min_new_tokens must be in [0, max_new_tokens({rules.max_new_tokens})], got "
-                             f"{sampling.min_new_tokens}.")
     return Admitted(list(ids), sp, sampling, rules)

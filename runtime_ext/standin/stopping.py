@@ -110,17 +110,14 @@ def context_error(prompt_tokens: int, max_new_tokens: Any, context_len: int) -> 
 
 def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":
     """A request's StopRules from its sampling_params with SGLang's defaults; ValueError (HTTP 400) over its
-    normalize's limits or for a negative max_new_tokens, re.error (HTTP 500 there) for a pattern that does not
-    compile."""
+    normalize's limits, re.error (HTTP 500 there) for a pattern that does not compile."""
     stops, patterns = sp.get("stop") or [], sp.get("stop_regex") or []
     stops = [stops] if isinstance(stops, str) else list(stops)
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     check_stop_params(stops, patterns)
     for pattern in patterns:
         re.compile(pattern)
-    max_new_tokens = int(sp.get("max_new_tokens", 128))
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+    max_new_tokens = int(sp.get("max_new_tokens", 128))  # a negative one: verify's (`admission.verify_error`)
     return StopRules(tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
                      frozenset(int(t) for t in (sp.get("stop_token_ids") or [])), bool(sp.get("ignore_eos", False)))
 

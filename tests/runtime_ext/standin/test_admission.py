@@ -271,3 +271,43 @@ def test_parallel_sampling_refusals_are_sglangs():
         assert r.status_code == 400 and r.json()["error"]["message"] == str(listed.value)
         assert _post(srv, {"input_ids": two, "sampling_params": {"n": 0}}).status_code == 500
         assert srv.counters["num_requests_total"] == 0
+
+
+VERIFY_CASES = [
+    {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 2}, {"top_k": 0}, {"top_k": -2},
+    {"frequency_penalty": 3}, {"presence_penalty": -3}, {"frequency_penalty": 2.5, "presence_penalty": 9},
+    {"repetition_penalty": 0}, {"repetition_penalty": 3}, {"min_new_tokens": -1}, {"max_new_tokens": -1},
+    {"min_new_tokens": 5, "max_new_tokens": 2}, {"min_new_tokens": -1, "max_new_tokens": -1},
+    {"logit_bias": {"300": 1.0}}, {"sampling_seed": 2**64}, {"regex": "a", "json_schema": "{}"},
+    {"temperature": -1, "top_p": 0}, {"temperature": 0, "top_k": 0}, {"beam_width": 0, "top_p": 0},
+    {"stop": ["x"] * 33, "temperature": -1},
+    {"top_k": -1}, {"frequency_penalty": 1.0, "presence_penalty": -2}, {"temperature": 0.0}, {"min_p": 1},
+]
+
+
+@pytest.mark.parametrize("sp", VERIFY_CASES)
+def test_bad_sampling_params_are_refused_with_sglangs_message(srv, sp):
+    """Every sampling_params SGLang's own `SamplingParams` (normalize, then verify: tokenizer_manager
+    `_create_tokenized_object`) refuses is HTTP 400 with its message, and what it accepts runs.  The stand-in ran
+    frequency / presence penalties outside [-2, 2], ignored logit_bias keys outside the vocabulary, wrote the values
+    converted ("got 3.0" for 3), named a negative max_new_tokens before a negative min_new_tokens, and gave
+    repetition_penalty 3 its own "does not implement" message."""
+    import forerun.runtime_ext.backends.sglang_frontend  # noqa: F401  (sglang imports without its GPU runtime)
+    from forerun.runtime_ext.standin.server import VOCAB_SIZE, byte_tokenizer
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    sp = {"max_new_tokens": 4, **sp}
+    try:
+        params = SamplingParams(**sp)
+        params.normalize(byte_tokenizer())
+        params.verify(VOCAB_SIZE)
+        want = None
+    except ValueError as exc:
+        want = str(exc)
+    before = dict(srv.counters)
+    r = _post(srv, {"input_ids": [BOS_ID, 5], "sampling_params": sp})
+    if want is None:
+        assert r.status_code == 200
+    else:
+        assert (r.status_code, r.json()["error"]["message"]) == (400, want)
+        assert srv.counters == before

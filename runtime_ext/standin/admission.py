@@ -5,8 +5,9 @@ EVERY item before it sends any (`tokenizer_manager._handle_batch_request`: `_sho
 for a batch without text, and `_batch_tokenize_and_process` builds all the tokenized requests, each through
 `_create_tokenized_object`'s `SamplingParams.normalize` / `verify`, before `_send_batch_request`), so a bad item
 refuses the whole batch with nothing run.  What only the scheduler refuses (a session abort, a logprob_start_len
-past the prompt) is the server's, once the items run.  A batch of `text` (SGLang tokenizes and sends its items one
-by one, and aborts those sent when a later one is refused) is checked whole here too.
+past the prompt) is the server's: every item of the batch was sent, the batch fails (`StandInServer._abort_a_batch`).
+A batch of `text` (SGLang tokenizes and sends its items one by one, and aborts those sent when a later one is
+refused) is checked whole here too.
 
     SGLang                                            here
     GenerateReqInput._validate_rid_uniqueness          rid_error: a rid list naming one rid twice

@@ -299,6 +299,9 @@ class StandInServer:
             admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, context_length=self.context_length,
                   deterministic=self.deterministic, fresh_seed=self._fresh_seed)
             for i, ids in enumerate(prompts)]
+        if batched and body.get("session_params") is None:
+            self._abort_a_batch([(r, bool(item("return_logprob", False, i)), int(item("logprob_start_len", -1, i)))
+                                 for i, r in enumerate(admitted)])
         outs = []
         for i, request in enumerate(admitted):
             rid = self._item_rid(body.get("rid"), i, n, batched)
@@ -313,6 +316,33 @@ class StandInServer:
             return GenerateAnswer([out for out, _ in outs])
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
+
+    def _abort_a_batch(self, items: list[tuple[Admitted, bool, int]]) -> None:
+        """A batch (no session) whose item its scheduler aborts before the prefill (logprob_start_len past the
+        prompt, a grammar that does not compile) fails whole with the first abort (`_collect_batch_responses`
+        gathers the items: HTTP 400), yet SGLang sent every item with the batch: the others are prefilled (their
+        prompts cached) and then aborted (`_release_req_states_on_failure`), before decoding more than a token or
+        two (timing; the stand-in counts none).  No abort: nothing happens here."""
+        aborts: list[SchedulerAbort | None] = []
+        for request, return_logprob, logprob_start_len in items:
+            try:
+                if return_logprob and logprob_start_len > len(request.ids):
+                    raise logprob_start_abort(logprob_start_len, len(request.ids))
+                request_grammar(request.sp)
+                aborts.append(None)
+            except SchedulerAbort as aborted:
+                aborts.append(aborted)
+        if not any(aborts):
+            return
+        for (request, _, _), aborted in zip(items, aborts):
+            if aborted is None:
+                cached = min(self.cache.match(request.ids), prefix_match_limit(len(request.ids), False, -1))
+                self.cache.insert(request.ids)
+                with self.lock:
+                    self.counters["prompt_tokens_total"] += len(request.ids)
+                    self.counters["cached_tokens_total"] += cached
+                    self.counters["num_requests_total"] += 1
+        raise next(a for a in aborts if a is not None)
 
     def _samples(self, request: Admitted, rid: str, samples: int, run: Any) -> list[Any]:
         """One prompt's outputs (`run` answers one request): itself; with n > 1 as tokenizer_manager's
@@ -366,9 +396,7 @@ class StandInServer:
             if abort:  # an abort with status 400: the server answers HTTP 400 with its message
                 raise SchedulerAbort(400, abort)
             if return_logprob and logprob_start_len > len(ids):
-                raise SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of "
-                                          f"input tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
-                                          "logprob_start_len.")
+                raise logprob_start_abort(logprob_start_len, len(ids))
             grammar = request_grammar(sp)
         except SchedulerAbort as aborted:
             aborted.output = aborted_before_prefill(self.model, self.tokenizer, request, rid, aborted, return_logprob,
@@ -411,6 +439,12 @@ class StandInServer:
         """A seed for a request whose sampling_seed the server ignores (not deterministic: fresh noise)."""
         with self.lock:
             return int(self._seed_rng.integers(0, 2**62))
+
+def logprob_start_abort(logprob_start_len: int, prompt_len: int) -> SchedulerAbort:
+    """The scheduler's abort of a logprob_start_len past the prompt (handle_generate_request)."""
+    return SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of input tokens "
+                               f"len(req.origin_input_ids)={prompt_len}. Please use a smaller logprob_start_len.")
+
 
 def prefix_match_limit(prompt_len: int, return_logprob: bool, logprob_start_len: int) -> int:
     """The most prompt tokens SGLang takes from its radix cache (`Req._compute_max_prefix_len`): all but the last

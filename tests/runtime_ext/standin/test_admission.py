@@ -311,3 +311,65 @@ def test_bad_sampling_params_are_refused_with_sglangs_message(srv, sp):
     else:
         assert (r.status_code, r.json()["error"]["message"]) == (400, want)
         assert srv.counters == before
+
+
+def _sglang_batch_with_a_scheduler_abort(batch_size: int, aborted: int) -> tuple[list[int], str]:
+    """SGLang's own `_handle_batch_request` and `_collect_batch_responses` (an input_ids batch that passes
+    tokenization) when its scheduler aborts item `aborted` with status 400 (`_handle_abort_finish_reason` raises
+    the message as a ValueError for a request that does not stream): the items sent, and what the batch raises."""
+    names = ("_handle_batch_request", "_should_use_batch_tokenization", "_batch_has_text",
+             "_batch_tokenize_and_process", "_collect_batch_responses")
+    namespace = {"get_serving": lambda: SimpleNamespace(enable_tokenizer_batch_encode=False),
+                 "get_parallel": lambda: SimpleNamespace(attn_dp_enabled=False), "logger": logging.getLogger("t"),
+                 "get_bool_env_var": lambda name: False, "nullcontext": contextlib.nullcontext, "asyncio": asyncio,
+                 "input_blocker_guard_region": contextlib.nullcontext}
+    manager_cls = type("Manager", (), {
+        n: src.compile_function(src.method_def(TOKENIZER_MANAGER, "TokenizerManager", n), namespace, TOKENIZER_MANAGER)
+        for n in names})
+    sent: list[int] = []
+
+    class Manager(manager_cls):
+        is_generation = True
+
+        def __init__(self):
+            self.rid_to_state = {f"r{i}": SimpleNamespace() for i in range(batch_size)}
+
+        async def _tokenize_one_request(self, obj):
+            return SimpleNamespace(index=obj.index, input_ids=[BOS_ID])
+
+        async def _send_batch_request(self, tokenized):
+            sent.extend(t.index for t in tokenized)
+
+        async def _wait_one_response(self, obj, request):
+            await asyncio.sleep(0)
+            if obj.index == aborted:
+                raise ValueError("aborted by the scheduler")
+            yield {"index": obj.index}
+
+    items = [SimpleNamespace(index=i, text=None, rid=f"r{i}", return_prompt_token_ids=False,
+                             contains_mm_input=lambda: False) for i in range(batch_size)]
+    batch = type("Batch", (), {"batch_size": batch_size, "parallel_sample_num": 1, "stream": False,
+                               "__getitem__": lambda self, i: items[i]})()
+    with pytest.raises(ValueError) as raised:
+        asyncio.run(Manager()._handle_batch_request(batch, None, {}).__anext__())
+    return sent, str(raised.value)
+
+
+def test_a_batch_item_the_scheduler_aborts_fails_the_batch_after_every_item_was_sent(srv):
+    """An input_ids batch is sent to SGLang's scheduler whole before any answer is awaited, so an item it aborts
+    before the prefill (logprob_start_len past the prompt) fails the batch (HTTP 400, the abort's message) while
+    the other items were prefilled - their prompts cached - and then aborted.  The stand-in ran the items before
+    the aborted one to the end and never sent those after it: a later request with the last item's prompt found
+    nothing cached."""
+    sent, raised = _sglang_batch_with_a_scheduler_abort(3, aborted=1)
+    assert sent == [0, 1, 2] and raised == "aborted by the scheduler"
+    prompts = [[BOS_ID, 40, 41, 42], [BOS_ID, 50, 51], [BOS_ID, 60, 61, 62, 63]]
+    sp = {"max_new_tokens": 3, "temperature": 0.0}
+    before = dict(srv.counters)
+    r = _post(srv, {"input_ids": prompts, "return_logprob": [False, True, False], "logprob_start_len": [-1, 9, -1],
+                    "sampling_params": sp})
+    assert r.status_code == 400 and "is higher than the number of input tokens" in r.json()["error"]["message"]
+    assert srv.counters["generation_tokens_total"] == before["generation_tokens_total"]
+    for prompt in (prompts[0], prompts[2]):  # prefilled, so cached: all but the last token (test_server)
+        again = _post(srv, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}).json()
+        assert again["meta_info"]["cached_tokens"] == len(prompt) - 1

@@ -92,7 +92,7 @@ from .detokenizer import text_after_each_send
 from .responses import aborted_before_prefill, logprob_meta
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stream import stream_chunks
+from .stream import LiveStreams, stream_chunks
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -138,7 +138,8 @@ class StandInServer:
         self.step_s = step_s
         self.stream_step_s = 0.002
         """Pause between the chunks of a streamed /generate (`stream`): children start mid-stream."""
-        self.aborted_rids: set[str] = set()
+        self.aborted_rids: set[str] = set()  # every rid /abort_request named (a record; `live_streams` acts on it)
+        self.live_streams = LiveStreams()
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
@@ -319,10 +320,8 @@ class StandInServer:
 
     def _abort_a_batch(self, items: list[tuple[Admitted, bool, int]]) -> None:
         """A batch (no session) whose item its scheduler aborts before the prefill (logprob_start_len past the
-        prompt, a grammar that does not compile) fails whole with the first abort (`_collect_batch_responses`
-        gathers the items: HTTP 400), yet SGLang sent every item with the batch: the others are prefilled (their
-        prompts cached) and then aborted (`_release_req_states_on_failure`), before decoding more than a token or
-        two (timing; the stand-in counts none).  No abort: nothing happens here."""
+        prompt, a bad grammar) fails with the first abort (HTTP 400: `_collect_batch_responses`), yet SGLang sent
+        every item: the others are prefilled (prompts cached), then aborted before decoding a token or two."""
         aborts: list[SchedulerAbort | None] = []
         for request, return_logprob, logprob_start_len in items:
             try:

@@ -142,6 +142,60 @@ def test_an_aborted_stream_ends_with_sglangs_finish_reason():
     assert chunks[-1]["meta_info"]["finish_reason"] == _sglang_abort_of_a_running_request()
 
 
+def _sglang_dispatches_an_abort(rid: str, abort_all: bool, in_flight: list[str]) -> bool:
+    """Whether SGLang's own `TokenizerManager.abort_request` (from the wheel) sends an abort to its scheduler, with
+    `in_flight` the rids of its requests (one tokenizer worker)."""
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/tokenizer_manager.py"
+    sent = []
+    abort = src.compile_function(src.method_def(path, "TokenizerManager", "abort_request"), {
+        "get_serving": lambda: type("S", (), {"tokenizer_worker_num": 1})(), "logger": __import__("logging"),
+        "AbortReq": lambda **kw: kw}, path)
+    manager = type("M", (), {"enable_metrics": False, "_dispatch_to_scheduler": lambda self, req: sent.append(req)})()
+    manager.rid_to_state = {r: type("St", (), {"abort_sent": False})() for r in in_flight}
+    abort(manager, rid=rid, abort_all=abort_all)
+    return bool(sent)
+
+
+def _stream_finish(srv, rid, abort_during=None):
+    """Stream a 40-token request `rid`; `abort_during` (an /abort_request body) is posted after its second chunk.
+    Returns the last chunk's finish_reason and its token count."""
+    body = {"input_ids": srv.tokenizer.encode("x"), "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+    chunks = []
+    with requests.post(srv.url + "/generate", json=body, stream=True, timeout=10) as resp:
+        for ln in resp.iter_lines():
+            if ln and ln != b"data: [DONE]":
+                chunks.append(json.loads(ln[len(b"data: "):]))
+                if len(chunks) == 2 and abort_during is not None:
+                    requests.post(srv.url + "/abort_request", json=abort_during, timeout=5)
+    return chunks[-1]["meta_info"]["finish_reason"], len(chunks[-1]["output_ids"])
+
+
+def test_abort_request_reaches_only_requests_in_flight():
+    """SGLang's tokenizer manager drops an abort for a rid none of its requests in flight has (and an empty one);
+    the scheduler aborts the requests in flight whose rid starts with it, or all of them for abort_all.  The
+    stand-in kept every rid ever aborted: a later stream reusing it was aborted at its first chunk; abort_all did
+    nothing."""
+    assert not _sglang_dispatches_an_abort("late", False, in_flight=[])
+    assert _sglang_dispatches_an_abort("", True, in_flight=["a"])
+    scheduler = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]).joinpath(
+        "srt/managers/scheduler.py").read_text()
+    assert "if not req.finished() and (\n                recv_req.abort_all or req.rid.startswith(recv_req.rid)" in \
+        scheduler
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.01
+        assert requests.post(srv.url + "/abort_request", json={"rid": "late"}, timeout=5).status_code == 200
+        assert _stream_finish(srv, "late") == ({"type": "length", "length": 40}, 40)
+        finish, n = _stream_finish(srv, "late", abort_during={"rid": "late"})
+        assert finish == _sglang_abort_of_a_running_request() and n < 40
+        assert _stream_finish(srv, "late") == ({"type": "length", "length": 40}, 40)  # the abort was used up
+        finish, n = _stream_finish(srv, "all", abort_during={"abort_all": True})
+        assert finish == _sglang_abort_of_a_running_request() and n < 40
+
+
 def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
     """A consumer may start the next stream of a rid from the finished event of the last one (the listener runs
     before that stream's thread ends): the ending thread must not take the new stream's abort event with it, or

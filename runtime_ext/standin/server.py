@@ -98,6 +98,7 @@ __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandIn
            "unused_port"]
 
 FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang", "nan")
+PER_ITEM_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 
@@ -286,12 +287,12 @@ class StandInServer:
             val = body.get(key, default)
             if val is None:
                 return default
-            if batched and isinstance(val, list):
-                if len(val) != n:
-                    raise HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
+            if batched and isinstance(val, list):  # GenerateReqInput.__getitem__: val[i], extra entries unread
                 return val[i] if val[i] is not None else default
             return val
 
+        if batched and any(isinstance(body.get(k), list) and len(body[k]) < n for k in PER_ITEM_FIELDS):
+            raise HTTPError(500, "Internal Server Error")  # _init_req_state's obj[i]: an IndexError, not caught
         stream = bool(body.get("stream")) and not batched
         duplicate = rid_error(body.get("rid"))
         if duplicate:

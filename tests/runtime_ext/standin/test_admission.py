@@ -3,6 +3,7 @@ tokenizer manager refuses before a request (or any item of a batch) reaches the 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import logging
@@ -373,3 +374,37 @@ def test_a_batch_item_the_scheduler_aborts_fails_the_batch_after_every_item_was_
     for prompt in (prompts[0], prompts[2]):  # prefilled, so cached: all but the last token (test_server)
         again = _post(srv, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}).json()
         assert again["meta_info"]["cached_tokens"] == len(prompt) - 1
+
+
+@pytest.mark.parametrize("field, short, long", [
+    ("sampling_params", [{"max_new_tokens": 1}], [{"max_new_tokens": 1}, {"max_new_tokens": 2}, {"max_new_tokens": 3}]),
+    ("return_logprob", [True], [True, False, True]),
+])
+def test_per_item_lists_of_another_length_are_read_as_sglang_reads_them(srv, field, short, long):
+    """SGLang's normalize keeps a per-item list of another length than the batch as it is (`_normalize_sampling_
+    params`, `_normalize_logprob_params`: no length check), and `GenerateReqInput.__getitem__` then indexes it: a
+    shorter list is an IndexError (not a ValueError: HTTP 500), a longer one has its extra entries unread.  The
+    stand-in answered both with its own HTTP 400."""
+    io_struct = "srt/managers/io_struct.py"
+    normalize = {"sampling_params": "_normalize_sampling_params", "return_logprob": "_normalize_logprob_params"}[field]
+    method = src.compile_function(src.method_def(io_struct, "GenerateReqInput", normalize), {"copy": __import__("copy")},
+                                  io_struct)
+    getitem = ast.unparse(src.method_def(io_struct, "GenerateReqInput", "__getitem__"))
+    assert f"{field}=self.{field}[i]" in getitem
+    for given in (short, long):
+        fields = dict(sampling_params=None, return_logprob=None, logprob_start_len=None, top_logprobs_num=None,
+                      return_sampling_mask=None, sampling_logprobs_mode=None, token_ids_logprob=None)
+        obj = SimpleNamespace(parallel_sample_num=1, batch_size=2, **{**fields, field: given})
+        method(obj, 2)
+        assert getattr(obj, field) == given  # kept as it is
+    with pytest.raises(IndexError):
+        short[1]  # what __getitem__(1) does with the shorter list
+    prompts = [[BOS_ID, 70], [BOS_ID, 71]]
+    r = _post(srv, {"input_ids": prompts, field: short})
+    assert r.status_code == 500 and srv.counters["num_requests_total"] == 0
+    r = _post(srv, {"input_ids": prompts, field: long})
+    assert r.status_code == 200 and len(r.json()) == 2
+    if field == "sampling_params":
+        assert [len(o["output_ids"]) for o in r.json()] == [1, 2]
+    else:
+        assert ["output_token_logprobs" in o["meta_info"] for o in r.json()] == [True, False]

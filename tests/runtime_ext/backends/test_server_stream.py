@@ -196,6 +196,49 @@ def test_abort_request_reaches_only_requests_in_flight():
         assert finish == _sglang_abort_of_a_running_request() and n < 40
 
 
+def _sglang_stream_sends(n_tokens: int, stream_interval) -> list[int]:
+    """The token counts at which SGLang 0.5.23's output streamer sends an unfinished streamed request (no stop
+    strings), its `should_output` lines run from the wheel over a request decoding one token per step; the
+    finished step always sends."""
+    import textwrap
+    from types import SimpleNamespace
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/scheduler_components/output_streamer.py"
+    lines = src.source_lines(path)
+    first = next(i for i, ln in enumerate(lines) if "stream_interval = (" in ln)
+    last = next(i for i, ln in enumerate(lines) if "should_output &= not req.check_match_stop_str_prefix()" in ln)
+    body = textwrap.dedent("\n".join(lines[first:last + 1]))
+    namespace: dict = {}
+    exec("def should_output(self, req):\n" + textwrap.indent(body + "\nreturn should_output", "    "), namespace)
+    req = SimpleNamespace(sampling_params=SimpleNamespace(stream_interval=stream_interval), send_token_offset=0,
+                          check_match_stop_str_prefix=lambda: False)
+    streamer = SimpleNamespace(default_stream_interval=1)  # --stream-interval's default
+    sends = []
+    for t in range(1, n_tokens):
+        req.output_ids = list(range(t))
+        if namespace["should_output"](streamer, req):
+            sends.append(t)
+            req.send_token_offset = t
+    return sends + [n_tokens]
+
+
+@pytest.mark.parametrize("stream_interval", [None, 1, 3, 4])
+def test_a_stream_sends_at_sglangs_stream_interval(stream_interval):
+    """sampling_params.stream_interval k: SGLang sends the first token at once, then a chunk whenever k tokens are
+    unsent; the stand-in ignored it and sent every token."""
+    sp = {"max_new_tokens": 10, "ignore_eos": True, "temperature": 0.0}
+    if stream_interval is not None:
+        sp["stream_interval"] = stream_interval
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.0
+        _, _, lines = _raw_stream(srv, {"input_ids": srv.tokenizer.encode("q"), "sampling_params": sp})
+    chunks = [json.loads(ln[len("data: "):]) for ln in lines if ln != "data: [DONE]"]
+    assert [len(c["output_ids"]) for c in chunks] == _sglang_stream_sends(10, stream_interval)
+
+
 def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
     """A consumer may start the next stream of a rid from the finished event of the last one (the listener runs
     before that stream's thread ends): the ending thread must not take the new stream's abort event with it, or

@@ -183,7 +183,8 @@ class ReaderPacing:
     meta_info only: the first chunk's incremental entries (`output_token_logprobs`) are lost.  A server's decode
     step is slower than a reader's wake-up; the embedded engine's can be faster.  So a chunk is sent only once a
     reader took what was set last - cleared this gen's variable event (set by the interpreter before the first
-    chunk and with every chunk) or the text event since it was set; until then the engine's progress events are
+    chunk and with every chunk) or the text event since the pacing set it when the gen began (only the events'
+    public methods: no count of waiting threads, which no public API gives); until then the engine's progress events are
     merged into a later chunk (each event holds all tokens so far, and `StreamChunks` gives a chunk the entries of
     all its tokens).  A stream nobody reads is thus sent as one last chunk, costing no time (it used to wait a
     second per gen before giving up on a reader), and a reader that comes later finds its whole text.  Only the
@@ -204,20 +205,20 @@ class ReaderPacing:
                        and not s.variable_event[name].is_set() and name in s.stream_var_event]
             self.var_event = s.stream_var_event[running[0]] if len(running) == 1 else None
             self.text_event = s.stream_text_event
-            self.text_was_set = self.text_event is not None and self.text_event.is_set()
+            self.text_was_set = False
+            if self.text_event is not None:
+                # A whole-text reader usually cleared the event the worker set after the previous expression (or the
+                # gen opened the program: never set), and now waits on it.  Setting it as the worker does after
+                # every expression wakes such a reader once (it reads no new text and waits again): its clearing
+                # the event then says a reader takes chunks, with the event's public methods only.
+                self.text_event.set()
+                self.text_was_set = True
 
     def _taken(self) -> bool:
-        """Whether a reader cleared this gen's variable event, or the text event after it was set or while a reader
-        waits on it (before this gen's first chunk the text event may be clear without having been set: the gen
-        opened the program)."""
+        """Whether a reader cleared this gen's variable event, or the text event (set when this pacing began)."""
         if self.var_event is not None and not self.var_event.is_set():
             return True
-        if self.text_event is not None:
-            if self.text_event.is_set():
-                self.text_was_set = True
-            elif self.text_was_set or has_waiter(self.text_event):
-                return True
-        return False
+        return self.text_was_set and self.text_event is not None and not self.text_event.is_set()
 
     def may_send(self, sent_text: str) -> bool:
         """Whether the next (not the last) chunk may be sent now, after `sent_text` was sent."""
@@ -239,12 +240,6 @@ class ReaderPacing:
                 return
             time.sleep(0.0005)
         time.sleep(0.001)
-
-
-def has_waiter(event: threading.Event) -> bool:
-    """Whether a thread waits on `event` now (CPython's Event keeps its waiting threads in `_cond._waiters`; False
-    where an implementation does not)."""
-    return bool(getattr(getattr(event, "_cond", None), "_waiters", None))
 
 
 def latest_event(events: "queue.Queue[RowEvent]", event: RowEvent) -> RowEvent:

@@ -19,4 +19,5 @@ the test suite runs it as the server the SGLang server client is tested against.
     detokenizer  SGLang's detokenizer: the response text (special tokens skipped, the matched stop trimmed)
     sessions     sessions, following SGLang's session controller
     stream       server-sent events (/generate with "stream": true)
+    responses    the meta_info beside a generation: logprob keys, the output of an abort before the prefill
 """

@@ -23,7 +23,6 @@ When a generation stops is `stopping.StopRules`' business, what its text is `det
 from __future__ import annotations
 
 import copy
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -166,22 +165,6 @@ class PrefixTrie:
 
 GREEDY_BELOW = 1e-6
 """SamplingParams.__post_init__ (_SAMPLING_EPS): a temperature in [0, 1e-6) is greedy (top_k 1 at temperature 1)."""
-
-
-def sampling_error(temperature: float, top_k: int, top_p: float, min_p: float) -> str | None:
-    """SGLang's `SamplingParams.verify` message for these sampling_params (after its __post_init__: a greedy
-    temperature sets top_k 1, top_k -1 is the whole vocabulary); None when SGLang accepts them."""
-    if 0 <= temperature < GREEDY_BELOW or top_k == -1:
-        top_k = 1 if 0 <= temperature < GREEDY_BELOW else 1 << 30
-    if not math.isfinite(temperature) or temperature < 0.0:
-        return f"temperature must be a non-negative finite number, got {temperature}."
-    if not 0.0 < top_p <= 1.0:
-        return f"top_p must be in (0, 1], got {top_p}."
-    if not 0.0 <= min_p <= 1.0:
-        return f"min_p must be in [0, 1], got {min_p}."
-    if top_k < 1:
-        return f"top_k must be -1 (disable) or at least 1, got {top_k}."
-    return None
 
 
 @dataclass(frozen=True)

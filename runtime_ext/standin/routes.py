@@ -32,6 +32,8 @@ class SchedulerAbort(HTTPError):
     def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
         super().__init__(status, message)
         self.err_type = err_type
+        self.output: dict[str, Any] | None = None
+        """The aborted output a stream ends with, when the server made it (an abort before the prefill)."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -98,6 +100,7 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/abort_request":
                 with server.lock:
                     server.aborted_rids.add(str((body or {}).get("rid")))
+                server.live_streams.abort(str((body or {}).get("rid") or ""), bool((body or {}).get("abort_all")))
                 self._send(200, b"", "text/plain")
             elif path in ("/server_info", "/get_server_info"):
                 self._send(200, server.server_info())
@@ -146,7 +149,9 @@ class Handler(BaseHTTPRequestHandler):
         """A streamed /generate that fails, as `serve_generate_request` streams it (see HTTPError, SchedulerAbort).
         The stand-in decodes a request whole before it streams: an abort after some tokens sends no chunk before
         the abort's."""
-        if isinstance(e, SchedulerAbort):
+        if isinstance(e, SchedulerAbort) and e.output is not None:
+            write_failed_stream(self, e.output)
+        elif isinstance(e, SchedulerAbort):  # an abort during decoding: its tokens so far are not kept here
             ids = body.get("input_ids")
             meta = {"id": body.get("rid") or uuid.uuid4().hex,
                     "finish_reason": {"type": "abort", "message": str(e), "status_code": e.status,
@@ -190,21 +195,26 @@ class Handler(BaseHTTPRequestHandler):
             server.stop_event.wait(timeout=60)
             self.close_connection = True
             return
+        streamed = isinstance(body, dict) and bool(body.get("stream"))
+        rid = body.get("rid") if streamed and isinstance(body.get("rid"), str) else ""
+        key, aborted = server.live_streams.open(rid)  # in flight from here: /abort_request can reach it
         try:
             answer = server.handle_generate(body)
+            if answer.chunks is not None:
+                write_event_stream(self, answer.chunks, answer.response["meta_info"].get("id", ""),
+                                   lambda _rid: aborted.is_set(), server.stream_step_s)
+                return
         except SchedulerCrash:  # `server.crashed` is set: this and every later connection closes unanswered
             self._hang_up()
             return
         except HTTPError as e:
-            if not (isinstance(body, dict) and body.get("stream")):
+            if not streamed:
                 raise
             self._failed_stream(body, e)
             return
+        finally:
+            server.live_streams.close(key)
         out = answer.response
-        if answer.chunks is not None:
-            rid = out["meta_info"].get("id", "")
-            write_event_stream(self, answer.chunks, rid, lambda r: r in server.aborted_rids, server.stream_step_s)
-            return
         for o in (out if isinstance(out, list) else [out]):
             if mode == "abort":
                 o["meta_info"]["finish_reason"] = {"type": "abort", "message": "injected abort",

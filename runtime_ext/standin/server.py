@@ -14,7 +14,9 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           length) or s = len(prompt); s > len(prompt) is refused (HTTP 400)
     output_top_logprobs                   top-k of log q_τ per output token (as SGLang: same logprobs)
     input_top_logprobs                    [None] + top-k of log p0 at positions s+1..L-1 ([] when none)
-    cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie
+    cached_tokens                         longest prefix of the prompt already in the stand-in's PrefixTrie, at
+                                          most all but its last token and at most logprob_start_len when logprobs
+                                          start there (`prefix_match_limit`)
     finish_reason, stop, stop_regex,      SGLang's stop rules (`stopping`): stop strings and patterns searched
     stop_token_ids, ignore_eos,           in a tail window of the output, then stop ids / EOS (not under
     max_new_tokens, min_new_tokens        ignore_eos), then the length; {"type": "stop", "matched": string |
@@ -23,6 +25,10 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
                                           max_new_tokens is HTTP 400; max_new_tokens 0: no tokens, length 0;
                                           capped at context_length - 2 - prompt (the scheduler's max_req_len)
     temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
+    n (parallel sampling)                 n > 1: per prompt a prefill-only warm-up, then n samples with fresh rids,
+                                          answered as a list prompt by prompt (tokenizer_manager._handle_batch_
+                                          request); NOT as SGLang: a streamed batch (n > 1 too) is answered whole
+                                          as JSON, where SGLang streams its items' chunks with an "index"
     regex, json_schema, ebnf              xgrammar's mask over the byte vocabulary (`constraints`): every
                                           reported logprob is of the masked logits, as SGLang's
     text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
@@ -60,6 +66,7 @@ Every request body is recorded in `server.requests` as (path, parsed JSON), its 
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
@@ -75,22 +82,23 @@ from .byte_model import (
     EOS_ID,
     VOCAB_SIZE,
     ByteModel,
-    Generation,
     PrefixTrie,
     byte_tokenizer,
     generate,
 )
-from .admission import Admitted, admit, rid_error
+from .admission import Admitted, admit, parallel_sample_num, parallel_sampling_error, rid_error
 from .constraints import request_grammar
 from .detokenizer import text_after_each_send
+from .responses import aborted_before_prefill, logprob_meta
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stream import stream_chunks
+from .stream import LiveStreams, stream_chunks
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
 
 FAIL_MODES = ("500", "429", "400", "503", "abort", "disconnect", "hang", "nan")
+PER_ITEM_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 PLUGIN_ENV = "FORERUN_SGLANG_PLUGIN"
 """The environment switch of the real plugin (`backends/sglang_plugin.py`); the stand-in's CLI reads it too."""
 
@@ -131,7 +139,8 @@ class StandInServer:
         self.step_s = step_s
         self.stream_step_s = 0.002
         """Pause between the chunks of a streamed /generate (`stream`): children start mid-stream."""
-        self.aborted_rids: set[str] = set()
+        self.aborted_rids: set[str] = set()  # every rid /abort_request named (a record; `live_streams` acts on it)
+        self.live_streams = LiveStreams()
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self._tokenizer_dir: tempfile.TemporaryDirectory | None = None
@@ -267,40 +276,84 @@ class StandInServer:
             prompts = [self.tokenizer.encode(t) for t in texts]
         else:
             raise HTTPError(400, "Either text, input_ids or input_embeds should be provided.")
+        samples = parallel_sample_num(body.get("sampling_params"))
+        batched = batched or samples > 1  # a single request with n > 1 becomes a batch of one
+        refused = parallel_sampling_error(body, samples) if batched and samples != 1 else None
+        if refused is not None:
+            raise refused
         n = len(prompts)
 
         def item(key: str, default: Any, i: int) -> Any:
             val = body.get(key, default)
             if val is None:
                 return default
-            if batched and isinstance(val, list):
-                if len(val) != n:
-                    raise HTTPError(400, f"{key} has {len(val)} entries for a batch of {n}")
+            if batched and isinstance(val, list):  # GenerateReqInput.__getitem__: val[i], extra entries unread
                 return val[i] if val[i] is not None else default
             return val
 
+        if batched and any(isinstance(body.get(k), list) and len(body[k]) < n for k in PER_ITEM_FIELDS):
+            raise HTTPError(500, "Internal Server Error")  # _init_req_state's obj[i]: an IndexError, not caught
         stream = bool(body.get("stream")) and not batched
         duplicate = rid_error(body.get("rid"))
         if duplicate:
             raise HTTPError(400, duplicate)
         admitted = [  # every item checked before any runs (`admission`)
-            admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, batched=batched,
-                  context_length=self.context_length, deterministic=self.deterministic, fresh_seed=self._fresh_seed)
+            admit(self.tokenizer, ids, item("sampling_params", {}, i) or {}, context_length=self.context_length,
+                  deterministic=self.deterministic, fresh_seed=self._fresh_seed)
             for i, ids in enumerate(prompts)]
+        if batched and body.get("session_params") is None:
+            self._abort_a_batch([(r, bool(item("return_logprob", False, i)), int(item("logprob_start_len", -1, i)))
+                                 for i, r in enumerate(admitted)])
         outs = []
         for i, request in enumerate(admitted):
             rid = self._item_rid(body.get("rid"), i, n, batched)
-            outs.append(self._generate_one(
-                request, rid=rid, session=body.get("session_params"),
+            run = functools.partial(
+                self._generate_one, session=body.get("session_params"),
                 return_logprob=bool(item("return_logprob", False, i)),
                 logprob_start_len=int(item("logprob_start_len", -1, i)),
                 top_logprobs_num=int(item("top_logprobs_num", 0, i)),
-                return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream,
-            ))
+                return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream)
+            outs.extend(self._samples(request, rid, samples, run))
         if batched:
             return GenerateAnswer([out for out, _ in outs])
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
+
+    def _abort_a_batch(self, items: list[tuple[Admitted, bool, int]]) -> None:
+        """A batch (no session) whose item its scheduler aborts before the prefill (logprob_start_len past the
+        prompt, a bad grammar) fails with the first abort (HTTP 400: `_collect_batch_responses`), yet SGLang sent
+        every item: the others are prefilled (prompts cached), then aborted before decoding a token or two."""
+        aborts: list[SchedulerAbort | None] = []
+        for request, return_logprob, logprob_start_len in items:
+            try:
+                if return_logprob and logprob_start_len > len(request.ids):
+                    raise logprob_start_abort(logprob_start_len, len(request.ids))
+                request_grammar(request.sp)
+                aborts.append(None)
+            except SchedulerAbort as aborted:
+                aborts.append(aborted)
+        if not any(aborts):
+            return
+        for (request, _, _), aborted in zip(items, aborts):
+            if aborted is None:
+                cached = min(self.cache.match(request.ids), prefix_match_limit(len(request.ids), False, -1))
+                self.cache.insert(request.ids)
+                with self.lock:
+                    self.counters["prompt_tokens_total"] += len(request.ids)
+                    self.counters["cached_tokens_total"] += cached
+                    self.counters["num_requests_total"] += 1
+        raise next(a for a in aborts if a is not None)
+
+    def _samples(self, request: Admitted, rid: str, samples: int, run: Any) -> list[Any]:
+        """One prompt's outputs (`run` answers one request): itself; with n > 1 as tokenizer_manager's
+        _handle_batch_request runs it, a prefill-only warm-up of the prompt (its prefix cached for the samples), then
+        n samples, each a request of its own with a fresh rid (fresh noise too, unless the seed is used)."""
+        if samples <= 1:
+            return [run(request, rid=rid)]
+        run(replace(request, rules=replace(request.rules, max_new_tokens=0)), rid=uuid.uuid4().hex)
+        return [run(request if self.deterministic else replace(
+                    request, sampling=replace(request.sampling, seed=self._fresh_seed())), rid=uuid.uuid4().hex)
+                for _ in range(samples)]
 
     @staticmethod
     def _item_rid(rid: Any, i: int, n: int, batched: bool) -> str:
@@ -334,20 +387,23 @@ class StandInServer:
         def text_of(t: int) -> str | None:
             return tok.decode([t]) if return_text else None
 
-        ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
-        cap = max(0, self.context_length - 2 - len(ids))  # init_req_max_new_tokens: max_req_len - input_len - 1
-        if rules.max_new_tokens > cap:
-            rules = replace(rules, max_new_tokens=cap)
-            sampling = replace(sampling, min_new_tokens=min(sampling.min_new_tokens, cap))
-        if abort:  # an abort with status 400: the server answers HTTP 400 with its message
-            raise SchedulerAbort(400, abort)
-        if return_logprob and logprob_start_len > len(ids):
-            raise SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of "
-                                      f"input tokens len(req.origin_input_ids)={len(ids)}. Please use a smaller "
-                                      "logprob_start_len.")
+        try:  # the scheduler's checks before the prefill (handle_generate_request, the grammar manager)
+            ids, abort = self._session_prompt(session, rid, list(ids), rules.max_new_tokens)
+            cap = max(0, self.context_length - 2 - len(ids))  # init_req_max_new_tokens: max_req_len - input_len - 1
+            if rules.max_new_tokens > cap:
+                rules = replace(rules, max_new_tokens=cap)
+                sampling = replace(sampling, min_new_tokens=min(sampling.min_new_tokens, cap))
+            if abort:  # an abort with status 400: the server answers HTTP 400 with its message
+                raise SchedulerAbort(400, abort)
+            if return_logprob and logprob_start_len > len(ids):
+                raise logprob_start_abort(logprob_start_len, len(ids))
+            grammar = request_grammar(sp)
+        except SchedulerAbort as aborted:
+            aborted.output = aborted_before_prefill(self.model, self.tokenizer, request, rid, aborted, return_logprob,
+                                                    top_logprobs_num)
+            raise
         temps = self._plugin_temperatures(sp)
-        grammar = request_grammar(sp)
-        cached = self.cache.match(ids)
+        cached = min(self.cache.match(ids), prefix_match_limit(len(ids), return_logprob, logprob_start_len))
         gen = generate(self.model, ids, sampling, rules, top_logprobs_num, text_of, temps or (), self.step_s, grammar)
         self.cache.insert(list(ids) + gen.ids)
         if isinstance(session, dict) and session.get("id") is not None:
@@ -363,7 +419,7 @@ class StandInServer:
             "e2e_latency": 0.0,
         }
         if return_logprob:
-            meta.update(self._logprob_meta(ids, gen, logprob_start_len, top_logprobs_num, text_of))
+            meta.update(logprob_meta(self.model, ids, gen, logprob_start_len, top_logprobs_num, text_of))
         if temps is not None:  # customized_info keys, one value per generated token (tokenizer_manager)
             meta["output_token_logp0"] = gen.logp0
             meta["output_token_entropy"] = gen.entropy
@@ -384,29 +440,20 @@ class StandInServer:
         with self.lock:
             return int(self._seed_rng.integers(0, 2**62))
 
-    def _logprob_meta(self, ids: list[int], gen: Generation, logprob_start_len: int, top_logprobs_num: int,
-                      text_of: Any) -> dict[str, Any]:
-        """The logprob keys of meta_info (return_logprob): prompt entries with SGLang's shift, output entries.
-        logprob_start_len -1 means none (the scheduler sets it to the prompt length; module docstring)."""
-        m = self.model
-        start = len(ids) if logprob_start_len < 0 else logprob_start_len
-        in_lp: list[list] = [[None, ids[start], text_of(ids[start])]] if start < len(ids) else []
-        in_top: list[Any] = [None] if start < len(ids) else []
-        for j in range(start + 1, len(ids)):
-            lp0 = m.logp0(ids[:j])
-            in_lp.append([float(lp0[ids[j]]), ids[j], text_of(ids[j])])
-            if top_logprobs_num > 0:
-                top = np.argsort(-lp0, kind="stable")[:top_logprobs_num]
-                in_top.append([[float(lp0[k]), int(k), text_of(int(k))] for k in top])
-        meta: dict[str, Any] = {
-            "input_token_logprobs": in_lp,
-            "output_token_logprobs": [[lq, t, text_of(t)] for lq, t in zip(gen.logq, gen.ids)],
-            "output_token_logprobs_length": len(gen.ids),
-        }
-        if top_logprobs_num > 0:
-            meta["input_top_logprobs"] = in_top
-            meta["output_top_logprobs"] = gen.top
-        return meta
+def logprob_start_abort(logprob_start_len: int, prompt_len: int) -> SchedulerAbort:
+    """The scheduler's abort of a logprob_start_len past the prompt (handle_generate_request)."""
+    return SchedulerAbort(400, f"req.logprob_start_len={logprob_start_len} is higher than the number of input tokens "
+                               f"len(req.origin_input_ids)={prompt_len}. Please use a smaller logprob_start_len.")
+
+
+def prefix_match_limit(prompt_len: int, return_logprob: bool, logprob_start_len: int) -> int:
+    """The most prompt tokens SGLang takes from its radix cache (`Req._compute_max_prefix_len`): all but the last
+    (whose logits the request needs), and none past logprob_start_len when the request returns logprobs from there;
+    `cached_tokens` is that prefix."""
+    limit = prompt_len - 1
+    if return_logprob and logprob_start_len >= 0:
+        limit = min(limit, logprob_start_len)
+    return max(limit, 0)
 
 
 def unused_port() -> int:

@@ -27,9 +27,11 @@ every token; the server asks `send_points` which chunks a stream has.
       stop_token_ids to -inf for the first min_new_tokens tokens; stop
       strings still stop
     scheduler_components/output_streamer.py accept (L444-478): a          send_points
-      streamed request sends every step except while the tail ends with
-      the start of a stop string (check_match_stop_str_prefix, L1830,
-      L473); one that does not stream sends every 50th token (L476,
+      streamed request sends its first token, then each step with at
+      least sampling_params.stream_interval (default 1: every step)
+      tokens unsent, except while the tail ends with the start of a stop
+      string (check_match_stop_str_prefix, L1830, L473); one that does
+      not stream sends every 50th token (L476,
       SGLANG_FORCE_STREAM_INTERVAL); both send when they finish
     managers/tokenizer_manager.py (L1333-1378): a prompt of context_len   context_error
       tokens or more, or prompt + max_new_tokens (when the request sets
@@ -55,6 +57,8 @@ MAX_STOP_REGEX_LEN = 256
 UNBOUNDED_REGEX_LENGTH = 2**30
 """get_max_seq_length's length of an unbounded repeat: the tail window then covers the whole output."""
 FORCE_STREAM_INTERVAL = 50
+DEFAULT_STREAM_INTERVAL = 1
+"""--stream-interval's default (arg_groups/fields/serving.py): the interval of a request without stream_interval."""
 """SGLANG_FORCE_STREAM_INTERVAL's default: a request's output goes to the detokenizer every 50 tokens."""
 
 
@@ -110,19 +114,17 @@ def context_error(prompt_tokens: int, max_new_tokens: Any, context_len: int) -> 
 
 def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":
     """A request's StopRules from its sampling_params with SGLang's defaults; ValueError (HTTP 400) over its
-    normalize's limits or for a negative max_new_tokens, re.error (HTTP 500 there) for a pattern that does not
-    compile."""
+    normalize's limits, re.error (HTTP 500 there) for a pattern that does not compile."""
     stops, patterns = sp.get("stop") or [], sp.get("stop_regex") or []
     stops = [stops] if isinstance(stops, str) else list(stops)
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     check_stop_params(stops, patterns)
     for pattern in patterns:
         re.compile(pattern)
-    max_new_tokens = int(sp.get("max_new_tokens", 128))
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+    max_new_tokens = int(sp.get("max_new_tokens", 128))  # a negative one: verify's (`admission.verify_error`)
     return StopRules(tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
-                     frozenset(int(t) for t in (sp.get("stop_token_ids") or [])), bool(sp.get("ignore_eos", False)))
+                     frozenset(int(t) for t in (sp.get("stop_token_ids") or [])), bool(sp.get("ignore_eos", False)),
+                     int(sp.get("stream_interval") or DEFAULT_STREAM_INTERVAL))
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class StopRules:
     stop_regexes: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    stream_interval: int = 1
 
     @cached_property
     def tail_tokens(self) -> int:
@@ -188,11 +191,17 @@ class StopRules:
 
     def send_points(self, output_ids: Sequence[int], stream: bool) -> list[int]:
         """The numbers of output tokens at which the scheduler sends this finished request's output to the
-        detokenizer: each unfinished step of a stream unless `holds_back`; every FORCE_STREAM_INTERVAL-th
-        token of a request that does not stream; the last step (the finished output)."""
+        detokenizer: a stream's unfinished steps - its first token, then each step with at least stream_interval
+        tokens unsent (every step at 1) - unless `holds_back`; every FORCE_STREAM_INTERVAL-th token of a request
+        that does not stream; the last step (the finished output)."""
         n = len(output_ids)
         if stream:
-            points = [t for t in range(1, n) if not self.holds_back(output_ids[:t])]
+            points, sent = [], 0
+            for t in range(1, n):
+                due = self.stream_interval == 1 or t - sent >= self.stream_interval or sent == 0
+                if due and not self.holds_back(output_ids[:t]):
+                    points.append(t)
+                    sent = t
         else:
             points = list(range(FORCE_STREAM_INTERVAL, n, FORCE_STREAM_INTERVAL))
         return points + [n]

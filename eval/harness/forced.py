@@ -10,7 +10,9 @@ gets ONE greedy continuation on the same runtime (engine or server) as the metho
     graded   = response text + forcing text + forced text, by the dataset's grader (`eval.graders.grade`),
                exactly as a response is graded, but only the answer the forcing text opens (`graded_text`):
                math: the continuation up to the brace that closes the box the forcing text opens, so a later box
-               (a next problem's "\\boxed{43}", a restart) cannot override it; mc: up to the end of its first
+               (a next problem's "\\boxed{43}", a restart) cannot override it; a box never closed ends where its
+               answer does ("42$ ...", "42\\n...", "42. ...") and is closed there, so its answer is graded, not an
+               earlier box of the response or the rambling after it; mc: up to the end of its first
                non-blank line, so a later line (the options of a next question, "A) ...", a restart) cannot
                override it
 
@@ -95,15 +97,30 @@ def forced_text(forced: ForcedAnswer, continuation_text: str) -> str:
     return forced.text + continuation_text
 
 
+_ANSWER_END = re.compile(r"(?<!\\)\$|\n|(?<!\.)\.(?=\s|$)")
+"""Where an answer in a box that never closes ends: the "$" closing the inline math the forcing text opened (not
+an escaped "\\$"), a line break, or a sentence's full stop ("42. This is because ...")."""
+
+
 def through_closing_brace(text: str) -> str:
     """`text` up to and including the "}" that closes a brace opened before it (braces counted as the math grader
-    balances them, escaped or not); all of it when that brace never closes."""
+    balances them, escaped or not).  When that brace never closes: `text` up to the end of the answer
+    (`_ANSWER_END`, outside braces opened in it, or the end of `text`) with the braces still open there closed,
+    so the grader reads what was written inside the box ("42$ and the next ..." -> "42}"); all of it unchanged
+    when nothing but spaces is written before that end (no forced answer: the response's own is graded)."""
     depth = 1
     for i, c in enumerate(text):
         depth += (c == "{") - (c == "}")
         if depth == 0:
             return text[:i + 1]
-    return text
+    depth, end = 1, len(text)
+    for i, c in enumerate(text):
+        if depth == 1 and _ANSWER_END.match(text, i):
+            end = i
+            break
+        depth += (c == "{") - (c == "}")
+    answer = text[:end].rstrip()
+    return answer + "}" * (answer.count("{") - answer.count("}") + 1) if answer.strip() else text
 
 
 def graded_text(forced: ForcedAnswer, continuation_text: str) -> str:

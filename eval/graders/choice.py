@@ -26,7 +26,9 @@ a negation of a later letter, "C and not D", "C (not A)", nor one in a justifyin
 "C because the reaction is not spontaneous", is one of C; nor what follows a colon or dash that names a
 subject of its own, "B: the others fail", "B - A is wrong"; nor a negation before a colon or dash that opens an
 answer statement, "my first guess was wrong: the answer is C").  So a response that only rules options out gets
-no letter, and "The answer is B, not A" is B.  Lowercase letters count ("(b)", "answer: c"),
+no letter, and "The answer is B, not A" is B.  Nor does a letter named together with another one in either tier
+("The answer is B or C", "(A) and (C)", "B/C", "\\boxed{B, C}": a hedge, no choice), unless the other is negated
+("B and not C", "B, and C is wrong").  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
 """
@@ -93,6 +95,32 @@ def _negated(text: str, start: int, end: int) -> bool:
     return bool(_NEG_BEFORE.search(before) or _NEG_AFTER.search(after))
 
 
+_JOIN = r"(?:,\s*(?:(?:or|and)\s+)?|(?:or|and)\s+|[/&]\s*)"
+_OTHER = r"(?:(?i:option|choice)\s+)?(?:\*\*)?(?:\((?P<o>[A-Ja-j])\)|\(?(?P<O>[A-J])\b\)?)(?:\*\*)?"
+_JOINED_AFTER = re.compile(rf"\)?(?:\*\*)?\s*{_JOIN}{_OTHER}(?=\s*(?:[.,;:!?\n}}$]|$|(?:or|and|are)\b))")
+_JOINED_BEFORE = re.compile(rf"(?:^|(?<=[\s(*:]))(?:(?:option|choice)\s+)?(?:\*\*)?"
+                            rf"(?:\((?P<o>[A-Ja-j])\)|(?P<O>[A-J])\)?)(?:\*\*)?\s*{_JOIN}"
+                            rf"(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*$")
+"""A letter joined to another by ",", "or", "and", "/" or "&" ("The answer is B or C", "(A) and (C)"): one of
+several letters named together, a hedge, not a choice (the other letter not negated: "B and not C" is B, "B, and C
+is wrong" is B)."""
+
+
+def _one_of_several(text: str, start: int, end: int, valid: str) -> bool:
+    """Is the letter at text[start:end] named together with another valid letter that is not negated?"""
+    letter = text[start:end].upper()
+    after = _JOINED_AFTER.match(text, end)
+    before = _JOINED_BEFORE.search(text, max(0, start - 40), start)
+    for m in (after, before):
+        if m is None:
+            continue
+        group = "o" if m.group("o") else "O"
+        other = m.group(group).upper()
+        if other != letter and other in valid and not _negated(text, m.start(group), m.end(group)):
+            return True
+    return False
+
+
 def _letter(m: re.Match[str], valid: str) -> str | None:
     raw = m.group("l")
     if raw.upper() not in valid:
@@ -109,7 +137,7 @@ def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -
         if start <= after:
             return None
         letter = _letter(m, valid)
-        if letter and not _negated(text, start, m.end("l")):
+        if letter and not _negated(text, start, m.end("l")) and not _one_of_several(text, start, m.end("l"), valid):
             return start, letter
     return None
 
@@ -135,7 +163,8 @@ def extract_choice(text: str, num_choices: int = 4) -> str | None:
         m = _FINAL_LINE.match(lines[-1])
         if m and not _continues_an_option_list(m, lines[-2] if len(lines) > 1 else None):
             letter, start = _letter(m, valid), offset + m.start("l")
-            if letter and not _negated(text, start, offset + m.end("l")):
+            end = offset + m.end("l")
+            if letter and not _negated(text, start, end) and not _one_of_several(text, start, end, valid):
                 found = (start, letter)
     found = _last(text, _EXPLICIT_RE, valid, found[0] if found else -1) or found
     if found is None:

@@ -103,6 +103,21 @@ CASES = [
     ("So B is wrong too.", None),
     ("so b.", None),
     ("The answer is C, so B is wrong.", "C"),
+    # an answer statement naming two letters is a hedge, no choice (it read the first: right whenever either was)
+    ("The answer is B or C.", None),
+    ("The answer is (A) and (C)", None),  # the mention "(C)" does not stand alone either
+    ("Answer: B/C", None),
+    ("The answer is A, B, or D.", None),
+    ("\\boxed{B, C}", None),
+    ("I would pick (A) or (C).", None),
+    ("**B** or **C**", None),
+    # ... but a second letter that is negated, or only compared, leaves the first
+    ("The answer is B, and C is wrong.", "B"),
+    ("The answer is B and not C.", "B"),
+    ("Answer: C (not A or B)", "C"),
+    ("Comparing (A) and (B), (B) is larger", "B"),
+    ("The answer is (D) both A and B", "D"),
+    ("The answer is B or C, but B fits better, so B.", "B"),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

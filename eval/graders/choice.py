@@ -18,7 +18,8 @@ means):
                wrong, C is wrong, D is wrong, so B"; not "so B and C", "so B is
                wrong", "so b")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
-               function's argument: "P(B)", "f(a)")
+               function's argument: "P(B)", "f(a)"; not the labels of a restated option list, "A) 1\nB) 2\n
+               C) 3\nD) 4", unless only one of them stands outside a negation)
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
 false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
@@ -130,12 +131,16 @@ def _letter(m: re.Match[str], valid: str) -> str | None:
     return raw.upper()
 
 
-def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -1) -> tuple[int, str] | None:
-    """The last match of any pattern that names a valid letter outside a negation (and starts past `after`)."""
+def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -1,
+          skip: frozenset[int] = frozenset()) -> tuple[int, str] | None:
+    """The last match of any pattern that names a valid letter outside a negation (and starts past `after`; a
+    letter starting at a position in `skip` does not count)."""
     matches = sorted(((m.start("l"), m) for p in patterns for m in p.finditer(text)), key=lambda x: -x[0])
     for start, m in matches:
         if start <= after:
             return None
+        if start in skip:
+            continue
         letter = _letter(m, valid)
         if letter and not _negated(text, start, m.end("l")) and not _one_of_several(text, start, m.end("l"), valid):
             return start, letter
@@ -144,6 +149,28 @@ def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -
 
 _EXPLICIT_RE = [re.compile(p, re.M) for p in _EXPLICIT]
 _MENTION_RE = [re.compile(p, re.M) for p in _MENTIONS]
+
+
+_LABEL_LINE = re.compile(r"^[ \t]*(?:[-*>][ \t]+)?(?:\*\*|__)?\(?(?P<l>[A-J])(?:\)|\.|:)", re.M)
+
+
+def _restated_option_lists(text: str) -> frozenset[int]:
+    """Where the labels of a restated option list start ("A) 1\nB) 2\nC) 3\nD) 4": lines labelled with successive
+    letters, blank lines between allowed) in which more than one label stands outside a negation: the options
+    repeated, not a choice among them (their last label read D for any echo of the question).  A list that keeps
+    one label ("(A): incorrect\n(B): correct\n(C): incorrect") names that one."""
+    runs: list[list[re.Match[str]]] = []
+    for m in _LABEL_LINE.finditer(text):
+        last = runs[-1][-1] if runs else None
+        line_end = text.find("\n", last.end()) if last is not None else -1
+        if (last is not None and ord(m.group("l")) == ord(last.group("l")) + 1
+                and 0 <= line_end < m.start() and not text[line_end:m.start()].strip()):
+            runs[-1].append(m)  # the next line (blank lines between) has the next letter
+        else:
+            runs.append([m])
+    lists = [run for run in runs if len(run) > 1]
+    return frozenset(m.start("l") for run in lists
+                     if sum(not _negated(text, m.start("l"), m.end("l")) for m in run) > 1 for m in run)
 
 
 def _continues_an_option_list(m: re.Match[str], previous: str | None) -> bool:
@@ -168,7 +195,7 @@ def extract_choice(text: str, num_choices: int = 4) -> str | None:
                 found = (start, letter)
     found = _last(text, _EXPLICIT_RE, valid, found[0] if found else -1) or found
     if found is None:
-        found = _last(text, _MENTION_RE, valid)
+        found = _last(text, _MENTION_RE, valid, skip=_restated_option_lists(text))
     return found[1] if found else None
 
 

@@ -76,6 +76,14 @@ CASES = [
     ("The answer is C.\n\nA. 5\nB. 6\nC. 7\nD. 8", "C"),
     ("Options:\nA) 5\nB) 6\nC) 7\nD) 8\n\nB", "B"),
     ("Checking them in turn.\nB. 6", "B"),
+    # a response that only repeats the options chooses none (its last label read D: right whenever D was gold)
+    ("A) 1\nB) 2\nC) 3\nD) 4", None),
+    ("Question: what is 1+1?\nA) 1\nB) 2\nC) 3\nD) 4\nAnswer:", None),
+    ("(A) 1\n\n(B) 2\n\n(C) 3\n\n(D) 4", None),
+    ("A) too small\nB) too large\nC) about right\nD) too small", None),
+    # ... but a list that keeps one option, or a mention outside the list, still names it
+    ("A) wrong, too small\nB) wrong\nC) correct\nD) wrong", "C"),
+    ("I think (B) fits.\nA) 1\nB) 2\nC) 3\nD) 4", "B"),
     # an explanation after a colon or dash that has its own subject does not negate the letter (got no letter)
     ("The answer is B: the others fail", "B"),
     ("The answer is (B): the other options are wrong.", "B"),

@@ -7,19 +7,19 @@ means):
     explicit   \\boxed{X} (also \\boxed{\\text{X}}, \\boxed{\\mathbf{X}}, \\boxed{(X)},     "The answer is (b)."
                \\boxed{X) text}, \\fbox{X}), "answer is X" / "answer: X" /         "answer: c"
                "final answer: X" / "correct option is X" / "the answer must be   "Final answer: B"
-               X" (also "$\\text{X}$", "\\textbf{X}"), "option X is correct", "X is (the)
-               correct (answer)", "I choose X", "I'd go with X", the letter quoted   "B) 42 is the only
-               or bracketed ("the answer is \"C\"", "answer: [B]"), and a final    value that works."
-               line that starts with the letter as a label ("B) ...", "(B)", "B.",
-               "**B**", "B"; not the last item of a restated option list, "C. 7"
-               then "D. 8"), and a conclusion that ends its sentence on one
-               capital letter: "so B." / "hence (B)" / "therefore, B" / "leaving
-               B." / "which leaves B" / "it must be B" (after an elimination, "A is
-               wrong, C is wrong, D is wrong, so B"; not "so B and C", "so B is
-               wrong", "so b")
+               X" (also "$\\text{X}$", "\\textbf{X}"), "option X is correct", "X is (the)   "B) 42 is the only
+               correct (answer)", "X is the answer", "I choose X", "I'd go with   value that works."
+               X", the letter quoted or bracketed ("the answer is \"C\"", "answer:
+               [B]"), and a final line that starts with the letter as a label
+               ("B) ...", "(B)", "B.", "**B**", "B"; not the last item of a restated
+               option list, "C. 7" then "D. 8"), and a conclusion that ends its
+               sentence on one capital letter: "so B." / "hence (B)" / "therefore,
+               B" / "leaving B." / "which leaves B" / "it must be B" / "it's B."
+               (after an elimination, "A is wrong, C is wrong, D is wrong, so B";
+               not "so B and C", "so B is wrong", "so b")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
-               function's argument: "P(B)", "f(a)"; not the labels of a restated option list, "A) 1\nB) 2\n
-               C) 3\nD) 4", unless only one of them stands outside a negation)
+               function's argument: "P(B)", "f(a)"; not the labels of a restated option list, "A) 1 / B) 2 /
+               C) 3 / D) 4" one a line, unless only one of them stands outside a negation)
 
 A letter in a negation does not count in either tier: "not A", "rule out B", "A is wrong / incorrect /
 false / not ...", "Option A is wrong" (the clause around the letter, up to , ; . ! ? or a line break; neither
@@ -50,9 +50,11 @@ _EXPLICIT = [
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
     rf"(?i:\b{_ANSWER}{_VERB})[\s:：=]*(?:\*\*)?[\"'“‘\[]\s*(?P<l>[A-Za-z])\s*[\"'”’\]]",  # "C", 'D', [B]
     r"(?i:\b(?:option|choice))\s+\(?(?P<l>[A-Za-z])\)?\s+(?i:is\s+(?:the\s+)?(?:correct|right|best|true)\b)",
-    r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+(?i:is\s+(?:the\s+)?(?:correct|right|best)(?:\s+(?:answer|option|choice))?\b)",
+    r"(?:^|[\s(*])\(?(?P<l>[A-Z])\)?\**\s+"
+    r"(?i:is\s+(?:the\s+)?(?:(?:correct|right|best)(?:\s+(?:answer|option|choice))?|answer)\b)",
     r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
-    r"(?i:\b(?:so|thus|hence|therefore|leaving|(?:which|that|this)\s+leaves|it\s+(?:must|has\s+to)\s+be))[,:]?\s+"
+    r"(?i:\b(?:so|thus|hence|therefore|leaving|(?:which|that|this)\s+leaves|it\s+(?:must|has\s+to)\s+be|"
+    r"it['’]s|it\s+is))[,:]?\s+"
     r"(?i:(?:option|choice)\s+)?\(?(?P<l>[A-Z])\b\)?(?=\s*(?:[.!\n]|$))",  # a conclusion: "..., so B."
 ]
 _FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")

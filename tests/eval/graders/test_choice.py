@@ -72,6 +72,14 @@ CASES = [
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),
+    ("D is the answer.", "D"),  # and "X is the answer" (got no letter)
+    ("(B) is the answer", "B"),
+    ("B is not the answer.", None),
+    # "it's X." ends an elimination as "so X." does (got no letter)
+    ("Not A. It's D.", "D"),
+    ("Neither A nor B; it's C.", "C"),
+    ("It is A good question.", None),
+    ("It's not B.", None),
     # a restated option list after the answer is not a final-line answer; a label after a list still is
     ("The answer is C.\n\nA. 5\nB. 6\nC. 7\nD. 8", "C"),
     ("Options:\nA) 5\nB) 6\nC) 7\nD) 8\n\nB", "B"),

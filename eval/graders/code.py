@@ -7,8 +7,9 @@
                 (it does not): prompt + completion
     mbpp        the code + test_setup_code                       the test_list asserts           every assert holds
     lcb         functional tests: LCB's imports + the code       Solution().<name>(*args) per    every result == the
-                                                                 test (a tuple taken as a list)  expected (first failure
-                                                                                                 stops)
+                                                                 test (a tuple taken as a list;  expected (first failure
+                                                                 code without "class Solution":  stops)
+                                                                 its top-level <name>, as LCB)
                 stdin tests: LCB's imports + the code, one run   (none: the grader compares      stdout matches, every
                 per test with its input on stdin                 stdout, outside the sandbox)    test
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import keyword
 import re
 import signal
 import textwrap
@@ -231,15 +233,23 @@ def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
 LCB_FUNCTIONAL_TESTS = '''
 _cases = __test_data__
 for _i, (_args, _want) in enumerate(_cases):
-    _got = getattr(Solution(), __test_func__)(*_args)
+    _got = {function}(*_args)
     if isinstance(_got, tuple):
         _got = list(_got)
     if not (_got == _want):
-        raise AssertionError(f"test {_i + 1}/{len(_cases)}: wrong answer")
+        raise AssertionError(f"test {{_i + 1}}/{{len(_cases)}}: wrong answer")
 '''
 """LiveCodeBench's call-based check (lcb_runner grade_call_based): a tuple result counts as a list, then the result
 must `==` the expected JSON value (numpy.int64(3) is 3; a nested tuple is not a list, an array's == has no truth
-value: an error, as there)."""
+value: an error, as there).  `{function}`: what is called (`lcb_function`)."""
+
+
+def lcb_function(solution: str, func: str) -> str:
+    """What LiveCodeBench calls for a functional test: the method of a `Solution()` when the code has a
+    "class Solution" (its compile_code test, word for word), else the program's top-level function of that name."""
+    if "class Solution" in solution or not func.isidentifier() or keyword.iskeyword(func):
+        return "getattr(Solution(), __test_func__)"
+    return func
 
 
 def lcb_tests(extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -304,9 +314,10 @@ def _grade_lcb(solution: str, extra: dict[str, Any]) -> tuple[bool, str, str]:
         if not func:
             raise ValueError("functional LiveCodeBench test without a function name in the starter code")
         cpu = min(LCB_LIMITS.cpu_s * len(functional), 60.0)
-        res = run_tests(LCB_PREAMBLE + solution, LCB_FUNCTIONAL_TESTS,
+        function = lcb_function(solution, func)
+        res = run_tests(LCB_PREAMBLE + solution, LCB_FUNCTIONAL_TESTS.format(function=function),
                         data={"__test_data__": [_functional_case(t) for t in functional], "__test_func__": func},
-                        call_timeout_s=LCB_CALL_TIMEOUT_S,
+                        program_names=(func,) if function == func else (), call_timeout_s=LCB_CALL_TIMEOUT_S,
                         limits=SandboxLimits(cpu_s=cpu, wall_s=cpu + 10))
         if not res.passed:
             return False, f"failed ({which}, {n} tests): {res.error}", which

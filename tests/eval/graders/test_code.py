@@ -364,6 +364,17 @@ class _Evil:
         return (os.system, (f"touch /tmp/forerun-pwned-{os.getpid()}",))
 
 
+def test_livecodebench_calls_a_top_level_function_where_the_code_has_no_solution_class():
+    """lcb_runner compile_code calls `Solution().<name>` only when the code contains "class Solution", else the
+    module's own <name>: a right top-level function passes there; here it failed with NameError ('Solution')."""
+    t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+    row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
+    assert grade(row, "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```").correct
+    assert not grade(row, "```python\ndef add(a: int, b: int) -> int:\n    return a - b\n```").correct
+    both = f"```python\n{ADD_STARTER}return 0\n\n\ndef add(a, b):\n    return a + b\n```"
+    assert not grade(row, both).correct  # with a Solution class, its method is what LiveCodeBench calls
+
+
 def test_private_tests_are_decoded_without_unpickling():
     marker = Path(f"/tmp/forerun-pwned-{os.getpid()}")
     evil = base64.b64encode(zlib.compress(pickle.dumps(_Evil()))).decode()

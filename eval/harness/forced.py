@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...programs.completions import CompletionRequest, ProgramCompletionModel
+from ..graders import REASONING_END
 from .eos import cut_at_eos
 
 
@@ -124,9 +125,10 @@ def through_closing_brace(text: str) -> str:
 
 
 def graded_text(forced: ForcedAnswer, continuation_text: str) -> str:
-    """What of the forced pass is graded after the response: the forcing text and the continuation, cut after its
-    first non-blank line where `forced.first_line`, after the brace closing the opened box where
-    `forced.closes_box`."""
+    """What of the forced pass is graded after the response: the forcing text and the continuation, cut where the
+    continuation closes a reasoning block ("</think>": the grader reads past the last one), then after its first
+    non-blank line where `forced.first_line`, after the brace closing the opened box where `forced.closes_box`."""
+    continuation_text = continuation_text.split(REASONING_END, 1)[0]  # graded past the reasoning: cut there
     if forced.first_line:
         continuation_text = re.sub(r"(?s)(\S[^\n]*)\n.*", r"\1", continuation_text, count=1)
     if forced.closes_box:

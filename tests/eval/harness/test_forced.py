@@ -154,6 +154,17 @@ def test_a_forced_box_that_never_closes_is_graded_on_the_answer_written_in_it(re
     assert extract_final_answer(response + graded_text(FORCED_ANSWERS["math"], continuation)) == answer
 
 
+def test_a_forced_answer_ends_where_the_continuation_closes_its_reasoning():
+    """A response cut inside its thinking gets the forcing text; a continuation that then closes the reasoning
+    ("C)</think>") must keep its answer: the grader reads past the last "</think>", which left nothing to read."""
+    from forerun.eval.graders import after_reasoning
+
+    mc = after_reasoning("<think>I ponder" + graded_text(FORCED_ANSWERS["mc"], "C)</think>\n\nThe answer is (A)"))
+    assert extract_choice(mc) == "C"
+    math = after_reasoning("<think>I ponder" + graded_text(FORCED_ANSWERS["math"], "42</think> so \\boxed{43}"))
+    assert extract_final_answer(math) == "42"
+
+
 def test_an_empty_forced_box_leaves_the_responses_own_answer():
     """Nothing written in the box (no room left, or "$" at once): no forced answer, the response's is graded."""
     for continuation in ("", "  ", "$ is undefined"):

@@ -2,7 +2,7 @@
 with the gold answer by math-verify (LaTeX / expression equivalence); AIME answers are integers 0-999.
 
     step                        code
-    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, with the boxes joined to it
+    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{} not empty, with the boxes joined to it
                                 by ",", "and", "or" as math-verify joins them: "$x=\\boxed{2}$ or
                                 $x=\\boxed{3}$" is the list "2, 3"; else what follows
                                 "final answer is", "answer:", "####", "answer is": a display formula
@@ -46,9 +46,14 @@ _MARKUP = "*_ \t"
 _INLINE_MATH = re.compile(r"\$|\\\(")
 
 
+_EMPTY_BOX = re.compile(r"\s*\}")
+"""A box with nothing in it ("\\boxed{}"): the instruction "put your final answer within \\boxed{}" echoed, no
+answer."""
+
+
 def _closed_boxes(text: str) -> list[tuple[int, int, int]]:
     """(where the macro starts, where its content starts, its closing brace) of each \\boxed{...} / \\fbox{...}
-    whose braces balance, in order."""
+    whose braces balance and that holds something, in order."""
     found = [(m.start(), m.end()) for m in _BOXED.finditer(text)]
     if not found:
         return []
@@ -58,7 +63,8 @@ def _closed_boxes(text: str) -> list[tuple[int, int, int]]:
             open_at.append(m.start())
         elif open_at:
             closing[open_at.pop()] = m.start()
-    return [(macro, start, closing[start - 1]) for macro, start in found if start - 1 in closing]
+    return [(macro, start, closing[start - 1]) for macro, start in found
+            if start - 1 in closing and not _EMPTY_BOX.match(text, start)]
 
 
 def last_boxed(text: str) -> str | None:

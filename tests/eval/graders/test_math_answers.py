@@ -41,6 +41,10 @@ RIGHT = [
     (r"\boxed{\text{0.5}}", r"\frac12"),
     (r"\boxed{\mbox{15 cm}^2}", r"15\mbox{ cm}^2"),  # MATH500's own gold writes \mbox
     (r"\boxed{\text{x = 5}}", "x=5"),
+    # the instruction echoed after the answer: its empty box is no answer (it was read, as "", and graded wrong)
+    ("So the answer is $\\boxed{42}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
+     "42"),
+    (r"Thus \boxed{42} \boxed{ }", "42"),
 ]
 WRONG = [
     (r"\boxed{3/5}", r"\frac{3}{4}"),
@@ -60,6 +64,8 @@ WRONG = [
     (r"\boxed{\text{6 inches}}", "5"),
     (r"\boxed{\text{0.6}}", r"\frac12"),
     (r"\boxed{\text{5 or 6}}", "5"),
+    ("So the answer is $\\boxed{41}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
+     "42"),
 ]
 
 

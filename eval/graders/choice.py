@@ -29,7 +29,8 @@ subject of its own, "B: the others fail", "B - A is wrong"; nor a negation befor
 answer statement, "my first guess was wrong: the answer is C").  So a response that only rules options out gets
 no letter, and "The answer is B, not A" is B.  Nor does a letter named together with another one in either tier
 ("The answer is B or C", "(A) and (C)", "B/C", "\\boxed{B, C}": a hedge, no choice), unless the other is negated
-("B and not C", "B, and C is wrong").  Lowercase letters count ("(b)", "answer: c"),
+("B and not C", "B, and C is wrong"); nor one given as an example ("for example \\boxed{A}", the instruction
+echoed).  Lowercase letters count ("(b)", "answer: c"),
 except the article: "the answer is a number" is not A.  Only the question's letters count (A-D for four
 options).
 """
@@ -133,6 +134,10 @@ def _letter(m: re.Match[str], valid: str) -> str | None:
     return raw.upper()
 
 
+_EXAMPLE_BEFORE = re.compile(r"(?i:\b(?:for\s+example|for\s+instance|e\.\s?g\.|such\s+as))\s*[:,]?\s*(?:\$\s*)?\Z")
+"""What introduces an example, not an answer: the instruction's "within \\boxed{}, for example \\boxed{A}", echoed."""
+
+
 def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -1,
           skip: frozenset[int] = frozenset()) -> tuple[int, str] | None:
     """The last match of any pattern that names a valid letter outside a negation (and starts past `after`; a
@@ -141,7 +146,7 @@ def _last(text: str, patterns: list[re.Pattern[str]], valid: str, after: int = -
     for start, m in matches:
         if start <= after:
             return None
-        if start in skip:
+        if start in skip or _EXAMPLE_BEFORE.search(text, max(0, m.start() - 40), m.start()):
             continue
         letter = _letter(m, valid)
         if letter and not _negated(text, start, m.end("l")) and not _one_of_several(text, start, m.end("l"), valid):

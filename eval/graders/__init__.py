@@ -7,7 +7,10 @@
     code       humaneval, mbpp, lcb-v5/6      `code.grade_code` (the program and the tests in `sandbox`;
                                               `Grade.tests` names the tests that ran)
 
-`grade(prompt, response_text)` picks the grader by `prompt.category` and returns a `Grade`.
+`grade(prompt, response_text)` picks the grader by `prompt.category` and returns a `Grade`.  A reasoning model's
+response is graded on what follows its last "</think>" (`after_reasoning`), as lighteval and lm-eval-harness strip
+the reasoning: a tentative answer in the thinking ("maybe \\boxed{4}?", "so the answer is A?") is not the answer
+the response gives; a response without "</think>" (no reasoning, or one cut before it closed) is graded whole.
 """
 
 from __future__ import annotations
@@ -39,9 +42,21 @@ class Grade:
         return asdict(self)
 
 
+REASONING_END = "</think>"
+
+
+def after_reasoning(response: str) -> str:
+    """The part of `response` after its last "</think>" (the answer a reasoning model gives); all of it when there
+    is none."""
+    cut = response.rfind(REASONING_END)
+    return response if cut < 0 else response[cut + len(REASONING_END):]
+
+
 def grade(prompt: Any, response: str) -> Grade:
-    """Grade `response` (text) against `prompt` (an `eval.datasets.Prompt`)."""
+    """Grade `response` (text) against `prompt` (an `eval.datasets.Prompt`), past its reasoning
+    (`after_reasoning`)."""
     category = prompt.category
+    response = after_reasoning(response)
     if category == "math":
         if prompt.answer is None:
             raise ValueError(f"{prompt.dataset} prompt {prompt.id} has no gold answer")
@@ -56,4 +71,4 @@ def grade(prompt: Any, response: str) -> Grade:
     return Grade(correct=bool(ok), extracted=got, detail=why, grader=category)
 
 
-__all__ = ["Grade", "grade", "grade_choice", "grade_code", "grade_math"]
+__all__ = ["Grade", "after_reasoning", "grade", "grade_choice", "grade_code", "grade_math"]

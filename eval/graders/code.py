@@ -7,8 +7,9 @@
                 (it does not): prompt + completion
     mbpp        the code + test_setup_code                       the test_list asserts           every assert holds
     lcb         functional tests: LCB's imports + the code       Solution().<name>(*args) per    every result == the
-                                                                 test (a tuple taken as a list)  expected (first failure
-                                                                                                 stops)
+                                                                 test (a tuple taken as a list;  expected (first failure
+                                                                 code without "class Solution":  stops)
+                                                                 its top-level <name>, as LCB)
                 stdin tests: LCB's imports + the code, one run   (none: the grader compares      stdout matches, every
                 per test with its input on stdin                 stdout, outside the sandbox)    test
 
@@ -16,17 +17,18 @@ LiveCodeBench runs its private tests whenever the prompt carries them (`extra["p
 by `eval.datasets.parsers`); every grade names the tests that ran: "public only" (the offline copy) or
 "public+private".
 
-The code of a response is its last ```python fenced block, preferring the last one that defines the entry
-point (chat models often end with a usage example), and a labelled block to an unlabelled one (a sample
-input or output shown in a bare ``` fence after the code); an unclosed final fence counts (responses can be cut
-at n tokens); no fence: the whole response.  HumanEval only: a chosen block that does not define the entry
-point and starts indented is the function's body (a chat model's fenced completion of the prompt), graded
-as prompt + body the way human-eval grades prompt + completion.  Helpers the chosen block uses but writes in
-other blocks ("first a helper: ```def is_prime...```, then the solution: ```def f... is_prime(...)```") come
-with it: the top-level
-functions, classes and imports of the other blocks that the chosen block needs, transitively, before it (as
-EvalPlus's sanitizer keeps the definitions the entry point reaches); their usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec
-does the same), so a response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
+The code of a response is its last ```python fenced block that holds a statement (not only comments), preferring
+the last one that defines the entry point (chat models often end with a usage example), and a labelled block to
+an unlabelled one (a sample input or output shown in a bare ``` fence after the code); an unclosed final fence
+counts (responses can be cut at n tokens); no fence: the whole response.  HumanEval only: when no block defines
+the entry point, the last block that starts indented is the function's body (a chat model's fenced completion of
+the prompt, before a usage example), graded as prompt + body the way human-eval grades prompt + completion.
+Helpers the chosen block uses but writes in other blocks ("first a helper: ```def is_prime...```, then the
+solution: ```def f... is_prime(...)```") come with it: the top-level functions, classes and imports of the other
+blocks that the chosen block needs, transitively, before it (as EvalPlus's sanitizer keeps the definitions the
+entry point reaches), after it when it is a body (at the top level, past the end of the prompt's function); their
+usage examples do not.  The program runs as a module, not as __main__ (human-eval's exec does the same), so a
+response's `if __name__ == "__main__":` demo does not run; stdin programs run as __main__.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import keyword
 import re
 import signal
 import textwrap
@@ -84,6 +87,11 @@ def _unindent(body: str, n: int) -> str:
     return "".join(re.sub(rf"^ {{0,{n}}}", "", ln) for ln in body.splitlines(keepends=True)) if n else body
 
 
+def _has_code(block: str) -> bool:
+    """Does a fenced block hold a statement (not only blank lines and comments: "# Example: input 4 gives 3")?"""
+    return any(ln.strip() and not ln.lstrip().startswith("#") for ln in block.splitlines())
+
+
 def _is_body(code: str) -> bool:
     """Does the first non-blank line of `code` start indented (statements of a function body)?"""
     first = next((ln for ln in code.splitlines() if ln.strip()), "")
@@ -95,23 +103,25 @@ def extract_code(response: str, entry: str | None = None, *, continues_prompt: b
     (dedented), with the definitions it needs from the other blocks (`with_helpers`), else the last ```python
     block, else the last unlabeled one, else the last block, else the whole response.
 
-    `continues_prompt` (HumanEval, whose prompt ends inside the entry function): a chosen block that does not
-    define `entry` and whose first non-blank line is indented is the function's body, a completion of the
-    prompt: it keeps its indentation (less the fence's own), where dedenting would put its `return` at the
-    top level."""
+    `continues_prompt` (HumanEval, whose prompt ends inside the entry function): when no block defines `entry`,
+    the last block whose first non-blank line is indented is the function's body, a completion of the prompt
+    (a later top-level block, a usage example, cannot complete it): it keeps its indentation (less the fence's
+    own), where dedenting would put its `return` at the top level."""
     blocks = [(m.group(1).lower(), m.group(2), _fence_indent(response, m.start())) for m in _FENCE.finditer(response)]
-    python = [textwrap.dedent(body) for lang, body, _ in blocks if lang in _PYTHON and body.strip()]
+    python = [i for i, (lang, body, _) in enumerate(blocks) if lang in _PYTHON and _has_code(body)]
+    code = {i: textwrap.dedent(blocks[i][1]) for i in python}
     if entry:
-        for i in reversed(range(len(python))):
-            if defines(python[i], entry):
-                return with_helpers(python[i], python[:i] + python[i + 1:])
-    raw = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and body.strip()]
-    labeled = [(body, indent) for lang, body, indent in blocks if lang in _PYTHON and lang and body.strip()]
-    if labeled or raw:  # a ```python block before an unlabeled one (a sample input or output shown after it)
-        body, indent = (labeled or raw)[-1]
-        if continues_prompt and entry and _is_body(_unindent(body, indent)):
-            return _unindent(body, indent)
-        return textwrap.dedent(body)
+        for i in reversed(python):
+            if defines(code[i], entry):
+                return with_helpers(code[i], [code[j] for j in python if j != i])
+    if continues_prompt and entry:  # the last body, before a later usage example ("print(f(...))")
+        for i in reversed(python):
+            body = _unindent(blocks[i][1], blocks[i][2])
+            if _is_body(body):
+                return body_with_helpers(body, [code[j] for j in python if j != i])
+    labeled = [i for i in python if blocks[i][0]]
+    if python:  # a ```python block before an unlabeled one (a sample input or output shown after it)
+        return code[(labeled or python)[-1]]
     return blocks[-1][1] if blocks else response
 
 
@@ -128,15 +138,10 @@ def _names_used(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def with_helpers(code: str, others: list[str]) -> str:
-    """`code` preceded by the top-level functions, classes and imports of `others` that it uses and does not
-    define itself, and those they use in turn (the later block's definition of a name wins); `code` alone
-    when it needs none or does not parse."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep ("1+1+...+1"): the sandbox says so
-        return code
-    defined = set().union(*(_names_bound(n) for n in tree.body)) | set(dir(builtins))
+def _needed_definitions(tree: ast.AST, bound: set[str], others: list[str]) -> list[str]:
+    """The source of the top-level functions, classes and imports of `others` that `tree` uses and that are not
+    in `bound`, and those they use in turn (the later block's definition of a name wins), in block order."""
+    defined = bound | set(dir(builtins))
     offered: dict[str, tuple[int, int, str, ast.stmt]] = {}  # name -> (block, position, source, statement)
     for b, other in enumerate(others):
         try:
@@ -155,10 +160,31 @@ def with_helpers(code: str, others: list[str]) -> str:
             continue
         wanted[name] = offered[name]
         todo += list(_names_used(offered[name][3]) - defined)
-    if not wanted:
+    return [src for _, src in sorted({(b, i): src for b, i, src, _ in wanted.values()}.items())]
+
+
+def with_helpers(code: str, others: list[str]) -> str:
+    """`code` preceded by the top-level functions, classes and imports of `others` that it uses and does not
+    define itself, and those they use in turn (the later block's definition of a name wins); `code` alone
+    when it needs none or does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # too deep ("1+1+...+1"): the sandbox says so
         return code
-    helpers = sorted({(b, i): src for b, i, src, _ in wanted.values()}.items())
-    return "\n\n".join(src for _, src in helpers) + "\n\n\n" + code
+    helpers = _needed_definitions(tree, set().union(*(_names_bound(n) for n in tree.body)), others)
+    return "\n\n".join(helpers) + "\n\n\n" + code if helpers else code
+
+
+def body_with_helpers(body: str, others: list[str]) -> str:
+    """A function's `body` (indented statements, a completion of the prompt) followed, at the top level, by the
+    definitions of `others` it uses (as `with_helpers` picks them): they are bound before the function is
+    called; `body` alone when it needs none or does not parse as a function's body."""
+    try:
+        tree = ast.parse("def _completed_function():\n" + body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return body
+    helpers = _needed_definitions(tree, set(), others)
+    return body.rstrip("\n") + "\n\n\n" + "\n\n".join(helpers) + "\n" if helpers else body
 
 
 def humaneval_preamble(prompt: str, entry: str) -> str:
@@ -210,16 +236,26 @@ def mbpp_job(solution: str, extra: dict[str, Any]) -> tuple[str, str]:
 
 LCB_FUNCTIONAL_TESTS = '''
 _cases = __test_data__
+_function = {function}
 for _i, (_args, _want) in enumerate(_cases):
-    _got = getattr(Solution(), __test_func__)(*_args)
+    _got = _function(*_args)
     if isinstance(_got, tuple):
         _got = list(_got)
     if not (_got == _want):
-        raise AssertionError(f"test {_i + 1}/{len(_cases)}: wrong answer")
+        raise AssertionError(f"test {{_i + 1}}/{{len(_cases)}}: wrong answer")
 '''
 """LiveCodeBench's call-based check (lcb_runner grade_call_based): a tuple result counts as a list, then the result
 must `==` the expected JSON value (numpy.int64(3) is 3; a nested tuple is not a list, an array's == has no truth
-value: an error, as there)."""
+value: an error, as there).  `{function}`: what is called (`lcb_function`), looked up once: one Solution() for every
+test, as there (state a method leaves on its instance is seen by the next test)."""
+
+
+def lcb_function(solution: str, func: str) -> str:
+    """What LiveCodeBench calls for a functional test: the method of a `Solution()` when the code has a
+    "class Solution" (its compile_code test, word for word), else the program's top-level function of that name."""
+    if "class Solution" in solution or not func.isidentifier() or keyword.iskeyword(func):
+        return "getattr(Solution(), __test_func__)"
+    return func
 
 
 def lcb_tests(extra: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -254,10 +290,11 @@ def _same_line(got: str, want: str) -> bool:
 
 
 def stdout_matches(got: str, want: str) -> bool:
-    """LiveCodeBench's stdin comparison (lcb_runner grade_stdio): both outputs stripped, split into lines, each
-    line stripped; the same number of lines, and each pair equal as text or as Decimal numbers."""
-    g = [ln.strip() for ln in got.strip().splitlines()]
-    w = [ln.strip() for ln in want.strip().splitlines()]
+    """LiveCodeBench's stdin comparison (lcb_runner grade_stdio): both outputs stripped, split at "\\n" (only: a
+    lone "\\r" or form feed does not end a line there), each line stripped; the same number of lines, and each pair
+    equal as text or as Decimal numbers."""
+    g = [ln.strip() for ln in got.strip().split("\n")]
+    w = [ln.strip() for ln in want.strip().split("\n")]
     return len(g) == len(w) and all(map(_same_line, g, w))
 
 
@@ -284,9 +321,10 @@ def _grade_lcb(solution: str, extra: dict[str, Any]) -> tuple[bool, str, str]:
         if not func:
             raise ValueError("functional LiveCodeBench test without a function name in the starter code")
         cpu = min(LCB_LIMITS.cpu_s * len(functional), 60.0)
-        res = run_tests(LCB_PREAMBLE + solution, LCB_FUNCTIONAL_TESTS,
+        function = lcb_function(solution, func)
+        res = run_tests(LCB_PREAMBLE + solution, LCB_FUNCTIONAL_TESTS.format(function=function),
                         data={"__test_data__": [_functional_case(t) for t in functional], "__test_func__": func},
-                        call_timeout_s=LCB_CALL_TIMEOUT_S,
+                        program_names=(func,) if function == func else (), call_timeout_s=LCB_CALL_TIMEOUT_S,
                         limits=SandboxLimits(cpu_s=cpu, wall_s=cpu + 10))
         if not res.passed:
             return False, f"failed ({which}, {n} tests): {res.error}", which

@@ -2,7 +2,7 @@
 with the gold answer by math-verify (LaTeX / expression equivalence); AIME answers are integers 0-999.
 
     step                        code
-    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{}, with the boxes joined to it
+    final answer of a response  extract_final_answer (last \\boxed{} / \\fbox{} not empty, with the boxes joined to it
                                 by ",", "and", "or" as math-verify joins them: "$x=\\boxed{2}$ or
                                 $x=\\boxed{3}$" is the list "2, 3"; else what follows
                                 "final answer is", "answer:", "####", "answer is": a display formula
@@ -13,7 +13,8 @@ with the gold answer by math-verify (LaTeX / expression equivalence); AIME answe
                                 42 ways." -> 42.  The grade's detail says which one was used.
     equivalence                 same normalized string, else math_verify.verify(parse(gold), parse(answer));
                                 an answer that is a number followed by unit words ("12 cm^2", "5 meters",
-                                which math-verify reads as 12*c*m^2) is compared by its number
+                                which math-verify reads as 12*c*m^2) is compared by its number; one written
+                                wholly as text ("\\text{5 inches}", "\\text{0.5}") by the math inside
     AIME                        integers compared as integers (gold "336^\\circ" -> 336)
 
 math-verify bounds its work with signal.alarm, which exists only in the main thread: off the main thread
@@ -45,9 +46,14 @@ _MARKUP = "*_ \t"
 _INLINE_MATH = re.compile(r"\$|\\\(")
 
 
+_EMPTY_BOX = re.compile(r"\s*\}")
+"""A box with nothing in it ("\\boxed{}"): the instruction "put your final answer within \\boxed{}" echoed, no
+answer."""
+
+
 def _closed_boxes(text: str) -> list[tuple[int, int, int]]:
     """(where the macro starts, where its content starts, its closing brace) of each \\boxed{...} / \\fbox{...}
-    whose braces balance, in order."""
+    whose braces balance and that holds something, in order."""
     found = [(m.start(), m.end()) for m in _BOXED.finditer(text)]
     if not found:
         return []
@@ -57,7 +63,8 @@ def _closed_boxes(text: str) -> list[tuple[int, int, int]]:
             open_at.append(m.start())
         elif open_at:
             closing[open_at.pop()] = m.start()
-    return [(macro, start, closing[start - 1]) for macro, start in found if start - 1 in closing]
+    return [(macro, start, closing[start - 1]) for macro, start in found
+            if start - 1 in closing and not _EMPTY_BOX.match(text, start)]
 
 
 def last_boxed(text: str) -> str | None:
@@ -159,8 +166,23 @@ does not match fails at once (a word that may split anywhere made "1 aaaa...a!" 
 _NOT_UNITS = {"pi", "sin", "cos", "tan", "log", "ln", "exp", "sqrt", "or", "and", "to", "times", "plus", "minus"}
 
 
+_IN_TEXT = re.compile(r"\s*\\(?:text(?:rm|bf|normal)?|mbox|mathrm)\s*\{([^{}]*)\}(\^\{?\d\}?)?\s*\.?\s*")
+"""An answer written wholly as text, with a number in it ("\\text{5 inches}", "\\text{0.5}", "\\mbox{5 cm}^2"):
+math-verify reads it as a string (or "5inches"), never as the number."""
+
+
 def equivalent(gold: str, answer: str) -> bool:
-    """Is `answer` the same mathematical object as `gold` (math-verify; same normalized text counts)?"""
+    """Is `answer` the same mathematical object as `gold` (math-verify; same normalized text counts)?  An answer
+    written wholly as text with a number in it is also read as the math it writes ("\\text{5 inches}" is 5 inches,
+    read as 5)."""
+    if _equivalent_as_written(gold, answer):
+        return True
+    text = _IN_TEXT.fullmatch(answer)
+    return bool(text and re.search(r"\d", text.group(1))) and _equivalent_as_written(
+        gold, text.group(1) + (text.group(2) or ""))
+
+
+def _equivalent_as_written(gold: str, answer: str) -> bool:
     if normalize(gold) == normalize(answer):
         return True
     timeout = _timeout()

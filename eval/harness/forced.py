@@ -10,7 +10,9 @@ gets ONE greedy continuation on the same runtime (engine or server) as the metho
     graded   = response text + forcing text + forced text, by the dataset's grader (`eval.graders.grade`),
                exactly as a response is graded, but only the answer the forcing text opens (`graded_text`):
                math: the continuation up to the brace that closes the box the forcing text opens, so a later box
-               (a next problem's "\\boxed{43}", a restart) cannot override it; mc: up to the end of its first
+               (a next problem's "\\boxed{43}", a restart) cannot override it; a box never closed ends where its
+               answer does ("42$ ...", "42\\n...", "42. ...") and is closed there, so its answer is graded, not an
+               earlier box of the response or the rambling after it; mc: up to the end of its first
                non-blank line, so a later line (the options of a next question, "A) ...", a restart) cannot
                override it
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...programs.completions import CompletionRequest, ProgramCompletionModel
+from ..graders import REASONING_END
 from .eos import cut_at_eos
 
 
@@ -95,21 +98,37 @@ def forced_text(forced: ForcedAnswer, continuation_text: str) -> str:
     return forced.text + continuation_text
 
 
+_ANSWER_END = re.compile(r"(?<!\\)\$|\n|(?<!\.)\.(?=\s|$)")
+"""Where an answer in a box that never closes ends: the "$" closing the inline math the forcing text opened (not
+an escaped "\\$"), a line break, or a sentence's full stop ("42. This is because ...")."""
+
+
 def through_closing_brace(text: str) -> str:
     """`text` up to and including the "}" that closes a brace opened before it (braces counted as the math grader
-    balances them, escaped or not); all of it when that brace never closes."""
+    balances them, escaped or not).  When that brace never closes: `text` up to the end of the answer
+    (`_ANSWER_END`, outside braces opened in it, or the end of `text`) with the braces still open there closed,
+    so the grader reads what was written inside the box ("42$ and the next ..." -> "42}"); all of it unchanged
+    when nothing but spaces is written before that end (no forced answer: the response's own is graded)."""
     depth = 1
     for i, c in enumerate(text):
         depth += (c == "{") - (c == "}")
         if depth == 0:
             return text[:i + 1]
-    return text
+    depth, end, first = 1, len(text), len(text) - len(text.lstrip())  # the answer may start on a later line
+    for i, c in enumerate(text):
+        if depth == 1 and i >= first and _ANSWER_END.match(text, i):
+            end = i
+            break
+        depth += (c == "{") - (c == "}")
+    answer = text[:end].rstrip()
+    return answer + "}" * (answer.count("{") - answer.count("}") + 1) if answer.strip() else text
 
 
 def graded_text(forced: ForcedAnswer, continuation_text: str) -> str:
-    """What of the forced pass is graded after the response: the forcing text and the continuation, cut after its
-    first non-blank line where `forced.first_line`, after the brace closing the opened box where
-    `forced.closes_box`."""
+    """What of the forced pass is graded after the response: the forcing text and the continuation, cut where the
+    continuation closes a reasoning block ("</think>": the grader reads past the last one), then after its first
+    non-blank line where `forced.first_line`, after the brace closing the opened box where `forced.closes_box`."""
+    continuation_text = continuation_text.split(REASONING_END, 1)[0]  # graded past the reasoning: cut there
     if forced.first_line:
         continuation_text = re.sub(r"(?s)(\S[^\n]*)\n.*", r"\1", continuation_text, count=1)
     if forced.closes_box:

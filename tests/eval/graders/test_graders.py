@@ -80,3 +80,20 @@ def test_letter_extraction_is_robust():
     assert extract_choice("the answer is a number, so (B)") == "B"
     assert extract_choice("Answer: E", num_choices=4) is None
     assert extract_choice("I cannot tell") is None
+
+
+@needs_data
+def test_a_reasoning_models_answer_is_read_past_its_thinking():
+    """A tentative answer inside <think>...</think> is not the answer the response gives (lighteval and
+    lm-eval-harness strip the reasoning); it was read first: the thinking's box over the final phrase, its explicit
+    'the answer is A?' over the final mention."""
+    m = next(p for p in _load("math500") if p.answer == "10")
+    wrong = "9" if m.answer != "9" else "8"
+    assert grade(m, f"<think>Maybe \\boxed{{{wrong}}}? Let me recount.</think>\n\nThe final answer is 10.").correct
+    assert not grade(m, "<think>So \\boxed{10}, I think.</think>\n\nThe final answer is 11.").correct
+    q = _load("mmlu")[0]
+    other = "A" if q.answer != "A" else "B"
+    assert grade(q, f"<think>So the answer is {other}? Hmm.</think>\n\nI would say ({q.answer}) fits best.").correct
+    assert not grade(q, f"<think>So the answer is {q.answer}.</think>\n\nI would say ({other}) fits best.").correct
+    # no closing tag (no reasoning, or cut inside it): the whole response, as before
+    assert grade(m, f"<think>Counting again, \\boxed{{10}}").correct

@@ -36,6 +36,15 @@ RIGHT = [
     ("Therefore, the answer is:\n\\[\n\\frac{1}{2}\n\\]", r"\frac12"),
     ("The answer is:\n\n$$\\frac{1}{2}$$", r"\frac12"),
     ("**Final Answer:** (1, 2)", "(1,2)"),
+    # the answer written wholly as text (math-verify read a string, or "5inches", never the number: graded wrong)
+    (r"The length is $\boxed{\text{5 inches}}$.", "5"),
+    (r"\boxed{\text{0.5}}", r"\frac12"),
+    (r"\boxed{\mbox{15 cm}^2}", r"15\mbox{ cm}^2"),  # MATH500's own gold writes \mbox
+    (r"\boxed{\text{x = 5}}", "x=5"),
+    # the instruction echoed after the answer: its empty box is no answer (it was read, as "", and graded wrong)
+    ("So the answer is $\\boxed{42}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
+     "42"),
+    (r"Thus \boxed{42} \boxed{ }", "42"),
 ]
 WRONG = [
     (r"\boxed{3/5}", r"\frac{3}{4}"),
@@ -52,6 +61,11 @@ WRONG = [
     ("The answer is 41, since I miscounted; the true count is 42.", "42"),
     ("Therefore, the answer is:\n\\[\n\\frac{1}{3}\n\\]", r"\frac12"),
     ("**Final Answer:** (2, 1)", "(1,2)"),
+    (r"\boxed{\text{6 inches}}", "5"),
+    (r"\boxed{\text{0.6}}", r"\frac12"),
+    (r"\boxed{\text{5 or 6}}", "5"),
+    ("So the answer is $\\boxed{41}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
+     "42"),
 ]
 
 

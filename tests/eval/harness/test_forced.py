@@ -136,6 +136,42 @@ def test_the_math_forced_pass_reads_the_box_the_forcing_text_opens(continuation,
     assert extract_final_answer("So we compute" + graded_text(FORCED_ANSWERS["math"], continuation)) == answer
 
 
+@pytest.mark.parametrize("response,continuation,answer", [
+    ("So we compute", "42$", "42"),  # the math closed, the box not
+    ("Trying $x=3$ gives $\\boxed{9}$, which fails.", "42$", "42"),  # not the response's earlier box
+    ("So we compute", "42$ and the next problem asks for 43 + 1, which is 44", "42"),  # not the rambling's number
+    ("So we compute", "42\n\nProblem 2: compute 6+1. Answer: 7", "42"),  # a line break ends it
+    ("So we compute", "42. This holds since 6 times 7 is 42 and 7 times 7 is 49", "42"),  # so does a sentence
+    ("So we compute", "\\frac{1}{2}$. To see this, note that 3", "\\frac{1}{2}"),  # braces inside the box
+    ("So we compute", "\\$18.90$ in all", "\\$18.90"),  # an escaped dollar is part of the answer
+    ("So we compute", "3.5$", "3.5"),  # a decimal point is not a full stop
+    ("Trying $\\boxed{9}$ fails.", "\n\n42\n\nNext", "42"),  # the answer on a line of its own
+])
+def test_a_forced_box_that_never_closes_is_graded_on_the_answer_written_in_it(response, continuation, answer):
+    """The continuation never closes the box the forcing text opened: the whole of it was graded, so the response's
+    earlier box, or whatever the rambling wrote last, was read instead of the forced answer ("42$" alone read
+    "\\boxed{42", and math-verify found nothing in it).  By hand: the answer is what was written in the box, up to
+    where the math, line or sentence ends."""
+    assert extract_final_answer(response + graded_text(FORCED_ANSWERS["math"], continuation)) == answer
+
+
+def test_a_forced_answer_ends_where_the_continuation_closes_its_reasoning():
+    """A response cut inside its thinking gets the forcing text; a continuation that then closes the reasoning
+    ("C)</think>") must keep its answer: the grader reads past the last "</think>", which left nothing to read."""
+    from forerun.eval.graders import after_reasoning
+
+    mc = after_reasoning("<think>I ponder" + graded_text(FORCED_ANSWERS["mc"], "C)</think>\n\nThe answer is (A)"))
+    assert extract_choice(mc) == "C"
+    math = after_reasoning("<think>I ponder" + graded_text(FORCED_ANSWERS["math"], "42</think> so \\boxed{43}"))
+    assert extract_final_answer(math) == "42"
+
+
+def test_an_empty_forced_box_leaves_the_responses_own_answer():
+    """Nothing written in the box (no room left, or "$" at once): no forced answer, the response's is graded."""
+    for continuation in ("", "  ", "$ is undefined"):
+        assert extract_final_answer("So $\\boxed{7}$." + graded_text(FORCED_ANSWERS["math"], continuation)) == "7"
+
+
 def test_a_later_box_of_the_forced_continuation_does_not_override_its_answer(tmp_path, capsys, monkeypatch):
     seen = _stub_method_and_continuation(monkeypatch)
     gold = load_prompts("math500", limit=1)[0].answer

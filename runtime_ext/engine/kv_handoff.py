@@ -8,7 +8,9 @@ tokens are paid from the row's reservation, and the reservation shrinks to what 
 the tree plus what it may still generate.  The prompt a row's prefill computed moves so
 (`prefill.compute_prompt_kv`).  Inserting it from free room instead charged the prompt twice (once in the
 reservation, once in the tree) until the row finished: the engine admitted fewer rows than its budget holds, and
-the tree took only part of a prompt once the reservations filled the budget.
+the tree took only part of a prompt once the reservations filled the budget.  So do the generated tokens a
+streamed child shares from its running parent (`row_streams`): the parent then reads them from the tree
+(`read_from_tree`) instead of keeping them in its buffer beside the tree's copy until it finished.
 
 The transformers fallback copies its whole prefix into the row's buffer: there the tree's copy is a second one
 and takes free room only (`hand_row_kv_to_tree` is not used).
@@ -30,7 +32,7 @@ import torch
 from .admission import row_demand
 from .batch import RunningBatch
 from .forward import TOKEN_AXIS, all_finite
-from .radix_cache import RadixCache, RadixNode
+from .radix_cache import RadixCache, RadixNode, path_kv
 from .requests import Request
 
 
@@ -59,6 +61,16 @@ def settle_reservation(radix: RadixCache, r: Request, covered: int) -> None:
         raise RuntimeError(f"embedded engine: row {r.rid} would need {keep} KV tokens, {r.reserved} reserved")
     radix.release(r.reserved - keep)
     r.reserved = keep
+
+
+def read_from_tree(radix: RadixCache, r: Request, node: RadixNode) -> None:
+    """Running row r reads the KV of `node`'s path in place from now on, as its prefix (its buffer columns keep only
+    the tokens after it, the newest ones, where they are): its lock moves to `node`."""
+    radix.lock(node)
+    if r.node is not None:
+        radix.unlock(r.node)
+    r.node = node
+    r.prefix, r.prefix_len = path_kv(node), node.depth
 
 
 def cache_finished_row(radix: RadixCache, batch: RunningBatch, r: Request) -> None:

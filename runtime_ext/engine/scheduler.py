@@ -384,6 +384,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
     def _take_admissible(self) -> list[Request]:
         """Dequeue what starts now (see `admission.take_admissible`); fail what can never start."""
         with self._cv:
+            self._share_from_parents()  # a streamed child is charged only what it adds to its running parent
             take, failed = take_admissible(
                 self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
                 free_background_rows=self.config.max_batch_size - len(self._background),
@@ -410,7 +411,6 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
     def _prefill(self, r: Request) -> list[torch.Tensor] | None:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
-        self._share_from_parent(r)
         span = prefill_span(r)
         if self._yielding and r.priority >= 0 and not r.decodes:  # a user pin / logits request: its KV first
             node = self.radix.deepest_cached(r.input_ids[: span.need])

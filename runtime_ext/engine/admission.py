@@ -7,10 +7,12 @@ prefix is already counted in the tree and stays resident while the row runs (the
 and the admission locks it until then, `hold_prefix`), so the row is charged only for the tokens it adds -
 charging the prefix again refused a request next to a pin of its own prompt, or one whose prompt extends a
 cached unlocked prefix, that fits.  A decoding request reserves the most KV its row will ever hold when it is
-admitted and releases it when it leaves; the radix tree only caches what the reservations leave free
-(`RadixCache.reserved`), so
+admitted and releases it when it leaves; KV the row hands to the tree and then reads in place (its prompt at
+its prefill) is paid from that reservation, which shrinks to what the row still holds outside the tree plus what
+it may still generate (`kv_handoff`: each token counted once).  The radix tree caches nothing else beyond what
+the reservations leave free (`RadixCache.reserved`), so
 
-    radix.total_tokens + Σ_running own KV  <=  radix.total_tokens + radix.reserved  <=  max_total_tokens.
+    radix.total_tokens + Σ_running KV outside the tree  <=  radix.total_tokens + radix.reserved  <=  max_total_tokens.
 
     notion                                       code
     KV a decoding row holds at most              row_demand(r) = len(prompt) - 1 + max_new_tokens

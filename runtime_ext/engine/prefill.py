@@ -24,6 +24,7 @@ import torch
 from ..protocol import EngineError
 from .admission import release_held_prefix
 from .forward import TOKEN_AXIS, all_finite, copy_segments, empty_kv_buffer
+from .kv_handoff import hand_row_kv_to_tree, settle_reservation
 from .output import top_entries
 from .radix_cache import RadixCache, path_kv
 from .requests import Request, RequestMode
@@ -92,6 +93,8 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     r.cached_tokens = m = match.length
     segments = list(match.segments)
     if need <= m:
+        if share_prefix and r.decodes:  # read in place, all of it: what was reserved for the prompt is free
+            settle_reservation(radix, r, m)
         return PromptKV(segments, covered=m, logits=None, logits_from=need)
     keep = max(need - max(span.first_logit, m), 1)
     x = torch.tensor([ids[m:need]], dtype=torch.long)
@@ -110,7 +113,10 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
     counters["prefill_calls"] += 1
     if not all_finite(logits) or not all_finite(new_kv):
         raise EngineError(f"request {r.rid}: the model produced NaN/inf logits or KV during prefill")
-    node, covered = radix.insert(ids[:need], new_kv, offset=m)
+    if share_prefix and r.decodes:  # the tree's copy replaces the row's: paid from its reservation
+        node, covered = hand_row_kv_to_tree(radix, r, ids[:need], new_kv, offset=m)
+    else:  # nothing reserved, or the row keeps its own copy (the fallback): the tree's takes free room
+        node, covered = radix.insert(ids[:need], new_kv, offset=m)
     radix.lock(node)
     radix.unlock(r.node)
     r.node = node

@@ -82,6 +82,7 @@ class Request:
     # streaming (runtime extension, `row_streams`): progress listener and the running row to share KV from
     listener: Any = None
     share_from: str | None = None
+    """rid of the running row whose KV this request's prompt starts with; cleared once shared (before admission)."""
 
     @property
     def input_logprob_start(self) -> int:

@@ -45,6 +45,7 @@ from .forward import TOKEN_AXIS, all_finite, forward_on_buffer, plan_forward
 from .models import LoadedModel, load_model
 from .decode import Finished, sample_step
 from .grammar import EngineGrammars
+from .kv_handoff import cache_finished_row
 from .output import build_output
 from .prefill import PromptKV, compute_prompt_kv, fill_input_logprobs, prefill_span
 from .radix_cache import RadixCache, RadixNode
@@ -383,6 +384,7 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
     def _take_admissible(self) -> list[Request]:
         """Dequeue what starts now (see `admission.take_admissible`); fail what can never start."""
         with self._cv:
+            self._share_from_parents()  # a streamed child is charged only what it adds to its running parent
             take, failed = take_admissible(
                 self._waiting, self.radix, free_rows=self.config.max_batch_size - len(self._normal),
                 free_background_rows=self.config.max_batch_size - len(self._background),
@@ -409,7 +411,6 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
     def _prefill(self, r: Request) -> list[torch.Tensor] | None:
         """Reuse the cached prefix, compute the rest of the prompt KV, then complete r by its mode: the
         row's KV segments when r goes on to decode, None when it finished here."""
-        self._share_from_parent(r)
         span = prefill_span(r)
         if self._yielding and r.priority >= 0 and not r.decodes:  # a user pin / logits request: its KV first
             node = self.radix.deepest_cached(r.input_ids[: span.need])
@@ -479,22 +480,5 @@ class EmbeddedEngine(PinsMixin, StreamingMixin):
         for r, cache in rows:
             release_reservation(self.radix, r)
             if cache:
-                self._cache_finished(batch, r)
+                cache_finished_row(self.radix, batch, r)
         batch.leave([r for r, _ in rows])
-
-    def _cache_finished(self, batch: RunningBatch, r: Request) -> None:
-        """Insert prompt + output KV (all fed tokens) into the radix tree; move the request's lock there."""
-        seq = r.input_ids + tuple(r.output_ids[:-1])
-        assert len(seq) == r.kv_len
-        kv = batch.row_kv(r)  # tokens [prefix_len, kv_len): the row's own KV
-        if not all_finite(kv[:, :, :, -len(r.output_ids):]):
-            return
-        try:
-            node, _ = self.radix.insert(seq, kv, offset=r.prefix_len)
-        except ValueError:  # part of the prefix is not in the tree (it did not fit): give all the KV
-            node, _ = self.radix.insert(seq, torch.cat([*r.prefix, kv], dim=TOKEN_AXIS), offset=0)
-        self.radix.lock(node)
-        if r.node is not None:
-            self.radix.unlock(r.node)
-        r.node = node
-        r.prefix = []

@@ -21,6 +21,7 @@ from forerun.runtime_ext.engine import (
 )
 from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import Engine, EngineError, SamplingParams
+from forerun.testing.kv_memory import held_tokens
 from forerun.testing.transformers_oracle import norms_in_model_dtype
 
 TOL = 1e-10
@@ -673,16 +674,6 @@ def test_late_stop_string_found_past_the_tail_window(engine):
     pytest.skip("no clean 3-character stop string found after position 40")
 
 
-def _pool_tokens(eng):
-    """Independent count of the KV the engine holds: every tree node's KV tensor plus every running row."""
-    stack, cached = list(eng.radix.root.children.values()), 0
-    while stack:
-        node = stack.pop()
-        cached += node.kv.shape[3]
-        stack.extend(node.children.values())
-    return cached + sum(r.kv_len for b in (eng._normal, eng._background) for r in b.rows)
-
-
 def test_kv_pool_use_counts_a_prefix_rows_read_in_place_once():
     """Rows that read one cached prefix in place hold one copy of it: the pool use (the tree's KV plus each row's
     KV outside it) is the pinned root + the rows' generated tokens, within the budget - not the root once per row."""
@@ -701,8 +692,9 @@ def test_kv_pool_use_counts_a_prefix_rows_read_in_place_once():
 
 
 def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
-    """8 threads of 50-370-token requests under a 600-token budget: the KV held (prefixes + running rows)
-    never exceeds it, requests queue instead, and every request finishes."""
+    """8 threads of 50-370-token requests under a 600-token budget: the KV held (the tensors alive in the tree
+    and the running rows, each storage once: `kv_memory.held_tokens`) never exceeds it, requests queue instead,
+    and every request finishes."""
     budget = 600
     with EmbeddedEngine(load_model("tiny"), EngineConfig(max_total_tokens=budget, batch_window_ms=0)) as eng:
         peaks, rows_seen = [], []
@@ -710,12 +702,12 @@ def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
 
         def watched_step(batch):
             step(batch)
-            peaks.append(_pool_tokens(eng))
+            peaks.append(held_tokens(eng))
             rows_seen.append(len(eng._normal) + len(eng._background))
 
         def watched_admit():
             admit()
-            peaks.append(_pool_tokens(eng))
+            peaks.append(held_tokens(eng))
 
         eng._step, eng._admit = watched_step, watched_admit
         rng = np.random.default_rng(0)
@@ -734,17 +726,6 @@ def test_kv_budget_counts_running_rows_and_queues_what_does_not_fit():
         assert st["radix_reserved_tokens"] == 0 and st["active_rows"] == 0 and st["queued"] == 0
         with pytest.raises(EngineError, match="can never fit"):
             eng.generate(list(range(100)), SamplingParams(max_new_tokens=502))
-
-
-def _own_pool_tokens(eng):
-    """The KV the engine holds, each token once: every tree node's KV plus each running row's own columns (a
-    row reads its cached prefix in place)."""
-    stack, cached = list(eng.radix.root.children.values()), 0
-    while stack:
-        node = stack.pop()
-        cached += node.kv.shape[3]
-        stack.extend(node.children.values())
-    return cached + sum(r.kv_len - r.prefix_len for b in (eng._normal, eng._background) for r in b.rows)
 
 
 P_PINNED = [(7 * i) % 250 + 1 for i in range(331)]
@@ -797,11 +778,11 @@ def test_an_admitted_requests_cached_prefix_is_not_evicted_before_its_prefill():
 
         def watched_step(batch):
             step(batch)
-            peaks.append(_own_pool_tokens(eng))
+            peaks.append(held_tokens(eng))
 
         def watched_admit():
             admit()
-            peaks.append(_own_pool_tokens(eng))
+            peaks.append(held_tokens(eng))
 
         eng._step, eng._admit = watched_step, watched_admit
         a, b = eng.generate_batch([(prefix + [5, 6], SamplingParams(max_new_tokens=40, seed=1, ignore_eos=True)),

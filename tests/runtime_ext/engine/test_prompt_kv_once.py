@@ -136,19 +136,19 @@ def test_a_row_reading_a_node_that_a_later_request_splits_holds_its_prompt_once(
     assert [bits(out_a), bits(out_b)] == alone([a, b])
 
 
-def test_a_prompt_the_tree_takes_only_in_part_is_still_held_once():
-    """A 400-token budget: the row's 306-token reservation leaves the tree room for 94 of its 300 prompt tokens.  The
-    row reads those from the tree and keeps only the other 206 itself: 300 tokens held, not the tree's 94 beside
-    the whole 300 of its prefill."""
+def test_a_rows_prompt_goes_whole_into_the_tree_and_is_held_once():
+    """A 400-token budget, a 300-token prompt and 6 new tokens: the row holds 306 tokens at most, so the tree takes
+    the whole prompt (paid from the row's reservation) and the row reads it in place: 300 tokens held.  The prompt
+    used to be charged twice, in the row's 306-token reservation and again in the tree, so the tree took only 94
+    of its 300 tokens (400 - 306) and the row kept the other 206 itself."""
     request = (PROMPT + [5], SamplingParams(max_new_tokens=6, seed=5, ignore_eos=True))
     with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=400)) as eng:
         if not eng._normal.share_prefix:
             pytest.skip("rows copy their prefix without the native forward")
         seen = watch_steps(eng)
         out = eng.generate(*request)
-        trees = {tree for _, tree in seen[:2]}
-        assert len(trees) == 1 and 0 < trees.pop() < 300  # the tree took part of the prompt only
-        assert seen[0][0] == 300 and seen[1][0] == 300, seen
+        assert seen[0] == (300, 300) and seen[1] == (300, 300), seen  # (held, the tree's tokens)
+        assert eng.stats()["radix_skipped_tokens"] == 0
         check_against_oracle(eng, out)
     assert [bits(out)] == alone([request])
 

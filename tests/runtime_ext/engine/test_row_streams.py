@@ -5,6 +5,8 @@ PreSTO on the tiny engine gives the sequential chain."""
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 
 import pytest
 
@@ -15,6 +17,7 @@ from forerun.runtime_ext.engine import EmbeddedEngine, EngineConfig
 from forerun.runtime_ext.engine.models import load_model
 from forerun.runtime_ext.protocol import EngineError, SamplingParams, StreamingEngine
 from forerun.testing.chains import assert_same_chain
+from forerun.testing.kv_memory import fed_tokens, held_outside_tree, held_tokens, running_rows, tree_storages
 
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
@@ -199,3 +202,130 @@ def test_default_model_streaming_chains_are_the_sequential_chains(dtype):
             b = make_sampler(pm, cfg, presto=True, prefetch=PrefetchConfig(budget=20, streaming=True)).run(prompt)
             assert_same_chain(a, b, kind)
             assert list(a.state.logp0) == list(b.state.logp0)
+
+
+
+def kv_holders(eng) -> Counter:
+    """{token prefix: how many copies of its last token's KV are alive}: one per tree path prefix, plus each running
+    row's prefix segments the tree does not hold and its own buffer columns, placed by the row's fed token ids (a
+    prefix's KV is the same bits whoever holds it)."""
+    holders, tree, stack = Counter(), tree_storages(eng), [(node, ()) for node in eng.radix.root.children.values()]
+    while stack:
+        node, above = stack.pop()
+        path = above + node.key
+        holders.update(path[:i] for i in range(len(above) + 1, len(path) + 1))
+        stack.extend((child, path) for child in node.children.values())
+    for r in running_rows(eng):
+        fed, pos = (tuple(r.input_ids) + tuple(r.output_ids))[: fed_tokens(r)], 0
+        for t in r.prefix:
+            n = int(t.shape[3])
+            if t.untyped_storage().data_ptr() not in tree:
+                holders.update(fed[:i] for i in range(pos + 1, pos + n + 1))
+            pos += n
+        holders.update(fed[:i] for i in range(pos + 1, len(fed) + 1))  # its own columns
+    return holders
+
+
+class KVWatch:
+    """After every decode step (from a row listener): the KV alive (`held_tokens`, from the storages) is the copies
+    `kv_holders` places, and no token prefix has two copies but a child's whole prompt (GENERATE feeds the prompt's
+    last token at the first step: a child computes that token's KV itself, beside the parent's or a sibling's);
+    each row's reservation is what it holds outside the tree plus what it may still generate.  What differed."""
+
+    def __init__(self, eng):
+        self.eng, self.problems, self.child_prompts = eng, [], set()
+
+    def __call__(self) -> None:
+        eng, tree = self.eng, tree_storages(self.eng)
+        step, holders = eng._counters["decode_steps"], kv_holders(eng)
+        if held_tokens(eng) != sum(holders.values()):
+            self.problems.append(f"step {step}: {held_tokens(eng)} tokens of KV, {sum(holders.values())} placed")
+        twice = sorted(len(p) - 1 for p, n in holders.items() if n > 1 and p not in self.child_prompts)
+        if twice:
+            self.problems.append(f"step {step}: KV of positions {twice} held twice")
+        for r in running_rows(eng):
+            mine, more = held_outside_tree(r, tree), r.params.max_new_tokens - len(r.output_ids)
+            if r.reserved != mine + more:
+                self.problems.append(f"{r.rid}: reserved {r.reserved}, holds {mine} outside the tree, {more} to come")
+
+
+def run_family(eng, parent_prompt, parent_new, children):
+    """Stream a parent row and, once it has generated j tokens, each child (rid, j, seed, new): prompt = parent
+    prompt + those j tokens, `new` tokens, share_from the parent.  Returns ({rid: output}, {rid: (prompt, params)},
+    the KVWatch)."""
+    listen, watch, asked = Collector(), KVWatch(eng), {"parent": (parent_prompt, params(parent_new, 5))}
+
+    def start_children(events):
+        watch()
+        for e in events:
+            for rid, j, seed, new in children:
+                if e.rid == "parent" and len(e.output_ids) == j and rid not in asked:
+                    asked[rid] = (parent_prompt + list(e.output_ids), params(new, seed))
+                    watch.child_prompts.add(tuple(asked[rid][0]))
+                    eng.submit_stream(*asked[rid], rid=rid, listener=listen, share_from="parent")
+
+    listen.on_progress = start_children
+    eng.submit_stream(*asked["parent"], rid="parent", listener=listen)
+    deadline = time.monotonic() + 60
+
+    def finished():
+        last = listen.last_of_each()
+        return set(last) == set(asked) and all(e.finished for e in last.values())
+
+    while not finished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert finished()
+    last = listen.last_of_each()
+    return {rid: e.output for rid, e in last.items()}, asked, watch
+
+
+def assert_alone(outs, asked, dtype="float64"):
+    """Each request's tokens and log p0 bits are those of the request run alone in a fresh engine."""
+    with EmbeddedEngine(load_model("tiny", dtype=dtype), EngineConfig(batch_window_ms=0.0)) as fresh:
+        for rid, (prompt, p) in asked.items():
+            ref = fresh.generate(prompt, p)
+            assert outs[rid].output_ids == ref.output_ids, rid
+            assert list(outs[rid].output_logp0) == list(ref.output_logp0), rid
+
+
+def native_engine(dtype="float64", **config):
+    eng = EmbeddedEngine(load_model("tiny", dtype=dtype), EngineConfig(**{"batch_window_ms": 0.0, **config}))
+    if not eng._normal.share_prefix:
+        eng.close()
+        pytest.skip("the transformers fallback copies every row's prefix into its own buffer")
+    return eng
+
+
+PARENT = [(5 * i) % 200 + 9 for i in range(60)]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_streamed_children_and_their_running_parent_hold_the_shared_kv_once(dtype):
+    """A parent row decodes 40 tokens; as PreSTO streaming does, children start from its prompt + its first j tokens
+    once it has them: two at j = 8 (the second reads what the first shared) and one at j = 20, the first two
+    finishing before the parent, the last after it.  No KV is held twice (`KVWatch`: the parent reads what it
+    shared from the tree), each row's reservation is what it holds outside the tree plus what it may still
+    generate, and every row's bits equal its request run alone.  The parent kept its generated tokens in its own
+    buffer beside the tree's copy the children read (8, then 20 tokens held twice, and charged twice) until it
+    finished."""
+    with native_engine(dtype) as eng:
+        outs, asked, watch = run_family(eng, PARENT, 40, [("c8", 8, 101, 12), ("c8b", 8, 106, 12), ("c20", 20, 103, 30)])
+        assert eng.stats()["stream_shared_tokens"] == 8 + 8 + 20
+        assert not watch.problems, watch.problems[:4]
+    # a child's first token differs from the parent's at that position (else their KV would coincide by chance)
+    assert all(outs[rid].output_ids[0] != outs["parent"].output_ids[j] for rid, j in (("c8", 8), ("c8b", 8), ("c20", 20)))
+    assert outs["c8"].output_ids[0] != outs["c8b"].output_ids[0]
+    assert_alone(outs, asked, dtype)
+
+
+def test_a_streamed_child_is_charged_only_what_it_adds_to_its_running_parent():
+    """Budget 124: the parent (60-token prompt, 40 new) holds 99 tokens at most; a child from its prompt + first 20
+    tokens reads 79 of them in place and adds its last prompt token and 24 more: 25.  It was charged the 20 parent
+    tokens of its prompt as well (their KV went into the tree only at its prefill), so it waited for the parent to
+    finish and shared nothing.  It runs beside the parent, shares the 20 tokens, and the KV alive stays within 124."""
+    with native_engine(max_total_tokens=124) as eng:
+        outs, asked, watch = run_family(eng, PARENT, 40, [("c20", 20, 103, 25)])
+        assert eng.stats()["stream_shared_tokens"] == 20 and eng.stats()["max_batch_rows"] == 2
+        assert eng.stats()["peak_kv_pool_tokens"] <= 124
+        assert not watch.problems, watch.problems[:4]
+    assert_alone(outs, asked)

@@ -186,6 +186,7 @@ class Prepositioner:
         """Pre-position each entry in turn while the state is still the version the job was queued for."""
         installed = 0
         try:
+            self._release_invalidated_pins()  # before B is read: they are no live state
             for entry, role in jobs:
                 if not self._still_current(job, session, version):
                     break  # a newer update arrived: nothing more is computed for this one
@@ -277,6 +278,16 @@ class Prepositioner:
         a release is bookkeeping after a mutation that already happened."""
         for handle in session.take_released_pins():
             self._unpin_quietly(handle)
+
+    def _release_invalidated_pins(self) -> None:
+        """Unpin every tracked session's invalidated or refused pre-positions (`release_pins`).  A mutation or
+        close of a bare `SessionState` cannot unpin them itself, and the engine counts a pin as held until it
+        is released: left in place they shrink B (`kv_headroom`), and the next decision point, of this session
+        or another, is skipped for the room a stale pre-position still takes."""
+        with self._sessions_lock:
+            sessions = list(self._sessions)
+        for s in sessions:
+            self.release_pins(s)
 
     def _forward_ready(
         self, version: int, state: tuple[int, ...], entry: tuple[int, ...], role: Role

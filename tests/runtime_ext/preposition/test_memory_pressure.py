@@ -207,3 +207,28 @@ def test_serving_a_standing_query_whose_pin_the_engine_dropped_gives_the_fresh_a
             s.close()
             pp.close()
         assert eng.stats()["pins"] == 0  # the session's pin released; unpin of a dropped pin is a no-op
+
+
+def test_an_invalidated_pre_position_gives_its_room_back_to_the_next_one():
+    """A bare `SessionState`'s mutation or close cannot unpin its pre-positions (the session does not know the
+    engine).  Their pins stayed held until a later install or fall-through serve of that session, so B (the engine's
+    free pool, read when a job runs) still counted them: the next decision point of the same session, or of another
+    one, was skipped for the room a stale pre-position took.  Oracle: the pool arithmetic below and a plain
+    transformers forward for the served token."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=60)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+        entry = [200, 201, 202, 203]
+        s = SessionState(list(range(1, 31)), frozen_len=4)
+        assert pp.preposition(s, entry)  # pins state ‖ E: 34 of the 60 tokens
+        s.shift_window(1)  # invalidates it; the new pass holds 29 + 4 = 33 > the 26 the stale pin leaves free
+        assert pp.preposition(s, entry) and s.counters.skipped == 0
+        r = pp.serve(s, entry)
+        assert r.path == "fast" and [r.token_id] == greedy_oracle(eng, list(s.tokens) + entry, 1)
+        other = SessionState(list(range(100, 129)))
+        s.close()  # its 33-token pre-position is no live state any more: another session's 33 tokens fit
+        assert pp.preposition(other, entry) and other.counters.skipped == 0
+        assert eng.stats()["pins"] == 1  # other's pre-position only
+        other.close()
+        pp.release_pins(other)
+        assert eng.stats()["pins"] == 0
+        pp.close()

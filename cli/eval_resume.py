@@ -13,7 +13,6 @@ from ..eval.datasets.loading import load_prompts
 from ..eval.datasets.prompt import ids_fingerprint
 from ..eval.datasets.registry import DatasetError
 from ..eval.harness.runs import header_differences, strict_json
-from .inputs import dataset_paths, naming_undecodable
 
 __all__ = ["check_resumable", "check_same_input_ids", "check_same_prompts", "prompts_named_by_records"]
 
@@ -47,9 +46,8 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
         indices = [r.get("prompt_index") for r in records if r.get("dataset") == ds]
         limit = max(indices) + 1 if all(isinstance(i, int) for i in indices) else None
         try:
-            with naming_undecodable(dataset_paths(ds, args.data_dir)):
-                prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=limit, gpqa_seed=gpqa_seed)
-        except (KeyError, DatasetError, OSError, UnicodeDecodeError) as exc:
+            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=limit, gpqa_seed=gpqa_seed)
+        except (KeyError, DatasetError, OSError) as exc:  # a file that is not UTF-8 is a DatasetError naming it
             reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             raise ValueError(f"--resume: the run file holds results for {ds}, which is not among --datasets; they "
                              f"stay in the file and its report, but cannot be checked against the prompts now "

@@ -30,7 +30,7 @@ from .applicability import eval_rules, reject_inapplicable
 from .config_flags import field_flags, flags_named, name_flags
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
-from .inputs import check_utf8, dataset_paths, naming_undecodable
+from .inputs import check_utf8
 from .output import make_output_dir, output_dir, print_json, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
@@ -254,9 +254,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
-        with naming_undecodable(dataset_paths(ds, args.data_dir, files.get(ds))):
-            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
-                                       gpqa_seed=settings.gpqa_shuffle_seed)
+        prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
+                                   gpqa_seed=settings.gpqa_shuffle_seed)  # not UTF-8: a DatasetError naming the file
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds,
             "dataset_files": files}

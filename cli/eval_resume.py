@@ -13,6 +13,7 @@ from ..eval.datasets.loading import load_prompts
 from ..eval.datasets.prompt import ids_fingerprint
 from ..eval.datasets.registry import DatasetError
 from ..eval.harness.runs import header_differences, strict_json
+from ..eval.harness.settings import settings_used_by
 
 __all__ = ["check_resumable", "check_same_input_ids", "check_same_prompts", "prompts_named_by_records"]
 
@@ -56,10 +57,18 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
     return prompts
 
 
-def check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
-    """A resumed run must have been made with the same model, dtype, concurrency and settings."""
+def check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any],
+                    methods: list[str]) -> None:
+    """A resumed run must have been made with the same model, dtype, concurrency and settings: the settings that the
+    methods of this run or of the file's records use (`settings_used_by`; every setting when a record names a method
+    this forerun does not know).  A setting none of them uses (greedy's α) cannot make a result differ."""
     if header is not None:
-        diff = header_differences(header, json.loads(json.dumps(strict_json(new))))
+        in_file = {r.get("method") for r in records}
+        try:
+            used = {name for m in [*methods, *in_file] for name in settings_used_by(m)}
+        except ValueError:  # a record of an unknown method: nothing says what it used
+            used = None
+        diff = header_differences(header, json.loads(json.dumps(strict_json(new))), used)
         if diff:
             raise ValueError(f"--resume: the run file was made with other settings: {', '.join(diff)}; resume "
                              "with the same flags, or start another run file")

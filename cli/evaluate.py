@@ -338,7 +338,7 @@ def eval_command(args: argparse.Namespace) -> int:
         forced = forcing_header(plan["settings"].forced_answer)
         if header is not None or existing:  # the settings first: a refused resume loads no model
             check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
-                                               "forced_answers": forced})
+                                               "forced_answers": forced}, plan["methods"])
             plan["checked_prompts"] = prompts_named_by_records(args, plan, existing, plan["dataset_files"])
             check_same_prompts(existing, plan["checked_prompts"], plan["settings"].system)
         classifier = _classifier(args, plan["methods"])
@@ -351,7 +351,7 @@ def eval_command(args: argparse.Namespace) -> int:
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json(), "forced_answers": forced}
         plan["needs_header"] = header is None  # a new or blank file (one with records and no header was refused)
-        check_resumable(header, existing, plan["header"])
+        check_resumable(header, existing, plan["header"], plan["methods"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)
         return report("eval", exc)

@@ -81,6 +81,8 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl/r.jsonl"], "is not a directory"),
     (["eval", "--datasets", "math500", "--out", "/dev/null"], "is not a regular file"),
     (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "names no dataset"),  # was: a header, 0 items, exit 0
+    (["eval", "--datasets", "math500", "--methods", "greedy", "--alpha", "2", "--out", "{tmp}/r.jsonl"],
+     "--alpha applies only to methods that sample"),  # was ignored: greedy-only items at "--alpha 2"
     (["eval", "--datasets", "math500", "--out", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--samples", "2"],
      "is over 2**63 - 1"),  # was: a seed of 2**63, out of --seed's range
     (["eval", "report", "{tmp}/rep/summary.json", "--out", "{tmp}/rep"], "is also the RUN.jsonl input"),

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import (SEED_MAX, add_model_arguments, input_path, nonnegative_int, positive_float, positive_int, seed_int,
-                   utf8_text)
+from .args import (SEED_MAX, add_model_arguments, comma_items, input_path, nonnegative_int, positive_float,
+                   positive_int, seed_int, utf8_text)
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
@@ -41,10 +41,7 @@ VOLATILE_FIELDS = ("wall_s", "call_time_s", "time_per_call_s", "grade_s", "finis
 
 
 def _seeds(text: str) -> list[int]:
-    seeds = [seed_int(s.strip()) for s in text.split(",") if s.strip()]
-    if not seeds:
-        raise argparse.ArgumentTypeError(f"expected comma-separated seeds in [0, 2**63 - 1], got {text!r}")
-    return list(dict.fromkeys(seeds))
+    return list(dict.fromkeys(seed_int(s) for s in comma_items(text)))
 
 
 def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -52,7 +49,7 @@ def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
     from ..eval.datasets.registry import dataset_spec
 
     every, per = None, {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
+    for part in comma_items(text):
         name, sep, value = part.rpartition("=")
         try:
             n = int(value)
@@ -181,16 +178,14 @@ def _datasets(text: str | None) -> list[str]:
     if not text:
         raise ValueError(f"--datasets is required (comma-separated names, or all: {', '.join(ALL_DATASETS)})")
     names: list[str] = []
-    for raw in text.split(","):
-        if raw.strip().lower() == "all":
+    for raw in comma_items(text, "--datasets"):
+        if raw.lower() == "all":
             names += ALL_DATASETS
-        elif raw.strip():
+        else:
             try:
                 names.append(dataset_spec(raw).name)
             except KeyError as e:
                 raise ValueError(str(e.args[0])) from None
-    if not names:  # "," or " ": a run of nothing would be a header and an exit 0
-        raise ValueError(f"--datasets {text!r} names no dataset (comma-separated names, or all)")
     return list(dict.fromkeys(names))
 
 
@@ -221,7 +216,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     from ..eval.harness.settings import EvalSettings, parse_methods
 
     out = check_output_file(args.out, args.resume)
-    methods = parse_methods(args.methods)
+    methods = parse_methods(comma_items(args.methods, "--methods"))
     reject_inapplicable(eval_rules(args, methods, EvalSettings()))
     if not 0 <= args.smc_ess <= 1:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")

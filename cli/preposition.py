@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from .args import (
     add_model_arguments,
+    comma_items,
     gate_threshold,
     gate_threshold_or_auto,
     nonnegative_int,
@@ -56,7 +57,7 @@ def _uncalibrated(calibration: dict[str, Any], path: str, more: dict[str, Any] |
 
 def _rhos(text: str) -> tuple[float, ...]:
     try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
+        vals = tuple(float(x) for x in comma_items(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 from ...programs.random_streams import PAPER_SEED
 from ...programs.sampler_config import CPU_STREAM_ROWS, SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
@@ -240,10 +240,10 @@ def settings_used_by(method: str) -> tuple[str, ...]:
     return SHARED_SETTINGS + own
 
 
-def parse_methods(text: str) -> list[str]:
-    """Comma-separated method names ("all": every method but the predictive ones; "default")."""
+def parse_methods(text: str | Sequence[str]) -> list[str]:
+    """Method names, as a list or comma-separated ("all": every method but the predictive ones; "default")."""
     out: list[str] = []
-    for raw in text.split(","):
+    for raw in text.split(",") if isinstance(text, str) else text:
         name = raw.strip().lower()
         if not name:
             continue

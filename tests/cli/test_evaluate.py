@@ -80,7 +80,8 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "report", "{tmp}/full.jsonl", "--out", ""], "--out must not be empty"),  # was: the current folder
     (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl/r.jsonl"], "is not a directory"),
     (["eval", "--datasets", "math500", "--out", "/dev/null"], "is not a regular file"),
-    (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "names no dataset"),  # was: a header, 0 items, exit 0
+    (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "--datasets: item 1 of the comma-separated list ',' is "
+     "empty"),  # was: a header, 0 items, exit 0
     (["eval", "--datasets", "math500", "--methods", "greedy", "--alpha", "2", "--out", "{tmp}/r.jsonl"],
      "--alpha applies only to methods that sample"),  # was ignored: greedy-only items at "--alpha 2"
     (["eval", "--datasets", "math500", "--out", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--samples", "2"],

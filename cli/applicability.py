@@ -106,6 +106,8 @@ def eval_rules(args: argparse.Namespace, methods: list[str], defaults: object) -
     return [
         ("--classifier", args.classifier is not None, any(m.endswith("-predictive") for m in methods),
          "applies only to presto-*-predictive methods"),
+        ("--alpha", changed("alpha"), any(m != "greedy" for m in methods),
+         "applies only to methods that sample (greedy is argmax: it has no temperature τ = 1/α)"),
         ("--npf", changed("npf"), any(m.startswith("presto-") for m in methods), "applies only to presto-* methods"),
         ("--beta", changed("beta"), any("entropy-cut" in m for m in methods),
          "applies only to the entropy-cut methods"),

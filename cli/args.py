@@ -26,6 +26,21 @@ def _number(text: str, kind: type, lowest: float, inclusive: bool) -> int | floa
     return value
 
 
+def comma_items(text: str, flag: str | None = None) -> list[str]:
+    """The items of a comma-separated list option ("a, b" -> ["a", "b"]), stripped; every list option splits its
+    value here.  An empty item ("a,,b", a leading or trailing comma, a blank value) is refused, not skipped: it is a
+    typo or an unset shell variable ("math500,$MORE"), and skipping it ran less than was asked.  `flag`: None in an
+    argparse `type=` (argparse names the option), else the option to name (a CommandError: exit 2)."""
+    items = [part.strip() for part in text.split(",")]
+    empty = next((i for i, item in enumerate(items, 1) if not item), None)
+    if empty is not None:
+        message = f"item {empty} of the comma-separated list {text!r} is empty"
+        if flag is None:
+            raise argparse.ArgumentTypeError(message)
+        raise CommandError(f"{flag}: {message}")
+    return items
+
+
 def positive_int(text: str) -> int:
     return int(_number(text, int, 1, True))
 

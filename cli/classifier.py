@@ -22,7 +22,7 @@ from ..classifiers.features import FEATURE_SETS, SAMPLER_FEATURES, drop_unreacha
 from ..classifiers import shipped
 from ..programs.acceptance import EPSILON as DEFAULT_EPSILON
 from ..programs.records import NodeRecord, read_node_records
-from .args import fold_count, fold_seed_int, input_path, positive_int
+from .args import comma_items, fold_count, fold_seed_int, input_path, positive_int
 from .config_flags import flags_named
 from .errors import CommandError, one_line, reports_errors
 from .inputs import naming_undecodable
@@ -35,9 +35,7 @@ __all__ = ["register", "train_command", "cv_command", "ceiling_command", "classi
 def _features(text: str) -> tuple[str, ...]:
     if text in FEATURE_SETS:
         return FEATURE_SETS[text]
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names:
-        raise argparse.ArgumentTypeError("--features needs at least one feature name")
+    names = tuple(comma_items(text))
     unknown = unknown_to_samplers(names)
     if unknown:
         raise argparse.ArgumentTypeError(unknown)

@@ -18,6 +18,7 @@ from typing import Any
 from ..programs.prompts import chat_prompt_ids
 from .args import (
     add_model_arguments,
+    comma_items,
     finite_float,
     nonnegative_float,
     nonnegative_int,
@@ -43,10 +44,9 @@ def backend_urls(text: str) -> str:
     from ..runtime_ext.backends.server_config import check_server_url
 
     try:
-        urls = [check_server_url(u) for u in text.split(",") if u.strip()]
-        if not urls:
+        if not text.strip():  # an unset shell variable: said as a URL that is missing, not as a list
             raise ValueError(f"expected http://host:port, got {text!r}")
-        return ",".join(urls)
+        return ",".join(check_server_url(u) for u in comma_items(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

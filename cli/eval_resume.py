@@ -13,7 +13,7 @@ from ..eval.datasets.loading import load_prompts
 from ..eval.datasets.prompt import ids_fingerprint
 from ..eval.datasets.registry import DatasetError
 from ..eval.harness.runs import header_differences, strict_json
-from .inputs import dataset_paths, naming_undecodable
+from ..eval.harness.settings import settings_used_by
 
 __all__ = ["check_resumable", "check_same_input_ids", "check_same_prompts", "prompts_named_by_records"]
 
@@ -47,9 +47,8 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
         indices = [r.get("prompt_index") for r in records if r.get("dataset") == ds]
         limit = max(indices) + 1 if all(isinstance(i, int) for i in indices) else None
         try:
-            with naming_undecodable(dataset_paths(ds, args.data_dir)):
-                prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=limit, gpqa_seed=gpqa_seed)
-        except (KeyError, DatasetError, OSError, UnicodeDecodeError) as exc:
+            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=limit, gpqa_seed=gpqa_seed)
+        except (KeyError, DatasetError, OSError) as exc:  # a file that is not UTF-8 is a DatasetError naming it
             reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             raise ValueError(f"--resume: the run file holds results for {ds}, which is not among --datasets; they "
                              f"stay in the file and its report, but cannot be checked against the prompts now "
@@ -58,10 +57,18 @@ def prompts_named_by_records(args: argparse.Namespace, plan: dict[str, Any], rec
     return prompts
 
 
-def check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any]) -> None:
-    """A resumed run must have been made with the same model, dtype, concurrency and settings."""
+def check_resumable(header: dict[str, Any] | None, records: list[dict[str, Any]], new: dict[str, Any],
+                    methods: list[str]) -> None:
+    """A resumed run must have been made with the same model, dtype, concurrency and settings: the settings that the
+    methods of this run or of the file's records use (`settings_used_by`; every setting when a record names a method
+    this forerun does not know).  A setting none of them uses (greedy's α) cannot make a result differ."""
     if header is not None:
-        diff = header_differences(header, json.loads(json.dumps(strict_json(new))))
+        in_file = {r.get("method") for r in records}
+        try:
+            used = {name for m in [*methods, *in_file] for name in settings_used_by(m)}
+        except ValueError:  # a record of an unknown method: nothing says what it used
+            used = None
+        diff = header_differences(header, json.loads(json.dumps(strict_json(new))), used)
         if diff:
             raise ValueError(f"--resume: the run file was made with other settings: {', '.join(diff)}; resume "
                              "with the same flags, or start another run file")

@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .args import (SEED_MAX, add_model_arguments, input_path, nonnegative_int, positive_float, positive_int, seed_int,
-                   utf8_text)
+from .args import (SEED_MAX, add_model_arguments, comma_items, input_path, nonnegative_int, positive_float,
+                   positive_int, seed_int, utf8_text)
 from .classifier import classifier_file
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .applicability import eval_rules, reject_inapplicable
 from .config_flags import field_flags, flags_named, name_flags
 from .errors import report
 from .eval_resume import check_resumable, check_same_input_ids, check_same_prompts, prompts_named_by_records
-from .inputs import check_utf8, dataset_paths, naming_undecodable
+from .inputs import check_utf8
 from .output import make_output_dir, output_dir, print_json, progress_bar
 from ..programs.random_streams import PAPER_SEED
 from ..runtime_ext.protocol import EngineError
@@ -42,10 +42,7 @@ VOLATILE_FIELDS = ("wall_s", "call_time_s", "time_per_call_s", "grade_s", "finis
 
 
 def _seeds(text: str) -> list[int]:
-    seeds = [seed_int(s.strip()) for s in text.split(",") if s.strip()]
-    if not seeds:
-        raise argparse.ArgumentTypeError(f"expected comma-separated seeds in [0, 2**63 - 1], got {text!r}")
-    return list(dict.fromkeys(seeds))
+    return list(dict.fromkeys(seed_int(s) for s in comma_items(text)))
 
 
 def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
@@ -53,7 +50,7 @@ def _budgets(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
     from ..eval.datasets.registry import dataset_spec
 
     every, per = None, {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
+    for part in comma_items(text):
         name, sep, value = part.rpartition("=")
         try:
             n = int(value)
@@ -182,16 +179,14 @@ def _datasets(text: str | None) -> list[str]:
     if not text:
         raise ValueError(f"--datasets is required (comma-separated names, or all: {', '.join(ALL_DATASETS)})")
     names: list[str] = []
-    for raw in text.split(","):
-        if raw.strip().lower() == "all":
+    for raw in comma_items(text, "--datasets"):
+        if raw.lower() == "all":
             names += ALL_DATASETS
-        elif raw.strip():
+        else:
             try:
                 names.append(dataset_spec(raw).name)
             except KeyError as e:
                 raise ValueError(str(e.args[0])) from None
-    if not names:  # "," or " ": a run of nothing would be a header and an exit 0
-        raise ValueError(f"--datasets {text!r} names no dataset (comma-separated names, or all)")
     return list(dict.fromkeys(names))
 
 
@@ -222,7 +217,7 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     from ..eval.harness.settings import EvalSettings, parse_methods
 
     out = check_output_file(args.out, args.resume)
-    methods = parse_methods(args.methods)
+    methods = parse_methods(comma_items(args.methods, "--methods"))
     reject_inapplicable(eval_rules(args, methods, EvalSettings()))
     if not 0 <= args.smc_ess <= 1:
         raise ValueError(f"--smc-ess must be in [0, 1], got {args.smc_ess}")
@@ -255,9 +250,8 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     files = _dataset_files(args.dataset_file, names)
     prompts = {}
     for ds in names:
-        with naming_undecodable(dataset_paths(ds, args.data_dir, files.get(ds))):
-            prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
-                                       gpqa_seed=settings.gpqa_shuffle_seed)
+        prompts[ds] = load_prompts(ds, data_dir=args.data_dir, limit=args.limit, file=files.get(ds),
+                                   gpqa_seed=settings.gpqa_shuffle_seed)  # not UTF-8: a DatasetError naming the file
     create_output_file(out)  # last: bad input elsewhere leaves no file behind
     return {"out": out, "methods": methods, "settings": settings, "prompts": prompts, "seeds": seeds,
             "dataset_files": files}
@@ -340,7 +334,7 @@ def eval_command(args: argparse.Namespace) -> int:
         forced = forcing_header(plan["settings"].forced_answer)
         if header is not None or existing:  # the settings first: a refused resume loads no model
             check_resumable(header, existing, {**(header or {}), "settings": plan["settings"].to_json(),
-                                               "forced_answers": forced})
+                                               "forced_answers": forced}, plan["methods"])
             plan["checked_prompts"] = prompts_named_by_records(args, plan, existing, plan["dataset_files"])
             check_same_prompts(existing, plan["checked_prompts"], plan["settings"].system)
         classifier = _classifier(args, plan["methods"])
@@ -353,7 +347,7 @@ def eval_command(args: argparse.Namespace) -> int:
         plan["header"] = {"model": rt.name, "dtype": rt.dtype, "concurrency": pool.slots,
                           "settings": plan["settings"].to_json(), "forced_answers": forced}
         plan["needs_header"] = header is None  # a new or blank file (one with records and no header was refused)
-        check_resumable(header, existing, plan["header"])
+        check_resumable(header, existing, plan["header"], plan["methods"])
         return _execute(args, plan, pool, existing, classifier)
     except (ValueError, OSError, EngineError, RunFileError) as exc:  # usage 2, an engine failure 1 (cli/errors.py)
         return report("eval", exc)

@@ -5,7 +5,8 @@ UTF-8 text is one line on stderr that names the file and the byte offset of the 
 
 The readers themselves decode line by line and raise a UnicodeDecodeError that names neither the file nor
 the offset in it; `naming_undecodable(paths)` turns that error into the line above by scanning the given files
-(only when the error happens: a large dataset is never read twice on the normal path).
+(only when the error happens).  Dataset files need no such wrapper: `load_prompts` raises a DatasetError that
+names the file, the offset and the line itself (eval/datasets/loading.py).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def naming_undecodable(paths: Iterable[str | os.PathLike[str] | None], option: s
 
 def dataset_paths(name: str | None, data_dir: str | os.PathLike[str] | None,
                   file: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The files `load_prompts(name, data_dir=..., file=...)` reads (empty when it would fail before reading)."""
+    """The files `load_prompts(name, data_dir=..., file=...)` reads (empty when it would fail before reading): inputs an
+    output path must not replace."""
     from ..eval.datasets.loading import resolve_data_dir
     from ..eval.datasets.registry import dataset_spec
 

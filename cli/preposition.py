@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from .args import (
     add_model_arguments,
+    comma_items,
     gate_threshold,
     gate_threshold_or_auto,
     nonnegative_int,
@@ -56,7 +57,7 @@ def _uncalibrated(calibration: dict[str, Any], path: str, more: dict[str, Any] |
 
 def _rhos(text: str) -> tuple[float, ...]:
     try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
+        vals = tuple(float(x) for x in comma_items(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
@@ -314,13 +315,18 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
     args.window_len = 12 if args.window_len is None else args.window_len
     args.answer_lead = "" if args.answer_lead is None else args.answer_lead
     from ..eval.preposition.calibration import plot_risk_coverage
-    from ..eval.preposition.trend_task import answer_tokens, collect_pairs, make_windows, report
+    from ..eval.preposition.trend_task import answer_tokens, collect_pairs, drawn_windows, report
+    from ..runtime_ext.preposition.engines import context_limit
     from ..runtime_ext.preposition.ready_cache import ContextOverflow
 
-    windows = make_windows(args.windows, args.window_len, seed=args.seed)
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         tok = engine.tokenizer
-        with _bar("trend windows", len(windows)) as tick:
+        limit = context_limit(engine)
+        if limit is not None and args.window_len > limit:  # was drawn whole first: --window-len 1e14, a MemoryError
+            raise CommandError(f"--window-len {args.window_len}: a trend window of {args.window_len} prices cannot fit "
+                               f"the model's context window of {limit} tokens (each price is at least one token)")
+        windows = drawn_windows(args.windows, args.window_len, seed=args.seed)  # each drawn as the bar reaches it
+        with _bar("trend windows", args.windows) as tick:
             try:
                 pairs = collect_pairs(engine, tok, windows, progress=tick, answer_lead=args.answer_lead)
             except ContextOverflow as exc:  # was the session's own line, naming neither option that made it long
@@ -344,10 +350,10 @@ def calibrate_gate_command(args: argparse.Namespace) -> int:
 def _calibrate_status(args: argparse.Namespace, plot: Any) -> int:
     """The status feed: τ for r ≤ r_max picked on --windows windows, judged on as many held-out ones."""
     from ..eval.preposition.calibration import calibrate_held_out, plot_risk_coverage, sweep_threshold
-    from ..eval.preposition.status_task import QUESTION, collect_pairs, make_windows
+    from ..eval.preposition.status_task import QUESTION, collect_pairs, drawn_windows
 
-    calib_w = make_windows(args.windows, seed=args.seed)
-    held_w = make_windows(args.windows, seed=args.seed + 1, exclude=calib_w)  # disjoint from the calibration set
+    calib_w = drawn_windows(args.windows, seed=args.seed)  # each window drawn as the bar reaches it
+    held_w = drawn_windows(args.windows, seed=args.seed + 1, exclude=calib_w)  # disjoint from the calibration set
     with contextlib.closing(_engine(args.model, args.dtype, args.threads)) as engine:
         with _bar("status windows", 2 * args.windows) as tick:
             calib = collect_pairs(engine, engine.tokenizer, calib_w, progress=tick)

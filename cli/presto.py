@@ -40,7 +40,7 @@ from .classifier import classifier_from_args, warn_shipped
 from .config_flags import flags_named
 from .engine import add_backend_arguments, check_context, check_pool_serves, open_pool_from, warn_nondeterministic
 from .errors import CommandError, reports_errors
-from .inputs import dataset_paths, naming_undecodable
+from .inputs import dataset_paths
 from .output import output_file, print_json, progress_bar
 from .row_cost import bench_cost_curve, row_cost_arg, row_cost_for, with_row_cost
 from ..programs.call_cost import BUDGET_UNITS, DEFAULT_MAX_NODES
@@ -211,8 +211,7 @@ def _dataset_prompt(args: argparse.Namespace) -> Any:
     if packaged and args.index >= PACKAGED_SLICE_SIZE:
         raise CommandError(f"--index {args.index} is out of range: only the first {PACKAGED_SLICE_SIZE} prompts of "
                            f"{args.dataset} are packaged; set {DATA_DIR_ENV} to the full offline datasets")
-    with naming_undecodable(dataset_paths(args.dataset, args.data_dir)):
-        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)
+    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.index + 1)  # not UTF-8: a DatasetError
     if args.index >= len(prompts):
         raise CommandError(f"--index {args.index} is out of range: {args.dataset} has {len(prompts)} prompts "
                            f"(valid: 0 to {len(prompts) - 1})")
@@ -303,8 +302,7 @@ def bench_presto_command(args: argparse.Namespace) -> int:
 
     st, configs, prefetch = _checked_inputs(args, list(args.samplers), bench_presto_rules)
     _warn_shortfall("bench presto", configs, prefetch)
-    with naming_undecodable(dataset_paths(args.dataset, args.data_dir)):
-        prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
+    prompts = load_prompts(args.dataset, data_dir=args.data_dir, limit=args.prompts)
     if len(prompts) < args.prompts:
         raise CommandError(f"{args.dataset} has only {len(prompts)} prompts here, asked for {args.prompts}")
     with open_pool_from(args) as pool:

@@ -32,12 +32,14 @@ package is importable (it is not a forerun dependency) and the hub is reachable.
 
 GPQA answer choices are shuffled at load time, per question, with a `random.Random` seeded from
 sha256(f"{seed}:{Record ID}") (default seed 10086, the paper's seed, Table 6): the order does not depend on
-which rows or how many are loaded.  Malformed rows raise `DatasetError` naming the file and line.
+which rows or how many are loaded.  Malformed rows raise `DatasetError` naming the file and line; so does a file
+that is not UTF-8 text (with the offset of its first bad byte).
 """
 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import importlib.resources
@@ -107,12 +109,33 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> DataSour
 
 
 # -- readers ----------------------------------------------------------------------------------------------
+def _not_utf8(path: Path) -> DatasetError:
+    """The error for a file the text reader could not decode: its first byte that is not UTF-8, by offset and line
+    (the reader's own UnicodeDecodeError names neither the file nor where in it; a text reader decodes ahead of the
+    line it returns, so its line count cannot say either).  Read only when that happens."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")  # a byte-order mark decodes too (U+FEFF)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return DatasetError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}, line {line})")
+    return DatasetError(f"{path}: not UTF-8 text")  # pragma: no cover - the file changed since it was read
+
+
+@contextlib.contextmanager
+def _decoding(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         fh = open(path, encoding="utf-8-sig")  # -sig: a byte-order mark at the start (an editor's "UTF-8 with BOM")
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
-    with fh:
+    with fh, _decoding(path):
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -130,7 +153,7 @@ def _iter_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         fh = open(path, encoding="utf-8-sig", newline="")  # a BOM would otherwise join the first column's name
     except FileNotFoundError as e:
         raise DatasetError(f"dataset file {path} not found") from e
-    with fh:  # records named by their first line: a quoted field may run over many lines (GPQA's do)
+    with fh, _decoding(path):  # records named by their first line: a quoted field may run over many lines (GPQA's)
         reader = csv.reader(fh)
         start = 1
         try:

@@ -67,7 +67,7 @@ class EngineBenchConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if _cut_room(self.root_tokens) < self.num_suffixes + 1:
-            need = next(r for r in range(self.root_tokens, 4 * self.num_suffixes + 16) if _cut_room(r) > self.num_suffixes)
+            need = _root_tokens_for(self.num_suffixes + 1)
             raise ValueError(f"root_tokens ({self.root_tokens}) too small for {self.num_suffixes + 1} distinct cuts "
                              f"after the root's prompt part: use at least {need}")
 
@@ -75,6 +75,16 @@ class EngineBenchConfig:
 def _cut_room(root_tokens: int) -> int:
     """Distinct cut positions in the generated part of a root (its first quarter, at most, is the prompt)."""
     return root_tokens - max(1, root_tokens // 4) - 1
+
+
+def _root_tokens_for(cuts: int) -> int:
+    """The fewest root tokens with `cuts` distinct cut positions: a bisection (`_cut_room` never decreases), where a
+    scan of every length up to 4 × cuts took hours for `--suffixes 100000000000000` before the model loaded."""
+    low, high = 1, 4 * cuts + 16  # _cut_room(high) >= cuts
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if _cut_room(mid) < cuts else (low, mid)
+    return low
 
 
 def _hf_generate_seconds(loaded, ids: list[int], n: int) -> tuple[float, list[int]]:

@@ -8,8 +8,9 @@ line: a file that is not a run is refused untouched.  A last line that is a whol
 (a file edited by hand) is a record, kept, and the next write puts the newline first.  Lines are strict JSON
 (NaN/inf become null).
 
-The first line is the run's header (`{"forerun_run": 1, ...}`): model, dtype, concurrency and every setting that
-defines an item's output; `--resume` refuses a run whose header differs (`header_differences`).  An item that
+The first line is the run's header (`{"forerun_run": 1, ...}`): model, dtype, concurrency and every setting;
+`--resume` refuses a run whose header differs in a setting that defines an item's output of a method it runs or
+holds (`header_differences`, `settings.settings_used_by`).  An item that
 failed after its retries is a line with "error"; a resumed run retries it and appends the new line: the last
 line of a key is the item's result (`final_records`).
 
@@ -73,7 +74,8 @@ def encode_line(record: dict[str, Any]) -> bytes:
 HEADER_MARK = "forerun_run"
 HEADER_VERSION = 1
 RESUME_KEYS = ("model", "dtype", "concurrency", "settings", "forced_answers")
-"""Header entries a resumed run must share with the run file (settings: every EvalSettings field;
+"""Header entries a resumed run must share with the run file (settings: the EvalSettings fields its methods use,
+`header_differences`;
 forced_answers: the forcing texts and budgets of a --forced-answer run, `forced.forcing_header`)."""
 HEADER_ADDED = ("forced_answers",)
 """Resume keys added after run files were written: compared only when both headers have one."""
@@ -153,14 +155,16 @@ def final_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [last[k] for k in dict.fromkeys(r["key"] for r in records)]
 
 
-def header_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """'name (old -> new)' for every resume key, and every setting, on which two headers differ."""
+def header_differences(old: dict[str, Any], new: dict[str, Any], settings: Iterable[str] | None = None) -> list[str]:
+    """'name (old -> new)' for every resume key, and every setting (those named in `settings` only, when given: the
+    ones the run's methods use), on which two headers differ."""
     out = []
     for key in RESUME_KEYS:
         if key == "settings":
             a = {**SETTINGS_ADDED, **(old.get("settings") or {})}
             b = {**SETTINGS_ADDED, **(new.get("settings") or {})}
-            out += [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            names = set(a) | set(b) if settings is None else set(settings)
+            out += [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(names) if a.get(k) != b.get(k)]
         elif key in HEADER_ADDED and (key not in old or key not in new):
             continue
         elif old.get(key) != new.get(key):

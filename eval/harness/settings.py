@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 from ...programs.random_streams import PAPER_SEED
 from ...programs.sampler_config import CPU_STREAM_ROWS, SAMPLER_KINDS, PrefetchConfig, SamplerConfig, prefetch_shortfall
@@ -174,6 +174,8 @@ class EvalSettings:
         if self.n is None or self.budgets:
             raise ValueError("for_method needs settings resolved for one dataset (EvalSettings.for_dataset)")
         m = Method.parse(method)
+        if m.name == "greedy":  # argmax: no temperature, so neither α nor τ = 1/α
+            return {"max_new_tokens": self.n}
         if m.family == "baseline":
             out = {"max_new_tokens": self.n, "alpha": self.alpha, "tau": 1 / self.alpha}
             if m.name == "best-of-n":
@@ -216,10 +218,32 @@ class EvalSettings:
         return asdict(self)
 
 
-def parse_methods(text: str) -> list[str]:
-    """Comma-separated method names ("all": every method but the predictive ones; "default")."""
+SHARED_SETTINGS = ("n", "budgets", "system", "chat_template", "thinking", "gpqa_shuffle_seed", "forced_answer", "seed")
+"""EvalSettings fields every method's items depend on: the token budget, what the model is shown (system turn, chat
+template, thinking switch, GPQA's option order), the forced-answer pass, the run seed."""
+
+
+def settings_used_by(method: str) -> tuple[str, ...]:
+    """The EvalSettings fields that define `method`'s output: `SHARED_SETTINGS` and its own (`MethodRunner.config`,
+    `npf_for`).  Greedy is argmax (no α); low-temp samples at τ = 1/α; best-of-N adds N and its score; Power-SMC its
+    particles, block, ramp, κ and answer rule; the MH samplers B, K, α and the horizon rule, EntropyCut β, PreSTO
+    N_pf.  A setting no method of a run uses cannot make its results differ, so --resume does not compare it."""
+    m = Method.parse(method)
+    if m.family == "baseline":
+        own: tuple[str, ...] = {"greedy": (), "low-temp": ("alpha",),
+                                "best-of-n": ("alpha", "best_of", "best_of_select")}[m.name]
+    elif m.family == "power-smc":
+        own = ("alpha", "smc_particles", "smc_block", "smc_ramp", "smc_ess", "smc_final")
+    else:
+        own = (("block", "K", "alpha", "fixed_horizon") + (("beta",) if m.sampler == "entropy-cut" else ())
+               + (("npf",) if m.presto else ()))
+    return SHARED_SETTINGS + own
+
+
+def parse_methods(text: str | Sequence[str]) -> list[str]:
+    """Method names, as a list or comma-separated ("all": every method but the predictive ones; "default")."""
     out: list[str] = []
-    for raw in text.split(","):
+    for raw in text.split(",") if isinstance(text, str) else text:
         name = raw.strip().lower()
         if not name:
             continue

@@ -266,7 +266,7 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
                       plots_dir: str | None) -> dict[str, Any]:
     """Gate on the paper's trend task (HW-3): at the reference τ, and τ for r_max picked on half the windows and
     judged on the other half (`trend_task.SPLIT`); Figure 7 (all windows) with `plots_dir`."""
-    windows = trend_task.make_windows(cfg.calib_windows, seed=cfg.seed + 1)
+    windows = trend_task.drawn_windows(cfg.calib_windows, seed=cfg.seed + 1)  # each drawn as the bar reaches it
     with bar("trend-task calibration", len(windows)) as tick:
         pairs = trend_task.collect_pairs(engine, tokenizer, windows, progress=tick)
     tau = 2.0 if cfg.tau == "auto" else float(cfg.tau)
@@ -283,8 +283,8 @@ def _gate_calibration(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callab
 
 def _status_gate(engine: Any, tokenizer: Any, cfg: BenchConfig, bar: Callable) -> dict[str, Any]:
     """The status-feed task: τ calibrated on one set of windows, judged on held-out ones (Wilson 95 %)."""
-    calib_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 11)
-    held_w = status_task.make_windows(cfg.status_windows, seed=cfg.seed + 12, exclude=calib_w)  # disjoint
+    calib_w = status_task.drawn_windows(cfg.status_windows, seed=cfg.seed + 11)  # each drawn as the bar reaches it
+    held_w = status_task.drawn_windows(cfg.status_windows, seed=cfg.seed + 12, exclude=calib_w)  # disjoint
     with bar("status-feed calibration", 2 * cfg.status_windows) as tick:
         calib = status_task.collect_pairs(engine, tokenizer, calib_w, progress=tick)
         held = status_task.collect_pairs(engine, tokenizer, held_w, progress=tick)

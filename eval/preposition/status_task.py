@@ -25,11 +25,12 @@ Two decision points per window, both pre-positioned by the same update:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import numpy as np
 
 from .calibration import GatePair, first_token_labels
+from .drawn import DrawnSequence
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.preposition.gate import GateConfig
@@ -90,17 +91,27 @@ def make_windows(n: int, *, seed: int = 0, max_batches: int = 4,
                  exclude: Collection[StatusWindow] = ()) -> list[StatusWindow]:
     """`n` windows of 1..`max_batches` batches with uniformly drawn labels; a draw equal to a window of
     `exclude` (the calibration set, when drawing held-out windows) is redrawn, so the two sets are disjoint."""
+    return list(drawn_windows(n, seed=seed, max_batches=max_batches, exclude=exclude))
+
+
+def drawn_windows(n: int, *, seed: int = 0, max_batches: int = 4,
+                  exclude: Collection[StatusWindow] = ()) -> DrawnSequence[StatusWindow]:
+    """`make_windows`'s windows, each drawn when a run first reaches it (`DrawnSequence`); `exclude` is read when
+    the first window is drawn (a `DrawnSequence` of calibration windows is then drawn whole first)."""
     if n < 1 or max_batches < 1:
         raise ValueError(f"need n >= 1 and max_batches >= 1, got {n}, {max_batches}")
+    return DrawnSequence(n, lambda: _drawn_windows(n, seed, max_batches, frozenset(exclude)))
+
+
+def _drawn_windows(n: int, seed: int, max_batches: int, skip: frozenset[StatusWindow]) -> Iterator[StatusWindow]:
     rng = np.random.default_rng(seed)
-    skip = set(exclude)
-    out: list[StatusWindow] = []
-    while len(out) < n:
+    drawn = 0
+    while drawn < n:
         labels = tuple(str(rng.choice(LABELS)) for _ in range(int(rng.integers(1, max_batches + 1))))
         w = StatusWindow(tuple(batch_text(rng, lab) for lab in labels), labels)
         if w not in skip:
-            out.append(w)
-    return out
+            drawn += 1
+            yield w
 
 
 def answer_tokens(tokenizer: Any) -> dict[int, str]:

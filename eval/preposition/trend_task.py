@@ -21,12 +21,13 @@ reports an optimistic coverage and false-accept rate.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import numpy as np
 
 from .calibration import (GatePair, GatePoint, HeldOutCalibration, calibrate_held_out, first_token_labels,
                           gap_quantiles, gate_point, sweep_threshold)
+from .drawn import DrawnSequence
 from ...programs.sessions import SessionFormat, StreamingSession
 from ...runtime_ext.preposition.prepositioner import PrepositionConfig, Prepositioner
 from ...runtime_ext.preposition.gate import GateConfig
@@ -60,22 +61,32 @@ def make_windows(n: int, length: int = 12, *, seed: int = 0, drift: float = 1.0,
 
     The direction is drawn uniformly; the least-squares slope of every window agrees with it (checked).
     """
+    return list(drawn_windows(n, length, seed=seed, drift=drift, noise=noise))
+
+
+def drawn_windows(n: int, length: int = 12, *, seed: int = 0, drift: float = 1.0, noise: float = 0.4
+                  ) -> DrawnSequence[TrendWindow]:
+    """`make_windows`'s windows, each drawn when a run first reaches it (`DrawnSequence`)."""
     if n < 1 or length < 2:
         raise ValueError(f"need n >= 1 and length >= 2, got n={n}, length={length}")
     if drift <= 0 or noise < 0:
         raise ValueError(f"need drift > 0 and noise >= 0, got drift={drift}, noise={noise}")
+    return DrawnSequence(n, lambda: _drawn_windows(n, length, seed, drift, noise))
+
+
+def _drawn_windows(n: int, length: int, seed: int, drift: float, noise: float) -> Iterator[TrendWindow]:
     rng = np.random.default_rng(seed)
-    out = []
     t = np.arange(length)
-    while len(out) < n:
+    drawn = 0
+    while drawn < n:
         sign = 1.0 if rng.random() < 0.5 else -1.0
         start = rng.uniform(50, 150)
         prices = start + np.cumsum(np.concatenate([[0.0], sign * drift + rng.normal(0, noise, length - 1)]))
         slope = np.polyfit(t, prices, 1)[0]
         if np.sign(slope) != sign:
             continue  # noise reversed the visible trend: not an unambiguous window
-        out.append(TrendWindow(tuple(float(p) for p in prices), "up" if sign > 0 else "down"))
-    return out
+        drawn += 1
+        yield TrendWindow(tuple(float(p) for p in prices), "up" if sign > 0 else "down")
 
 
 def answer_tokens(tokenizer: Any) -> dict[int, Direction]:

@@ -40,3 +40,44 @@ def test_a_model_path_is_not_checked_when_a_backend_replaces_the_model():
     check_model_path(argparse.Namespace(checks_model_path=True, model="tiny", backend=None))
     with pytest.raises(ValueError, match="does not exist"):
         check_model_path(argparse.Namespace(checks_model_path=True, model="/no/such/model", backend=None))
+
+
+UNKNOWN = ["--no-such-option"]
+COMMA_LISTS = [  # every option whose value is a comma-separated list: (argv before the list, option, items, argv after:
+    # what a run that skipped the empty item refuses next, so that it fails at once rather than runs)
+    (["eval", "--out", "{tmp}/r.jsonl", "--datasets"], "--datasets", ["math500", "mmlu"], ["--gpqa-shuffle-seed", "5"]),
+    (["eval", "--out", "{tmp}/r.jsonl", "--datasets", "math500", "--methods"], "--methods", ["greedy", "power-mh"],
+     ["--beta", "2"]),
+    (["eval", "--out", "{tmp}/r.jsonl", "--datasets", "math500", "--seed"], "--seed", ["1", "2"], UNKNOWN),
+    (["eval", "--out", "{tmp}/r.jsonl", "--datasets", "math500", "--n"], "--n", ["4", "math500=8"], UNKNOWN),
+    (["generate", "--prompt", "x", "--backend"], "--backend", ["http://127.0.0.1:1", "http://127.0.0.1:2"], UNKNOWN),
+    (["bench", "preposition", "--rhos"], "--rhos", ["1", "2"], UNKNOWN),
+    (["classifier", "train", "--records", "{tmp}/r.jsonl", "--out", "{tmp}/c.json", "--features"], "--features",
+     ["cut_fraction", "depth"], UNKNOWN),
+]
+
+
+@pytest.mark.parametrize("empty", ["{a},,{b}", "{a},", ",{a}", "{a}, ,{b}"])
+@pytest.mark.parametrize("prefix,option,items,after", COMMA_LISTS, ids=[c[1] for c in COMMA_LISTS])
+def test_an_empty_item_of_a_comma_separated_list_is_refused_naming_the_option(
+        prefix, option, items, after, empty, tmp_path, run_forerun_in_process, assert_one_line_error):
+    """'--methods greedy,,power-mh', '--datasets math500,' (an unset $MORE in 'math500,$MORE'), ... skipped the
+    empty item and ran what was left, exit 0: less than was asked, without a word."""
+    value = empty.format(a=items[0], b=items[1])
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in prefix] + [value] + after
+    proc = run_forerun_in_process(argv)
+    assert_one_line_error(proc, "is empty", 2)
+    assert option in proc.stderr and repr(value) in proc.stderr
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_list_options_split_their_value_in_one_place():
+    """Every comma-separated option goes through `comma_items` (cli/args.py): no other module of the command line
+    splits a value on commas itself (where an empty item would be skipped again)."""
+    from pathlib import Path
+
+    import forerun.cli as cli
+
+    splitting = [p.name for p in Path(cli.__file__).parent.glob("*.py")
+                 if 'split(",")' in p.read_text() or "split(',')" in p.read_text()]
+    assert splitting == ["args.py"]

@@ -80,7 +80,10 @@ def _wait_for_lines(proc: subprocess.Popen, path: Path, n: int, timeout: float =
     (["eval", "report", "{tmp}/full.jsonl", "--out", ""], "--out must not be empty"),  # was: the current folder
     (["eval", "--datasets", "math500", "--out", "{tmp}/full.jsonl/r.jsonl"], "is not a directory"),
     (["eval", "--datasets", "math500", "--out", "/dev/null"], "is not a regular file"),
-    (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "names no dataset"),  # was: a header, 0 items, exit 0
+    (["eval", "--datasets", ",", "--out", "{tmp}/r.jsonl"], "--datasets: item 1 of the comma-separated list ',' is "
+     "empty"),  # was: a header, 0 items, exit 0
+    (["eval", "--datasets", "math500", "--methods", "greedy", "--alpha", "2", "--out", "{tmp}/r.jsonl"],
+     "--alpha applies only to methods that sample"),  # was ignored: greedy-only items at "--alpha 2"
     (["eval", "--datasets", "math500", "--out", "{tmp}/r.jsonl", "--seed", str(2**63 - 1), "--samples", "2"],
      "is over 2**63 - 1"),  # was: a seed of 2**63, out of --seed's range
     (["eval", "report", "{tmp}/rep/summary.json", "--out", "{tmp}/rep"], "is also the RUN.jsonl input"),
@@ -146,6 +149,44 @@ def test_resume_refuses_other_settings(tmp_path, capsys):
     assert main([*small[:-1], "5", "--out", str(run), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "other settings" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("made, header, resumed, refused", [
+    # was refused ("alpha (2.0 -> 4.0)"): greedy is argmax; none of these settings reaches it
+    ("greedy", {"alpha": 2.0, "beta": 2.0, "K": 2, "block": 2, "npf": 3, "best_of": 2, "smc_particles": 3,
+                "fixed_horizon": True}, "greedy", False),
+    ("low-temp", {"alpha": 2.0}, "low-temp", True),  # samples at τ = 1/α
+    ("greedy", {"alpha": 2.0}, "greedy,low-temp", True),  # the method added now uses α: the header's must hold
+    ("low-temp", {"alpha": 2.0}, "greedy", True),  # the file's low-temp results were made at the header's α
+    ("best-of-n", {"best_of_select": "logp0"}, "best-of-n", True),
+    ("power-mh", {"beta": 2.0, "npf": 3, "smc_block": 2, "best_of": 2}, "power-mh", False),
+    ("entropy-cut", {"beta": 2.0}, "entropy-cut", True),
+    ("power-mh", {"fixed_horizon": True}, "power-mh", True),
+    ("presto-power-mh", {"npf": 3}, "presto-power-mh", True),
+    ("power-smc", {"K": 2, "block": 2, "fixed_horizon": True, "beta": 2.0}, "power-smc", False),
+    ("power-smc", {"smc_ess": 1.0}, "power-smc", True),
+])
+def test_resume_compares_only_the_settings_its_methods_use(tmp_path, capsys, made, header, resumed, refused):
+    """A setting no method of the run (now or in the file) uses cannot make a result differ, so it does not block
+    --resume; one that a method uses does.  The run file's header is edited to hold other values (as a forerun that
+    let them be given wrote them); the expected outcomes are from what each method is (harness.methods)."""
+    run = tmp_path / "run.jsonl"
+    small = ["eval", "--model", "tiny", "--datasets", "mmlu", "--limit", "1", "--n", "4", "--K", "2", "--out", str(run)]
+    small = small if any(m in made + resumed for m in ("power-mh", "entropy-cut")) else small[:-4] + small[-2:]
+    assert main([*small, "--methods", made]) == 0
+    first, rest = run.read_text().split("\n", 1)
+    head = json.loads(first)
+    assert set(header) <= set(head["settings"])
+    head["settings"].update(header)
+    run.write_text(json.dumps(head) + "\n" + rest)
+    before = run.read_bytes()
+    capsys.readouterr()
+    assert main([*small, "--resume", "--methods", resumed, "--quiet"]) == (2 if refused else 0)
+    err = capsys.readouterr().err
+    if refused:
+        assert "other settings" in err and err.count("\n") == 1 and run.read_bytes() == before
+    else:
+        assert err == ""
 
 
 def test_a_line_torn_inside_a_character_is_repaired_and_a_run_without_its_header_is_not_resumed(tmp_path, capsys):

@@ -323,3 +323,62 @@ def test_bench_without_status_calibration_reports_g_as_unmeasured(fake, capsys, 
     assert "g not measured" in text.split("live trace")[1]
     assert "held out (2 other windows) at that τ" in text  # the bench's trend section: τ judged on held-out windows
     assert res["gate"]["calibration"]["held_out_at_tau"]["n"] == 2
+
+
+class _Stop(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _within(seconds):
+    """The block must end within `seconds` (SIGALRM raises _Stop, which the command reports as an internal error)."""
+    import signal
+
+    def ring(signum, frame):
+        raise _Stop(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_calibrate_gate_refuses_a_window_longer_than_the_context(monkeypatch, capsys):
+    """--window-len 1e14 drew the windows whole before the model loaded: an internal error (MemoryError, exit 1)
+    after seconds; a window longer than the model's context window cannot fit it (each price is one token or more):
+    one line naming --window-len and the context, exit 2."""
+    from types import SimpleNamespace
+
+    class SmallContext(FakeEngine):
+        model_info = SimpleNamespace(max_context=64)
+
+    monkeypatch.setattr(cli_preposition, "_engine", lambda model, dtype, threads=None: SmallContext())
+    for length in (10**14, 65):
+        with _within(60):
+            assert cli.main(["calibrate", "gate", "--windows", "2", "--window-len", str(length)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--window-len {length}: " in err and "context window of 64 tokens" in err
+
+
+@pytest.mark.parametrize("task", ["trend", "status"])
+def test_calibrate_gate_draws_each_window_as_the_run_reaches_it(fake, monkeypatch, capsys, task):
+    """--windows 1e14 drew every window before the model loaded, with no progress bar (hours, and memory without
+    bound); now the run starts at once and each window is drawn when it is reached: the same windows, in order."""
+    from forerun.eval.preposition import status_task, trend_task
+
+    module = trend_task if task == "trend" else status_task
+    want = (trend_task.make_windows(3, 12, seed=0) if task == "trend" else status_task.make_windows(3, seed=0))
+    seen = []
+
+    def first_three(engine, tokenizer, windows, **kwargs):
+        seen.extend(w for _, w in zip(range(3), windows))
+        raise ValueError("stopped after three windows")
+
+    monkeypatch.setattr(module, "collect_pairs", first_three)
+    with _within(60):
+        assert cli.main(["calibrate", "gate", "--task", task, "--windows", str(10**14)]) == 2
+    assert "stopped after three windows" in capsys.readouterr().err
+    assert seen == want and len(fake) == 1

@@ -421,3 +421,30 @@ def test_crlf_non_ascii_and_trailing_blank_lines_parse_as_written(tmp_path):
     assert g.id == "rec\u00e9" and g.question == "Wh\u00e9re?\nSecond line"
     assert g.choices[g.extra["answer_index"]] == "\u00b5m"
     assert load_prompts("gpqa", data_dir=tmp_path / "lf") == [g]
+
+
+@pytest.mark.parametrize("bad_line", [1, 3, 400])  # 400: past the text reader's first read-ahead chunk
+def test_a_file_that_is_not_utf8_is_a_dataset_error_naming_the_file_offset_and_line(tmp_path, bad_line):
+    """load_prompts called from Python raised a bare UnicodeDecodeError ("'utf-8' codec can't decode byte 0xff in
+    position 8191"): neither the file nor where in it (the position is in the reader's chunk, not the file); only
+    the command line named the file.  Now a DatasetError (a ValueError) names the file, the offset and the line."""
+    rows = [json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "unique_id": f"test/algebra/{i}.json"}).encode()
+            for i in range(500)]
+    rows[bad_line - 1] = rows[bad_line - 1].replace(b"+1?", b"+1\xff?")
+    data = b"\n".join(rows) + b"\n"
+    tmp_path.joinpath("math500.jsonl").write_bytes(data)
+    offset = data.index(b"\xff")
+    assert data[:offset].count(b"\n") == bad_line - 1
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'math500.jsonl'}: not UTF-8 text (byte 0xff at "
+                                                   f"offset {offset}, line {bad_line})")) as info:
+        load_prompts("math500", data_dir=tmp_path)
+    assert isinstance(info.value, DatasetError)
+    header = b"Record ID,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\n"
+    csv_data = header + b"rec1,Which?,right,w1,w2,w3\nrec2,Wh\xe9ch?,right,w1,w2,w3\n"  # latin-1, not UTF-8
+    tmp_path.joinpath("gpqa_diamond.csv").write_bytes(csv_data)
+    csv_offset = len(header) + len(b"rec1,Which?,right,w1,w2,w3\nrec2,Wh")
+    with pytest.raises(DatasetError, match=re.escape(f"{tmp_path / 'gpqa_diamond.csv'}: not UTF-8 text (byte 0xe9 "
+                                                     f"at offset {csv_offset}, line 3)")):
+        load_prompts("gpqa", data_dir=tmp_path)
+    with pytest.raises(DatasetError, match=re.escape(f"offset {offset}, line {bad_line})")):
+        load_prompts("math500", file=tmp_path / "math500.jsonl")

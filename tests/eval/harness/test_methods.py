@@ -38,7 +38,8 @@ def test_parse_methods():
 
 def test_settings_record_what_defines_each_method():
     s = EvalSettings().for_dataset("math500")
-    assert s.for_method("greedy") == {"max_new_tokens": s.n, "alpha": 4.0, "tau": 0.25}
+    assert s.for_method("greedy") == {"max_new_tokens": s.n}  # argmax: it recorded α and τ, which it ignores
+    assert s.for_method("low-temp") == {"max_new_tokens": s.n, "alpha": 4.0, "tau": 0.25}
     assert s.for_method("presto-entropy-cut")["beta"] == 4.0
     assert s.for_method("presto-power-mh-predictive")["traversal"] == "predictive"
     assert s.for_method("power-smc")["particles"] == s.smc_particles
@@ -120,6 +121,35 @@ def test_every_method_runs_on_the_tiny_engine(tiny_runner, method):
         assert seq["extra"]["history"] == out["extra"]["history"]  # the same accept/reject decisions
         # the program that ran is the one the name says (streaming rows vs round-based calls)
         assert out["extra"]["sampler"].startswith("streaming-") == method.endswith("-streaming")
+
+
+UNUSED_VALUES = {"block": 3, "K": 2, "npf": 2, "alpha": 2.0, "beta": 2.0, "best_of": 2, "best_of_select": "logp0",
+                 "smc_particles": 3, "smc_block": 2, "smc_ramp": 2, "smc_ess": 1.0, "smc_final": "max",
+                 "fixed_horizon": True}
+"""A value other than the tiny runner's for every method-specific setting."""
+TIMINGS = ("wall_s", "call_time_s", "time_per_call_s")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_settings_a_method_is_said_not_to_use_do_not_change_its_output(tiny_runner, method):
+    """`settings_used_by` decides what --resume compares: a setting left out of it must not change what the method
+    produces.  Oracle: the method run on the tiny engine with every setting it is said not to use changed at once
+    gives the same tokens, calls, transitions and decisions as without the change."""
+    from dataclasses import replace
+
+    from forerun.eval.harness.methods import MethodRunner
+    from forerun.eval.harness.settings import settings_used_by
+
+    rt, runner = tiny_runner
+    unused = {k: v for k, v in UNUSED_VALUES.items() if k not in settings_used_by(method)}
+    assert set(UNUSED_VALUES) | set(settings_used_by(method)) >= set(EvalSettings().to_json())  # none forgotten
+    changed = MethodRunner(rt.backend, replace(runner.settings, **unused), classifier=runner.classifier)
+    ids = rt.tokenizer.encode("Compute 2 + 2.")
+    want = {k: v for k, v in runner.run(method, ids, "p", 7).items() if k not in TIMINGS}
+    got = {k: v for k, v in changed.run(method, ids, "p", 7).items() if k not in TIMINGS}
+    assert got == want, sorted(unused)
+    if method == "greedy":
+        assert "alpha" in unused
 
 
 def test_selection_rules_name_the_chosen_rule_and_its_bias():

@@ -20,6 +20,12 @@ def check_trace_interval(interval_s: float, what: str) -> float:
     return interval_s
 
 
+MAX_TRACE_QUERIES = 100_000
+"""Most queries one live trace may be asked to serve (ρ × updates, expected): each is a real request replayed in
+real time, so more is hours of work, and ρ near 1e19 overflowed numpy's Poisson draw after the rest of the bench
+had run ("lam value too large")."""
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Sizes of one `bench preposition` run (CPU-sized defaults: about 4-5 minutes on 2 cores)."""
@@ -76,6 +82,11 @@ class BenchConfig:
             raise ValueError(f"energy_idle_s must be > 0, got {self.energy_idle_s}")
         if any(r <= 0 for r in self.rhos):
             raise ValueError(f"rhos must be > 0, got {self.rhos}")
+        queries = max(self.rhos) * self.trace_updates
+        if queries > MAX_TRACE_QUERIES:
+            about = f"about {queries:.3g}" if queries < float("inf") else "more than 1e308"
+            raise ValueError(f"rhos: ρ = {max(self.rhos):g} with trace_updates = {self.trace_updates} asks the live trace "
+                             f"to serve {about} queries in real time; at most {MAX_TRACE_QUERIES} (ρ × trace_updates)")
         if self.trace_idle_factor <= 0:
             raise ValueError(f"trace_idle_factor must be > 0, got {self.trace_idle_factor}")
         if self.trace_interval_s is not None and self.trace_interval_s <= 0:

@@ -370,7 +370,8 @@ class Prepositioner:
         latency = time.perf_counter() - t0
         cached = out.meta_info.get("cached_tokens")
         if cached:  # 0: no cache hit reported at all (a server client's default, a cache-less server): says nothing
-            delta, reason = as_restored(delta, reason, len(look.state), len(realized), int(cached))
+            delta, reason = as_restored(delta, reason, len(look.state), len(realized), int(cached),
+                                        fell_through=path == "fall")
         result = ServeResult(
             path=path, token_id=int(out.output_ids[0]), text=out.text, latency_s=latency, logit_gap=gap,
             delta=delta, state=look.state, entry=realized, cached_tokens=None if cached is None else int(cached),

@@ -50,12 +50,19 @@ class ServeReceipt:
     counter: str
 
 
-def as_restored(delta: int, reason: str, state_len: int, entry_len: int, cached: int) -> tuple[int, str]:
+def as_restored(delta: int, reason: str, state_len: int, entry_len: int, cached: int, *, fell_through: bool = True
+                ) -> tuple[int, str]:
     """(Δ, reason) as the engine's reported cache hit shows them: an engine under memory pressure may have
     dropped a pre-position's pin and evicted its KV, and then fewer tokens than planned are restored (one less
-    is normal: the last token is recomputed for its logits).  Δ becomes the entry's tokens prefilled again."""
+    is normal: the last token is recomputed for its logits).  Δ becomes the entry's tokens prefilled again.
+    A fall-through whose engine restored MORE of the entry than was planned (an entry that is a strict prefix of a
+    pre-positioned one, or shares its first tokens, matches none of them, yet the pinned KV holds those) reports the
+    tokens the engine prefilled: Δ counted the whole entry.  A cold request (`fell_through` False) keeps its Δ: it is the baseline's by definition."""
     prepaid = entry_len - delta
     resident = cached - state_len
+    if fell_through and resident > prepaid and prepaid < entry_len - 1:
+        actual = entry_len - min(resident, entry_len)
+        return actual, f"{reason}; the engine held {entry_len - actual} of its tokens already (Δ = {actual})"
     if resident >= prepaid - 1:
         return delta, reason
     actual = entry_len - max(0, resident)

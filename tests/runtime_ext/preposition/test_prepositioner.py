@@ -107,8 +107,9 @@ def test_eligibility_prefix_and_mismatch():
     assert r.path == "fall" and r.delta == 2 and r.cached_tokens == 4
     assert r.token_id == int(np.argmax(hash_logits([1, 2, 3, 4, 9, 9])))
     assert r.logit_gap is None  # γ of the pre-positioned entry says nothing about this request
-    r = pp.serve(s, [3, 7])  # differs: not eligible
-    assert r.path == "fall" and r.delta == 2 and r.logit_gap is None
+    r = pp.serve(s, [3, 7])  # differs: not eligible; token 3 is the pinned entry's, so only 7 is prefilled
+    assert r.path == "fall" and r.delta == 1 and r.logit_gap is None  # was 2: the whole entry
+    assert r.cached_tokens == 3 and "held 1 of its tokens" in r.reason
     c = pp.counters
     assert c.fell_through == 2 and c.consumed == 1
 

@@ -41,6 +41,11 @@ VOLATILE_FIELDS = ("wall_s", "call_time_s", "time_per_call_s", "grade_s", "finis
 """Record fields that differ between two runs of the same items: timings, machine load, the command line."""
 
 
+MAX_SAMPLES = 100_000
+"""Most --samples per prompt: the run plan lists every item up front, so --samples 1e14 spent unbounded time and
+memory before the model loaded (helper U's noticed item); 1e5 samples of one prompt is already days of decoding."""
+
+
 def _seeds(text: str) -> list[int]:
     return list(dict.fromkeys(seed_int(s) for s in comma_items(text)))
 
@@ -233,6 +238,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.samples is not None:
         if len(seeds) > 1:
             raise ValueError("--samples K takes one --seed S (the samples use seeds S..S+K-1), not a list")
+        if args.samples > MAX_SAMPLES:  # the plan lists every (prompt, seed) item before the model loads
+            raise ValueError(f"--samples {args.samples}: at most {MAX_SAMPLES} samples per prompt (each one an answer "
+                             "decoded by every method on every prompt)")
         if seeds[0] + args.samples - 1 > SEED_MAX:
             raise ValueError(f"--seed {seeds[0]} --samples {args.samples}: the last sample's seed "
                              f"{seeds[0] + args.samples - 1} is over 2**63 - 1")

@@ -195,6 +195,8 @@ CASES = [
      "report_fifo/summary.json is a FIFO, not a regular file"),  # was: hung on the FIFO
     ("bench preposition", ["bench", "preposition", "--rhos", "1,nan"], "--rhos"),
     ("bench preposition", ["bench", "preposition", "--rhos", "0"], "--rhos"),
+    ("eval", ["eval", "--datasets", "math500", "--samples", "100000000000000", "--out", "{root}/samples.jsonl"],
+     "--samples 100000000000000: at most 100000"),  # was: unbounded time and memory before the model loaded
     # was: ~34 s of benchmark, then a numpy warning and "lam value too large" naming no option
     ("bench preposition", ["bench", "preposition", "--rhos", "1e308,1"], "--rhos: ρ = 1e+308 with --trace-updates"),
     ("bench preposition", ["bench", "preposition", "--rhos", "4000", "--trace-updates", "32"], "at most 100000"),

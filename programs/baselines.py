@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..runtime_ext.protocol import as_finite, as_integer, check_inverse_alpha
+from ..runtime_ext.protocol import as_finite, as_integer, check_inverse_alpha, check_parallel_sequences
 from .completions import CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import SELECT_RULES
@@ -73,8 +73,7 @@ class BaselineConfig:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
         if self.kind != "greedy":  # greedy ignores τ
             check_inverse_alpha(self.alpha)
-        if self.samples < 1:
-            raise ValueError(f"samples N must be >= 1, got {self.samples}")
+        check_parallel_sequences("samples N", self.samples)
         if self.select not in SELECT_RULES:
             raise ValueError(f"select must be one of {tuple(SELECT_RULES)}, got {self.select!r}")
         if self.seed < 0:

@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import logsumexp
 
-from ..runtime_ext.protocol import EngineError, as_finite, as_integer, check_proposal_temperature
+from ..runtime_ext.protocol import EngineError, as_finite, as_integer, check_parallel_sequences, check_proposal_temperature
 from .completions import Completion, CompletionModel, CompletionRequest, DecodeResult
 from .random_streams import PAPER_SEED, SEED_RANGE, keyed_generator, prompt_key
 from .selection_rules import FINAL_RULES
@@ -91,7 +91,8 @@ class PowerSMCConfig:
         if not self.alpha >= 1:
             raise ValueError(f"alpha must be >= 1 (a sharpening power), got {self.alpha}")
         check_proposal_temperature("τ (1/α)", self.tau)
-        for name in ("particles", "max_new_tokens", "block_size"):
+        check_parallel_sequences("particles", self.particles)
+        for name in ("max_new_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.ess_threshold <= 1:

@@ -45,6 +45,17 @@ def as_integer(name: str, value: Any) -> int:
     return operator.index(value)
 
 
+MAX_PARALLEL_SEQUENCES = 65_536
+"""Most sequences one item decodes side by side (best-of-N's samples, Power-SMC's particles): each is a request,
+batched at once; `--best-of 1e14` hung building them after the model had loaded."""
+
+
+def check_parallel_sequences(name: str, count: int) -> None:
+    """Refuse a count of side-by-side sequences under 1 or over MAX_PARALLEL_SEQUENCES."""
+    if not 1 <= count <= MAX_PARALLEL_SEQUENCES:
+        raise ValueError(f"{name} must be in [1, {MAX_PARALLEL_SEQUENCES}], got {count}")
+
+
 def as_finite(name: str, value: Any) -> float:
     """`value` as a finite float (ints and numpy floats pass; NaN, infinities and non-numbers are refused)."""
     if isinstance(value, bool) or not hasattr(type(value), "__float__"):

@@ -197,6 +197,10 @@ CASES = [
     ("bench preposition", ["bench", "preposition", "--rhos", "0"], "--rhos"),
     ("eval", ["eval", "--datasets", "math500", "--samples", "100000000000000", "--out", "{root}/samples.jsonl"],
      "--samples 100000000000000: at most 100000"),  # was: unbounded time and memory before the model loaded
+    ("eval", ["eval", "--datasets", "math500", "--methods", "best-of-n", "--best-of", "100000000000000", "--model", "tiny",
+              "--out", "{root}/bestof.jsonl"], "--best-of N must be in [1, 65536]"),  # was: hung after the model loaded
+    ("eval", ["eval", "--datasets", "math500", "--methods", "power-smc", "--smc-particles", "100000000000000", "--model", "tiny",
+              "--out", "{root}/smc.jsonl"], "--smc-particles must be in [1, 65536]"),
     # was: ~34 s of benchmark, then a numpy warning and "lam value too large" naming no option
     ("bench preposition", ["bench", "preposition", "--rhos", "1e308,1"], "--rhos: ρ = 1e+308 with --trace-updates"),
     ("bench preposition", ["bench", "preposition", "--rhos", "4000", "--trace-updates", "32"], "at most 100000"),

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 from ...programs.prompts import chat_prompt_ids
 from ...runtime_ext.engine import EngineConfig
+from ...runtime_ext.protocol import check_parallel_sequences
 from ...runtime_ext.runtime import open_runtime
 from .bench import BENCH_PROMPT
 from .roofline import native_kernels, time_rows
@@ -63,6 +64,8 @@ class WorkSplitConfig:
     def __post_init__(self) -> None:
         if not self.rows or min(self.rows) < 1 or self.repeats < 1 or self.tokens < 1:
             raise ValueError("rows, repeats and tokens must be >= 1")
+        for r in self.rows:  # each row is a request of one batch: --rows 1e14 hung building them
+            check_parallel_sequences("rows", r)
         if not self.neighbour_duties or any(not 0.0 <= d < 1.0 for d in self.neighbour_duties):
             raise ValueError(f"neighbour_duties must be in [0, 1), got {list(self.neighbour_duties)}")
 

@@ -199,6 +199,8 @@ CASES = [
      "--samples 100000000000000: at most 100000"),  # was: unbounded time and memory before the model loaded
     ("eval", ["eval", "--datasets", "math500", "--methods", "best-of-n", "--best-of", "100000000000000", "--model", "tiny",
               "--out", "{root}/bestof.jsonl"], "--best-of N must be in [1, 65536]"),  # was: hung after the model loaded
+    ("bench work-split", ["bench", "work-split", "--rows", "1", "100000000000000", "--model", "tiny"],
+     "--rows must be in [1, 65536]"),  # was: hung building 1e14 requests
     ("eval", ["eval", "--datasets", "math500", "--methods", "power-smc", "--smc-particles", "100000000000000", "--model", "tiny",
               "--out", "{root}/smc.jsonl"], "--smc-particles must be in [1, 65536]"),
     # was: ~34 s of benchmark, then a numpy warning and "lam value too large" naming no option

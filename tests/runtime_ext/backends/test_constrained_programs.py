@@ -333,14 +333,20 @@ def test_a_text_reader_gets_each_gen_streamed(backend):
     reader.)"""
     for _ in range(3):
         st = three_long_streams.run(backend=backend, stream=True)
-        pieces = list(st.text_iter())
-        text = st.text()
-        assert "".join(pieces) == text
-        ends = set(itertools.accumulate(len(p) for p in pieces))
-        for name in ("a", "b", "c"):
-            start = text.index(st[name])
-            assert st.get_meta_info(name)["completion_tokens"] == 150  # these seeds draw no "<|im_end|>"
-            assert any(start < end < start + len(st[name]) for end in ends), (name, pieces)
+        assert_each_gen_arrives_in_pieces(st)
+        assert all(st.get_meta_info(name)["completion_tokens"] == 150 for name in "abc")  # no "<|im_end|>" drawn
+
+
+def assert_each_gen_arrives_in_pieces(st) -> None:
+    """Read `st`'s whole text as SGLang's text_iter gives it: the pieces spell the text, and some piece ends inside
+    each of the gens a, b and c."""
+    pieces = list(st.text_iter())
+    text = st.text()
+    assert "".join(pieces) == text
+    ends = set(itertools.accumulate(len(p) for p in pieces))
+    for name in ("a", "b", "c"):
+        start = text.index(st[name])
+        assert any(start < end < start + len(st[name]) for end in ends), (name, pieces)
 
 
 class PublicApiEvent:
@@ -379,13 +385,7 @@ def test_the_text_reader_is_paced_through_the_events_public_methods(backend, mon
     for _ in range(3):
         st = three_long_streams.run(backend=backend, stream=True)
         assert isinstance(st.stream_executor.stream_text_event, PublicApiEvent)
-        pieces = list(st.text_iter())
-        text = st.text()
-        assert "".join(pieces) == text
-        ends = set(itertools.accumulate(len(p) for p in pieces))
-        for name in ("a", "b", "c"):
-            start = text.index(st[name])
-            assert any(start < end < start + len(st[name]) for end in ends), (name, pieces)
+        assert_each_gen_arrives_in_pieces(st)
 
 
 # -- token usage --------------------------------------------------------------------------------------------

@@ -30,19 +30,25 @@ def _post(srv, body):
     return requests.post(srv.url + "/generate", json=body, timeout=10)
 
 
+def sglang_manager_methods(names: tuple[str, ...]) -> type:
+    """A class holding SGLang's own `TokenizerManager` methods `names`, compiled from the installed source with
+    their module globals replaced (no serving/parallel config, no DP attention, no input blocker)."""
+    namespace = {"get_serving": lambda: SimpleNamespace(enable_tokenizer_batch_encode=False),
+                 "get_parallel": lambda: SimpleNamespace(attn_dp_enabled=False), "logger": logging.getLogger("t"),
+                 "get_bool_env_var": lambda name: False, "nullcontext": contextlib.nullcontext, "asyncio": asyncio,
+                 "input_blocker_guard_region": contextlib.nullcontext}
+    return type("Manager", (), {
+        n: src.compile_function(src.method_def(TOKENIZER_MANAGER, "TokenizerManager", n), namespace, TOKENIZER_MANAGER)
+        for n in names})
+
+
 def _sglang_sends_of_a_batch(batch_size: int, refused_item: int) -> list[int]:
     """The items SGLang's own `TokenizerManager._handle_batch_request` sends to its scheduler for a batch of
     `input_ids` (no text, no DP attention, no parallel sampling) whose item `refused_item` its tokenization refuses
     (a ValueError: HTTP 400), run on a stand-in manager that records the sends."""
     names = ("_handle_batch_request", "_should_use_batch_tokenization", "_batch_has_text",
              "_batch_tokenize_and_process")
-    namespace = {"get_serving": lambda: SimpleNamespace(enable_tokenizer_batch_encode=False),
-                 "get_parallel": lambda: SimpleNamespace(attn_dp_enabled=False), "logger": logging.getLogger("t"),
-                 "get_bool_env_var": lambda name: False, "nullcontext": contextlib.nullcontext, "asyncio": asyncio,
-                 "input_blocker_guard_region": contextlib.nullcontext}
-    manager_cls = type("Manager", (), {
-        n: src.compile_function(src.method_def(TOKENIZER_MANAGER, "TokenizerManager", n), namespace, TOKENIZER_MANAGER)
-        for n in names})
+    manager_cls = sglang_manager_methods(names)
     sent: list[int] = []
 
     class Manager(manager_cls):
@@ -320,13 +326,7 @@ def _sglang_batch_with_a_scheduler_abort(batch_size: int, aborted: int) -> tuple
     the message as a ValueError for a request that does not stream): the items sent, and what the batch raises."""
     names = ("_handle_batch_request", "_should_use_batch_tokenization", "_batch_has_text",
              "_batch_tokenize_and_process", "_collect_batch_responses")
-    namespace = {"get_serving": lambda: SimpleNamespace(enable_tokenizer_batch_encode=False),
-                 "get_parallel": lambda: SimpleNamespace(attn_dp_enabled=False), "logger": logging.getLogger("t"),
-                 "get_bool_env_var": lambda name: False, "nullcontext": contextlib.nullcontext, "asyncio": asyncio,
-                 "input_blocker_guard_region": contextlib.nullcontext}
-    manager_cls = type("Manager", (), {
-        n: src.compile_function(src.method_def(TOKENIZER_MANAGER, "TokenizerManager", n), namespace, TOKENIZER_MANAGER)
-        for n in names})
+    manager_cls = sglang_manager_methods(names)
     sent: list[int] = []
 
     class Manager(manager_cls):

@@ -112,6 +112,10 @@ def context_error(prompt_tokens: int, max_new_tokens: Any, context_len: int) -> 
     return None
 
 
+UNCAPPED_NEW_TOKENS = 1 << 30
+"""The scheduler's max_new_tokens of a request that sets it to null (scheduler.init_req_max_new_tokens)."""
+
+
 def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":
     """A request's StopRules from its sampling_params with SGLang's defaults; ValueError (HTTP 400) over its
     normalize's limits, re.error (HTTP 500 there) for a pattern that does not compile."""
@@ -121,7 +125,10 @@ def request_stop_rules(tokenizer: Any, sp: dict[str, Any]) -> "StopRules":
     check_stop_params(stops, patterns)
     for pattern in patterns:
         re.compile(pattern)
-    max_new_tokens = int(sp.get("max_new_tokens", 128))  # a negative one: verify's (`admission.verify_error`)
+    # a negative one: verify's (`admission.verify_error`); null: no limit of its own - the scheduler caps it at the
+    # context (init_req_max_new_tokens: `1 << 30` when None, then max_req_len - input_len - 1)
+    requested = sp.get("max_new_tokens", 128)
+    max_new_tokens = UNCAPPED_NEW_TOKENS if requested is None else int(requested)
     return StopRules(tokenizer, max_new_tokens, tuple(stops), tuple(patterns),
                      frozenset(int(t) for t in (sp.get("stop_token_ids") or [])), bool(sp.get("ignore_eos", False)),
                      int(sp.get("stream_interval") or DEFAULT_STREAM_INTERVAL))

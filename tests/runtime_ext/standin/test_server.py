@@ -241,6 +241,7 @@ def test_the_stand_in_refuses_what_does_not_fit_its_context_as_sglang_does():
         exact = post(10, max_new_tokens=2, ignore_eos=True)  # fits; the scheduler's cap leaves 12 - 2 - 10 = 0
         capped = post(8, max_new_tokens=4, ignore_eos=True)
         unset = post(9, ignore_eos=True)  # max_new_tokens not set: only the prompt is checked; capped at 1
+        null = post(6, max_new_tokens=None, ignore_eos=True)  # null: no limit of its own (was: connection dropped)
     assert [c["max_model_len"] for c in cards] == [12]
     assert full.status_code == 400 and full.json()["error"]["message"] == (
         "The input (12 tokens) is longer than the model's context length (12 tokens).")
@@ -250,6 +251,8 @@ def test_the_stand_in_refuses_what_does_not_fit_its_context_as_sglang_does():
     assert capped.status_code == 200 and len(capped.json()["output_ids"]) == 2
     assert capped.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
     assert unset.status_code == 200 and len(unset.json()["output_ids"]) == 1
+    # scheduler.init_req_max_new_tokens: None -> 1 << 30, then min(., max_req_len - input_len - 1) = 11 - 6 - 1 = 4
+    assert null.status_code == 200 and null.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
 
 
 def _sglang_parallel_sampling(sampling_params, batched: bool):

@@ -39,8 +39,12 @@ _PHRASES = [  # each ends where its answer starts; earlier phrases take preceden
 _DISPLAY_MATH = re.compile(r"\s*(?:\$\$(.+?)\$\$|\\\[(.+?)\\\])", re.S)
 """A display formula right after the phrase, possibly on the next lines: "The answer is:\n\\[ \\frac12 \\]"."""
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
-_REASON_CLAUSE = re.compile(r",\s+(?:since|because|as|which|so|where|given|thus|hence|therefore|i\.e\.)\b.*", re.I)
-"""A clause that justifies the answer ("42, since 6*7=42"): not part of it."""
+_REASON_CLAUSE = re.compile(r",\s+(?:since|because|as|which|so|where|given|thus|hence|therefore|i\.e\.)\b.*"
+                            r"|[,;]\s+not\b.*", re.I)
+"""A clause that justifies the answer ("42, since 6*7=42") or sets another aside ("42, not 41"): not part of it."""
+_NEGATED = re.compile(r"not\b[^;,]*[;,]\s*(?:but\s+)?(?:(?:it\s+is|it's|rather|instead)[:\s]+)?|not\b.*", re.I)
+"""A phrase whose answer is negated: what the sentence gives instead ("The answer is not 41; it is 42." -> "42"); with
+nothing instead ("The answer is not 41.") the answer is "not 41", which equals no number."""
 _MARKUP = "*_ \t"
 """Markdown emphasis around an answer ("**42**")."""
 _INLINE_MATH = re.compile(r"\$|\\\(")
@@ -96,12 +100,16 @@ def final_boxed(text: str) -> str | None:
 
 def _answer_after(text: str, start: int) -> str | None:
     """The answer written right after a final-answer phrase that ends at `start`: a display formula, else
-    the rest of the sentence without markdown emphasis, math delimiters or a justifying clause."""
+    the rest of the sentence without markdown emphasis, math delimiters, a justifying clause or a negated one
+    ("The answer is 42, not 41", "The answer is not 41; it is 42": 42)."""
     tail = text[start:].lstrip(_MARKUP + ":：")
     display = _DISPLAY_MATH.match(tail)
     if display:
         return (display.group(1) or display.group(2)).strip() or None
     line = tail.split("\n", 1)[0]
+    negated = _NEGATED.match(line)
+    if negated and line[negated.end():].strip(" ."):  # nothing instead: "not 41" stays, read as no number
+        line = line[negated.end():]
     end = _SENTENCE_END.search(line)
     line = _REASON_CLAUSE.sub("", line[: end.start()] if end else line).strip(_MARKUP).rstrip(".")
     if _INLINE_MATH.search(line):  # "$\\frac12$ cm", "$2$ or $3$": math-verify's reading of the formulas

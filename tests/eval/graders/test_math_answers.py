@@ -150,3 +150,18 @@ def test_many_unclosed_boxes_are_read_in_linear_time():
     code = ("from forerun.eval.graders.math_answers import last_boxed\n"
             "print(last_boxed('\\\\boxed{7} ' + '\\\\boxed{' * 20000), last_boxed('\\\\boxed{' * 20000))")
     assert stdout_within(code, 20, "20000 unclosed \\boxed{").split() == ["7", "None"]
+
+
+@pytest.mark.parametrize("response,gold,correct", [
+    ("The answer is 42, not 41.", "42", True),  # was: "42, not 41", which math-verify cannot read: wrong
+    ("The answer is 41, not 42.", "42", False),
+    ("The answer is not 41; it is 42.", "42", True),  # was: "not 41; it is 42": wrong
+    ("The answer is not 41; it is 42.", "41", False),
+    ("The answer is not 41, but 42.", "42", True),
+    (r"The answer is not $\frac12$; it's $\frac13$.", r"\frac13", True),
+    ("The answer is not 41.", "41", False),  # negated with nothing instead: no number, never the one set aside
+    ("Final answer: 7; not 8", "7", True),
+])
+def test_an_answer_set_against_another_is_the_one_given(response, gold, correct):
+    """Verdicts by hand: the sentence names the answer and sets another aside."""
+    assert grade_math(response, gold)[0] is correct

@@ -120,12 +120,19 @@ class RuntimePool:
 
 
 def split_urls(values: Sequence[str] | str | None) -> list[str]:
-    """--backend values: repeated and/or comma-separated URLs, in order, duplicates dropped."""
+    """--backend values: repeated and/or comma-separated URLs, in order, duplicates dropped; an empty item (a doubled
+    or trailing comma, an unset variable in "http://a:1,$MORE") is a ValueError, as the CLI refuses it, never a
+    server silently left out."""
     if values is None:
         return []
     if isinstance(values, str):
         values = [values]
-    urls = [u.strip() for v in values for u in str(v).split(",") if u.strip()]
+    urls = []
+    for v in values:
+        for i, u in enumerate(str(v).split(","), 1):
+            if not u.strip():
+                raise ValueError(f"backend URLs: item {i} of {str(v)!r} is empty")
+            urls.append(u.strip())
     return list(dict.fromkeys(urls))
 
 

@@ -57,6 +57,9 @@ def test_split_urls():
     assert split_urls(["http://a:1,http://b:2", "http://a:1", " http://c:3 "]) == ["http://a:1", "http://b:2",
                                                                                    "http://c:3"]
     assert split_urls(None) == [] and split_urls("http://a:1") == ["http://a:1"]
+    for bad in ("http://a:1,", ",http://a:1", "http://a:1,,http://b:2", ["http://a:1", " "]):
+        with pytest.raises(ValueError, match="is empty"):  # was: the empty item dropped, silently
+            split_urls(bad)
 
 
 def test_servers_of_different_models_are_refused():

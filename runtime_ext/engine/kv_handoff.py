@@ -21,6 +21,7 @@ and takes free room only (`hand_row_kv_to_tree` is not used).
     r's reservation once KV moved                   row_demand(r) - r.node.depth  (>= what r holds outside)
                                                     hand_row_kv_to_tree, settle_reservation (nothing to move)
     a finished row's KV into the tree               cache_finished_row (its reservation already released)
+    r's lock moves to a node                        move_lock
 """
 
 from __future__ import annotations
@@ -63,13 +64,18 @@ def settle_reservation(radix: RadixCache, r: Request, covered: int) -> None:
     r.reserved = keep
 
 
+def move_lock(radix: RadixCache, r: Request, node: RadixNode) -> None:
+    """r's lock on the tree moves to `node`'s path (locked before the old path is unlocked: the nodes both paths
+    share are never unlocked in between, so they cannot be evicted)."""
+    radix.lock(node)
+    radix.unlock(r.node)  # None: nothing held yet
+    r.node = node
+
+
 def read_from_tree(radix: RadixCache, r: Request, node: RadixNode) -> None:
     """Running row r reads the KV of `node`'s path in place from now on, as its prefix (its buffer columns keep only
     the tokens after it, the newest ones, where they are): its lock moves to `node`."""
-    radix.lock(node)
-    if r.node is not None:
-        radix.unlock(r.node)
-    r.node = node
+    move_lock(radix, r, node)
     r.prefix, r.prefix_len = path_kv(node), node.depth
 
 
@@ -85,8 +91,5 @@ def cache_finished_row(radix: RadixCache, batch: RunningBatch, r: Request) -> No
         node, _ = radix.insert(seq, kv, offset=r.prefix_len)
     except ValueError:  # part of the prefix is not in the tree (it did not fit): give all the KV
         node, _ = radix.insert(seq, torch.cat([*r.prefix, kv], dim=TOKEN_AXIS), offset=0)
-    radix.lock(node)
-    if r.node is not None:
-        radix.unlock(r.node)
-    r.node = node
+    move_lock(radix, r, node)
     r.prefix = []

@@ -24,7 +24,7 @@ import torch
 from ..protocol import EngineError
 from .admission import release_held_prefix
 from .forward import TOKEN_AXIS, all_finite, copy_segments, empty_kv_buffer
-from .kv_handoff import hand_row_kv_to_tree, settle_reservation
+from .kv_handoff import hand_row_kv_to_tree, move_lock, settle_reservation
 from .output import top_entries
 from .radix_cache import RadixCache, path_kv
 from .requests import Request, RequestMode
@@ -117,9 +117,7 @@ def compute_prompt_kv(r: Request, span: PrefillSpan, radix: RadixCache, forward:
         node, covered = hand_row_kv_to_tree(radix, r, ids[:need], new_kv, offset=m)
     else:  # nothing reserved, or the row keeps its own copy (the fallback): the tree's takes free room
         node, covered = radix.insert(ids[:need], new_kv, offset=m)
-    radix.lock(node)
-    radix.unlock(r.node)
-    r.node = node
+    move_lock(radix, r, node)
     if share_prefix:  # the row reads the tree's copy of its prompt in place; only what the tree could not take
         segments = path_kv(node)  # stays the row's own (the prefill buffer itself is dropped: the prompt held once)
         if covered < need:

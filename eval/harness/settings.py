@@ -241,12 +241,13 @@ def settings_used_by(method: str) -> tuple[str, ...]:
 
 
 def parse_methods(text: str | Sequence[str]) -> list[str]:
-    """Method names, as a list or comma-separated ("all": every method but the predictive ones; "default")."""
+    """Method names, as a list or comma-separated ("all": every method but the predictive ones; "default"); an empty
+    item is a ValueError."""
     out: list[str] = []
-    for raw in text.split(",") if isinstance(text, str) else text:
+    for i, raw in enumerate(text.split(",") if isinstance(text, str) else text, 1):
         name = raw.strip().lower()
-        if not name:
-            continue
+        if not name:  # a doubled or trailing comma: refused, as the CLI's comma lists are (never silently dropped)
+            raise ValueError(f"--methods: item {i} of {text!r} is empty")
         if name == "all":
             out += [m for m in METHODS if m not in PREDICTIVE_METHODS]
         elif name == "default":

@@ -34,6 +34,8 @@ def test_parse_methods():
         parse_methods("power-mhh")
     with pytest.raises(ValueError, match="empty"):
         parse_methods(" , ")
+    with pytest.raises(ValueError, match="item 2 of 'greedy,,power-mh' is empty"):  # was: the item dropped
+        parse_methods("greedy,,power-mh")
 
 
 def test_settings_record_what_defines_each_method():

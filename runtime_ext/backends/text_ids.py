@@ -27,7 +27,8 @@ ANCHOR = "\n"
 SentencePiece vocabularies that do (a byte-fallback token where no other exists)."""
 
 _PROBE = "a"
-_BOUNDARY: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_ANCHOR_IDS: "weakref.WeakKeyDictionary[Any, tuple[int, ...] | None]" = weakref.WeakKeyDictionary()
+"""Per tokenizer: the anchor's ids when it adds a word boundary, else None (probed once)."""
 _LOCK = threading.Lock()
 
 
@@ -35,34 +36,40 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def starts_at_word_boundary(tokenizer: Any) -> bool:
-    """Whether `tokenizer` encodes text alone differently from the same text after an anchor: True for a
-    SentencePiece dummy prefix; False for byte-level BPE (GPT-2, Llama 3, Qwen 2, SmolLM2), which splits at a
-    newline anyway.  Cached per tokenizer object (one where weak references fail: computed each time)."""
+def _boundary_anchor(tokenizer: Any) -> tuple[int, ...] | None:
+    """The anchor's ids if `tokenizer` encodes text alone differently from the same text after the anchor (a
+    SentencePiece dummy prefix), else None (byte-level BPE: GPT-2, Llama 3, Qwen 2, SmolLM2, which splits at a
+    newline anyway).  Cached per tokenizer object (one where weak references fail: probed each time)."""
     try:
         with _LOCK:
-            if tokenizer in _BOUNDARY:
-                return _BOUNDARY[tokenizer]
+            if tokenizer in _ANCHOR_IDS:
+                return _ANCHOR_IDS[tokenizer]
     except TypeError:  # not weakly referenceable or not hashable
         return _probe(tokenizer)
     found = _probe(tokenizer)
     with _LOCK:
-        _BOUNDARY[tokenizer] = found
+        _ANCHOR_IDS[tokenizer] = found
     return found
 
 
-def _probe(tokenizer: Any) -> bool:
+def _probe(tokenizer: Any) -> tuple[int, ...] | None:
     anchor = _encode(tokenizer, ANCHOR)
     after = _encode(tokenizer, ANCHOR + _PROBE)
-    return after[: len(anchor)] == anchor and after[len(anchor):] != _encode(tokenizer, _PROBE)
+    boundary = after[: len(anchor)] == anchor and after[len(anchor):] != _encode(tokenizer, _PROBE)
+    return tuple(anchor) if boundary else None
+
+
+def starts_at_word_boundary(tokenizer: Any) -> bool:
+    """Whether `tokenizer` starts every encoding at a word boundary (see `_boundary_anchor`)."""
+    return _boundary_anchor(tokenizer) is not None
 
 
 def continuation_ids(tokenizer: Any, text: str) -> list[int]:
     """The ids of `text` continuing earlier ids (no special tokens added): see the module docstring."""
-    if not text or not starts_at_word_boundary(tokenizer):
+    anchor = _boundary_anchor(tokenizer) if text else None
+    if anchor is None:
         return _encode(tokenizer, text)
-    anchor = _encode(tokenizer, ANCHOR)
     after = _encode(tokenizer, ANCHOR + text)
-    if after[: len(anchor)] == anchor:
+    if tuple(after[: len(anchor)]) == anchor:
         return after[len(anchor):]
     return _encode(tokenizer, text)  # the text's first characters merged into the anchor's tokens

@@ -216,6 +216,19 @@ def other_program(s, k):
     s += gen("x", max_tokens=2, temperature=1.0)
 
 
+QUESTION = "Question: what is it?\nAnswer:"
+
+
+def first_gen_then_others(s, seed: int, backend, others: int) -> None:
+    """In a program: QUESTION, gen "a" (12 tokens), then `others` other programs' requests on `backend`, as other
+    threads would send them between this program's gens."""
+    s += sampling_seed(seed) + QUESTION
+    s += gen("a", max_tokens=12, temperature=1.0, return_logprob=True)
+    s["a"]  # the first gen has run
+    for k in range(others):
+        other_program.run(k=k, backend=backend).sync()
+
+
 def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_between_its_gens(backend):
     """A second gen must extend the exact ids of the program's first one.  Those ids were found only in the
     backend's shared memory of generated text (an LRU of `memory_size` entries): requests of other programs on the
@@ -225,16 +238,11 @@ def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_betwee
     ids and its output ids, as the engine reported them."""
     eng = backend.engine
     small = EmbeddedBackend(eng, memory_size=4)
-    prompt = "Question: what is it?\nAnswer:"
-    prompt_ids = list(eng.tokenizer.encode(prompt))
+    prompt_ids = list(eng.tokenizer.encode(QUESTION))
 
     @function
     def two_turns(s, seed):
-        s += sampling_seed(seed) + prompt
-        s += gen("a", max_tokens=12, temperature=1.0, return_logprob=True)
-        s["a"]  # the first gen has run; now other programs' requests, as other threads would send them
-        for k in range(6):
-            other_program.run(k=k, backend=small).sync()
+        first_gen_then_others(s, seed, small, 6)
         s += "\nAgain:"
         s += gen("b", max_tokens=4, temperature=1.0, return_logprob=True)
 
@@ -256,16 +264,11 @@ def test_fork_children_continue_from_the_parents_ids_however_much_other_work_ran
     the engine reported them."""
     eng = backend.engine
     small = EmbeddedBackend(eng, memory_size=2)
-    prompt = "Question: what is it?\nAnswer:"
-    prompt_ids = list(eng.tokenizer.encode(prompt))
+    prompt_ids = list(eng.tokenizer.encode(QUESTION))
 
     @function
     def forked(s, seed):
-        s += sampling_seed(seed) + prompt
-        s += gen("a", max_tokens=12, temperature=1.0, return_logprob=True)
-        s["a"]  # the parent's gen has run; now other programs' requests, as other threads would send them
-        for k in range(4):
-            other_program.run(k=k, backend=small).sync()
+        first_gen_then_others(s, seed, small, 4)
         children = s.fork(2)
         for child in children:
             child += gen("b", max_tokens=3, temperature=1.0)

@@ -11,40 +11,26 @@ names the file, the offset and the line itself (eval/datasets/loading.py).
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import CommandError
+from ..eval.datasets.utf8 import first_bad_byte
 
 __all__ = ["utf8_problem", "check_utf8", "naming_undecodable", "dataset_paths"]
 
-_CHUNK = 1 << 20
 
 
 def utf8_problem(path: str | os.PathLike[str], limit: int | None = None) -> str | None:
     """"byte 0xff at offset 16" for the first byte of `path` (of its first `limit` bytes) that is not UTF-8, None
     when it all decodes (or cannot be read: the reader reports that itself)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0  # bytes of the file fed to the decoder so far
     try:
-        fh = open(path, "rb")
+        bad = first_bad_byte(path, limit)
     except OSError:
         return None
-    with fh:
-        while True:
-            chunk = fh.read(_CHUNK if limit is None else min(_CHUNK, limit - offset))
-            pending = decoder.getstate()[0]  # bytes of an unfinished character kept from the last chunk
-            try:
-                decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as exc:
-                data = pending + chunk
-                return f"byte 0x{data[exc.start]:02x} at offset {offset - len(pending) + exc.start}"
-            if not chunk:
-                return None
-            offset += len(chunk)
+    return bad.describe() if bad is not None else None
 
 
 def check_utf8(path: str | os.PathLike[str], option: str | None = None, *,

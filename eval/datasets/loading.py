@@ -56,6 +56,7 @@ from .parsers import (MBPP_TEST_IDS, as_aime, parse_aime2024, parse_aime2025, pa
                       parse_math500, parse_mbpp, parse_mmlu, require_field)
 from .prompt import Prompt
 from .registry import DATASETS, DatasetError, DatasetSpec, dataset_spec
+from .utf8 import first_bad_byte
 
 PACKAGED_SLICE_SIZE = 20
 """Prompts per packaged slice: the paper's evaluation slice, the first 20 prompts (Table 6)."""
@@ -113,13 +114,10 @@ def _not_utf8(path: Path) -> DatasetError:
     """The error for a file the text reader could not decode: its first byte that is not UTF-8, by offset and line
     (the reader's own UnicodeDecodeError names neither the file nor where in it; a text reader decodes ahead of the
     line it returns, so its line count cannot say either).  Read only when that happens."""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")  # a byte-order mark decodes too (U+FEFF)
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        return DatasetError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}, line {line})")
-    return DatasetError(f"{path}: not UTF-8 text")  # pragma: no cover - the file changed since it was read
+    bad = first_bad_byte(path)
+    if bad is None:  # pragma: no cover - the file changed since it was read
+        return DatasetError(f"{path}: not UTF-8 text")
+    return DatasetError(f"{path}: not UTF-8 text ({bad.describe(with_line=True)})")
 
 
 @contextlib.contextmanager

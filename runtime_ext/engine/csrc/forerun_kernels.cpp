@@ -921,10 +921,11 @@ struct RowStream {
   const char* p = nullptr;
   int64_t stride = 0, left = 0, bytes = 0;
   void rows(int64_t n) {
+    for (; n > 0 && left > 0; --n, --left, p += stride) {
 #if FR_VEC
-    for (; n > 0 && left > 0; --n, --left, p += stride)
       for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 #endif
+    }
   }
 };
 
@@ -935,17 +936,43 @@ RowStream row_stream(const A* p, int64_t stride, int64_t n, int64_t D) {
   return {reinterpret_cast<const char*>(p), stride * size, n, D * size};
 }
 
-// What one attention task prefetches while it computes its scores, SCORE_KEYS rows of each stream per block of keys:
-// its own buffer columns' values (read by the weighted sum right after) and the keys of the thread's next task's
-// buffer columns.  Prefix segments are left out: the rows that share one read it in turn, so it stays in cache.
-// (Measured on Zen 4, 2026-12-02: 20 rows with a 74-token shared prefix and 64 own tokens, 30 layers' attention
-// 8.2 -> 5.6 ms, the whole forward 40.0 -> 37.0 ms; an earlier variant that prefetched the segments too gained less.)
-struct AttnPrefetch {
-  RowStream values, next_keys;
-  void rows(int64_t n) {
-    values.rows(n);
-    next_keys.rows(n);
+// Rows of several KV pieces prefetched into L2 piece after piece: pace(calls) spreads them evenly over `calls` calls
+// of step() (all at once when there are none).  At most MAX pieces (more are left to the hardware: speed only).
+struct PieceStream {
+  static constexpr int MAX = 16;
+  RowStream part[MAX];
+  int n = 0, cur = 0;
+  int64_t total = 0, rate = 0;
+  void add(RowStream r) {
+    if (n < MAX && r.left > 0) { part[n++] = r; total += r.left; }
   }
+  void rows(int64_t k) {
+    for (; k > 0 && cur < n; cur += part[cur].left == 0) {
+      const int64_t before = part[cur].left;
+      part[cur].rows(k);
+      k -= before - part[cur].left;
+    }
+  }
+  void pace(int64_t calls) {
+    rate = calls > 0 ? (total + calls - 1) / calls : 0;
+    if (calls <= 0) rows(total);
+  }
+  void step() { rows(rate); }
+};
+
+// What one attention task prefetches while it computes its scores, spread evenly over its blocks of SCORE_KEYS keys:
+// the values of its tokens' own buffer columns (read by the weighted sum right after) and the keys of the buffer
+// columns of the tokens of the thread's next task.  Prefix segments are left out: the rows that share one read it in
+// turn, so it stays in cache.  (Measured on Zen 4, 2026-12-02: 20 rows with a 74-token shared prefix and 64 own
+// tokens, 30 layers' attention 8.2 -> 5.6 ms, the whole forward 40.0 -> 37.0 ms, prefetching one token's columns
+// per task; an earlier variant that prefetched the segments too gained less.  2026-12-07, all the task's tokens'
+// columns instead of the first's (a unit of rows sharing a prompt has up to SHARED_ROWS): the same attention alone,
+// 3 alternating pairs of processes, 4.5-5.8 -> 3.6-4.2 ms; whole decode steps, 3 alternating pairs, medians 20 rows
+// 38.5 / 40.5 / 38.6 -> 37.9 / 38.4 / 36.0 ms, 6 rows 21.1 / 20.9 / 21.7 -> 16.8 / 19.8 / 20.2 ms.)
+struct AttnPrefetch {
+  PieceStream values, next_keys;
+  void pace(int64_t blocks) { values.pace(blocks); next_keys.pace(blocks); }
+  void rows() { values.step(); next_keys.step(); }
 };
 
 // scores[i][c] = dot(q_i, k_c) for Q queries (query heads, of one or several tokens, that share these keys) and keys
@@ -959,7 +986,7 @@ void scores_block(const A* const* q, const int64_t Q, const A* kb, int64_t kstri
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && D % LANES == 0)
       for (; c0 + SCORE_KEYS <= n; c0 += SCORE_KEYS) {
-        pf.rows(SCORE_KEYS);
+        pf.rows();
         for (int64_t i = 0; i < Q; ++i) {
 #if FR_AVX512
           if (kstride == D && D == 64) { score_keys_packed<4>(q[i], kb + c0 * kstride, sc[i] + c0); continue; }
@@ -1152,6 +1179,12 @@ void attend_tokens(const AttnArgs<A>& a, const A* const* q, int64_t R, int64_t G
         o += p.n;
       }
   };
+  int64_t blocks = 0;  // the calls of pf.rows() in the scores below
+#if FR_VEC
+  if (std::is_same<A, float>::value && !g_portable && D % LANES == 0)
+    each_piece([&](const Piece<A>& p, int64_t, int64_t, int64_t) { blocks += p.n / SCORE_KEYS; });
+#endif
+  pf.pace(blocks);
   each_piece([&](const Piece<A>& p, int64_t i0, int64_t n, int64_t off) {
     for (int64_t i = i0; i < i0 + n; ++i) s.t[i] = s.s[i] + off;
     scores_block<A>(s.q.data() + i0, n, p.k, p.ks, p.n, D, s.t.data() + i0, pf);
@@ -1207,6 +1240,7 @@ int64_t attended_keys(const AttnArgs<A>& a) {
 
 // Rows decoding after one shared prefix segment read it together: at most this many rows per task.
 constexpr int64_t SHARED_ROWS = 4;
+static_assert(SHARED_ROWS <= PieceStream::MAX, "a task prefetches the columns of each of its rows");
 // A prompt's consecutive tokens read the keys they share together: at most this many tokens per task.  Measured
 // 2026-12-06 on a 2-core Zen 4, one row's prompt of 2023 / 500 tokens, 6 layers' attention (2 alternating processes,
 // GFMA/s): one token per task 31.9 / 25.0-31.5, 4 tokens 45.1-46.4 / 32.4-36.8, 16 tokens 44.8-51.5 / 42.1-44.8;
@@ -1301,13 +1335,22 @@ void attention_kernel(const AttnArgs<A>& a) {
         out[r] = a.out + (m * a.Hq + h) * a.D;
         row_pieces<A>(a, m / a.T, hk, m % a.T, s.pieces[r]);
       }
+      // A unit's tokens are rows of their own (decode) or consecutive tokens of one row, whose pieces start at the
+      // same column: then only the last (longest) is prefetched.
       AttnPrefetch pf;
-      const Piece<A>& own = s.pieces[0].back();
-      pf.values = row_stream(own.v, own.vs, own.n, a.D);
+      for (int64_t r = 0; r < R; ++r) {
+        const Piece<A>& own = s.pieces[r].back();
+        if (r + 1 < R && s.pieces[r + 1].back().v == own.v) continue;
+        pf.values.add(row_stream(own.v, own.vs, own.n, a.D));
+      }
       if (t + G < t1) {
-        const int64_t m1 = order[unit[(t + G) / a.Hq]];
-        const Piece<A> next = buffer_piece(a, m1 / a.T, (t + G) % a.Hq / groups, m1 % a.T);
-        pf.next_keys = row_stream(next.k, next.ks, next.n, a.D);
+        const int64_t u1 = (t + G) / a.Hq, hk1 = (t + G) % a.Hq / groups;
+        for (int64_t i = unit[u1]; i < unit[u1 + 1]; ++i) {
+          const int64_t m1 = order[i];
+          const Piece<A> next = buffer_piece(a, m1 / a.T, hk1, m1 % a.T);
+          if (i + 1 < unit[u1 + 1] && order[i + 1] / a.T == m1 / a.T) continue;
+          pf.next_keys.add(row_stream(next.k, next.ks, next.n, a.D));
+        }
       }
       attend_tokens<A>(a, q.data(), R, G, out.data(), s, pf);
       t += G;
@@ -1695,6 +1738,36 @@ std::vector<int64_t> prefetch_trace(int64_t slice_lines, int64_t steps, int64_t 
                     : streams == 2 ? prefetch_line<2>(k, pf.rate, pf.chunk) : prefetch_line<1>(k, pf.rate, pf.chunk));
   return lines;
 }
+// The rows a PieceStream of pieces of rows[j] rows prefetches, paced over `calls` calls of step(): per call (one
+// entry for pace itself, then one per call), the (piece << 32 | row) it covers.  For the tests of the pacing.
+std::vector<std::vector<int64_t>> piece_stream_trace(const std::vector<int64_t>& rows, int64_t calls) {
+  TORCH_CHECK(calls >= 0, "piece_stream_trace: calls >= 0");
+  static const char nowhere[64] = {};
+  PieceStream ps;
+  for (const int64_t n : rows) {
+    TORCH_CHECK(n >= 0 && n < (int64_t(1) << 32), "piece_stream_trace: 0 <= rows < 2^32");
+    ps.add({nowhere, 0, n, 0});  // no bytes: nothing is prefetched, only the rows are counted
+  }
+  std::vector<int64_t> size(ps.n);
+  for (int j = 0; j < ps.n; ++j) size[j] = ps.part[j].left;
+  std::vector<std::vector<int64_t>> trace;
+  const auto covered = [&](const std::vector<int64_t>& left_before) {
+    std::vector<int64_t> got;
+    for (int j = 0; j < ps.n; ++j)
+      for (int64_t r = size[j] - left_before[j]; r < size[j] - ps.part[j].left; ++r) got.push_back((int64_t(j) << 32) | r);
+    trace.push_back(std::move(got));
+  };
+  const auto lefts = [&] { std::vector<int64_t> v(ps.n); for (int j = 0; j < ps.n; ++j) v[j] = ps.part[j].left; return v; };
+  auto before = lefts();
+  ps.pace(calls);
+  covered(before);
+  for (int64_t c = 0; c < calls; ++c) {
+    before = lefts();
+    ps.step();
+    covered(before);
+  }
+  return trace;
+}
 bool work_stealing() { return g_work_stealing; }
 void set_work_stealing(bool on) { g_work_stealing = on; }
 
@@ -1746,6 +1819,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(K block bytes, 0 = none; prefetching row tiles; streams each prefetches in) of linear");
   m.def("set_row_tile_schedule", &set_row_tile_schedule, "override the row tile schedule (speed only, same bits)",
         py::arg("kblock_bytes"), py::arg("prefetch_tiles"), py::arg("prefetch_streams") = PREFETCH_STREAMS);
+  m.def("piece_stream_trace", &piece_stream_trace,
+        "the rows an attention task's prefetch stream covers at each paced call (tests)");
   m.def("work_stealing", &work_stealing, "whether the threads of a linear call take over each other's unstarted work");
   m.def("set_work_stealing", &set_work_stealing, "on (default) or off: the static split (speed only, same bits)");
   m.def("prefetch_trace", &prefetch_trace, "the slice lines a prefetching row tile prefetches, step by step (tests)");

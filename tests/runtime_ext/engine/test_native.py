@@ -466,6 +466,26 @@ def test_a_prefetching_tile_fetches_every_line_of_its_slice_in_interleaved_strea
     assert distinct[streams * chunk:] == list(range(streams * chunk, slice_lines))
 
 
+@pytest.mark.parametrize("rows,calls", [([65, 65, 65, 65], 20), ([140], 9), ([3, 0, 5], 40), ([16, 1], 1),
+                                        ([7, 9], 0), ([], 4), ([1] * 16, 5)])
+def test_an_attention_task_prefetches_every_row_of_its_pieces_once_spread_over_its_blocks(rows, calls):
+    """An attention task prefetches the KV rows of several pieces (each of its tokens' columns) piece after piece,
+    spread evenly over its `calls` blocks of keys (`piece_stream_trace`: the rows covered by pace(), then by each
+    call).  Every row of every piece exactly once, in order; nothing at pace() unless there are no calls to spread
+    over; no call more than ceil(total / calls) rows, so the last rows come before the task's scores end."""
+    trace = K.piece_stream_trace(rows, calls)
+    assert len(trace) == calls + 1
+    flat = [x for call in trace for x in call]
+    expected = [(j << 32) | r for j, n in enumerate(n for n in rows if n > 0) for r in range(n)]
+    assert flat == expected
+    total = sum(rows)
+    if calls > 0:
+        assert trace[0] == []
+        assert max(len(call) for call in trace[1:]) <= -(-total // calls)
+    else:
+        assert trace[0] == expected
+
+
 def test_prefetch_streams_are_1_2_or_4():
     with pytest.raises(RuntimeError, match="row tile schedule"):
         K.set_row_tile_schedule(16 * 1024, 4, 3)

@@ -16,7 +16,9 @@ means):
                sentence on one capital letter: "so B." / "hence (B)" / "therefore,
                B" / "leaving B." / "which leaves B" / "it must be B" / "it's B."
                (after an elimination, "A is wrong, C is wrong, D is wrong, so B";
-               not "so B and C", "so B is wrong", "so b")
+               not "so B and C", "so B is wrong", "so b"; one other letter set
+               aside before the sentence ends is allowed: "it is B, not C.",
+               and as a final line, "B, not C.")
     mention    the letter written as an option anywhere else: "(C)", "C)", "option C", "**C**" (not a
                function's argument: "P(B)", "f(a)"; not the labels of a restated option list, "A) 1 / B) 2 /
                C) 3 / D) 4" one a line, unless only one of them stands outside a negation)
@@ -46,6 +48,8 @@ _VERB = r"(?:\s+(?:is|would\s+be|must\s+be|should\s+be|will\s+be|is\s+therefore|
 _OPEN = (r"[\s:：=]*+(?:\*\*|__)?\s*+(?:(?:\$|\\\()\s*+)?(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*+\{\s*+)?"
          r"(?:(?:option|choice)\s+)?(?:\*\*)?\(?\s*+")
 """Possessive (*+): a run of spaces is read one way only (three ways to share it out made a long one cubic)."""
+_SET_ASIDE = r"(?:,?\s*\(?(?i:not|rather\s+than|instead\s+of)\s+(?:(?i:option|choice)\s+)?\(?[A-J]\)?\)?)"
+"""One other letter set aside after the answer, to the end of the sentence ("it is B, not C."; "B (not A)")."""
 _EXPLICIT = [
     r"\\(?:boxed|fbox)\s*\{\s*(?:\\(?:text|math)(?:bf|rm|it|sf|tt|normal)?\s*\{\s*)?(?:\\?\(\s*)?(?P<l>[A-Za-z])\b",
     rf"(?i:\b{_ANSWER}{_VERB}){_OPEN}(?P<l>[A-Za-z])\b(?!['’-])",
@@ -56,9 +60,10 @@ _EXPLICIT = [
     r"(?i:\bI\s*(?:['’](?:ll|d)|\s+will|\s+would)?\s+(?:choose|pick|select|go\s+with))\s+(?i:option\s+)?\(?(?P<l>[A-Za-z])\b",
     r"(?i:\b(?:so|thus|hence|therefore|leaving|(?:which|that|this)\s+leaves|it\s+(?:must|has\s+to)\s+be|"
     r"it['’]s|it\s+is))[,:]?\s+"
-    r"(?i:(?:option|choice)\s+)?\(?(?P<l>[A-Z])\b\)?(?=\s*(?:[.!\n]|$))",  # a conclusion: "..., so B."
+    rf"(?i:(?:option|choice)\s+)?\(?(?P<l>[A-Z])\b\)?(?={_SET_ASIDE}?\s*(?:[.!\n]|$))",  # a conclusion: "..., so B."
 ]
-_FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*(?:\)|\.|:|\*\*|$)")
+_FINAL_LINE = re.compile(r"^\s*(?:[-*>]\s+)?(?:\*\*|__)?\s*(?i:option\s+)?\(?\s*(?P<l>[A-Za-z])\s*"
+                         rf"(?:\)|\.|:|\*\*|$|{_SET_ASIDE}\s*[.!]?\s*$)")
 _MENTIONS = [r"(?<![A-Za-z0-9_])\((?P<l>[A-Za-z])\)", r"(?:^|[\s*])(?P<l>[A-Z])\)",
              r"(?i:\b(?:option|choice))\s+(?P<l>[A-Z])\b", r"\*\*(?P<l>[A-Z])\*\*"]
 """The first one not after a letter or digit: "P(B)" and "f(a)" are a function's argument, not an option."""

@@ -51,6 +51,13 @@ CASES = [
     # ... when an explicit answer follows, or the negation is about another letter
     ("Option A is wrong. Option C is correct.", "C"),
     ("The answer is B, not A.", "B"),
+    # a conclusion or a final line that sets one other letter aside before its sentence ends
+    ("It is B, not C.", "B"),
+    ("It is C, not B.", "C"),
+    ("Working through it...\nB, not C.", "B"),
+    ("so B (not A).", "B"),
+    ("It is B, not C or D.", None),  # two letters set aside: not a single conclusion
+    ("It is B, not C, and D is wrong too.", None),
     ("The correct option is D, not A", "D"),
     ("Answer: Option A is wrong, so the answer must be B", "B"),
     ("A is incorrect since the entropy decreases; therefore (C).", "C"),

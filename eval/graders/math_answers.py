@@ -11,7 +11,10 @@ with the gold answer by math-verify (LaTeX / expression equivalence); AIME answe
                                 math-verify's own extraction from the whole response (`parse(response)`:
                                 its last LaTeX expression or number, as lighteval does), e.g. "So there are
                                 42 ways." -> 42.  The grade's detail says which one was used.
-    equivalence                 same normalized string, else math_verify.verify(parse(gold), parse(answer));
+    equivalence                 same normalized string, else math_verify.verify(parse(gold), parse(answer)),
+                                a set and a relation of one variable that solves to it comparing equal in
+                                either direction ("3 < x \\le 4" answers the gold "(3,4]"; by default
+                                math-verify took only the gold relation against an answered set);
                                 an answer that is a number followed by unit words ("12 cm^2", "5 meters",
                                 which math-verify reads as 12*c*m^2) is compared by its number; one written
                                 wholly as text ("\\text{5 inches}", "\\text{0.5}") by the math inside
@@ -197,12 +200,12 @@ def _equivalent_as_written(gold: str, answer: str) -> bool:
     try:
         g = parse(f"${gold}$", parsing_timeout=timeout)
         a = parse(f"${answer}$", parsing_timeout=timeout)
-        if g and a and verify(g, a, timeout_seconds=timeout):
+        if g and a and verify(g, a, timeout_seconds=timeout, allow_set_relation_comp=True):
             return True
         unit = _WITH_UNITS.fullmatch(answer)
         if g and unit and not set(unit.group(2).lower().replace("^", " ").split()) & _NOT_UNITS:
             a = parse(f"${unit.group(1)}$", parsing_timeout=timeout)  # "12 cm^2": the number without its units
-            return bool(a and verify(g, a, timeout_seconds=timeout))
+            return bool(a and verify(g, a, timeout_seconds=timeout, allow_set_relation_comp=True))
         return False
     except Exception:  # math-verify raises on pathological input; such an answer is not graded correct
         return False

@@ -45,6 +45,10 @@ RIGHT = [
     ("So the answer is $\\boxed{42}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
      "42"),
     (r"Thus \boxed{42} \boxed{ }", "42"),
+    # a set and the relation of one variable that solves to it, in either direction
+    (r"\boxed{3 < x \le 4}", "(3,4]"),
+    (r"\boxed{x \ge 2}", r"[2,\infty)"),
+    (r"\boxed{[2,\infty)}", r"x \ge 2"),
 ]
 WRONG = [
     (r"\boxed{3/5}", r"\frac{3}{4}"),
@@ -64,6 +68,8 @@ WRONG = [
     (r"\boxed{\text{6 inches}}", "5"),
     (r"\boxed{\text{0.6}}", r"\frac12"),
     (r"\boxed{\text{5 or 6}}", "5"),
+    (r"\boxed{3 < x < 4}", "(3,4]"),  # an endpoint differs
+    (r"\boxed{x < 3}", "3"),
     ("So the answer is $\\boxed{41}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
      "42"),
 ]

@@ -149,8 +149,10 @@ def normalize(answer: str) -> str:
 
 
 def vote_key(answer: str) -> str:
-    """What equal answers share in a majority vote: the integer an answer writes ("042", "42", "\\text{42}" are one
-    vote), else its `normalize`d text."""
+    """What equal answers share in a majority vote: of the math the answer is graded as (`_graded_as`: "\\text{5
+    inches}" and "5 inches" are 5), the integer it writes ("042", "42", "\\text{42}" are one vote), else its
+    `normalize`d text."""
+    answer = _graded_as(answer)
     n = _as_integer(answer)
     return f"int:{n}" if n is not None else normalize(answer)
 
@@ -188,9 +190,28 @@ def equivalent(gold: str, answer: str) -> bool:
     read as 5)."""
     if _equivalent_as_written(gold, answer):
         return True
+    inside = _text_inside(answer)
+    return inside is not None and _equivalent_as_written(gold, inside)
+
+
+def _text_inside(answer: str) -> str | None:
+    """The math inside an answer written wholly as text with a number in it ("\\text{5 inches}" -> "5 inches"),
+    None for any other answer."""
     text = _IN_TEXT.fullmatch(answer)
-    return bool(text and re.search(r"\d", text.group(1))) and _equivalent_as_written(
-        gold, text.group(1) + (text.group(2) or ""))
+    return text.group(1) + (text.group(2) or "") if text and re.search(r"\d", text.group(1)) else None
+
+
+def _number_of(answer: str) -> str | None:
+    """The number of a number followed by unit words ("12 cm^2" -> "12"), None for any other answer."""
+    unit = _WITH_UNITS.fullmatch(answer)
+    return unit.group(1) if unit and not set(unit.group(2).lower().replace("^", " ").split()) & _NOT_UNITS else None
+
+
+def _graded_as(answer: str) -> str:
+    """What `equivalent` compares when the answer as written differs from the gold: a text answer's math, a
+    number with units by its number."""
+    answer = _text_inside(answer) or answer
+    return _number_of(answer) or answer
 
 
 def _equivalent_as_written(gold: str, answer: str) -> bool:
@@ -202,9 +223,9 @@ def _equivalent_as_written(gold: str, answer: str) -> bool:
         a = parse(f"${answer}$", parsing_timeout=timeout)
         if g and a and verify(g, a, timeout_seconds=timeout, allow_set_relation_comp=True):
             return True
-        unit = _WITH_UNITS.fullmatch(answer)
-        if g and unit and not set(unit.group(2).lower().replace("^", " ").split()) & _NOT_UNITS:
-            a = parse(f"${unit.group(1)}$", parsing_timeout=timeout)  # "12 cm^2": the number without its units
+        number = _number_of(answer)
+        if g and number is not None:
+            a = parse(f"${number}$", parsing_timeout=timeout)  # "12 cm^2": the number without its units
             return bool(a and verify(g, a, timeout_seconds=timeout, allow_set_relation_comp=True))
         return False
     except Exception:  # math-verify raises on pathological input; such an answer is not graded correct

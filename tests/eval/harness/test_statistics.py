@@ -47,6 +47,10 @@ def test_majority_vote_counts_equal_answers_written_differently_as_one():
     # answer's two and, earlier, wins; split, it lost and maj@k read the prompt as solved
     assert majority_correct([("042", False), ("7", True), ("42", False), ("7", True)]) is False
     assert majority_correct([("42", False), ("7", True), (r"\text{7}", True), ("43", False)]) is True
+    # a wrong number written with units or as text is the same wrong vote as the number (graded by it)
+    assert majority_correct([("7", True), ("5", False), (r"\text{5 inches}", False)]) is False
+    assert majority_correct([("7", True), ("12", False), ("12 cm^2", False)]) is False
+    assert majority_correct([("7", True), ("12", False), ("12 \\pi", False)]) is True  # pi is not a unit
 
 
 def test_sample_statistics_reduce_each_prompt_first_then_resample_prompts():

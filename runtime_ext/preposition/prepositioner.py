@@ -33,6 +33,7 @@ raised by that session's next `preposition` or `wait_idle(session=...)`, never a
 
 from __future__ import annotations
 
+import collections
 import inspect
 import itertools
 import logging
@@ -127,6 +128,7 @@ class Prepositioner:
         """The engine's context window (sessions validate their commits against it), None if unknown."""
         self._sessions: "weakref.WeakSet[SessionState]" = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
+        self._left_behind: "collections.deque[Callable[[], list[Any]]]" = collections.deque()  # dropped sessions'
         self._latest: dict[int, int] = {}
         self._job_ids = itertools.count(1)
         self._queue: "queue.Queue[Job | None]" = queue.Queue()
@@ -280,14 +282,21 @@ class Prepositioner:
             self._unpin_quietly(handle)
 
     def _release_invalidated_pins(self) -> None:
-        """Unpin every tracked session's invalidated or refused pre-positions (`release_pins`).  A mutation or
-        close of a bare `SessionState` cannot unpin them itself, and the engine counts a pin as held until it
-        is released: left in place they shrink B (`kv_headroom`), and the next decision point, of this session
-        or another, is skipped for the room a stale pre-position still takes."""
+        """Unpin every tracked session's invalidated or refused pre-positions (`release_pins`), and every pin of a
+        tracked session dropped without close (its finalizer queued them).  A bare `SessionState` cannot unpin them
+        itself, and the engine counts a pin as held until it is released: left in place they shrink B (`kv_headroom`),
+        and the next decision point, of any session, is skipped for the room a stale pre-position still takes."""
         with self._sessions_lock:
             sessions = list(self._sessions)
         for s in sessions:
             self.release_pins(s)
+        while True:
+            try:
+                pins = self._left_behind.popleft()
+            except IndexError:  # none left (another thread may have taken the last)
+                break
+            for handle in pins():
+                self._unpin_quietly(handle)
 
     def _forward_ready(
         self, version: int, state: tuple[int, ...], entry: tuple[int, ...], role: Role
@@ -460,7 +469,9 @@ class Prepositioner:
 
     def _track(self, session: SessionState) -> None:
         with self._sessions_lock:
-            self._sessions.add(session)
+            if session not in self._sessions:
+                self._sessions.add(session)
+                weakref.finalize(session, self._left_behind.append, session.pins_left_behind())
 
     def _decode(self, token: int) -> str:
         """The token as written (special tokens by name): for the gate's explanation."""

@@ -5,11 +5,11 @@ A session's persistent token state and its ready distributions live behind **one
 section that changes the tokens, never lazily at serve time (§3.6).  Eligibility is read under the same
 lock, so no interleaving lets a request see a distribution that the current state would not reproduce.
 
-One decision point can hold several ready distributions, one per pre-positioned entry: a streaming
-session's standing queries (query prefix + header, each its own) and its question-independent generic header
-(§2.1, §3.4); an agentic session's tool-result envelope and the realized entries of the results it
-expects (§3.5).  A request whose realized entry equals one of them reads that one (exact match); an
-ad-hoc streaming query reads the header's (relaxed match, role "header") and never another query's.
+One decision point can hold several ready distributions, one per pre-positioned entry: a streaming session's standing
+queries (query prefix + header, each its own) and its question-independent generic header (§2.1, §3.4); an agentic
+session's tool-result envelope and the realized entries of the results it expects (§3.5).  A request whose realized
+entry equals one of them reads that one (exact match); an ad-hoc streaming query reads the header's (relaxed match,
+role "header") and never another query's.
 
     paper                               code
     n_s  (live end)                     SessionState.live_end
@@ -46,8 +46,7 @@ prefix  — it extends a pre-positioned entry E (E is pre-paid; fall through wit
 none    — no valid ready distribution matches (fall through / cold)."""
 
 Role = Literal["entry", "header"]
-"""entry: served on an exact match only; header: the question-independent generic header, also read by
-relaxed matches (realized entries that end with it)."""
+"""entry: served on an exact match only; header: the generic header, also read by relaxed matches."""
 
 
 def token_ids(values: Any, name: str = "ids") -> tuple[int, ...]:
@@ -209,17 +208,16 @@ class Lookup:
     prepaid: ReadyDistribution | None = None
     """Relaxed matches only: a pre-positioned entry the realized one extends (what a fall-through reuses)."""
     held: bool = False
-    """Whether any valid pre-position was held (a mismatch then falls through rather than going cold)."""
+    """Whether any valid pre-position was held (a mismatch then falls through, not cold)."""
 
 
 class SessionState:
     """A session's persistent token state (frozen system region ‖ data or turns), version and ready slots.
 
-    Every public mutation takes `lock`, checks that it can be served (`max_len`, `expect_version`), changes
-    the tokens, bumps `version` and clears every ready slot in one critical section (§3.6).  A mutation is
-    all-or-nothing: everything that can fail is checked before the first change, so one that raises left
-    the tokens, the version, the slots and the counters as they were.  The lock is re-entrant so that
-    callers can group a mutation with their own bookkeeping.
+    Every public mutation takes `lock`, checks that it can be served (`max_len`, `expect_version`), changes the
+    tokens, bumps `version` and clears every ready slot in one critical section (§3.6).  A mutation is all-or-nothing:
+    everything that can fail is checked before the first change, so one that raises left the tokens, the version, the
+    slots and the counters as they were.  The lock is re-entrant: callers group a mutation with their bookkeeping.
     """
 
     def __init__(self, tokens: Iterable[int] = (), *, frozen_len: int | None = None, max_len: int | None = None) -> None:
@@ -427,8 +425,13 @@ class SessionState:
     def take_released_pins(self) -> list[Any]:
         """Pin handles of invalidated or refused pre-positions, to unpin outside the lock (once each)."""
         with self.lock:
-            out, self._released = self._released, []
+            out = list(self._released)
+            self._released.clear()  # in place: pins_left_behind reads this list
             return out
+
+    def pins_left_behind(self) -> Callable[[], list[Any]]:
+        """The pins this session holds, listed without a reference to it: for a tracker to unpin once it is gone."""
+        return lambda r=self._released, slots=self._slots: [*r, *(s.pin for s in slots.values() if s.pin is not None)]
 
     def record_background_error(self, exc: BaseException) -> None:
         """A background pre-position of this session failed: raised by this session's next call only."""
@@ -491,6 +494,7 @@ class SessionState:
 
     def _invalidate(self, reason: str) -> None:
         """Clear decoded and valid of every slot (§3.6).  Called with the lock held, inside the mutation."""
-        slots, self._slots = self._slots, {}
-        for slot in slots.values():
+        slots = list(self._slots.values())
+        self._slots.clear()  # in place: pins_left_behind reads this dict
+        for slot in slots:
             self._drop(slot, reason)

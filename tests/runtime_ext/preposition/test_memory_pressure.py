@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
 import time
 
@@ -232,3 +234,49 @@ def test_an_invalidated_pre_position_gives_its_room_back_to_the_next_one():
         pp.release_pins(other)
         assert eng.stats()["pins"] == 0
         pp.close()
+
+
+@pytest.mark.parametrize("invalidated", [False, True])
+def test_a_session_dropped_without_close_gives_its_pins_back_to_the_next_pre_position(invalidated):
+    """A bare `SessionState` that is garbage-collected while it holds a pinned pre-position (valid, or invalidated
+    and not yet unpinned) left that pin in the engine for good: B counted it, and every later decision point that
+    needed the room was skipped.  The prepositioner that tracked the session now unpins what it held when the next
+    job reads B.  Oracle: the pool arithmetic (34 of 60 tokens pinned leave 26; the next pre-position holds 33)."""
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=60)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+        entry = [200, 201, 202, 203]
+        s = SessionState(list(range(1, 31)), frozen_len=4)
+        assert pp.preposition(s, entry) and eng.stats()["pins"] == 1  # state ‖ E: 34 of the 60 tokens
+        if invalidated:
+            s.shift_window(1)  # the pin waits in the session for a release
+        del s
+        gc.collect()
+        other = SessionState(list(range(100, 129)))
+        assert pp.preposition(other, entry) and other.counters.skipped == 0
+        assert eng.stats()["pins"] == 1  # other's pre-position only
+        other.close()
+        pp.release_pins(other)
+        assert eng.stats()["pins"] == 0
+        pp.close()
+
+
+def test_a_dropped_session_never_gives_back_a_pin_twice(caplog):
+    """What a dropped session left behind is what it still held: a pin already released (its pre-position invalidated,
+    then unpinned) is not unpinned again when the session is collected (the engine would refuse the unknown handle,
+    logged as "unpin failed")."""
+    caplog.set_level(logging.DEBUG, logger="forerun.runtime_ext.preposition.prepositioner")
+    with EmbeddedEngine(load_model("tiny"), EngineConfig(batch_window_ms=0.0, max_total_tokens=60)) as eng:
+        pp = Prepositioner(eng, PrepositionConfig(gate=GateConfig(threshold=0.0), background=False))
+        s = SessionState(list(range(1, 31)), frozen_len=4)
+        assert pp.preposition(s, [200, 201, 202, 203])
+        s.shift_window(1)
+        pp.release_pins(s)
+        assert eng.stats()["pins"] == 0
+        del s
+        gc.collect()
+        other = SessionState(list(range(100, 129)))
+        assert pp.preposition(other, [200, 201, 202, 203])
+        other.close()
+        pp.release_pins(other)
+        pp.close()
+    assert not [r for r in caplog.records if "unpin failed" in r.getMessage()]

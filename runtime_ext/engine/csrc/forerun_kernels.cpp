@@ -966,9 +966,10 @@ struct PieceStream {
 // turn, so it stays in cache.  (Measured on Zen 4, 2026-12-02: 20 rows with a 74-token shared prefix and 64 own
 // tokens, 30 layers' attention 8.2 -> 5.6 ms, the whole forward 40.0 -> 37.0 ms, prefetching one token's columns
 // per task; an earlier variant that prefetched the segments too gained less.  2026-12-07, all the task's tokens'
-// columns instead of the first's (a unit of rows sharing a prompt has up to SHARED_ROWS): the same attention alone,
-// 3 alternating pairs of processes, 4.5-5.8 -> 3.6-4.2 ms; whole decode steps, 3 alternating pairs, medians 20 rows
-// 38.5 / 40.5 / 38.6 -> 37.9 / 38.4 / 36.0 ms, 6 rows 21.1 / 20.9 / 21.7 -> 16.8 / 19.8 / 20.2 ms.)
+// columns instead of the first's (a unit of rows sharing a prompt has up to SHARED_ROWS), `scripts/kernel_ab --base
+// baa73d1` (both builds in one process, alternating): 20 rows 5.35 -> 4.43 ms (faster in 10 of 10 pairs), 6 rows
+// 1.84 -> 1.63 ms (9 of 10); 1 row unchanged (6 of 20).  Prefetching the segments too, the next task's values too,
+// or every task's columns at the start gained nothing or lost, in 20 pairs each.)
 struct AttnPrefetch {
   PieceStream values, next_keys;
   void pace(int64_t blocks) { values.pace(blocks); next_keys.pace(blocks); }

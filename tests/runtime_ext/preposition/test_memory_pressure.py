@@ -211,6 +211,18 @@ def test_serving_a_standing_query_whose_pin_the_engine_dropped_gives_the_fresh_a
         assert eng.stats()["pins"] == 0  # the session's pin released; unpin of a dropped pin is a no-op
 
 
+def _another_session_fits(eng, pp, entry):
+    """Another session's 33-token pre-position fits (nothing else pinned is left), is the only pin, and is released
+    with it; then the prepositioner closes."""
+    other = SessionState(list(range(100, 129)))
+    assert pp.preposition(other, entry) and other.counters.skipped == 0
+    assert eng.stats()["pins"] == 1  # other's pre-position only
+    other.close()
+    pp.release_pins(other)
+    assert eng.stats()["pins"] == 0
+    pp.close()
+
+
 def test_an_invalidated_pre_position_gives_its_room_back_to_the_next_one():
     """A bare `SessionState`'s mutation or close cannot unpin its pre-positions (the session does not know the
     engine).  Their pins stayed held until a later install or fall-through serve of that session, so B (the engine's
@@ -226,14 +238,8 @@ def test_an_invalidated_pre_position_gives_its_room_back_to_the_next_one():
         assert pp.preposition(s, entry) and s.counters.skipped == 0
         r = pp.serve(s, entry)
         assert r.path == "fast" and [r.token_id] == greedy_oracle(eng, list(s.tokens) + entry, 1)
-        other = SessionState(list(range(100, 129)))
         s.close()  # its 33-token pre-position is no live state any more: another session's 33 tokens fit
-        assert pp.preposition(other, entry) and other.counters.skipped == 0
-        assert eng.stats()["pins"] == 1  # other's pre-position only
-        other.close()
-        pp.release_pins(other)
-        assert eng.stats()["pins"] == 0
-        pp.close()
+        _another_session_fits(eng, pp, entry)
 
 
 @pytest.mark.parametrize("invalidated", [False, True])
@@ -251,13 +257,7 @@ def test_a_session_dropped_without_close_gives_its_pins_back_to_the_next_pre_pos
             s.shift_window(1)  # the pin waits in the session for a release
         del s
         gc.collect()
-        other = SessionState(list(range(100, 129)))
-        assert pp.preposition(other, entry) and other.counters.skipped == 0
-        assert eng.stats()["pins"] == 1  # other's pre-position only
-        other.close()
-        pp.release_pins(other)
-        assert eng.stats()["pins"] == 0
-        pp.close()
+        _another_session_fits(eng, pp, entry)
 
 
 def test_a_dropped_session_never_gives_back_a_pin_twice(caplog):

@@ -229,6 +229,11 @@ def first_gen_then_others(s, seed: int, backend, others: int) -> None:
         other_program.run(k=k, backend=backend).sync()
 
 
+def small_memory(backend, size):
+    """(engine, a backend on it remembering `size` generations, QUESTION's ids): the remembered-ids tests' setup."""
+    return backend.engine, EmbeddedBackend(backend.engine, memory_size=size), list(backend.engine.tokenizer.encode(QUESTION))
+
+
 def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_between_its_gens(backend):
     """A second gen must extend the exact ids of the program's first one.  Those ids were found only in the
     backend's shared memory of generated text (an LRU of `memory_size` entries): requests of other programs on the
@@ -236,9 +241,7 @@ def test_a_program_continues_from_its_own_ids_however_much_other_work_ran_betwee
     gen's prompt was the first gen's text re-tokenized, and its output changed with what else ran (on the tiny
     model 5 of 6 seeds).  Oracle: the ids the engine saw for the second gen begin with the first gen's prompt
     ids and its output ids, as the engine reported them."""
-    eng = backend.engine
-    small = EmbeddedBackend(eng, memory_size=4)
-    prompt_ids = list(eng.tokenizer.encode(QUESTION))
+    eng, small, prompt_ids = small_memory(backend, 4)
 
     @function
     def two_turns(s, seed):
@@ -262,9 +265,7 @@ def test_fork_children_continue_from_the_parents_ids_however_much_other_work_ran
     text (the tiny model's outputs hold bytes that are not UTF-8, spelled U+FFFD, which re-encode as other ids).
     Oracle: the ids the engine saw for each child's gen begin with the parent gen's prompt ids and output ids, as
     the engine reported them."""
-    eng = backend.engine
-    small = EmbeddedBackend(eng, memory_size=2)
-    prompt_ids = list(eng.tokenizer.encode(QUESTION))
+    eng, small, prompt_ids = small_memory(backend, 2)
 
     @function
     def forked(s, seed):

@@ -128,7 +128,7 @@ class Prepositioner:
         """The engine's context window (sessions validate their commits against it), None if unknown."""
         self._sessions: "weakref.WeakSet[SessionState]" = weakref.WeakSet()
         self._sessions_lock = threading.Lock()
-        self._left_behind: "collections.deque[Callable[[], list[Any]]]" = collections.deque()  # dropped sessions'
+        self._left_behind: "collections.deque[Callable[[], list[Any]]]" = collections.deque()  # pins of dropped sessions
         self._latest: dict[int, int] = {}
         self._job_ids = itertools.count(1)
         self._queue: "queue.Queue[Job | None]" = queue.Queue()

@@ -9,7 +9,7 @@ one, a decode step, or with any other rows beside it.  The weights are read once
     RMSNorm(h) · w                             kernels.rmsnorm (the residual add fused in)
     q | k | v = x [Wq | Wk | Wv]^T (+ b)       kernels.linear(x, pack([Wq, Wk, Wv]), b)
     RoPE, KV append, softmax(q k^T / √d) v     kernels.attention over the engine's KV buffer
-    silu(x Wg^T) ⊙ (x Wu^T), then W_down       kernels.linear(x, pack([Wg, Wu])) -> kernels.silu_mul -> kernels.linear
+    silu(x Wg^T) ⊙ (x Wu^T), then W_down       kernels.linear_silu(x, pack_pairs(Wg, Wu)) -> kernels.linear
     logits of the last `keep` positions         kernels.linear(norm(h), pack([W_lm_head]))
 
 The loop over the layers runs natively (`kernels.layer_stack`: the same kernel calls in the same order, with
@@ -172,7 +172,9 @@ class LeanForward:
                                   for b, m in zip(biases, (at.q_proj, at.k_proj, at.v_proj))])
         return _Layer(ln1=self._vec(layer.input_layernorm.weight), qkv=mats(at.q_proj, at.k_proj, at.v_proj),
                       qkv_bias=qkv_bias, o=mats(at.o_proj), ln2=self._vec(layer.post_attention_layernorm.weight),
-                      gate_up=mats(mlp.gate_proj, mlp.up_proj), down=mats(mlp.down_proj))
+                      gate_up=self.k.pack_pairs(mlp.gate_proj.weight.detach().contiguous(),
+                                                mlp.up_proj.weight.detach().contiguous()),
+                      down=mats(mlp.down_proj))
 
     def forward(self, buf: torch.Tensor, length: int, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 logits_to_keep: int, row_starts: Sequence[int],

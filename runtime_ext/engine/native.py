@@ -6,6 +6,8 @@ cached, loaded on first use.
     linear(x, packed, b)   y = x W^T + b; the packed weights are read once per call for all rows
     rmsnorm(h, add, w)     h += add (in place), y = w * h / sqrt(mean(h^2) + eps)
     silu_mul(gu)           silu(gate) * up
+    pack_pairs(Wg, Wu)     an MLP's gate and up matrices, their panels alternating
+    linear_silu(x, pairs)  silu(x Wg^T) * (x Wu^T), silu applied by each thread to the panels it has just computed
     attention(...)         RoPE, KV write into the buffer, per-query softmax attention over its own keys
     vocab_stats(logits)    per row: max, log Σ exp(l - max), entropy, all finite
     draw(...)              inverse-CDF draws from q_τ in token order

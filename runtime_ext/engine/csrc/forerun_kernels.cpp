@@ -551,8 +551,11 @@ bool g_work_stealing = true;
 
 class StealRanges {
  public:
-  StealRanges(int64_t n, int64_t parts, int64_t quantum) : quantum_(quantum), r_(new std::atomic<uint64_t>[parts]) {
-    for (int64_t t = 0; t < parts; ++t) r_[t].store(pack(n * t / parts, n * (t + 1) / parts));
+  // align > 1: the ranges start at multiples of align (quantum is then a multiple of it: every claim too)
+  StealRanges(int64_t n, int64_t parts, int64_t quantum, int64_t align = 1)
+      : quantum_(quantum), r_(new std::atomic<uint64_t>[parts]) {
+    const auto start = [&](int64_t t) { return t == parts ? n : n * t / parts / align * align; };
+    for (int64_t t = 0; t < parts; ++t) r_[t].store(pack(start(t), start(t + 1)));
   }
   // The owner's next claim from the front of range t: false when it is empty.
   bool claim_front(int64_t t, int64_t& b, int64_t& e, int64_t& next) {
@@ -588,15 +591,18 @@ class StealRanges {
   std::unique_ptr<std::atomic<uint64_t>[]> r_;
 };
 
+// align > 1 (dividing n and quantum): every range fn gets starts and ends at a multiple of align.
 template <typename F>
-void parallel_stealing(int64_t n, int64_t grain, int64_t quantum, F&& fn) {
+void parallel_stealing(int64_t n, int64_t grain, int64_t quantum, F&& fn, int64_t align = 1) {
   const int64_t nth = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / std::max<int64_t>(1, grain));
   TORCH_CHECK(n < (int64_t(1) << 32), "parallel_stealing: too many items");
+  TORCH_CHECK(align >= 1 && n % align == 0 && quantum % align == 0, "parallel_stealing: align must divide n and quantum");
   if (!g_work_stealing || nth <= 1) {
-    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { fn(b, e, int64_t(-1)); });
+    at::parallel_for(0, n / align, std::max<int64_t>(1, grain / align),
+                     [&](int64_t b, int64_t e) { fn(b * align, e * align, int64_t(-1)); });
     return;
   }
-  StealRanges ranges(n, nth, quantum);
+  StealRanges ranges(n, nth, quantum, align);
   at::parallel_for(0, nth, 1, [&](int64_t t0, int64_t t1) {
     int64_t b, e, next;
     for (int64_t t = t0; t < t1; ++t)
@@ -611,6 +617,20 @@ void parallel_stealing(int64_t n, int64_t grain, int64_t quantum, F&& fn) {
 struct Packed {
   torch::Tensor data;
   int64_t N = 0, K = 0;
+  // pack_pairs(gate, up): 0 otherwise.  The panels alternate gate, up (panel 2p: gate features 16p .. 16p + 15, panel
+  // 2p + 1: up's, zero past `pairs`), N = 32 x the panel pairs.
+  int64_t pairs = 0;
+};
+
+// The epilogue of linear_silu: after a thread's call has computed output features [f0, f0 + fn) of every row (the
+// interleaved gate, up panels of pack_pairs), out[r][16p + j] = silu(gate) * up of each pair p in it, while they
+// are in cache.
+template <typename A>
+struct SiluPairs {
+  const A* y;  // [M, N] the interleaved products (N = 32 x the pairs of panels)
+  A* out;      // [M, I]
+  int64_t M, N, I;
+  void operator()(int64_t f0, int64_t fn) const;
 };
 
 // y[r][f0 + f] += bias[f0 + f] for the M rows and the fn features from f0 (nothing without a bias).
@@ -626,13 +646,16 @@ inline void add_bias(const A* bias, int64_t M, int64_t N, int64_t f0, int fn, A*
 // while it sits in L2, so the weights are read from memory once for all rows.  (pack() pads the panels to a
 // multiple of MAX_TILE_PANELS: a unit never reads past the data.)
 template <typename A, typename W>
-void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y) {
+void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y,
+                   const SiluPairs<A>* post = nullptr) {
+  // With an epilogue, every range a thread takes holds whole pairs of panels (one unit is a pair, or two units).
   if (M == 0) return;
   const int64_t pstride = K * PANEL;
   const bool vec = kVec<A, W> && !g_portable;
   const int64_t np = vec ? tile_panels(M) : 1, width = np * PANEL, units = (N + width - 1) / width;
   [[maybe_unused]] const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t grain = std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, width * M * K));
+  const int64_t unit_align = post != nullptr && np == 1 ? 2 : 1;
 #if FR_VEC
   if constexpr (kVec<A, W>) {
     if (vec && M <= 2) {
@@ -652,8 +675,9 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
           else
             run_narrow_tile<2, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
           add_bias(bias, M, N, f0, fn, y);
+          if (post != nullptr) (*post)(f0, fn);
         }
-      });
+      }, post != nullptr ? 2 : 1);
       return;
     }
   }
@@ -670,7 +694,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   // One row tile prefetches the whole next unit in the schedule's streams; the K blocks' slices in one run each.
   [[maybe_unused]] const int64_t streams = tiles == 1 ? sched.prefetch_streams : 1;
 #endif
-  parallel_stealing(units, grain, 1, [&](int64_t u0, int64_t u1, [[maybe_unused]] int64_t unext) {
+  parallel_stealing(units, grain, unit_align, [&](int64_t u0, int64_t u1, [[maybe_unused]] int64_t unext) {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t f0 = u * width;
       const int fn = static_cast<int>(std::min<int64_t>(width, N - f0));
@@ -698,6 +722,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
             }
           }
           add_bias(bias, M, N, f0, fn, y);
+          if (post != nullptr) (*post)(f0, fn);
           continue;
         }
       }
@@ -707,8 +732,9 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
         panel_chains<A, W>(x + r * K, w, K, out);
         for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = bias != nullptr ? out[f] + bias[f0 + f] : out[f];
       }
+      if (post != nullptr) (*post)(f0, fn);
     }
-  });
+  }, unit_align);
 }
 
 template <typename A, typename W>
@@ -725,24 +751,77 @@ torch::Tensor linear_typed(const torch::Tensor& x, const Packed& w, const c10::o
   return y;
 }
 
-torch::Tensor linear(const torch::Tensor& x, const Packed& w, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "linear: x must be [M, K] contiguous");
-  TORCH_CHECK(x.size(1) == w.K, "linear: x has ", x.size(1), " inputs, the weights ", w.K);
+// fn(A{}, W{}) for the activation type A of x and the weight type W of w (float64 with float64; float32 with
+// float32, bfloat16 or float16), after the checks every matrix product makes.
+template <typename F>
+torch::Tensor with_linear_types(const char* what, const torch::Tensor& x, const Packed& w, F&& fn) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), what, ": x must be [M, K] contiguous");
+  TORCH_CHECK(x.size(1) == w.K, what, ": x has ", x.size(1), " inputs, the weights ", w.K);
   const auto wt = w.data.scalar_type();
   if (x.scalar_type() == torch::kDouble) {
-    TORCH_CHECK(wt == torch::kDouble, "linear: float64 activations need float64 weights");
-    return linear_typed<double, double>(x, w, bias);
+    TORCH_CHECK(wt == torch::kDouble, what, ": float64 activations need float64 weights");
+    return fn(double{}, double{});
   }
-  TORCH_CHECK(x.scalar_type() == torch::kFloat, "linear: activations must be float32 or float64");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, what, ": activations must be float32 or float64");
   switch (wt) {
-    case torch::kFloat: return linear_typed<float, float>(x, w, bias);
-    case torch::kBFloat16: return linear_typed<float, c10::BFloat16>(x, w, bias);
-    case torch::kHalf: return linear_typed<float, c10::Half>(x, w, bias);
-    default: TORCH_CHECK(false, "linear: unsupported weight dtype");
+    case torch::kFloat: return fn(float{}, float{});
+    case torch::kBFloat16: return fn(float{}, c10::BFloat16{});
+    case torch::kHalf: return fn(float{}, c10::Half{});
+    default: TORCH_CHECK(false, what, ": unsupported weight dtype");
   }
+  return {};
+}
+
+torch::Tensor linear(const torch::Tensor& x, const Packed& w, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(w.pairs == 0, "linear: weights packed by pack_pairs go to linear_silu");
+  return with_linear_types("linear", x, w, [&](auto a, auto b) {
+    return linear_typed<decltype(a), decltype(b)>(x, w, bias);
+  });
+}
+
+// The fused MLP input of the layer loop (fuse, the default): g_fuse_silu off computes the same products, then the
+// epilogue in a pass of its own (an A/B of the fusion).
+bool g_fuse_silu = true;
+
+// silu(x W_gate^T) * (x W_up^T) [M, I] over weights packed by pack_pairs: each thread applies the epilogue
+// (SiluPairs) to the pairs of panels it has just multiplied.  The same products and the same silu as
+// silu_mul(linear(x, pack({gate, up}))), bit for bit.
+torch::Tensor linear_silu(const torch::Tensor& x, const Packed& w) {
+  TORCH_CHECK(w.pairs > 0, "linear_silu: weights must come from pack_pairs");
+  return with_linear_types("linear_silu", x, w, [&](auto a, auto b) {
+    using A = decltype(a);
+    using W = decltype(b);
+    const int64_t M = x.size(0), I = w.pairs, N = 32 * ((I + PANEL - 1) / PANEL);
+    auto y = torch::empty({M, N}, x.options());
+    auto out = torch::empty({M, I}, x.options());
+    const SiluPairs<A> post{y.data_ptr<A>(), out.data_ptr<A>(), M, N, I};
+    linear_kernel<A, W>(x.data_ptr<A>(), M, w.K, static_cast<const W*>(w.data.data_ptr()), N, nullptr,
+                        y.data_ptr<A>(), g_fuse_silu ? &post : nullptr);
+    if (!g_fuse_silu)
+      at::parallel_for(0, N / 32, 1, [&](int64_t p0, int64_t p1) { post(p0 * 32, (p1 - p0) * 32); });
+    return out;
+  });
 }
 
 torch::Tensor huge_page_zeros(int64_t numel, const torch::TensorOptions& options);
+
+// rows[n] (K weights, nullptr: zeros) of output feature n, packed in panels (huge-page memory).
+template <typename T>
+torch::Tensor pack_rows(const std::vector<const T*>& rows, int64_t K, const torch::TensorOptions& options) {
+  const int64_t N = static_cast<int64_t>(rows.size()), panels = (N + PANEL - 1) / PANEL;
+  const int64_t padded = (panels + MAX_TILE_PANELS - 1) / MAX_TILE_PANELS * MAX_TILE_PANELS;  // whole units
+  torch::Tensor data = huge_page_zeros(padded * K * PANEL, options);
+  T* out = data.data_ptr<T>();
+  // One thread on purpose: pack runs on the thread that loads the model, and a parallel region there would leave
+  // an OpenMP pool on it for its life (see native.on_transient_thread): the engine's decode steps 1.5-2x slower.
+  for (int64_t q = 0; q < panels; ++q)
+    for (int64_t j = 0; j < PANEL && q * PANEL + j < N; ++j) {
+      const T* src = rows[q * PANEL + j];
+      if (src != nullptr)
+        for (int64_t k = 0; k < K; ++k) out[(q * K + k) * PANEL + j] = src[k];
+    }
+  return data;
+}
 
 // The matrices [N_i, K] of one call, concatenated along the output features and packed (huge-page memory).
 Packed pack(const std::vector<torch::Tensor>& ws) {
@@ -761,17 +840,30 @@ Packed pack(const std::vector<torch::Tensor>& ws) {
     std::vector<const scalar_t*> rows;  // W[n] for every output feature n
     for (const auto& w : ws)
       for (int64_t i = 0; i < w.size(0); ++i) rows.push_back(w.data_ptr<scalar_t>() + i * p.K);
-    const int64_t panels = (p.N + PANEL - 1) / PANEL, K = p.K, N = p.N;
-    const int64_t padded = (panels + MAX_TILE_PANELS - 1) / MAX_TILE_PANELS * MAX_TILE_PANELS;  // whole units
-    p.data = huge_page_zeros(padded * K * PANEL, ws[0].options());
-    scalar_t* out = p.data.data_ptr<scalar_t>();
-    // One thread on purpose: pack runs on the thread that loads the model, and a parallel region there would leave
-    // an OpenMP pool on it for its life (see native.on_transient_thread): the engine's decode steps 1.5-2x slower.
-    for (int64_t q = 0; q < panels; ++q)
-      for (int64_t j = 0; j < PANEL && q * PANEL + j < N; ++j) {
-        const scalar_t* src = rows[q * PANEL + j];
-        for (int64_t k = 0; k < K; ++k) out[(q * K + k) * PANEL + j] = src[k];
-      }
+    p.data = pack_rows(rows, p.K, ws[0].options());
+  });
+  return p;
+}
+
+// gate, up [I, K] (an MLP's two input matrices) packed for linear_silu: their panels alternate (see Packed::pairs).
+Packed pack_pairs(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.size(0) >= 1 && gate.size(1) >= 1,
+              "pack_pairs: gate and up must be [I, K] of one shape");
+  TORCH_CHECK(gate.is_contiguous() && up.is_contiguous() && gate.device().is_cpu() && up.device().is_cpu() &&
+                  gate.scalar_type() == up.scalar_type(),
+              "pack_pairs: contiguous CPU tensors of one dtype");
+  Packed p;
+  p.K = gate.size(1);
+  p.pairs = gate.size(0);
+  p.N = 2 * p.pairs;
+  const int64_t I = p.pairs, P = (I + PANEL - 1) / PANEL;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate.scalar_type(), "pack_pairs", [&] {
+    std::vector<const scalar_t*> rows(2 * P * PANEL, nullptr);  // nullptr: a zero feature
+    for (int64_t i = 0; i < I; ++i) {
+      rows[(2 * (i / PANEL)) * PANEL + i % PANEL] = gate.data_ptr<scalar_t>() + i * p.K;
+      rows[(2 * (i / PANEL) + 1) * PANEL + i % PANEL] = up.data_ptr<scalar_t>() + i * p.K;
+    }
+    p.data = pack_rows(rows, p.K, gate.options());
   });
   return p;
 }
@@ -860,6 +952,23 @@ torch::Tensor rmsnorm(torch::Tensor h, const c10::optional<torch::Tensor>& add, 
 }
 
 // ------------------------------------------------------------------------------------------ silu * up
+// out[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n, e: n values of scratch.
+template <typename A>
+inline void silu_times(const A* g, const A* u, A* out, int64_t n, A* e) {
+  for (int64_t i = 0; i < n; ++i) e[i] = -g[i];
+  exp_inplace<A>(e, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (A(1) + e[i]) * u[i];
+}
+
+template <typename A>
+void SiluPairs<A>::operator()(int64_t f0, int64_t fn) const {
+  alignas(64) A e[PANEL];
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t p = f0 / 32; p < (f0 + fn) / 32 && PANEL * p < I; ++p)
+      silu_times<A>(y + r * N + 32 * p, y + r * N + 32 * p + PANEL, out + r * I + PANEL * p,
+                    std::min<int64_t>(PANEL, I - PANEL * p), e);
+}
+
 // gu [M, 2I] = [gate | up] -> gate / (1 + exp(-gate)) * up
 torch::Tensor silu_mul(const torch::Tensor& gu) {
   TORCH_CHECK(gu.dim() == 2 && gu.is_contiguous() && gu.size(1) % 2 == 0, "silu_mul: gu must be [M, 2I]");
@@ -870,12 +979,7 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
     scalar_t* out = y.data_ptr<scalar_t>();
     at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, 8 * I)), [&](int64_t r0, int64_t r1) {
       std::vector<scalar_t> e(I);
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* gr = g + r * 2 * I;
-        for (int64_t i = 0; i < I; ++i) e[i] = -gr[i];
-        exp_inplace<scalar_t>(e.data(), I);
-        for (int64_t i = 0; i < I; ++i) out[r * I + i] = gr[i] / (scalar_t(1) + e[i]) * gr[I + i];
-      }
+      for (int64_t r = r0; r < r1; ++r) silu_times<scalar_t>(g + r * 2 * I, g + r * 2 * I + I, out + r * I, I, e.data());
     });
   });
   return y;
@@ -1683,7 +1787,7 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
 //     y = rmsnorm(h, d_{i-1}, ln1[i])            (h += the previous layer's MLP output; layer 0: y = rmsnorm(h))
 //     a = attention(linear(y, qkv[i], qkv_bias[i]))   over buf[i]
 //     y = rmsnorm(h, linear(a, o[i]), ln2[i])    (h += the attention output)
-//     d = linear(silu_mul(linear(y, gate_up[i])), down[i])
+//     d = linear(linear_silu(y, gate_up[i]), down[i])    (= linear(silu_mul(linear(y, [gate; up])), down[i]))
 // and finally y = rmsnorm(h, d_last, final_norm).  h is updated in place (the residual stream).
 struct LayerStack {
   std::vector<Packed> qkv, o, gate_up, down;
@@ -1705,7 +1809,7 @@ struct LayerStack {
       const torch::Tensor a = attention(linear(y, qkv[i], qkv_bias[i]), cos, sin, kv.select(0, 0), kv.select(0, 1),
                                         starts, length, T, heads, kv_heads, scale, seg, seg_off, i);
       y = rmsnorm(h, linear(a, o[i], c10::nullopt), ln2[i], eps);
-      const torch::Tensor d = linear(silu_mul(linear(y, gate_up[i], c10::nullopt)), down[i], c10::nullopt);
+      const torch::Tensor d = linear(linear_silu(y, gate_up[i]), down[i], c10::nullopt);
       y = rmsnorm(h, d, i + 1 < layers ? ln1[i + 1] : final_norm, eps);
     }
     return y;
@@ -1809,6 +1913,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("data", &Packed::data)
       .def_readonly("N", &Packed::N)
       .def_readonly("K", &Packed::K)
+      .def_readonly("pairs", &Packed::pairs)
       .def_property_readonly("nbytes", [](const Packed& p) { return p.data.nbytes(); });
   pybind11::class_<LayerStack>(m, "LayerStack")
       .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>(),
@@ -1818,6 +1923,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "batch-invariant y = x W^T (+ b) over packed weights (read once for all rows)");
   m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");
   m.def("silu_mul", &silu_mul, "[gate | up] -> silu(gate) * up");
+  m.def("pack_pairs", &pack_pairs, "an MLP's gate and up matrices [I, K], their panels alternating, for linear_silu");
+  m.def("linear_silu", &linear_silu, "silu(x gate^T) * (x up^T) over pack_pairs weights, silu applied as each pair is done");
+  m.def("set_fuse_silu", [](bool on) { g_fuse_silu = on; }, "on (default) or off: linear_silu's silu in a pass of its own (speed only, same bits)");
   m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
   m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
   m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");

@@ -1554,10 +1554,28 @@ void stats_row(const A* l, int64_t V, A& m, double& log_s, double& ent, bool& fi
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable) {
       const V16 mv = vset1(m);
+      // 16 blocks at a time: their trees summed together (hsum16), then accumulated in order (the same bits).
+      // `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08 (with draw_row's), 16 pairs, 48 tokens: 20 rows
+      // 32.19 -> 31.91 ms, faster in 16 of 16 pairs (1 / 6 rows: 9 / 5 of 16, within the noise).
+      for (; c0 + 16 * LANES <= V; c0 += 16 * LANES) {
+        V16 e[16], ed[16];
+        for (int j = 0; j < 16; ++j) {
+          const V16 d = vsub(vload(l + c0 + j * LANES), mv);
+          e[j] = exp_det(d);
+          ed[j] = vselect(vgreater(e[j], vzero()), vmul(e[j], d), vzero());  // see below
+        }
+        alignas(64) float se[16], sed[16];
+        hsum16(e, se);
+        hsum16(ed, sed);
+        for (int j = 0; j < 16; ++j) {
+          s += double(se[j]);
+          sd += double(sed[j]);
+        }
+      }
       for (; c0 + LANES <= V; c0 += LANES) {
         const V16 d = vsub(vload(l + c0), mv), e = exp_det(d);
         s += double(hsum_tree(e));
-        sd += double(hsum_tree(vselect(vgreater(e, vzero()), vmul(e, d), vzero())));  // see below
+        sd += double(hsum_tree(vselect(vgreater(e, vzero()), vmul(e, d), vzero())));
       }
     }
   }
@@ -1620,6 +1638,16 @@ void draw_row(const A* l, int64_t V, A m, A tau, double u, int64_t& token, doubl
   if constexpr (std::is_same<A, float>::value) {
     if (!g_portable && tau > A(0)) {  // tau = 0: the scalar code below (scaled_logit)
       const V16 mv = vset1(m), tv = vset1(tau);
+      for (; (b0 + 16) * LANES <= V; b0 += 16) {  // 16 blocks' trees at once, as in stats_row
+        V16 e[16];
+        for (int j = 0; j < 16; ++j) e[j] = exp_det(vdiv(vsub(vload(l + (b0 + j) * LANES), mv), tv));
+        alignas(64) float se[16];
+        hsum16(e, se);
+        for (int j = 0; j < 16; ++j) {
+          s += double(se[j]);
+          cum[b0 + j] = s;
+        }
+      }
       for (; (b0 + 1) * LANES <= V; ++b0) {
         s += double(hsum_tree(exp_det(vdiv(vsub(vload(l + b0 * LANES), mv), tv))));
         cum[b0] = s;

@@ -184,10 +184,18 @@ _IN_TEXT = re.compile(r"\s*\\(?:text(?:rm|bf|normal)?|mbox|mathrm)\s*\{([^{}]*)\
 math-verify reads it as a string (or "5inches"), never as the number."""
 
 
+_OPEN_ENDED = re.compile(r"\b(?:or|and)\s+(?:more|less|fewer|greater|larger|smaller|higher|lower|above|below|over|"
+                         r"under)\b", re.IGNORECASE)
+"""A bound written in words ("5 or more", "5 \\text{ or fewer}"): math-verify reads the number alone (5), but the
+answer is a range of numbers."""
+
+
 def equivalent(gold: str, answer: str) -> bool:
     """Is `answer` the same mathematical object as `gold` (math-verify; same normalized text counts)?  An answer
     written wholly as text with a number in it is also read as the math it writes ("\\text{5 inches}" is 5 inches,
-    read as 5)."""
+    read as 5).  A bound in words ("5 or more") is never a gold that has none."""
+    if _OPEN_ENDED.search(answer) and not _OPEN_ENDED.search(gold):
+        return normalize(gold) == normalize(answer)
     if _equivalent_as_written(gold, answer):
         return True
     inside = _text_inside(answer)

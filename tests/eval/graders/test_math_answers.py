@@ -49,6 +49,8 @@ RIGHT = [
     (r"\boxed{3 < x \le 4}", "(3,4]"),
     (r"\boxed{x \ge 2}", r"[2,\infty)"),
     (r"\boxed{[2,\infty)}", r"x \ge 2"),
+    (r"\boxed{\text{5 or more}}", r"\text{5 or more}"),  # a gold that is itself a bound in words
+    (r"Each case has 3 or more steps; the count is \boxed{7}", "7"),  # a bound in the reasoning, not the answer
 ]
 WRONG = [
     (r"\boxed{3/5}", r"\frac{3}{4}"),
@@ -70,6 +72,11 @@ WRONG = [
     (r"\boxed{\text{5 or 6}}", "5"),
     (r"\boxed{3 < x < 4}", "(3,4]"),  # an endpoint differs
     (r"\boxed{x < 3}", "3"),
+    # a bound in words: math-verify read "5 or more" (and "5 \text{ or fewer}") as 5
+    (r"\boxed{5 or more}", "5"),
+    (r"\boxed{5 \text{ or fewer}}", "5"),
+    (r"\boxed{\text{5 or more}}", "5"),
+    ("So the answer is 10 or less.", "10"),
     ("So the answer is $\\boxed{41}$.\n\nPlease reason step by step, and put your final answer within \\boxed{}.",
      "42"),
 ]

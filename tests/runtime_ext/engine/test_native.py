@@ -46,7 +46,7 @@ def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype,
     assert_same(fast, slow)
     alone = torch.cat([K.linear(x[i : i + 1].contiguous(), packed, bias) for i in range(23)])
     assert torch.equal(alone, fast)
-    for rows in (2, 3, 7, 13):  # every tile shape: 1 row, 2 rows, tiles of 3-6 rows
+    for rows in (2, 3, 4, 5, 6, 7, 13):  # every tile shape: 1 row, 2 rows, one tile of 3-5 / 6-10 rows, several
         assert torch.equal(K.linear(x[5 : 5 + rows].contiguous(), packed, bias), fast[5 : 5 + rows])
     ref = x.double() @ torch.cat(ws).double().T + bias.double()
     assert (fast.double() - ref).abs().max() < 1e-3
@@ -124,7 +124,7 @@ def test_every_row_tile_schedule_gives_the_definition(schedule):
     default = K.row_tile_schedule()
     K.set_row_tile_schedule(*schedule)
     try:
-        for rows in (11, 20, 33):
+        for rows in (4, 11, 20, 33):
             got = K.linear(x[:rows].contiguous(), packed, None)
             assert np.array_equal(got.numpy(), want[:rows]), (schedule, rows)
     finally:
@@ -174,7 +174,7 @@ def test_linear_is_the_definition_with_either_split():
     try:
         for on in (True, False):
             K.set_work_stealing(on)
-            for rows in (1, 2, 6, 20):
+            for rows in (1, 2, 4, 6, 20):
                 got = native.with_threads(2, lambda: K.linear(x[:rows].contiguous(), packed, None))
                 assert np.array_equal(got.numpy(), want[:rows]), (on, rows)
     finally:

@@ -12,7 +12,7 @@ from forerun.testing.native_paths import both_paths
 K = native.kernels()
 pytestmark = pytest.mark.skipif(K is None, reason=f"native kernels unavailable: {native.unavailable_reason()}")
 
-ROWS = (1, 2, 3, 6, 7, 10, 11, 20, 33)  # one row, two rows, one row tile of 3-10, several row tiles
+ROWS = (1, 2, 3, 5, 6, 7, 10, 11, 20, 33)  # one row, two rows, one tile of 3-5 / 6-10 rows, several row tiles
 
 
 def unfused(x, gate, up):

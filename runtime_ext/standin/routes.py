@@ -201,8 +201,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             answer = server.handle_generate(body)
             if answer.chunks is not None:
-                write_event_stream(self, answer.chunks, answer.response["meta_info"].get("id", ""),
-                                   lambda _rid: aborted.is_set(), server.stream_step_s)
+                write_event_stream(self, answer.chunks, rid, lambda _rid: aborted.is_set(), server.stream_step_s)
                 return
         except SchedulerCrash:  # `server.crashed` is set: this and every later connection closes unanswered
             self._hang_up()

@@ -27,8 +27,8 @@ SGLang's own models), with outputs a test can recompute exactly from `ByteModel`
     temperature                           0 <= τ < 1e-6 is greedy (τ = 0), as SamplingParams.__post_init__
     n (parallel sampling)                 n > 1: per prompt a prefill-only warm-up, then n samples with fresh rids,
                                           answered as a list prompt by prompt (tokenizer_manager._handle_batch_
-                                          request); NOT as SGLang: a streamed batch (n > 1 too) is answered whole
-                                          as JSON, where SGLang streams its items' chunks with an "index"
+                                          request); streamed, each item's chunks with its "index", interleaved
+                                          (`stream`); NOT as SGLang: an item's own rid does not abort it alone
     regex, json_schema, ebnf              xgrammar's mask over the byte vocabulary (`constraints`): every
                                           reported logprob is of the masked logits, as SGLang's
     text, no_stop_trim                    SGLang's detokenizer (`detokenizer`): the output without special
@@ -92,7 +92,7 @@ from .detokenizer import text_after_each_send
 from .responses import aborted_before_prefill, logprob_meta
 from .routes import HTTPError, SchedulerAbort, make_handler
 from .sessions import SchedulerCrash, Sessions
-from .stream import LiveStreams, stream_chunks
+from .stream import LiveStreams, batch_stream_chunks, stream_chunks
 
 __all__ = ["BOS_ID", "EOS_ID", "VOCAB_SIZE", "FAIL_MODES", "ByteModel", "StandInServer", "byte_tokenizer",
            "unused_port"]
@@ -293,7 +293,7 @@ class StandInServer:
 
         if batched and any(isinstance(body.get(k), list) and len(body[k]) < n for k in PER_ITEM_FIELDS):
             raise HTTPError(500, "Internal Server Error")  # _init_req_state's obj[i]: an IndexError, not caught
-        stream = bool(body.get("stream")) and not batched
+        stream = bool(body.get("stream"))
         duplicate = rid_error(body.get("rid"))
         if duplicate:
             raise HTTPError(400, duplicate)
@@ -315,7 +315,7 @@ class StandInServer:
                 return_text=bool(body.get("return_text_in_logprobs", False)), stream=stream)
             outs.extend(self._samples(request, rid, samples, run))
         if batched:
-            return GenerateAnswer([out for out, _ in outs])
+            return GenerateAnswer([out for out, _ in outs], batch_stream_chunks(outs) if stream else None)
         out, sends = outs[0]
         return GenerateAnswer(out, list(stream_chunks(out, sends)) if stream else None)
 

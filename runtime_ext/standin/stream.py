@@ -84,6 +84,14 @@ def stream_chunks(out: dict[str, Any], sends: Sequence[tuple[int, str]]) -> Iter
     yield out
 
 
+def batch_stream_chunks(items: Sequence[tuple[dict[str, Any], Sequence[tuple[int, str]]]]) -> list[dict[str, Any]]:
+    """A streamed batch (n > 1 too) as SGLang 0.5.23 sends it (`tokenizer_manager._stream_batch_responses`): each
+    item's cumulative chunks with its "index" (its place among the batch's outputs), interleaved as the items decode
+    side by side (one chunk of each unfinished item in turn; SGLang sends whichever is ready first)."""
+    per_item = [[dict(c, index=i) for c in stream_chunks(out, sends)] for i, (out, sends) in enumerate(items)]
+    return [c for turn in itertools.zip_longest(*per_item) for c in turn if c is not None]
+
+
 def _head(key: str, value: Any, t: int, n: int) -> Any:
     """The first t tokens' part of a per-token meta_info value (lists over the n output tokens)."""
     if not key.startswith("output_") or not isinstance(value, list):
@@ -116,14 +124,19 @@ def write_failed_stream(handler: Any, last: dict[str, Any] | None) -> None:
 
 
 def write_event_stream(handler: Any, chunks: Sequence[dict[str, Any]], rid: str, aborted: Any, step_s: float) -> None:
-    """Send `chunks` (`stream_chunks`) as SGLang's event stream on `handler` (a BaseHTTPRequestHandler);
-    `aborted(rid)` stops it."""
+    """Send `chunks` (`stream_chunks`, `batch_stream_chunks`) as SGLang's event stream on `handler` (a
+    BaseHTTPRequestHandler); `aborted(rid)` stops it: each item not finished yet then sends its next chunk, finished
+    with the abort."""
     _start_event_stream(handler)
     try:
         for k, chunk in enumerate(chunks):
             if aborted(rid):
-                chunk = dict(chunk, meta_info=dict(chunk["meta_info"], finish_reason=ABORTED))
-                handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
+                done = {c.get("index") for c in chunks[:k] if c["meta_info"].get("finish_reason") is not None}
+                for c in chunks[k:]:
+                    if c.get("index") not in done:
+                        done.add(c.get("index"))
+                        c = dict(c, meta_info=dict(c["meta_info"], finish_reason=ABORTED))
+                        handler.wfile.write(b"data: " + sglang_json(c) + b"\n\n")
                 break
             handler.wfile.write(b"data: " + sglang_json(chunk) + b"\n\n")
             handler.wfile.flush()

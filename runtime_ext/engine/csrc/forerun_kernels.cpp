@@ -615,7 +615,8 @@ template <typename F>
 void parallel_stealing(int64_t n, int64_t grain, int64_t quantum, F&& fn, int64_t align = 1) {
   const int64_t nth = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / std::max<int64_t>(1, grain));
   TORCH_CHECK(n < (int64_t(1) << 32), "parallel_stealing: too many items");
-  TORCH_CHECK(align >= 1 && n % align == 0 && quantum % align == 0, "parallel_stealing: align must divide n and quantum");
+  TORCH_CHECK(align >= 1 && n % align == 0 && quantum % align == 0,
+              "parallel_stealing: align must divide n and quantum");
   if (!g_work_stealing || nth <= 1) {
     at::parallel_for(0, n / align, std::max<int64_t>(1, grain / align),
                      [&](int64_t b, int64_t e) { fn(b * align, e * align, int64_t(-1)); });
@@ -735,8 +736,8 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
               const TilePrefetch pf = slice_prefetch(
                   nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr,
                   lines / pft, kn, streams);
-              run_tile<W>(static_cast<int>(rn), static_cast<int>(np), x + r0 * K + k0, K, w + k0 * PANEL, pstride, kn, j > 0,
-                          y + r0 * N + f0, N, fn, pf);
+              run_tile<W>(static_cast<int>(rn), static_cast<int>(np), x + r0 * K + k0, K, w + k0 * PANEL, pstride,
+                          kn, j > 0, y + r0 * N + f0, N, fn, pf);
               r0 += rn;
             }
           }
@@ -1001,7 +1002,8 @@ torch::Tensor silu_mul(const torch::Tensor& gu) {
     scalar_t* out = y.data_ptr<scalar_t>();
     at::parallel_for(0, M, std::max<int64_t>(1, MIN_TASK_WORK / std::max<int64_t>(1, 8 * I)), [&](int64_t r0, int64_t r1) {
       std::vector<scalar_t> e(I);
-      for (int64_t r = r0; r < r1; ++r) silu_times<scalar_t>(g + r * 2 * I, g + r * 2 * I + I, out + r * I, I, e.data());
+      for (int64_t r = r0; r < r1; ++r)
+        silu_times<scalar_t>(g + r * 2 * I, g + r * 2 * I + I, out + r * I, I, e.data());
     });
   });
   return y;
@@ -1974,8 +1976,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &rmsnorm, "y = rmsnorm(h (+= add), w, eps)");
   m.def("silu_mul", &silu_mul, "[gate | up] -> silu(gate) * up");
   m.def("pack_pairs", &pack_pairs, "an MLP's gate and up matrices [I, K], their panels alternating, for linear_silu");
-  m.def("linear_silu", &linear_silu, "silu(x gate^T) * (x up^T) over pack_pairs weights, silu applied as each pair is done");
-  m.def("set_fuse_silu", [](bool on) { g_fuse_silu = on; }, "on (default) or off: linear_silu's silu in a pass of its own (speed only, same bits)");
+  m.def("linear_silu", &linear_silu,
+        "silu(x gate^T) * (x up^T) over pack_pairs weights, silu applied as each pair is done");
+  m.def("set_fuse_silu", [](bool on) { g_fuse_silu = on; },
+        "on (default) or off: linear_silu's silu in a pass of its own (speed only, same bits)");
   m.def("attention", &attention, "RoPE, KV write and per-query attention over each row's own keys");
   m.def("vocab_stats", &vocab_stats, "per row: max, log sum exp(l - max), entropy, finite");
   m.def("draw", &draw, "inverse-CDF draws from q_tau in token order: (tokens, log totals)");

@@ -150,14 +150,20 @@ def kv_bytes_per_token(engine: Any) -> int:
     return engine.num_layers * 2 * engine.num_kv_heads * engine.head_dim * engine.kv_dtype.itemsize
 
 
-def time_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, rep: int) -> float:
-    """Seconds per decode step of `rows` rows decoding `tokens` tokens from the cached `prompt` (seeds by `rep`)."""
+def decode_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, rep: int) -> tuple[float, list]:
+    """(seconds per decode step, the outputs) of `rows` rows decoding `tokens` tokens from the cached `prompt`
+    (seeds by `rep`)."""
     engine.generate(list(prompt), SamplingParams(max_new_tokens=1, seed=0, ignore_eos=True))  # cache the prompt
     reqs = [(list(prompt), SamplingParams(max_new_tokens=tokens, temperature=0.25, seed=1000 * rep + i,
                                           ignore_eos=True)) for i in range(rows)]
     t0 = time.perf_counter()
-    engine.generate_batch(reqs)
-    return (time.perf_counter() - t0) / tokens
+    outs = engine.generate_batch(reqs)
+    return (time.perf_counter() - t0) / tokens, outs
+
+
+def time_rows(engine: Any, prompt: Sequence[int], rows: int, tokens: int, rep: int) -> float:
+    """Seconds per decode step of `rows` rows decoding `tokens` tokens from the cached `prompt` (seeds by `rep`)."""
+    return decode_rows(engine, prompt, rows, tokens, rep)[0]
 
 
 def _timed_between_probes(probes: Probes, run: Any, config: RooflineConfig) -> tuple[float, float, int, bool]:

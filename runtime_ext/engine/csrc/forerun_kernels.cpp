@@ -501,12 +501,12 @@ template <typename W>
 inline void run_tile(int rn, int np, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont,
                      float* y, int64_t ldy, int fn, const TilePrefetch& pf) {
 #if FR_AVX512
+  static_assert(WIDE_TILE_ROWS == 5, "one case per row count of the wide tiles (3, 4, 5)");
   if (np == MAX_TILE_PANELS && rn <= WIDE_TILE_ROWS) {
     switch (rn) {
       case 3: run_tile_rows<3, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
       case 4: run_tile_rows<4, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
-      case 5: run_tile_rows<5, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
-      default: run_tile_rows<6, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
+      default: run_tile_rows<5, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
     }
   }
 #else

@@ -425,6 +425,16 @@ inline V16 exp_det(V16 x) {
 // 2026-12-04).
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
+// A tile of PF_BURST_ROWS rows or more with one prefetch stream (a unit's prefetching row tile in AVX-512 calls of
+// 16-20 rows and others whose tiles have 8+ rows; AVX2 tiles have at most 6) issues the prefetches of PF_BURST steps together before running them: computed in
+// the loop of multiply-adds, their address arithmetic took the registers of the row pointers (GCC 12 moved them to
+// vector registers and the stack every step; smaller tiles had registers to spare).  Measured with
+// `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08, whole decode steps, 48 tokens, 12 pairs: 16 rows 31.86
+// -> 28.52 ms (faster in 12 of 12), 20 rows 35.44 -> 34.39 (9 of 12); 12 rows (6-row tiles, unchanged code) 6 of 12.
+// Bursts lost elsewhere: in the 6-row tiles of 12 rows (1 of 12 pairs), in the single tile of 9 rows (1 of 12) and
+// in the 4-panel tiles of 4 and 5 rows (3 and 0 of 10, bursts of 4 steps).  Not measured on the Intel schedule (K
+// blocks, 4 prefetching tiles), which runs the same loop.
+constexpr int64_t PF_BURST = 8, PF_BURST_ROWS = 8;
 template <int R, int NP, typename W, int PF>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                                     int64_t ldy, int fn, const TilePrefetch pf) {
@@ -444,17 +454,23 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int
   // stack on every step (2.5-3x slower; seen with objdump).
   int64_t k = 0;
   do {
+    // Steps [k, kend) run after their prefetches: one step at a time, or PF_BURST steps (see PF_BURST).
+    const int64_t kend = PF == 0 ? K : PF == 1 && R >= PF_BURST_ROWS ? std::min<int64_t>(K, k + PF_BURST) : k + 1;
     if constexpr (PF > 0) {
-      const int64_t line = prefetch_line<PF>(k, pf.rate, pf.chunk);
-      FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf.at + q * psb + line * 64, _MM_HINT_T1);
+      for (int64_t j = k; j < kend; ++j) {
+        const int64_t line = prefetch_line<PF>(j, pf.rate, pf.chunk);
+        FR_UNROLL for (int q = 0; q < NP; ++q) _mm_prefetch(pf.at + q * psb + line * 64, _MM_HINT_T1);
+      }
     }
-    V16 b[NP];
-    FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
-    FR_UNROLL for (int r = 0; r < R; ++r) {
-      const V16 a = vset1(x[r * ldx + k]);
-      FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vfma(a, b[q], acc[r][q]);
-    }
-  } while (++k < K);
+    do {
+      V16 b[NP];
+      FR_UNROLL for (int q = 0; q < NP; ++q) b[q] = vload_w(w + q * ps + k * PANEL);
+      FR_UNROLL for (int r = 0; r < R; ++r) {
+        const V16 a = vset1(x[r * ldx + k]);
+        FR_UNROLL for (int q = 0; q < NP; ++q) acc[r][q] = vfma(a, b[q], acc[r][q]);
+      }
+    } while (++k < kend);
+  } while (k < K);
   FR_UNROLL for (int r = 0; r < R; ++r) FR_UNROLL for (int q = 0; q < NP; ++q) {
     const int left = fn - q * PANEL;
     if (left >= PANEL)

@@ -75,10 +75,10 @@ bool g_portable = false;  // tests: force the portable code path
 //   with no blocks: 33.3 -> 38.0 ms.
 // So the AVX-512 build on AMD CPUs gets {0, 1}, every other build and CPU {16 KB, 4}; set_row_tile_schedule()
 // overrides it (benchmarks, tests).
-// A prefetching tile's streams: the single row tile of a call of 3 to TILE_ROWS rows walks the next unit, which it
-// prefetches, in PREFETCH_STREAMS interleaved runs (line i of the unit's lines in stream i mod S, so S runs of
-// consecutive lines advance side by side) instead of one run from its start.  Memory serves several streams faster
-// than one: measured 2026-12-07 on a 2-core AMD Zen 3 (AVX2, a C++ microbenchmark of 6-row tiles over 442 MB of
+// A prefetching tile's streams: the single row tile of a call of STREAM_ROWS + 1 to TILE_ROWS rows walks the next
+// unit, which it prefetches, in PREFETCH_STREAMS interleaved runs (line i of the unit's lines in stream i mod S, so S
+// runs of consecutive lines advance side by side) instead of one run from its start.  Memory serves several streams
+// faster than one: measured 2026-12-07 on a 2-core AMD Zen 3 (AVX2, a C++ microbenchmark of 6-row tiles over 442 MB of
 // packed weights, 2 threads, GB/s): one stream 31-33, 2 streams 42-47, 4 streams 43-46, 8 streams 42-44, against
 // 41 for a plain read of the same memory and 46-49 for the one-row tile (4 panels: 4 streams).  The calls with K
 // blocks prefetch each block's short slices (48 lines) in one run: there 4 streams were slower (the model's
@@ -426,14 +426,14 @@ inline V16 exp_det(V16 x) {
 // Never inlined: the register allocation of the loop then does not depend on the caller (inlined into linear_kernel,
 // small changes there made GCC 12 spill the row pointers of this loop and cost up to 25 %, measured 2026-12-02).
 // A tile of PF_BURST_ROWS rows or more with one prefetch stream (a unit's prefetching row tile in AVX-512 calls of
-// 16-20 rows and others whose tiles have 8+ rows; AVX2 tiles have at most 6) issues the prefetches of PF_BURST steps together before running them: computed in
-// the loop of multiply-adds, their address arithmetic took the registers of the row pointers (GCC 12 moved them to
-// vector registers and the stack every step; smaller tiles had registers to spare).  Measured with
-// `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08, whole decode steps, 48 tokens, 12 pairs: 16 rows 31.86
-// -> 28.52 ms (faster in 12 of 12), 20 rows 35.44 -> 34.39 (9 of 12); 12 rows (6-row tiles, unchanged code) 6 of 12.
-// Bursts lost elsewhere: in the 6-row tiles of 12 rows (1 of 12 pairs), in the single tile of 9 rows (1 of 12) and
-// in the 4-panel tiles of 4 and 5 rows (3 and 0 of 10, bursts of 4 steps).  Not measured on the Intel schedule (K
-// blocks, 4 prefetching tiles), which runs the same loop.
+// 16-20 rows, and others whose tiles have 8+ rows; AVX2 tiles have at most 6) issues the prefetches of PF_BURST steps
+// together before running them: computed in the loop of multiply-adds, their address arithmetic took the registers
+// of the row pointers (GCC 12 moved them to vector registers and the stack every step; smaller tiles had registers
+// to spare).  Measured with `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08, whole decode steps, 48 tokens,
+// 12 pairs: 16 rows 31.86 -> 28.52 ms (faster in 12 of 12), 20 rows 35.44 -> 34.39 (9 of 12); 12 rows (6-row tiles,
+// unchanged code) 6 of 12.  Bursts lost elsewhere: in the 6-row tiles of 12 rows (1 of 12 pairs), in the single tile
+// of 9 rows (1 of 12), and in the single 4-panel tiles that 4 and 5 rows had then (3 and 0 of 10, bursts of 4 steps).
+// Not measured on the Intel schedule (K blocks, 4 prefetching tiles), which runs the same loop.
 constexpr int64_t PF_BURST = 8, PF_BURST_ROWS = 8;
 template <int R, int NP, typename W, int PF>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
@@ -480,26 +480,29 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, const W* w, int
   }
 }
 
-// Tile shapes: every tile of a call has the same NP (= tile_panels(M)).  One row: 4 panels (8 independent chains on
-// AVX2, enough to hide the fma latency; the call is a pure stream of the weights).  Two rows: TWO_ROW_PANELS.  More:
-// row tiles of 3 to TILE_ROWS rows, as even as possible, with TILE_PANELS panels.  Registers: AVX2 (16 ymm, 2 per
-// V16) 6 x 1 -> 12 accumulators + 2 weights + 1 broadcast; AVX-512 (32 zmm) 10 x 2 -> 20 + 2 + 1.  A row's results
-// never depend on the shape: every lane is one chain.  Measured 2026-12-04 on a 2-core AVX-512 Xeon (the model's
-// matrices, 20 rows, 2 threads): 6 x 2 tiles without K blocks 33.5 ms, with K blocks 25.3, 10 x 2 with K blocks 24.0
-// (8 or 12 rows: within noise); AVX2 tiles on the same machine 37.7 -> 36.9 ms.
+// Tile shapes: every tile of a call has the same NP (= tile_panels(M)).  Calls of up to STREAM_ROWS rows are a
+// stream of the weights: the threads split the panels, one tile of all the rows walks them (run_narrow_tile), the
+// hardware prefetchers fetch them.  One row: 4 panels (8 independent chains on AVX2, enough to hide the fma latency).
+// Two rows: TWO_ROW_PANELS.  AVX-512, 3 to 6 rows: 4 panels (R x 4 accumulators, at most 24 of the 32 registers).
+// More rows: row tiles of 3 to TILE_ROWS rows, as even as possible, with TILE_PANELS panels, over units of weights
+// that a prefetching tile fetches ahead.  Registers: AVX2 (16 ymm, 2 per V16) 6 x 1 -> 12 accumulators + 2 weights +
+// 1 broadcast; AVX-512 (32 zmm) 10 x 2 -> 20 + 2 + 1.  A row's results never depend on the shape: every lane is one
+// chain.  Measured 2026-12-04 on a 2-core AVX-512 Xeon (the model's matrices, 20 rows, 2 threads): 6 x 2 tiles
+// without K blocks 33.5 ms, with K blocks 25.3, 10 x 2 with K blocks 24.0 (8 or 12 rows: within noise); AVX2 tiles on
+// the same machine 37.7 -> 36.9 ms.  AVX-512 calls of 3 to 6 rows as streams (STREAM_ROWS 6, before 2), measured with
+// `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08, 48 tokens, 10 pairs, against one 4-panel tile per unit
+// with software prefetch (3-5 rows) and 6 x 2 tiles (6 rows): 3 / 4 / 5 / 6 rows 14.00 -> 12.67, 14.55 -> 13.34,
+// 15.36 -> 14.26, 16.12 -> 14.69 ms (faster in 10 of 10 pairs each; the VM's fast bandwidth mode); 7 and 8 rows as
+// streams of 2-panel tiles: 9 and 0 of 10 (8 rows 17.15 -> 17.89 ms), so they stay row tiles.
 constexpr int TILE_ROWS = FR_AVX512 ? 10 : 6;
 constexpr int TILE_PANELS = FR_AVX512 ? 2 : 1;
 constexpr int TWO_ROW_PANELS = FR_AVX512 ? 4 : 2;
-// AVX-512 calls of 3 to WIDE_TILE_ROWS rows use one tile of 4 panels instead (R x 4 accumulators): measured with
-// `scripts/kernel_ab --step` on a 2-core Zen 4, 2026-12-08, 48 tokens: 3 / 4 / 5 rows 18.99 -> 18.43,
-// 17.88 -> 16.26, 16.65 -> 15.76 ms (faster in 9 of 10, 13 of 14, 10 of 10 pairs); 6 x 4 lost at 6 rows (15.89 ->
-// 16.38 ms, faster in 5 of 14).
-constexpr int WIDE_TILE_ROWS = FR_AVX512 ? 5 : 0;
+constexpr int STREAM_ROWS = FR_AVX512 ? 6 : 2;
 constexpr int tile_panels(int64_t M) {
-  return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : M <= WIDE_TILE_ROWS ? MAX_TILE_PANELS : TILE_PANELS;
+  return M == 1 ? MAX_TILE_PANELS : M == 2 ? TWO_ROW_PANELS : M <= STREAM_ROWS ? MAX_TILE_PANELS : TILE_PANELS;
 }
 
-// Prefetching tiles get pf.at != nullptr.  Row tiles of 3 rows or more (the one- and two-row calls: run_narrow_tile).
+// Prefetching tiles get pf.at != nullptr.  Row tiles of 3 rows or more (the streamed calls: run_narrow_tile).
 template <int R, typename W, int NP = TILE_PANELS>
 inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                           int64_t ldy, int fn, const TilePrefetch& pf) {
@@ -514,20 +517,8 @@ inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, i
 }
 
 template <typename W>
-inline void run_tile(int rn, int np, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont,
+inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont,
                      float* y, int64_t ldy, int fn, const TilePrefetch& pf) {
-#if FR_AVX512
-  static_assert(WIDE_TILE_ROWS == 5, "one case per row count of the wide tiles (3, 4, 5)");
-  if (np == MAX_TILE_PANELS && rn <= WIDE_TILE_ROWS) {
-    switch (rn) {
-      case 3: run_tile_rows<3, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
-      case 4: run_tile_rows<4, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
-      default: run_tile_rows<5, W, MAX_TILE_PANELS>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
-    }
-  }
-#else
-  (void)np;
-#endif
   switch (rn) {
     case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
     case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
@@ -544,7 +535,7 @@ inline void run_tile(int rn, int np, const float* x, int64_t ldx, const W* w, in
   }
 }
 
-// One or two rows, pn (1 to 4) panels side by side: the tiles of the calls that stream their weights once.
+// R rows (a streamed call: R <= STREAM_ROWS), pn (1 to 4) panels side by side.
 template <int R, typename W>
 inline void run_narrow_tile(int pn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, float* y,
                             int64_t ldy, int fn) {
@@ -677,9 +668,9 @@ inline void add_bias(const A* bias, int64_t M, int64_t N, int64_t f0, int fn, A*
       for (int f = 0; f < fn; ++f) y[r * N + f0 + f] = y[r * N + f0 + f] + bias[f0 + f];
 }
 
-// y [M, N] = x W^T (+ b).  One or two rows: the panels split evenly between the threads.  More: work units are runs
-// of np consecutive panels (one tile's), split between the threads in contiguous runs; every row tile visits a unit
-// while it sits in L2, so the weights are read from memory once for all rows.  (pack() pads the panels to a
+// y [M, N] = x W^T (+ b).  Up to STREAM_ROWS rows: the panels split evenly between the threads.  More: work units
+// are runs of np consecutive panels (one tile's), split between the threads in contiguous runs; every row tile visits
+// a unit while it sits in L2, so the weights are read from memory once for all rows.  (pack() pads the panels to a
 // multiple of MAX_TILE_PANELS: a unit never reads past the data.)
 template <typename A, typename W>
 void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, const A* bias, A* y,
@@ -694,7 +685,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
   const int64_t unit_align = post != nullptr && np == 1 ? 2 : 1;
 #if FR_VEC
   if constexpr (kVec<A, W>) {
-    if (vec && M <= 2) {
+    if (vec && M <= STREAM_ROWS) {
       // A pure stream of the weights: the threads split the panels, not units of np panels, so that neither
       // reads more than one panel past half (units of 4 split 36 panels 20 / 16: the 576-wide outputs of
       // SmolLM2's o and down projections ran 11 % faster split 18 / 18, measured 2026-12-04).  A thread's run
@@ -706,10 +697,17 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
           const int pn = static_cast<int>(std::min<int64_t>(np, p1 - p));
           const int64_t f0 = p * PANEL;
           const int fn = static_cast<int>(std::min<int64_t>(pn * PANEL, N - f0));
-          if (M == 1)
-            run_narrow_tile<1, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
-          else
-            run_narrow_tile<2, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn);
+          static_assert(STREAM_ROWS == (FR_AVX512 ? 6 : 2), "one case per streamed row count");
+          switch (M) {
+            case 1: run_narrow_tile<1, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+#if FR_AVX512
+            case 3: run_narrow_tile<3, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+            case 4: run_narrow_tile<4, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+            case 5: run_narrow_tile<5, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+            case 6: run_narrow_tile<6, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+#endif
+            default: run_narrow_tile<2, W>(pn, x, K, pk + p * pstride, pstride, K, y + f0, N, fn); break;
+          }
           add_bias(bias, M, N, f0, fn, y);
           if (post != nullptr) (*post)(f0, fn);
         }
@@ -752,7 +750,7 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
               const TilePrefetch pf = slice_prefetch(
                   nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr,
                   lines / pft, kn, streams);
-              run_tile<W>(static_cast<int>(rn), static_cast<int>(np), x + r0 * K + k0, K, w + k0 * PANEL, pstride,
+              run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride,
                           kn, j > 0, y + r0 * N + f0, N, fn, pf);
               r0 += rn;
             }

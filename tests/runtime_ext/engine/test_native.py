@@ -46,7 +46,7 @@ def test_linear_vector_path_is_the_portable_definition_and_row_invariant(wdtype,
     assert_same(fast, slow)
     alone = torch.cat([K.linear(x[i : i + 1].contiguous(), packed, bias) for i in range(23)])
     assert torch.equal(alone, fast)
-    for rows in (2, 3, 4, 5, 6, 7, 13):  # every tile shape: 1 row, 2 rows, one tile of 3-5 / 6-10 rows, several
+    for rows in (2, 3, 4, 5, 6, 7, 13):  # every tile shape: streamed 1-6 rows (AVX2: 1-2), one row tile, several
         assert torch.equal(K.linear(x[5 : 5 + rows].contiguous(), packed, bias), fast[5 : 5 + rows])
     ref = x.double() @ torch.cat(ws).double().T + bias.double()
     assert (fast.double() - ref).abs().max() < 1e-3
@@ -89,19 +89,20 @@ def test_linear_is_one_fma_chain_per_output_in_input_order(wdtype, k):
 
 
 @pytest.mark.parametrize("n_out", [34 * 16 - 5, 35 * 16, 38 * 16 - 1])
-def test_one_and_two_rows_split_between_threads_at_any_panel_are_the_definition(n_out):
-    """One or two rows split the output panels evenly between the threads (not units of 4 panels), so a thread's
-    run can end in a tile of 1, 2 or 3 panels: 34, 35 and 38 panels over 2 threads give runs of 17 / 17, 18 / 17
-    and 19 / 19.  K = 576 makes each thread's share big enough to run in parallel.  Oracle: fma32 chains."""
+def test_streamed_calls_split_between_threads_at_any_panel_are_the_definition(n_out):
+    """Calls of up to 6 rows (AVX-512; 2 with AVX2) stream the weights: the threads split the output panels evenly
+    (not units of 4 panels), so a thread's run can end in a tile of 1, 2 or 3 panels: 34, 35 and 38 panels over 2
+    threads give runs of 17 / 17, 18 / 17 and 19 / 19.  K = 576 makes each thread's share big enough to run in
+    parallel.  1 to 7 rows: every streamed row count, and the first one with row tiles.  Oracle: fma32 chains."""
     g = torch.Generator().manual_seed(n_out)
     k = 576
-    x = torch.randn(2, k, generator=g)
+    x = torch.randn(7, k, generator=g)
     w = torch.randn(n_out, k, generator=g)
-    want = np.zeros((2, n_out), dtype=np.float32)
+    want = np.zeros((7, n_out), dtype=np.float32)
     for j in range(k):
         want = fma32(x.numpy()[:, j : j + 1], w.numpy()[None, :, j], want)
     packed = K.pack([w])
-    for rows in (1, 2):
+    for rows in range(1, 8):
         fast, slow = native.with_threads(2, lambda: both_paths(lambda: K.linear(x[:rows].contiguous(), packed, None)))
         assert np.array_equal(fast.numpy(), want[:rows]) and np.array_equal(slow.numpy(), want[:rows])
 

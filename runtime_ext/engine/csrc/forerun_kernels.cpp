@@ -503,22 +503,22 @@ constexpr int tile_panels(int64_t M) {
 }
 
 // Prefetching tiles get pf.at != nullptr.  Row tiles of 3 rows or more (the streamed calls: run_narrow_tile).
-template <int R, typename W, int NP = TILE_PANELS>
+template <int R, typename W>
 inline void run_tile_rows(const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
                           int64_t ldy, int fn, const TilePrefetch& pf) {
   if (pf.at == nullptr)
-    tile<R, NP, W, 0>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+    tile<R, TILE_PANELS, W, 0>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
   else if (pf.streams >= 4)
-    tile<R, NP, W, 4>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+    tile<R, TILE_PANELS, W, 4>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
   else if (pf.streams == 2)
-    tile<R, NP, W, 2>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+    tile<R, TILE_PANELS, W, 2>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
   else
-    tile<R, NP, W, 1>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
+    tile<R, TILE_PANELS, W, 1>(x, ldx, w, ps, K, cont, y, ldy, fn, pf);
 }
 
 template <typename W>
-inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont,
-                     float* y, int64_t ldy, int fn, const TilePrefetch& pf) {
+inline void run_tile(int rn, const float* x, int64_t ldx, const W* w, int64_t ps, int64_t K, bool cont, float* y,
+                     int64_t ldy, int fn, const TilePrefetch& pf) {
   switch (rn) {
     case 3: run_tile_rows<3, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
     case 4: run_tile_rows<4, W>(x, ldx, w, ps, K, cont, y, ldy, fn, pf); return;
@@ -750,8 +750,8 @@ void linear_kernel(const A* x, int64_t M, int64_t K, const W* pk, int64_t N, con
               const TilePrefetch pf = slice_prefetch(
                   nw != nullptr && slice >= 0 ? reinterpret_cast<const char*>(nw) + slice * lines / pft * 64 : nullptr,
                   lines / pft, kn, streams);
-              run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride,
-                          kn, j > 0, y + r0 * N + f0, N, fn, pf);
+              run_tile<W>(static_cast<int>(rn), x + r0 * K + k0, K, w + k0 * PANEL, pstride, kn, j > 0,
+                          y + r0 * N + f0, N, fn, pf);
               r0 += rn;
             }
           }
